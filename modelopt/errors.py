@@ -1,0 +1,38 @@
+"""One family of exceptions whose messages are meant for the user.
+
+The CLI prints a `ModeloptError` as one line and exits non-zero; anything else
+is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class ModeloptError(Exception):
+    """Base class: an error the user caused and can fix; the message says how."""
+
+
+class LoadError(ModeloptError):
+    """A model, weights file or data source could not be loaded."""
+
+
+class ConfigError(ModeloptError):
+    """A plan, sweep file or option is malformed or names something that does not exist."""
+
+
+class UnknownNameError(ConfigError):
+    """A registry lookup by name failed."""
+
+    def __init__(self, kind: str, name: object, valid: Iterable[str]) -> None:
+        valid = sorted(valid)
+        self.kind, self.name, self.valid = kind, name, valid
+        hint = difflib.get_close_matches(str(name), valid, n=1)
+        near = f" (did you mean {hint[0]!r}?)" if hint else ""
+        shown = ", ".join(valid[:40]) + (", ..." if len(valid) > 40 else "")
+        super().__init__(f"unknown {kind} {name!r}{near}; valid: {shown}")
+
+
+class TrialError(ModeloptError):
+    """A trial could not be evaluated (crash or non-finite output); the run records it and goes on."""
