@@ -1,0 +1,461 @@
+"""Data sources and the calib/val/test split.
+
+`load_data` turns whatever the user has (the bundled CIFAR-10 sample, an `.npz`, a torchvision
+CIFAR10 root, an image folder, a `DataLoader`) into a frozen `Dataset` of three splits:
+`calib` feeds calibration and fitting (activation ranges, exit heads), `val` scores trials
+during the search, `test` is held out for the final report. Each split is in seeded shuffled
+order, so any prefix of it is a random sample (the evaluator's low-fidelity runs use prefixes).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import pickle
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from torch.utils.data import DataLoader
+
+from modelopt._registry import Registry
+from modelopt.errors import ConfigError, LoadError
+
+__all__ = ["Dataset", "Split", "SPLIT_NAMES", "list_data_sources", "load_data"]
+
+logger = logging.getLogger(__name__)
+
+SPLIT_NAMES = ("calib", "val", "test", "all")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+SAMPLE_PATH = Path(__file__).parent / "zoo" / "assets" / "cifar10_sample.npz"
+# Independent random streams per purpose, so changing max_samples does not reshuffle the split logic.
+_SUBSET_STREAM, _SPLIT_STREAM = 1, 2
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: tensors have no truth value; identity hash is what caches want
+class Split:
+    """One part of a dataset.
+
+    Attributes:
+        name: "calib", "val", "test" or "all".
+        x: uint8 (N, H, W, 3) RGB images, or float (N, C, H, W) already preprocessed.
+        y: int64 (N,) labels.
+        index: int64 (N,) position of each sample in its source pool (the file, folder or
+            loader; for the bundled sample, the calib pool is the training images and the
+            val/test pool the test images), or None when unknown.
+    """
+
+    name: str
+    x: torch.Tensor
+    y: torch.Tensor
+    index: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.x) != len(self.y):
+            raise ValueError(f"split {self.name!r}: {len(self.x)} inputs but {len(self.y)} labels")
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    """A data source cut into calib / val / test splits.
+
+    Attributes:
+        source: What the user passed, for reports.
+        calib: Calibration / fitting data.
+        val: Scores trials during the search.
+        test: Held out for the final report.
+        preprocessed: True when x is float NCHW already preprocessed (a user DataLoader);
+            otherwise x is uint8 NHWC RGB.
+        num_classes: Max label + 1 over all splits.
+        seed: The seed that chose the split.
+    """
+
+    source: str
+    calib: Split
+    val: Split
+    test: Split
+    preprocessed: bool
+    num_classes: int
+    seed: int
+
+    def split(self, name: str) -> Split:
+        """Return a split by name.
+
+        Args:
+            name: "calib", "val", "test", or "all" (val and test together, in source order).
+
+        Returns:
+            The split.
+
+        Raises:
+            ConfigError: `name` is not one of `SPLIT_NAMES`.
+
+        Example:
+            >>> load_data().split("all").x.shape
+            torch.Size([846, 32, 32, 3])
+        """
+        if name in ("calib", "val", "test"):
+            return getattr(self, name)
+        if name != "all":
+            raise ConfigError(f"unknown split {name!r}; valid: {', '.join(SPLIT_NAMES)}")
+        x = torch.cat([self.val.x, self.test.x])
+        y = torch.cat([self.val.y, self.test.y])
+        if self.val.index is None or self.test.index is None:
+            return Split("all", x, y)
+        index = torch.cat([self.val.index, self.test.index])
+        order = torch.argsort(index)
+        return Split("all", x[order], y[order], index[order])
+
+
+SourceLoader = Callable[..., Dataset]
+SOURCES: Registry[SourceLoader] = Registry("data source")
+
+
+def list_data_sources() -> list[str]:
+    """Names `load_data` accepts besides paths and DataLoaders.
+
+    Returns:
+        Sorted names, e.g. ["cifar10-sample"].
+
+    Example:
+        >>> list_data_sources()
+        ['cifar10-sample']
+    """
+    return SOURCES.names()
+
+
+def load_data(
+    source: str | Path | DataLoader = "cifar10-sample",
+    *,
+    seed: int = 0,
+    calib_fraction: float = 0.2,
+    val_fraction: float = 0.4,
+    max_samples: int | None = None,
+) -> Dataset:
+    """Load a data source and split it into calib / val / test by a seeded permutation.
+
+    Sources: a name from `list_data_sources()`; an `.npz` with `x` (N, H, W, 3) uint8 and
+    `y`, or with `jpeg`, `offsets`, `y` (JPEG bytes end to end); a torchvision CIFAR10 root
+    (a folder holding `cifar-10-batches-py/`; its test batch is used, read with a
+    restricted unpickler that accepts only the arrays, lists and dicts the official
+    files contain); an image folder `root/<class>/*.png|jpg|jpeg|bmp` (classes sorted,
+    labels 0..K-1); a `DataLoader` yielding already-preprocessed (x, y) float batches.
+
+    Args:
+        source: The data source.
+        seed: Chooses the subset and the split; the same seed always gives the same split.
+        calib_fraction: Share of the samples for calib. For "cifar10-sample" calib is the
+            bundled 1,000 training images and this only matters with `max_samples`.
+        val_fraction: Share for val; test gets the rest. For "cifar10-sample" the 846 test
+            images are cut val : test in the ratio val_fraction : (1 - both fractions).
+        max_samples: If given, first keep a seeded subset of this many samples in total
+            (only those are decoded).
+
+    Returns:
+        The split dataset.
+
+    Raises:
+        LoadError: The path does not exist or its content is malformed.
+        UnknownNameError: `source` looks like a name but is not a known one.
+        ConfigError: Bad fractions, or too few samples for non-empty splits.
+
+    Example:
+        >>> data = load_data("cifar10-sample", seed=0)
+        >>> len(data.calib), len(data.val), len(data.test)
+        (1000, 423, 423)
+    """
+    _check_options(seed, calib_fraction, val_fraction, max_samples)
+    opts = dict(seed=seed, calib_fraction=calib_fraction, val_fraction=val_fraction)
+    if isinstance(source, DataLoader):
+        x, y = _read_loader(source)
+        keep = torch.from_numpy(_subset(len(y), max_samples, seed))
+        name = f"DataLoader({type(source.dataset).__name__})"
+        return _split_pool(name, x[keep], y[keep], keep, preprocessed=True, **opts)
+    if not isinstance(source, (str, Path)):
+        raise ConfigError(
+            f"data source must be a path, a DataLoader or one of {list_data_sources()}; "
+            f"got {type(source).__name__}"
+        )
+    if isinstance(source, str) and source in SOURCES:
+        return SOURCES.get(source)(max_samples=max_samples, **opts)
+    path = Path(source).expanduser()
+    if not path.exists():
+        if isinstance(source, str) and "/" not in source and "\\" not in source and not path.suffix:
+            SOURCES.get(source)  # raises UnknownNameError listing the named sources
+        raise LoadError(
+            f"data source path {str(path)!r} does not exist; pass an .npz file, an image "
+            f"folder, a CIFAR10 root, or one of {list_data_sources()}"
+        )
+    if path.is_file():
+        if path.suffix.lower() != ".npz":
+            raise LoadError(f"data source file {str(path)!r} is not an .npz; pass an .npz or a folder")
+        x, y, keep = _read_npz(path, max_samples, seed)
+    elif (path / "cifar-10-batches-py").is_dir() or path.name == "cifar-10-batches-py":
+        x, y = _read_cifar_batch(path)
+        keep = _subset(len(y), max_samples, seed)
+        x, y = x[keep], y[keep]
+    else:
+        x, y, keep = _read_image_folder(path, max_samples, seed)
+    return _split_pool(
+        str(source), torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(keep),
+        preprocessed=False, **opts,
+    )
+
+
+@SOURCES.register("cifar10-sample")
+def _cifar10_sample(
+    *, seed: int, calib_fraction: float, val_fraction: float, max_samples: int | None
+) -> Dataset:
+    with np.load(SAMPLE_PATH) as f:
+        cx, cy, tx, ty = (torch.from_numpy(f[k]) for k in ("calib_x", "calib_y", "test_x", "test_y"))
+    c_keep = np.arange(len(cy))
+    t_keep = np.arange(len(ty))
+    if max_samples is not None:
+        n_calib = min(len(cy), round(max_samples * calib_fraction))
+        c_keep = _subset(len(cy), n_calib, seed)
+        t_keep = _subset(len(ty), min(len(ty), max_samples - n_calib), seed)
+    share = val_fraction / (1.0 - calib_fraction)
+    n_val = round(len(t_keep) * share)
+    _check_counts("cifar10-sample", len(t_keep), len(c_keep), n_val, len(t_keep) - n_val, calib_fraction)
+    perm = t_keep[_permutation(len(t_keep), seed)]
+    v, t, c = (torch.from_numpy(i) for i in (perm[:n_val], perm[n_val:], c_keep))
+    return Dataset(
+        source="cifar10-sample",
+        calib=Split("calib", cx[c], cy[c], c),
+        val=Split("val", tx[v], ty[v], v),
+        test=Split("test", tx[t], ty[t], t),
+        preprocessed=False,
+        num_classes=int(max(cy.max(), ty.max())) + 1,
+        seed=seed,
+    )
+
+
+def _check_options(seed: int, calib_fraction: float, val_fraction: float, max_samples: int | None) -> None:
+    if not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer; got {seed!r}")
+    if not 0.0 <= calib_fraction < 1.0:
+        raise ConfigError(f"calib_fraction must be in [0, 1); got {calib_fraction!r}")
+    if not 0.0 < val_fraction < 1.0:
+        raise ConfigError(f"val_fraction must be in (0, 1); got {val_fraction!r}")
+    if calib_fraction + val_fraction >= 1.0:
+        raise ConfigError(
+            f"calib_fraction + val_fraction must be < 1 to leave a test split; "
+            f"got {calib_fraction} + {val_fraction} = {calib_fraction + val_fraction:g}"
+        )
+    if max_samples is not None and (not isinstance(max_samples, int) or max_samples < 1):
+        raise ConfigError(f"max_samples must be a positive integer or None; got {max_samples!r}")
+
+
+def _permutation(n: int, seed: int) -> np.ndarray:
+    # numpy's PCG64 stream is stable across versions and platforms, unlike torch.randperm's.
+    return np.random.default_rng([_SPLIT_STREAM, seed]).permutation(n)
+
+
+def _subset(n: int, max_samples: int | None, seed: int) -> np.ndarray:
+    """Sorted positions of a seeded subset of `max_samples` out of `n` (all if None or >= n)."""
+    if max_samples is None or max_samples >= n:
+        return np.arange(n)
+    rng = np.random.default_rng([_SUBSET_STREAM, seed])
+    return np.sort(rng.choice(n, size=max_samples, replace=False))
+
+
+def _check_counts(source: str, n: int, n_calib: int, n_val: int, n_test: int, calib_fraction: float) -> None:
+    if n_val < 1 or n_test < 1 or (calib_fraction > 0 and n_calib < 1):
+        raise ConfigError(
+            f"too few samples in data source {source!r}: {n} give calib={n_calib}, val={n_val}, "
+            f"test={n_test}; val and test (and calib when calib_fraction > 0) need at least one "
+            f"each: use more samples or change the fractions"
+        )
+
+
+def _split_pool(
+    source: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    index: torch.Tensor,
+    *,
+    preprocessed: bool,
+    seed: int,
+    calib_fraction: float,
+    val_fraction: float,
+) -> Dataset:
+    n = len(y)
+    n_calib, n_val = round(n * calib_fraction), round(n * val_fraction)
+    _check_counts(source, n, n_calib, n_val, n - n_calib - n_val, calib_fraction)
+    perm = torch.from_numpy(_permutation(n, seed))
+    parts = {"calib": perm[:n_calib], "val": perm[n_calib : n_calib + n_val], "test": perm[n_calib + n_val :]}
+    splits = {k: Split(k, x[i], y[i], index[i]) for k, i in parts.items()}
+    return Dataset(
+        source=source, **splits, preprocessed=preprocessed, num_classes=int(y.max()) + 1, seed=seed
+    )
+
+
+def _check_images(x: np.ndarray, where: str) -> None:
+    if x.dtype != np.uint8 or x.ndim != 4 or x.shape[-1] != 3:
+        raise LoadError(
+            f"x in {where} must be uint8 (N, H, W, 3) RGB images; got {x.dtype} {tuple(x.shape)}"
+        )
+
+
+def _check_labels(y: np.ndarray, n: int, where: str) -> np.ndarray:
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise LoadError(f"y in {where} must be a 1-D integer array of labels; got {y.dtype} {tuple(y.shape)}")
+    if len(y) != n:
+        raise LoadError(f"x and y in {where} differ in length: {n} images but {len(y)} labels")
+    if n == 0:
+        raise LoadError(f"{where} holds no samples")
+    if y.min() < 0:
+        raise LoadError(f"y in {where} must be labels >= 0; found {int(y.min())}")
+    return y.astype(np.int64)
+
+
+def _read_npz(
+    path: Path, max_samples: int | None, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    where = repr(str(path))
+    try:
+        f = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise LoadError(f"could not read {where} as an .npz archive: {e}") from None
+    with f:
+        keys = set(f.files)
+        if {"x", "y"} <= keys:
+            y = f["y"]
+            x = f["x"]
+            _check_images(x, where)
+            y = _check_labels(y, len(x), where)
+            keep = _subset(len(y), max_samples, seed)
+            return np.ascontiguousarray(x[keep]), y[keep], keep
+        if {"jpeg", "offsets", "y"} <= keys:
+            data, offsets, y = f["jpeg"], f["offsets"], f["y"]
+        else:
+            raise LoadError(
+                f"{where} has arrays {sorted(keys)}; expected 'x' and 'y', "
+                f"or 'jpeg', 'offsets' and 'y'"
+            )
+    if offsets.ndim != 1 or len(offsets) != len(y) + 1:
+        raise LoadError(f"offsets in {where} must hold len(y) + 1 = {len(y) + 1} entries; got {len(offsets)}")
+    y = _check_labels(y, len(offsets) - 1, where)
+    keep = _subset(len(y), max_samples, seed)
+    images = []
+    for i in keep:
+        try:
+            im = Image.open(io.BytesIO(data[offsets[i] : offsets[i + 1]].tobytes()))
+            images.append(np.asarray(im.convert("RGB")))
+        except (UnidentifiedImageError, OSError, ValueError) as e:
+            raise LoadError(f"image {i} in {where} is not a readable JPEG: {e}") from None
+    return _stack(images, where), y[keep], keep
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """Unpickles only what the official CIFAR batches hold: dicts, lists, bytes and numpy arrays."""
+
+    _ALLOWED = {
+        (mod, name)
+        for pkg in ("numpy.core", "numpy._core")  # numpy 1 and numpy 2 names
+        for mod in (f"{pkg}.multiarray", f"{pkg}.numeric")
+        for name in ("_reconstruct", "_frombuffer", "scalar")
+    } | {("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}  # protocol-2 bytes
+
+    def find_class(self, module: str, name: str) -> object:
+        if (module, name) not in self._ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+        return super().find_class(module, name)
+
+
+def _read_cifar_batch(root: Path) -> tuple[np.ndarray, np.ndarray]:
+    folder = root if root.name == "cifar-10-batches-py" else root / "cifar-10-batches-py"
+    path = folder / "test_batch"
+    where = repr(str(path))
+    if not path.is_file():
+        raise LoadError(f"CIFAR10 root {str(root)!r} has no test batch; expected the file {where}")
+    try:
+        with path.open("rb") as fh:
+            batch = _BatchUnpickler(fh, encoding="bytes").load()
+        batch = {(k.decode() if isinstance(k, bytes) else k): v for k, v in batch.items()}
+        data, labels = np.asarray(batch["data"]), np.asarray(batch["labels"])
+    except (pickle.UnpicklingError, EOFError, AttributeError, KeyError, TypeError, ValueError) as e:
+        raise LoadError(f"{where} is not an official CIFAR-10 batch (dict with data, labels): {e}") from None
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        raise LoadError(f"data in {where} must be uint8 (N, 3072); got {data.dtype} {tuple(data.shape)}")
+    x = np.ascontiguousarray(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+    return x, _check_labels(labels, len(x), where)
+
+
+def _read_image_folder(
+    root: Path, max_samples: int | None, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    where = repr(str(root))
+    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    files: list[Path] = []
+    labels: list[int] = []
+    for label, folder in enumerate(classes):
+        found = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        if not found:
+            logger.warning("class folder %s holds no images; label %d gets no samples", folder, label)
+        files += found
+        labels += [label] * len(found)
+    if not files:
+        raise LoadError(
+            f"no images in {where}; expected an image folder root/<class_name>/*"
+            f"{{{','.join(IMAGE_SUFFIXES)}}} (or an .npz, or a CIFAR10 root)"
+        )
+    keep = _subset(len(files), max_samples, seed)
+    images = []
+    for i in keep:
+        try:
+            with Image.open(files[i]) as im:
+                images.append(np.asarray(im.convert("RGB")))
+        except (UnidentifiedImageError, OSError) as e:
+            raise LoadError(f"could not read image {str(files[i])!r}: {e}") from None
+    return _stack(images, where), np.asarray(labels, dtype=np.int64)[keep], keep
+
+
+def _stack(images: list[np.ndarray], where: str) -> np.ndarray:
+    """Stack HWC images; ones whose size differs from the most common are resized to it."""
+    sizes = Counter(a.shape[:2] for a in images)
+    if len(sizes) > 1:
+        (h, w), count = sizes.most_common(1)[0]
+        logger.warning(
+            "%d of %d images in %s are not %dx%d (HxW), the most common size; resized them to it",
+            len(images) - count, len(images), where, h, w,
+        )
+        images = [
+            a if a.shape[:2] == (h, w) else np.asarray(Image.fromarray(a).resize((w, h), Image.BILINEAR))
+            for a in images
+        ]
+    return np.stack(images)
+
+
+def _read_loader(loader: DataLoader) -> tuple[torch.Tensor, torch.Tensor]:
+    xs: list[torch.Tensor] = []
+    ys: list[torch.Tensor] = []
+    for batch in loader:
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+            raise LoadError(f"the DataLoader must yield (x, y) batches; got {type(batch).__name__}")
+        x, y = (torch.as_tensor(t) for t in batch)
+        if not x.is_floating_point() or x.ndim != 4:
+            raise LoadError(
+                "the DataLoader must yield preprocessed float (N, C, H, W) inputs; "
+                f"got {x.dtype} {tuple(x.shape)}"
+            )
+        if y.ndim != 1 or y.is_floating_point() or y.is_complex() or len(y) != len(x):
+            raise LoadError(
+                f"the DataLoader must yield integer labels of shape ({len(x)},); "
+                f"got {y.dtype} {tuple(y.shape)}"
+            )
+        xs.append(x.detach().cpu())
+        ys.append(y.detach().cpu().long())
+    if not xs:
+        raise LoadError("the DataLoader yielded no batches")
+    y = torch.cat(ys)
+    if y.min() < 0:
+        raise LoadError(f"the DataLoader's labels must be >= 0; found {int(y.min())}")
+    return torch.cat(xs), y

@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from modelopt.data import SAMPLE_PATH
+from modelopt.zoo.make_sample import build
+
+CIFAR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "cifar10"
+
+
+def test_bundled_sample_is_small_and_well_formed() -> None:
+    assert SAMPLE_PATH.stat().st_size < 7_000_000
+    with np.load(SAMPLE_PATH) as f:
+        assert sorted(f.files) == ["calib_x", "calib_y", "test_x", "test_y"]
+        assert f["test_x"].shape == (846, 32, 32, 3) and f["calib_x"].shape == (1000, 32, 32, 3)
+        assert f["test_x"].dtype == f["calib_x"].dtype == np.uint8
+        assert f["test_y"].dtype == f["calib_y"].dtype == np.int64
+
+
+@pytest.mark.skipif(not CIFAR.is_dir(), reason=f"needs real CIFAR-10 files in {CIFAR}")
+def test_bundled_sample_holds_the_documented_images(tmp_path: Path) -> None:
+    with np.load(CIFAR / "cifar10_exact_test.npz") as t, np.load(CIFAR / "cifar10_exact_train.npz") as tr:
+        test_x, test_y, train_x, train_y = t["x"], t["y"], tr["x"], tr["y"]
+    with np.load(SAMPLE_PATH) as f:
+        np.testing.assert_array_equal(f["test_x"], test_x)
+        np.testing.assert_array_equal(f["test_y"], test_y)
+        # The first 200 of each training batch; the shared file stores 932 per batch.
+        idx = np.concatenate([b * 932 + np.arange(200) for b in range(5)])
+        np.testing.assert_array_equal(f["calib_x"], train_x[idx])
+        np.testing.assert_array_equal(f["calib_y"], train_y[idx])
+    rebuilt = build(CIFAR, tmp_path / "s.npz")
+    with np.load(rebuilt) as a, np.load(SAMPLE_PATH) as b:
+        for k in b.files:
+            np.testing.assert_array_equal(a[k], b[k])
