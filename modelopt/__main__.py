@@ -1,0 +1,3 @@
+from modelopt.cli import main
+
+main()

@@ -1,0 +1,206 @@
+"""The Python API: optimize, evaluate, and the loaders. The CLI is a thin shell over this."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+from torch.utils.data import DataLoader
+
+from modelopt.compressors import COMPRESSORS, Compressor
+from modelopt.data import Dataset, load_data
+from modelopt.errors import ConfigError, LoadError
+from modelopt.evaluator import Evaluator, Metrics
+from modelopt.models import LoadedModel, load_model
+from modelopt.objective import Objective
+from modelopt.plan import Plan
+from modelopt.run.runner import CONFIG, RunResult, Runner
+from modelopt.search import STRATEGIES
+from modelopt.space import SearchSpace
+from modelopt.workload import Workload
+
+DEFAULT_COMPRESSORS = ("quantize",)
+DEFAULT_RUNS_DIR = Path("runs")
+
+ModelLike = str | Path | nn.Module | LoadedModel
+DataLike = str | Path | DataLoader | Dataset
+PlanLike = Plan | Mapping[str, Any] | str | Path | None
+
+
+def _model(model: ModelLike, weights: str | Path | None, allow_pickle: bool) -> LoadedModel:
+    if isinstance(model, LoadedModel):
+        return model
+    return load_model(model, weights, allow_pickle=allow_pickle)
+
+
+def _data(data: DataLike, seed: int) -> Dataset:
+    return data if isinstance(data, Dataset) else load_data(data, seed=seed)
+
+
+def build_compressors(
+    names: Sequence[str] = DEFAULT_COMPRESSORS, options: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[Compressor]:
+    """Instantiates compressors by registry name with per-compressor options."""
+    options = options or {}
+    for name in options:
+        COMPRESSORS.get(name)
+    return [COMPRESSORS.get(n)(**dict(options.get(n, {}))) for n in names]
+
+
+def build_workload(
+    model: ModelLike = "cifar10_resnet20",
+    data: DataLike = "cifar10-sample",
+    *,
+    weights: str | Path | None = None,
+    device: str = "auto",
+    data_seed: int = 0,
+    allow_pickle: bool = False,
+) -> Workload:
+    """Loads model and data and puts both, with the baseline predictions, on the device."""
+    return Workload(_model(model, weights, allow_pickle), _data(data, data_seed), device=device)
+
+
+def resolve_plan(plan: PlanLike, space: SearchSpace) -> Plan:
+    """A Plan from a Plan, a plan mapping, a YAML file path, or None (no compression)."""
+    if plan is None:
+        return space.plan()
+    if isinstance(plan, Plan):
+        return space.plan(dict(plan.choices))
+    if isinstance(plan, Mapping):
+        return space.parse_plan(plan)
+    return space.load_plan(plan)
+
+
+def evaluate(
+    model: ModelLike = "cifar10_resnet20",
+    plan: PlanLike = None,
+    data: DataLike = "cifar10-sample",
+    *,
+    weights: str | Path | None = None,
+    split: str = "val",
+    device: str = "auto",
+    data_seed: int = 0,
+    compressors: Sequence[str] = DEFAULT_COMPRESSORS,
+    allow_pickle: bool = False,
+) -> Metrics:
+    """Scores one plan on one split.
+
+    Args:
+        model: a zoo name, `torchvision:NAME`, `pkg.module:factory`, a file or an nn.Module.
+        plan: a Plan, a plan mapping (`default` + `layers`), a YAML file, or None for float.
+        data: a named source, a path, a DataLoader or a Dataset.
+        weights: checkpoint for `model`.
+        split: calib, val, test, or all (val + test).
+        device: auto, cpu, cuda or cuda:N.
+        data_seed: the seed of the calib/val/test split.
+        compressors: which compressors a plan may use.
+        allow_pickle: allow full unpickling of model files (trusted files only).
+
+    Example:
+        >>> m = modelopt.evaluate("cifar10_resnet20", {"default": {"quantize": {"bits": 8}}}, split="test")
+        >>> round(m.retention, 3), round(m.compression, 2)
+    """
+    wl = build_workload(model, data, weights=weights, device=device, data_seed=data_seed, allow_pickle=allow_pickle)
+    space = SearchSpace(wl.layers, build_compressors(compressors))
+    return Evaluator(wl, space).evaluate(resolve_plan(plan, space), split=split)
+
+
+def default_run_dir(model_name: str, strategy: str, seed: int) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in model_name)[-40:]
+    return DEFAULT_RUNS_DIR / f"{stamp}-{safe}-{strategy}-s{seed}"
+
+
+def latest_run_dir(root: Path = DEFAULT_RUNS_DIR) -> Path:
+    runs = sorted((p for p in root.glob("*/") if (p / CONFIG).exists()), key=lambda p: (p / CONFIG).stat().st_mtime)
+    if not runs:
+        raise ConfigError(f"--resume without --out needs a run folder under {str(root)!r}; none found")
+    return runs[-1]
+
+
+def saved_run_config(run_dir: str | Path) -> dict[str, Any]:
+    """The settings a run folder was started with (for resuming from the CLI)."""
+    path = Path(run_dir) / CONFIG
+    if not path.is_file():
+        raise LoadError(f"{str(run_dir)!r} is not a modelopt run folder (no {CONFIG})")
+    return json.loads(path.read_text())
+
+
+def optimize(
+    model: ModelLike = "cifar10_resnet20",
+    data: DataLike = "cifar10-sample",
+    *,
+    weights: str | Path | None = None,
+    strategy: str = "random",
+    budget: float = 100,
+    objective: str = "size",
+    min_retention: float = 0.99,
+    seed: int = 0,
+    device: str = "auto",
+    out: str | Path | None = None,
+    resume: bool = False,
+    bits: Sequence[int] = (8, 4),
+    granularity: Sequence[str] = ("per_channel", "group"),
+    compressors: Sequence[str] = DEFAULT_COMPRESSORS,
+    data_seed: int = 0,
+    allow_pickle: bool = False,
+    progress: bool = True,
+) -> RunResult:
+    """Searches for the smallest plan that keeps `min_retention` of the float accuracy.
+
+    Every trial is appended to `<out>/trials.jsonl` as it finishes; `resume=True`
+    continues a killed run without repeating or losing finished trials. At the end
+    the best plan and the Pareto front are re-scored on the held-out test split.
+
+    Args:
+        model: a zoo name, `torchvision:NAME`, `pkg.module:factory`, a file or an nn.Module.
+        data: a named source, a path, a DataLoader or a Dataset.
+        weights: checkpoint for `model`.
+        strategy: a registered strategy name (see `modelopt list`).
+        budget: full-evaluation equivalents (one trial on the whole val split costs 1).
+        objective: size, bitops or macs.
+        min_retention: floor on val accuracy / float val accuracy.
+        seed: the search's seed.
+        device: auto, cpu, cuda or cuda:N.
+        out: the run folder (default: runs/<time>-<model>-<strategy>-s<seed>).
+        resume: continue the run in `out` (default: the latest under runs/).
+        bits, granularity: the quantizer's menu.
+        compressors: which registered compressors contribute decisions.
+        data_seed: the seed of the calib/val/test split (fixed across search seeds).
+        allow_pickle: allow full unpickling of model files (trusted files only).
+        progress: show a progress bar.
+
+    Example:
+        >>> result = modelopt.optimize(budget=20)
+        >>> result.best.metrics.compression, result.best_test.retention
+    """
+    STRATEGIES.get(strategy)
+    obj = Objective(objective, min_retention)
+    comp_options = {"quantize": {"bits": list(bits), "granularity": list(granularity)}}
+    comps = build_compressors(compressors, {k: v for k, v in comp_options.items() if k in compressors})
+    if resume and out is None:
+        out = latest_run_dir()
+    wl = build_workload(model, data, weights=weights, device=device, data_seed=data_seed, allow_pickle=allow_pickle)
+    space = SearchSpace(wl.layers, comps)
+    run_dir = Path(out) if out is not None else default_run_dir(wl.name, strategy, seed)
+    config = {
+        "model": wl.name,
+        "weights": None if weights is None else str(weights),
+        "data": wl.data.source,
+        "data_seed": data_seed,
+        "strategy": strategy,
+        "seed": seed,
+        "objective": obj.target.value,
+        "min_retention": min_retention,
+        "compressors": {c.name: c.options() for c in comps},
+        "device": str(wl.device),
+    }
+    evaluator = Evaluator(wl, space)
+    strat = STRATEGIES.get(strategy)(space, obj, seed=seed)
+    runner = Runner(evaluator, strat, obj, budget=budget, run_dir=run_dir, config=config, resume=resume,
+                    progress=progress)
+    return runner.run()

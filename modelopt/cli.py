@@ -1,0 +1,217 @@
+"""`modelopt` on the command line: a thin typer shell over modelopt.api."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from modelopt import api
+from modelopt.errors import ConfigError, ModeloptError
+
+app = typer.Typer(
+    name="modelopt",
+    help="Find how to compress a trained PyTorch vision model (quantization search), without fine-tuning.",
+    no_args_is_help=False,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _friendly(fn: F) -> F:
+    """User errors become one line on stderr and exit code 2; bugs keep their traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ModeloptError as exc:
+            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err.print("[yellow]interrupted[/]: finished trials are in the journal; rerun with --resume to continue")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="%(message)s",
+        handlers=[RichHandler(console=err, show_path=False)],
+        force=True,
+    )
+
+
+def _csv(value: str, cast: Callable[[str], Any], what: str) -> list[Any]:
+    try:
+        items = [cast(v.strip()) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"--{what} expects a comma-separated list like 8,4; got {value!r}") from None
+    if not items:
+        raise ConfigError(f"--{what} is empty")
+    return items
+
+
+def _emit_json(obj: dict[str, Any]) -> None:
+    out.file.write(json.dumps(obj, default=str) + "\n")
+    out.file.flush()
+
+
+def _fmt_bytes(n: float) -> str:
+    return f"{n / 1024:,.1f} KiB" if n < 1024**2 else f"{n / 1024**2:,.2f} MiB"
+
+
+@app.command()
+@_friendly
+def optimize(
+    model: Annotated[str, typer.Option(help="Zoo name, torchvision:NAME, pkg.module:factory, or a saved module file.")] = None,  # type: ignore[assignment]
+    weights: Annotated[Path, typer.Option(help="Checkpoint (state dict) for --model.")] = None,  # type: ignore[assignment]
+    data: Annotated[str, typer.Option(help="cifar10-sample, an .npz, an image folder or a CIFAR10 root.")] = None,  # type: ignore[assignment]
+    strategy: Annotated[str, typer.Option(help="Search strategy (see `modelopt list`).")] = None,  # type: ignore[assignment]
+    budget: Annotated[float, typer.Option(help="Budget in full evaluations of the val split.")] = None,  # type: ignore[assignment]
+    objective: Annotated[str, typer.Option(help="What to minimise: size, bitops or macs.")] = None,  # type: ignore[assignment]
+    min_retention: Annotated[float, typer.Option(help="Floor on val accuracy relative to float.")] = None,  # type: ignore[assignment]
+    seed: Annotated[int, typer.Option(help="Seed of the search.")] = None,  # type: ignore[assignment]
+    bits: Annotated[str, typer.Option(help="Weight bit widths offered, e.g. 8,4 or 8,4,3,2.")] = None,  # type: ignore[assignment]
+    granularity: Annotated[str, typer.Option(help="Scale granularities: per_tensor, per_channel, group.")] = None,  # type: ignore[assignment]
+    device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu, cuda, cuda:N.")] = "auto",
+    out_dir: Annotated[Path, typer.Option("--out", help="Run folder (default runs/<time>-<model>-<strategy>-s<seed>).")] = None,  # type: ignore[assignment]
+    resume: Annotated[bool, typer.Option(help="Continue the run in --out (default: the latest under runs/).")] = False,
+    allow_pickle: Annotated[bool, typer.Option(help="Allow full unpickling of a model file (trusted files only).")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
+    progress: Annotated[bool, typer.Option(help="Show the progress bar.")] = True,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+) -> None:
+    """Search for the smallest plan above the retention floor; with no options, ResNet-20 on bundled CIFAR-10."""
+    _setup_logging(verbose)
+    given = dict(model=model, weights=weights, data=data, strategy=strategy, budget=budget, objective=objective,
+                 min_retention=min_retention, seed=seed)
+    settings: dict[str, Any] = dict(model="cifar10_resnet20", weights=None, data="cifar10-sample", strategy="random",
+                                    budget=100.0, objective="size", min_retention=0.99, seed=0,
+                                    bits=[8, 4], granularity=["per_channel", "group"])
+    if resume:
+        run_dir = out_dir or api.latest_run_dir()
+        saved = api.saved_run_config(run_dir)
+        settings.update({k: saved[k] for k in settings if k in saved and saved[k] is not None})
+        q = saved.get("compressors", {}).get("quantize", {})
+        settings.update({k: q[k] for k in ("bits", "granularity") if k in q})
+        out_dir = run_dir
+    settings.update({k: v for k, v in given.items() if v is not None})
+    if bits is not None:
+        settings["bits"] = _csv(bits, int, "bits")
+    if granularity is not None:
+        settings["granularity"] = _csv(granularity, str, "granularity")
+    result = api.optimize(
+        settings["model"], settings["data"], weights=settings["weights"], strategy=settings["strategy"],
+        budget=settings["budget"], objective=settings["objective"], min_retention=settings["min_retention"],
+        seed=settings["seed"], device=device, out=out_dir, resume=resume, bits=settings["bits"],
+        granularity=settings["granularity"], allow_pickle=allow_pickle, progress=progress,
+    )
+    _print_run(result)
+    if json_out:
+        s = result.summary
+        best = s["best"]
+        _emit_json({
+            "run_dir": str(result.run_dir),
+            "n_trials": s["n_trials"],
+            "budget_used": s["budget_used"],
+            "baseline": s["baseline"],
+            "best_plan": None if best is None else best["plan"],
+            "best_val": None if best is None else best["val"],
+            "best_test": None if best is None else best["test"],
+        })
+
+
+def _print_run(result: api.RunResult) -> None:
+    s = result.summary
+    if result.best is None:
+        out.print(f"[yellow]No plan met the retention floor in {s['n_trials']} trials.[/] Run folder: {result.run_dir}")
+        return
+    val, test = result.best.metrics, result.best_test
+    table = Table(title=f"Best plan (trial {result.best.number} of {s['n_trials']})")
+    for col in ("", "accuracy", "retention", "agreement", "size", "compression", "samples"):
+        table.add_column(col, justify="right")
+    base = s["baseline"]
+    table.add_row("float val", f"{base['val']['accuracy']:.2%}", "100.00%", "100.00%",
+                  _fmt_bytes(val.float_size_bytes), "1.00x", str(base["val"]["n_samples"]))
+    for name, m in (("best val", val), ("best test", test)):
+        table.add_row(name, f"{m.accuracy:.2%}", f"{m.retention:.2%}", f"{m.agreement:.2%}",
+                      _fmt_bytes(m.size_bytes), f"{m.compression:.2f}x", str(m.n_samples))
+    out.print(table)
+    plan_table = Table(title="Best plan per layer")
+    plan_table.add_column("layer")
+    plan_table.add_column("choice")
+    space = None
+    for name, choice in result.best.plan.choices:
+        plan_table.add_row(name.rsplit("/", 1)[0], "float" if choice is None else str(choice))
+    del space
+    out.print(plan_table)
+    out.print(f"Pareto front: {len(result.pareto)} plans (re-scored on test) — run folder: [bold]{result.run_dir}[/]")
+    out.print(f"Best plan written to {result.run_dir / 'best_plan.yaml'}")
+
+
+@app.command()
+@_friendly
+def evaluate(
+    plan: Annotated[Path, typer.Option(help="Plan YAML file (default: no compression).")] = None,  # type: ignore[assignment]
+    model: Annotated[str, typer.Option(help="Zoo name, torchvision:NAME, pkg.module:factory, or a saved module file.")] = "cifar10_resnet20",
+    weights: Annotated[Path, typer.Option(help="Checkpoint (state dict) for --model.")] = None,  # type: ignore[assignment]
+    data: Annotated[str, typer.Option(help="cifar10-sample, an .npz, an image folder or a CIFAR10 root.")] = "cifar10-sample",
+    split: Annotated[str, typer.Option(help="calib, val, test, or all (val + test).")] = "val",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+    allow_pickle: Annotated[bool, typer.Option(help="Allow full unpickling of a model file (trusted files only).")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
+) -> None:
+    """Score one plan on one split: accuracy, retention, agreement, size, compression, bitops."""
+    _setup_logging(False)
+    m = api.evaluate(model, plan, data, weights=weights, split=split, device=device, allow_pickle=allow_pickle)
+    table = Table(title=f"{model} — {'float' if plan is None else plan} on {split} ({m.n_samples} images)")
+    for col in ("accuracy", "float accuracy", "retention", "agreement", "size", "compression", "bitops"):
+        table.add_column(col, justify="right")
+    table.add_row(f"{m.accuracy:.2%}", f"{m.baseline_accuracy:.2%}", f"{m.retention:.2%}", f"{m.agreement:.2%}",
+                  _fmt_bytes(m.size_bytes), f"{m.compression:.2f}x", f"{m.bitops:.3g}")
+    out.print(table)
+    if json_out:
+        _emit_json(m.to_dict())
+
+
+@app.command("list")
+@_friendly
+def list_(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
+) -> None:
+    """The registered models, data sources, compressors and strategies."""
+    from modelopt.compressors import COMPRESSORS
+    from modelopt.data import list_data_sources
+    from modelopt.models import list_models
+    from modelopt.search import STRATEGIES
+
+    items = {"models": list_models(), "data": list_data_sources(), "compressors": COMPRESSORS.names(),
+             "strategies": STRATEGIES.names()}
+    table = Table(title="modelopt registry")
+    table.add_column("kind")
+    table.add_column("names")
+    for kind, names in items.items():
+        table.add_row(kind, ", ".join(names))
+    out.print(table)
+    if json_out:
+        _emit_json(items)
+
+
+def main() -> None:
+    app(prog_name="modelopt")
+    sys.exit(0)

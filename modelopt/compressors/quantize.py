@@ -1,0 +1,234 @@
+"""Weight quantization: symmetric INT2..INT8, per-tensor, per-channel or group-wise scales.
+
+Each scale unit (the tensor, an output channel, or a block of `group_size`
+consecutive input weights of one output channel) gets the scale that minimises
+its squared quantization error over a grid of clipping ratios. Codes use the full
+signed range [-2^(b-1), 2^(b-1)-1]; scales are stored as float32.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import numpy as np
+import torch
+
+from modelopt.compressors._base import Choice, Compressor
+from modelopt.compressors._registry import COMPRESSORS
+from modelopt.errors import ConfigError
+from modelopt.layers import Layer
+
+SUPPORTED_BITS = (2, 3, 4, 5, 6, 7, 8)
+SCALE_BYTES = 4  # float32 scales
+# Clipping ratios searched per scale unit; 1.0 is plain max-scaling.
+CLIP_RATIOS = tuple(float(r) for r in np.linspace(0.30, 1.0, 36))
+
+
+class Granularity(str, Enum):
+    PER_TENSOR = "per_tensor"
+    PER_CHANNEL = "per_channel"
+    GROUP = "group"
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How one layer's weight is quantized."""
+
+    bits: int
+    granularity: Granularity = Granularity.PER_CHANNEL
+    group_size: int = 64
+
+    def __str__(self) -> str:
+        tail = f"g{self.group_size}" if self.granularity is Granularity.GROUP else self.granularity.value
+        return f"int{self.bits}/{tail}"
+
+
+def _units(weight: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """The weight as (scale units, unit length), zero-padded for the last group."""
+    w = weight.detach().float().reshape(weight.shape[0], -1)
+    if spec.granularity is Granularity.PER_TENSOR:
+        return w.reshape(1, -1)
+    if spec.granularity is Granularity.PER_CHANNEL:
+        return w
+    k = w.shape[1]
+    n_groups = math.ceil(k / spec.group_size)
+    pad = n_groups * spec.group_size - k
+    if pad:
+        w = torch.nn.functional.pad(w, (0, pad))
+    return w.reshape(-1, spec.group_size)
+
+
+def _code_range(bits: int) -> tuple[int, int]:
+    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
+def search_scales(units: torch.Tensor, bits: int, ratios: Sequence[float] = CLIP_RATIOS) -> torch.Tensor:
+    """Per-unit scale minimising sum((q*s - w)^2) over clipping ratios of max|w|."""
+    qmin, qmax = _code_range(bits)
+    amax = units.abs().amax(dim=1)
+    amax = torch.where(amax > 0, amax, torch.ones_like(amax))
+    best_err = torch.full_like(amax, float("inf"))
+    best_scale = amax / qmax
+    for r in ratios:
+        s = (r * amax / qmax).unsqueeze(1)
+        err = ((torch.clamp(torch.round(units / s), qmin, qmax) * s - units) ** 2).sum(dim=1)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_scale = torch.where(better, s.squeeze(1), best_scale)
+    return best_scale
+
+
+def quantize(weight: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """Integer codes (int8 tensor, same shape as `weight`) and float32 scales (one per unit)."""
+    units = _units(weight, spec)
+    scales = search_scales(units, spec.bits)
+    qmin, qmax = _code_range(spec.bits)
+    codes = torch.clamp(torch.round(units / scales.unsqueeze(1)), qmin, qmax)
+    codes = codes.reshape(weight.shape[0], -1)[:, : weight[0].numel()].reshape(weight.shape)
+    return codes.to(torch.int8), scales.float()
+
+
+def dequantize(codes: torch.Tensor, scales: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """Float weights from codes and scales (the inverse mapping export's loader uses)."""
+    units = _units(codes.float(), spec)
+    return (units * scales.unsqueeze(1)).reshape(codes.shape[0], -1)[:, : codes[0].numel()].reshape(codes.shape)
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> np.ndarray:
+    """Bit-packs signed codes into ceil(n * bits / 8) bytes (INT4: two per byte)."""
+    offset = 2 ** (bits - 1)
+    u = (codes.reshape(-1).to(torch.int16) + offset).numpy().astype(np.uint8)
+    if bits == 8:
+        return u
+    bitplanes = np.unpackbits(u[:, None], axis=1, bitorder="little")[:, :bits]
+    return np.packbits(bitplanes.reshape(-1), bitorder="little")
+
+
+def unpack_codes(packed: np.ndarray, bits: int, shape: Sequence[int]) -> torch.Tensor:
+    """Inverse of `pack_codes`."""
+    n = int(np.prod(shape))
+    offset = 2 ** (bits - 1)
+    if bits == 8:
+        u = packed[:n].astype(np.int16)
+    else:
+        bitplanes = np.unpackbits(packed, bitorder="little")[: n * bits].reshape(n, bits)
+        u = (bitplanes.astype(np.int16) << np.arange(bits, dtype=np.int16)).sum(axis=1)
+    return torch.from_numpy((u - offset).astype(np.int8)).reshape(tuple(shape))
+
+
+def n_scales(layer: Layer, spec: QuantSpec) -> int:
+    if spec.granularity is Granularity.PER_TENSOR:
+        return 1
+    if spec.granularity is Granularity.PER_CHANNEL:
+        return layer.out_channels
+    return layer.out_channels * math.ceil(layer.fan_in / spec.group_size)
+
+
+@COMPRESSORS.register("quantize")
+class Quantize(Compressor):
+    """Weight quantization with an error-minimising scale per unit.
+
+    Args:
+        bits: bit widths offered to the search (any of 2..8).
+        granularity: scale granularities offered (per_tensor, per_channel, group).
+        group_size: input weights sharing one scale for `group`.
+
+    Example:
+        >>> q = Quantize(bits=(8, 4), granularity=("per_channel", "group"))
+    """
+
+    name = "quantize"
+
+    def __init__(
+        self,
+        bits: Sequence[int] = (8, 4),
+        granularity: Sequence[str | Granularity] = (Granularity.PER_CHANNEL, Granularity.GROUP),
+        group_size: int = 64,
+    ) -> None:
+        for b in bits:
+            if b not in SUPPORTED_BITS:
+                raise ConfigError(f"quantize: bits {b!r} not offered; valid: {', '.join(map(str, SUPPORTED_BITS))}")
+        self.bits = tuple(dict.fromkeys(int(b) for b in bits))
+        self.granularity = tuple(dict.fromkeys(_granularity(g) for g in granularity))
+        if group_size < 1:
+            raise ConfigError(f"quantize: group_size must be a positive integer, got {group_size!r}")
+        self.group_size = int(group_size)
+
+    def options(self) -> dict[str, Any]:
+        return {"bits": list(self.bits), "granularity": [g.value for g in self.granularity], "group_size": self.group_size}
+
+    def _canonical(self, spec: QuantSpec, layer: Layer) -> QuantSpec:
+        # One group covering a whole channel is per-channel quantization: same math, same bytes.
+        if spec.granularity is Granularity.GROUP and layer.fan_in <= spec.group_size:
+            return QuantSpec(spec.bits, Granularity.PER_CHANNEL)
+        if spec.granularity is not Granularity.GROUP:
+            return QuantSpec(spec.bits, spec.granularity)
+        return spec
+
+    def menu(self, layer: Layer) -> tuple[Choice, ...]:
+        specs = (
+            self._canonical(QuantSpec(b, g, self.group_size), layer)
+            for b, g in itertools.product(self.bits, self.granularity)
+        )
+        return (None, *dict.fromkeys(specs))
+
+    def parse(self, raw: Mapping[str, Any] | None, layer: Layer) -> Choice:
+        if raw is None:
+            return None
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"quantize for {layer.name}: expected a mapping like {{bits: 4}} or null, got {raw!r}")
+        unknown = set(raw) - {"bits", "granularity", "group_size"}
+        if unknown:
+            raise ConfigError(
+                f"quantize for {layer.name}: unknown key {sorted(unknown)[0]!r}; valid: bits, granularity, group_size"
+            )
+        bits = raw.get("bits")
+        if bits is None:
+            raise ConfigError(f"quantize for {layer.name}: 'bits' is required (one of {', '.join(map(str, SUPPORTED_BITS))})")
+        if isinstance(bits, bool) or bits not in SUPPORTED_BITS:
+            raise ConfigError(
+                f"quantize for {layer.name}: bits {bits!r} not offered; valid: {', '.join(map(str, SUPPORTED_BITS))}"
+            )
+        gran = _granularity(raw.get("granularity", Granularity.PER_CHANNEL))
+        group_size = raw.get("group_size", self.group_size)
+        if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
+            raise ConfigError(f"quantize for {layer.name}: group_size must be a positive integer, got {group_size!r}")
+        return self._canonical(QuantSpec(int(bits), gran, group_size), layer)
+
+    def dump(self, choice: Choice) -> dict[str, Any] | None:
+        if choice is None:
+            return None
+        assert isinstance(choice, QuantSpec)
+        out: dict[str, Any] = {"bits": choice.bits, "granularity": choice.granularity.value}
+        if choice.granularity is Granularity.GROUP:
+            out["group_size"] = choice.group_size
+        return out
+
+    def apply(self, weight: torch.Tensor, choice: Choice) -> torch.Tensor:
+        if choice is None:
+            return weight
+        assert isinstance(choice, QuantSpec)
+        codes, scales = quantize(weight, choice)
+        return dequantize(codes, scales, choice).to(weight.dtype)
+
+    def weight_bytes(self, layer: Layer, choice: Choice) -> int:
+        if choice is None:
+            return layer.params * 4
+        assert isinstance(choice, QuantSpec)
+        return math.ceil(layer.params * choice.bits / 8) + n_scales(layer, choice) * SCALE_BYTES
+
+    def weight_bits(self, choice: Choice) -> int:
+        return 32 if choice is None else choice.bits  # type: ignore[union-attr]
+
+
+def _granularity(value: object) -> Granularity:
+    try:
+        return Granularity(value)
+    except ValueError:
+        valid = ", ".join(g.value for g in Granularity)
+        raise ConfigError(f"quantize: granularity {value!r} not offered; valid: {valid}") from None

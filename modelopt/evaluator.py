@@ -1,0 +1,155 @@
+"""The evaluator: applies a plan to the resident model and scores it on a split."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from modelopt.errors import TrialError
+from modelopt.plan import Plan
+from modelopt.space import SearchSpace
+from modelopt.workload import Workload
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """What one evaluation measured; every field means what DESIGN.md says."""
+
+    split: str
+    n_samples: int
+    accuracy: float
+    baseline_accuracy: float
+    retention: float
+    agreement: float
+    size_bytes: int
+    float_size_bytes: int
+    compression: float
+    bitops: int
+    macs: int
+    eval_seconds: float
+    latency_ms: float | None = None
+    latency_backend: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (NaN becomes None)."""
+        return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Metrics:
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in d.items() if k in fields}
+        for k in ("accuracy", "baseline_accuracy", "retention", "agreement", "compression"):
+            if values.get(k) is None:
+                values[k] = math.nan
+        return cls(**values)
+
+
+class Evaluator:
+    """Scores plans: cached compressed tensors per (layer, choices), results cached by plan key.
+
+    Example:
+        >>> ev = Evaluator(workload, space)
+        >>> ev.evaluate(space.uniform("quantize", QuantSpec(8)), split="val").retention
+    """
+
+    def __init__(self, workload: Workload, space: SearchSpace) -> None:
+        self.workload = workload
+        self.space = space
+        self._tensors: dict[tuple[str, tuple[Any, ...]], torch.Tensor] = {}
+        self._results: dict[tuple[str, str, int], Metrics] = {}
+        self._layer_decisions = {
+            layer.name: [d for d in space.decisions if d.layer == layer.name] for layer in workload.layers
+        }
+
+    # ---- static accounting ----------------------------------------------------------------
+
+    def size_bytes(self, plan: Plan) -> int:
+        total = self.workload.other_bytes
+        for layer in self.workload.layers:
+            decs = self._layer_decisions[layer.name]
+            # The last compressor to touch the weight decides how it is stored.
+            owner = next((d for d in reversed(decs) if plan.get(d.name) is not None), None)
+            if owner is None:
+                total += layer.params * 4
+            else:
+                total += self.space.compressors[owner.compressor].weight_bytes(layer, plan.get(owner.name))
+        return total
+
+    def weight_bits(self, plan: Plan, layer: str) -> int:
+        bits = 32
+        for d in self._layer_decisions[layer]:
+            bits = min(bits, self.space.compressors[d.compressor].weight_bits(plan.get(d.name)))
+        return bits
+
+    def bitops(self, plan: Plan) -> int:
+        return sum(layer.macs * self.weight_bits(plan, layer.name) * 32 for layer in self.workload.layers)
+
+    def float_bitops(self) -> int:
+        return self.workload.macs * 32 * 32
+
+    # ---- evaluation -----------------------------------------------------------------------
+
+    def cost(self, split: str = "val", n: int | None = None) -> float:
+        """Budget charged for scoring one plan on n samples of a split: n / len(val)."""
+        total = len(self.workload.split("val"))
+        return min(n or total, len(self.workload.split(split))) / total
+
+    def compressed_weights(self, plan: Plan) -> dict[str, torch.Tensor]:
+        weights = {}
+        for layer in self.workload.layers:
+            decs = self._layer_decisions[layer.name]
+            choices = tuple(plan.get(d.name) for d in decs)
+            if all(c is None for c in choices):
+                continue
+            key = (layer.name, choices)
+            w = self._tensors.get(key)
+            if w is None:
+                w = self.workload.original[layer.name]
+                for d, c in zip(decs, choices):
+                    w = self.space.compressors[d.compressor].apply(w, c)
+                self._tensors[key] = w = w.contiguous()
+            weights[layer.name] = w
+        return weights
+
+    def evaluate(self, plan: Plan, split: str = "val", n: int | None = None) -> Metrics:
+        """Scores `plan` on the first `n` samples of `split` (all when None).
+
+        Raises:
+            TrialError: when the compressed model yields non-finite outputs.
+        """
+        data = self.workload.split(split)
+        n = len(data) if n is None else max(1, min(n, len(data)))
+        key = (plan.key, split, n)
+        if key in self._results:
+            return self._results[key]
+        t0 = time.perf_counter()
+        with self.workload.weights(self.compressed_weights(plan)):
+            logits = self.workload.logits(data.x[:n])
+        if not torch.isfinite(logits).all():
+            raise TrialError(f"plan {plan.key} gives non-finite outputs")
+        pred = logits.argmax(dim=1)
+        y, base = data.y[:n], data.base_pred[:n]
+        acc = float((pred == y).float().mean())
+        base_acc = float((base == y).float().mean())
+        size = self.size_bytes(plan)
+        metrics = Metrics(
+            split=split,
+            n_samples=n,
+            accuracy=acc,
+            baseline_accuracy=base_acc,
+            retention=acc / base_acc if base_acc > 0 else math.nan,
+            agreement=float((pred == base).float().mean()),
+            size_bytes=size,
+            float_size_bytes=self.workload.float_size_bytes,
+            compression=self.workload.float_size_bytes / size,
+            bitops=self.bitops(plan),
+            macs=self.workload.macs,
+            eval_seconds=time.perf_counter() - t0,
+        )
+        self._results[key] = metrics
+        return metrics

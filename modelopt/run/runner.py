@@ -1,0 +1,251 @@
+"""The budgeted search loop: ask, evaluate, journal, tell; resume; final re-score on test."""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from modelopt._version import __version__
+from modelopt.errors import ConfigError, ModeloptError
+from modelopt.evaluator import Evaluator, Metrics
+from modelopt.objective import Objective, best_of, pareto_front
+from modelopt.plan import Plan
+from modelopt.run.journal import Journal, write_json_atomic
+from modelopt.search._base import Strategy
+from modelopt.trial import Trial, TrialStatus
+
+JOURNAL = "trials.jsonl"
+STATE = "strategy_state.json"
+CONFIG = "run.json"
+SUMMARY = "summary.json"
+BEST_PLAN = "best_plan.yaml"
+MAX_RESCORED = 16  # Pareto plans re-scored on test (spread along the front)
+MAX_IDLE_ASKS = 2000  # consecutive already-seen plans before the space counts as exhausted
+
+# Settings that must match for a run folder to be resumed (the budget may grow).
+RESUME_KEYS = ("model", "weights", "data", "strategy", "seed", "objective", "min_retention", "compressors", "data_seed")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a finished run found; `pareto` pairs each front trial with its test metrics."""
+
+    run_dir: Path
+    trials: tuple[Trial, ...]
+    best: Trial | None
+    best_test: Metrics | None
+    pareto: tuple[tuple[Trial, Metrics | None], ...]
+    budget_used: float
+    summary: dict[str, Any]
+
+
+class Runner:
+    """Drives one strategy against one evaluator for `budget` full-evaluation equivalents.
+
+    Args:
+        evaluator: scores plans.
+        strategy: proposes plans.
+        objective: turns metrics into rewards and decides feasibility.
+        budget: full-evaluation equivalents to spend.
+        run_dir: where the journal, state, best plan and summary go.
+        config: the run's settings, saved to run.json and checked on resume.
+        resume: continue the journal already in `run_dir`.
+        progress: show a progress bar.
+    """
+
+    def __init__(
+        self,
+        evaluator: Evaluator,
+        strategy: Strategy,
+        objective: Objective,
+        *,
+        budget: float,
+        run_dir: str | Path,
+        config: dict[str, Any],
+        resume: bool = False,
+        progress: bool = True,
+        console: Console | None = None,
+    ) -> None:
+        if budget <= 0:
+            raise ConfigError(f"budget must be positive, got {budget!r}")
+        self.evaluator, self.strategy, self.objective = evaluator, strategy, objective
+        self.space = evaluator.space
+        self.budget = float(budget)
+        self.run_dir = Path(run_dir)
+        self.config = config
+        self.resume = resume
+        self.progress = progress
+        self.console = console or Console(stderr=True)
+        self.journal = Journal(self.run_dir / JOURNAL)
+        self.trials: list[Trial] = []
+        self.eval_seconds = 0.0
+
+    # ---- set-up and resume ----------------------------------------------------------------
+
+    def _open(self) -> None:
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise ConfigError(f"run folder {str(self.run_dir)!r} is a file; pass a folder to --out")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        cfg_path = self.run_dir / CONFIG
+        if self.journal.exists() or cfg_path.exists():
+            if not self.resume:
+                n = len(self.journal.read())
+                raise ConfigError(
+                    f"run folder {str(self.run_dir)!r} already holds a run ({n} trials); "
+                    "pass --resume to continue it, or another --out"
+                )
+            self._check_same_run(cfg_path)
+            self.trials = [Trial.from_json(r, self.space) for r in self.journal.read()]
+            self._restore_strategy()
+        write_json_atomic(cfg_path, {**self.config, "budget": self.budget, "version": __version__})
+
+    def _check_same_run(self, cfg_path: Path) -> None:
+        if not cfg_path.exists():
+            return
+        import json
+
+        saved = json.loads(cfg_path.read_text())
+        for key in RESUME_KEYS:
+            if key in saved and key in self.config and saved[key] != self.config[key]:
+                raise ConfigError(
+                    f"cannot resume {str(self.run_dir)!r}: it was run with {key}={saved[key]!r}, "
+                    f"not {self.config[key]!r}"
+                )
+
+    def _restore_strategy(self) -> None:
+        import json
+
+        state_path = self.run_dir / STATE
+        told = 0
+        if state_path.exists():
+            state = json.loads(state_path.read_text())
+            if state.get("n_trials", 0) <= len(self.trials):
+                self.strategy.load_state_dict(state["strategy"])
+                told = state["n_trials"]
+        for trial in self.trials[told:]:
+            self.strategy.tell(trial)
+
+    # ---- the loop -------------------------------------------------------------------------
+
+    @property
+    def spent(self) -> float:
+        return sum(t.cost for t in self.trials)
+
+    def _evaluate(self, plan: Plan) -> Trial:
+        t0 = time.perf_counter()
+        cost = self.evaluator.cost("val")
+        common = dict(number=len(self.trials), plan=plan, cost=cost, strategy=self.strategy.name,
+                      seed=self.strategy.seed, version=__version__)
+        try:
+            metrics = self.evaluator.evaluate(plan, split="val")
+            reward = self.objective.reward(metrics)
+            if math.isnan(metrics.retention) or not math.isfinite(reward):
+                raise ModeloptError(f"plan {plan.key} gives a non-finite score")
+        except Exception as exc:  # a crashing plan is recorded as failed; the search goes on
+            msg = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ModeloptError) else str(exc)
+            if not isinstance(exc, ModeloptError):
+                msg += " | " + traceback.format_exc(limit=3).strip().splitlines()[-1]
+            return Trial(status=TrialStatus.FAILED, metrics=None, reward=None, feasible=False,
+                         seconds=time.perf_counter() - t0, error=msg, **common)
+        finally:
+            self.eval_seconds += time.perf_counter() - t0
+        return Trial(status=TrialStatus.COMPLETE, metrics=metrics, reward=reward,
+                     feasible=self.objective.feasible(metrics), seconds=time.perf_counter() - t0, **common)
+
+    def _record(self, trial: Trial) -> None:
+        self.journal.append(trial.to_json())
+        self.trials.append(trial)
+        self.strategy.tell(trial)
+        write_json_atomic(self.run_dir / STATE, {"n_trials": len(self.trials), "strategy": self.strategy.state_dict()})
+
+    def _best_text(self) -> str:
+        best = best_of([t for t in self.trials if t.ok], lambda t: t.metrics, self.objective)
+        if best is None:
+            return "no feasible plan yet"
+        m = best.metrics
+        return f"best {m.compression:.2f}x size at {m.retention:.2%} retention (trial {best.number})"
+
+    def run(self) -> RunResult:
+        """Runs the search to its budget, then re-scores the best and Pareto plans on test."""
+        t_start = time.perf_counter()
+        self._open()
+        seen = {t.plan.key: t for t in self.trials}
+        idle = 0
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.fields[best]}"))
+        total = math.ceil(self.budget / self.evaluator.cost("val") - 1e-9)
+        with Progress(*columns, console=self.console, disable=not self.progress, transient=False) as bar:
+            task = bar.add_task(f"{self.strategy.name} search", total=total, completed=len(self.trials),
+                                best=self._best_text())
+            while self.spent < self.budget - 1e-9:
+                plan = self.strategy.ask(1)[0]
+                if plan.key in seen:
+                    # Never pay twice for a plan: tell the strategy what it already scored.
+                    self.strategy.tell(seen[plan.key])
+                    idle += 1
+                    if idle >= MAX_IDLE_ASKS:
+                        self.console.print("[yellow]search space exhausted: the strategy only proposes seen plans")
+                        break
+                    continue
+                idle = 0
+                trial = self._evaluate(plan)
+                self._record(trial)
+                seen[plan.key] = trial
+                bar.update(task, completed=len(self.trials), best=self._best_text())
+        search_wall = time.perf_counter() - t_start
+        return self._finish(search_wall)
+
+    # ---- the end: re-score on test, write the run folder ----------------------------------
+
+    def _finish(self, search_wall: float) -> RunResult:
+        ok = [t for t in self.trials if t.ok]
+        best = best_of(ok, lambda t: t.metrics, self.objective)
+        front = pareto_front(ok, lambda t: t.metrics, self.objective)
+        if len(front) > MAX_RESCORED:
+            idx = sorted({round(i * (len(front) - 1) / (MAX_RESCORED - 1)) for i in range(MAX_RESCORED)})
+            front = [front[i] for i in idx]
+        to_score = {t.plan.key: t for t in ([best] if best else []) + front}
+        test_metrics = {key: self.evaluator.evaluate(t.plan, split="test") for key, t in to_score.items()}
+        best_test = test_metrics.get(best.plan.key) if best else None
+        pareto = tuple((t, test_metrics.get(t.plan.key)) for t in front)
+        if best is not None:
+            self.space.save_plan(best.plan, self.run_dir / BEST_PLAN)
+        summary = self._summary(best, best_test, pareto, search_wall)
+        write_json_atomic(self.run_dir / SUMMARY, summary)
+        return RunResult(self.run_dir, tuple(self.trials), best, best_test, pareto, self.spent, summary)
+
+    def _summary(
+        self, best: Trial | None, best_test: Metrics | None, pareto: tuple[tuple[Trial, Metrics | None], ...],
+        search_wall: float,
+    ) -> dict[str, Any]:
+        wl = self.evaluator.workload
+
+        def entry(t: Trial, test: Metrics | None) -> dict[str, Any]:
+            return {"trial": t.number, "plan_key": t.plan.key, "plan": self.space.dump_plan(t.plan),
+                    "val": t.metrics.to_dict(), "test": None if test is None else test.to_dict()}
+
+        return {
+            "version": __version__,
+            "run_dir": str(self.run_dir),
+            "config": self.config,
+            "objective": {"target": self.objective.target.value, "min_retention": self.objective.min_retention},
+            "budget": self.budget,
+            "budget_used": self.spent,
+            "n_trials": len(self.trials),
+            "n_failed": sum(not t.ok for t in self.trials),
+            "n_feasible": sum(t.feasible for t in self.trials),
+            "baseline": {s: {"accuracy": wl.baseline_accuracy(s), "n_samples": len(wl.split(s))} for s in ("val", "test")},
+            "float_size_bytes": wl.float_size_bytes,
+            "device": str(wl.device),
+            "best": None if best is None else entry(best, best_test),
+            "pareto": [entry(t, m) for t, m in pareto],
+            "search_wall_seconds": search_wall,
+            "eval_seconds_this_session": self.eval_seconds,
+        }

@@ -1,0 +1,7 @@
+"""Search strategies behind one ask/tell interface, registered by name."""
+
+from modelopt.search._base import Strategy
+from modelopt.search._registry import STRATEGIES
+from modelopt.search.random import RandomSearch
+
+__all__ = ["STRATEGIES", "RandomSearch", "Strategy"]

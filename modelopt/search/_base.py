@@ -1,0 +1,46 @@
+"""The strategy plugin surface: ask for plans, tell results, save and restore state."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from modelopt.objective import Objective
+from modelopt.plan import Plan
+from modelopt.space import SearchSpace
+from modelopt.trial import Trial
+
+
+class Strategy(ABC):
+    """A search strategy. It never touches models: it sees plans and their trials.
+
+    `tell` must accept trials of plans it did not ask for (a resumed run tells
+    trials that finished after the last saved state; a warm start tells old ones).
+    `state_dict` must be JSON-serialisable.
+
+    Args:
+        space: the decisions and their choices.
+        objective: what the rewards mean (strategies may read the retention floor).
+        seed: every random draw derives from it.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, space: SearchSpace, objective: Objective, *, seed: int = 0) -> None:
+        self.space = space
+        self.objective = objective
+        self.seed = seed
+
+    @abstractmethod
+    def ask(self, n: int = 1) -> list[Plan]:
+        """The next `n` plans to evaluate."""
+
+    @abstractmethod
+    def tell(self, trial: Trial) -> None:
+        """The outcome of a plan (trial.reward is None when it failed)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores what `state_dict` returned."""

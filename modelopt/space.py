@@ -1,0 +1,165 @@
+"""The search space: ordered decisions from the compressors' menus, and the plan file format."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from modelopt.compressors._base import Choice, Compressor
+from modelopt.errors import ConfigError, LoadError, UnknownNameError
+from modelopt.layers import Layer
+from modelopt.plan import PLAN_VERSION, Decision, Plan, decision_name
+
+_TOP_KEYS = ("version", "default", "layers")
+
+
+class SearchSpace:
+    """Per-layer decisions offered by `compressors` for `layers`, in layer order.
+
+    Example:
+        >>> space = SearchSpace(workload.layers, [Quantize(bits=(8, 4))])
+        >>> plan = space.parse_plan({"default": {"quantize": {"bits": 8}}})
+    """
+
+    def __init__(self, layers: Sequence[Layer], compressors: Sequence[Compressor]) -> None:
+        self.layers = {layer.name: layer for layer in layers}
+        self.compressors = {c.name: c for c in compressors}
+        decisions = []
+        for layer in layers:
+            for comp in compressors:
+                menu = comp.menu(layer)
+                if len(menu) > 1:
+                    decisions.append(Decision(decision_name(layer.name, comp.name), comp.name, layer.name, tuple(menu)))
+        self.decisions: tuple[Decision, ...] = tuple(decisions)
+        self._by_name = {d.name: d for d in self.decisions}
+
+    def __len__(self) -> int:
+        return len(self.decisions)
+
+    @property
+    def cardinality(self) -> int:
+        return math.prod(len(d.choices) for d in self.decisions)
+
+    def decision(self, name: str) -> Decision:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise UnknownNameError("decision", name, self._by_name) from None
+
+    def plan(self, choices: Mapping[str, Choice] | None = None) -> Plan:
+        """A plan from {decision name: choice}; decisions not named are off (None)."""
+        choices = dict(choices or {})
+        for name in choices:
+            self.decision(name)
+        return Plan(tuple((d.name, choices.get(d.name)) for d in self.decisions))
+
+    def uniform(self, compressor: str, choice: Choice) -> Plan:
+        """The plan giving every layer the same `choice` of `compressor` (canonicalised per layer)."""
+        comp = self.compressors[compressor]
+        raw = comp.dump(choice)
+        return self.plan(
+            {d.name: comp.parse(raw, self.layers[d.layer]) for d in self.decisions if d.compressor == compressor and d.layer}
+        )
+
+    # ---- the plan file format -------------------------------------------------------------
+
+    def parse_plan(self, doc: Mapping[str, Any]) -> Plan:
+        """A plan from its hand-written form: `default` for every layer plus per-layer `layers` overrides."""
+        if not isinstance(doc, Mapping):
+            raise ConfigError(f"a plan must be a mapping with keys {', '.join(_TOP_KEYS)}; got {type(doc).__name__}")
+        for key in doc:
+            if key not in _TOP_KEYS:
+                raise ConfigError(f"unknown plan key {key!r}; valid: {', '.join(_TOP_KEYS)}")
+        version = doc.get("version", PLAN_VERSION)
+        if version != PLAN_VERSION:
+            raise ConfigError(f"plan version {version!r} is not supported; this modelopt reads version {PLAN_VERSION}")
+        default = self._compressor_map(doc.get("default") or {}, "default")
+        overrides = doc.get("layers") or {}
+        if not isinstance(overrides, Mapping):
+            raise ConfigError("plan key 'layers' must map layer names to {compressor: settings}")
+        for name in overrides:
+            if name not in self.layers:
+                raise UnknownNameError("layer", name, self.layers)
+        choices: dict[str, Choice] = {}
+        for lname, layer in self.layers.items():
+            override = self._compressor_map(overrides.get(lname) or {}, f"layers.{lname}")
+            for cname, comp in self.compressors.items():
+                raw = _merge(default.get(cname), override[cname]) if cname in override else default.get(cname)
+                dname = decision_name(lname, cname)
+                if dname not in self._by_name:
+                    if raw is not None and cname in override:
+                        raise ConfigError(f"layer {lname!r} cannot be compressed by {cname!r}")
+                    continue
+                choices[dname] = comp.parse(raw, layer)
+        return self.plan(choices)
+
+    def _compressor_map(self, value: Any, where: str) -> dict[str, Any]:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"plan key {where!r} must map compressor names to settings, got {value!r}")
+        for cname in value:
+            if cname not in self.compressors:
+                raise UnknownNameError(f"compressor in plan key {where!r}", cname, self.compressors)
+        return dict(value)
+
+    def dump_plan(self, plan: Plan) -> dict[str, Any]:
+        """The hand-writable form: the most common choice per compressor as `default`, the rest per layer."""
+        per_layer: dict[str, dict[str, Any]] = {lname: {} for lname in self.layers}
+        for d in self.decisions:
+            if d.layer is not None:
+                per_layer[d.layer][d.compressor] = self.compressors[d.compressor].dump(plan.get(d.name))
+        default: dict[str, Any] = {}
+        for cname in self.compressors:
+            seen = [_freeze(v[cname]) for v in per_layer.values() if cname in v]
+            if seen:
+                common = Counter(seen).most_common(1)[0][0]
+                if common is not None:
+                    default[cname] = _thaw(common)
+        layers: dict[str, Any] = {}
+        for lname, entries in per_layer.items():
+            diff = {c: v for c, v in entries.items() if v != default.get(c)}
+            if diff:
+                layers[lname] = diff
+        return {"version": PLAN_VERSION, "default": default, "layers": layers}
+
+    def load_plan(self, path: str | Path) -> Plan:
+        """Reads a plan YAML file (safe_load)."""
+        path = Path(path)
+        if not path.is_file():
+            raise LoadError(f"plan file {str(path)!r} does not exist")
+        try:
+            doc = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"plan file {str(path)!r} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        return self.parse_plan(doc if doc is not None else {})
+
+    def save_plan(self, plan: Plan, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.dump_plan(plan), sort_keys=False))
+
+    def plan_from_flat(self, flat: Mapping[str, Any]) -> Plan:
+        """Inverse of `Plan.to_flat` (the journal's form)."""
+        choices = {}
+        for name, raw in flat.items():
+            d = self.decision(name)
+            choices[name] = self.compressors[d.compressor].parse(raw, self.layers[d.layer]) if d.layer else raw
+        return self.plan(choices)
+
+
+def _merge(base: Any, override: Any) -> Any:
+    if isinstance(base, Mapping) and isinstance(override, Mapping):
+        return {**base, **override}
+    return override
+
+
+def _freeze(v: Any) -> Any:
+    return tuple(sorted(v.items())) if isinstance(v, dict) else v
+
+
+def _thaw(v: Any) -> Any:
+    return dict(v) if isinstance(v, tuple) else v
