@@ -3,7 +3,9 @@
 Each scale unit (the tensor, an output channel, or a block of `group_size`
 consecutive input weights of one output channel) gets the scale that minimises
 its squared quantization error over a grid of clipping ratios. Codes use the full
-signed range [-2^(b-1), 2^(b-1)-1]; scales are stored as float32.
+signed range [-2^(b-1), 2^(b-1)-1]; scales are stored as float16 (as deployed INT4/INT8
+kernels take them), and the search scores each candidate with its float16-rounded scale,
+so the quantize-dequantize the evaluator runs is exactly what the packed export decodes.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from modelopt.errors import ConfigError
 from modelopt.layers import Layer
 
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 7, 8)
-SCALE_BYTES = 4  # float32 scales
+SCALE_BYTES = 2  # float16 scales
+SCALE_DTYPE = torch.float16
+_MIN_SCALE = 2.0**-24  # smallest positive float16 (subnormal): a scale never rounds to zero
 # Clipping ratios searched per scale unit; 1.0 is plain max-scaling.
 CLIP_RATIOS = tuple(float(r) for r in np.linspace(0.30, 1.0, 36))
 
@@ -67,15 +71,20 @@ def _code_range(bits: int) -> tuple[int, int]:
     return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
 
 
+def to_scale_dtype(s: torch.Tensor) -> torch.Tensor:
+    """Rounds scales to what is stored (float16), returned as float32 for arithmetic."""
+    return s.clamp(min=_MIN_SCALE, max=65504.0).to(SCALE_DTYPE).float()
+
+
 def search_scales(units: torch.Tensor, bits: int, ratios: Sequence[float] = CLIP_RATIOS) -> torch.Tensor:
-    """Per-unit scale minimising sum((q*s - w)^2) over clipping ratios of max|w|."""
+    """Per-unit stored (float16-rounded) scale minimising sum((q*s - w)^2) over clipping ratios of max|w|."""
     qmin, qmax = _code_range(bits)
     amax = units.abs().amax(dim=1)
     amax = torch.where(amax > 0, amax, torch.ones_like(amax))
     best_err = torch.full_like(amax, float("inf"))
-    best_scale = amax / qmax
+    best_scale = to_scale_dtype(amax / qmax)
     for r in ratios:
-        s = (r * amax / qmax).unsqueeze(1)
+        s = to_scale_dtype(r * amax / qmax).unsqueeze(1)
         err = ((torch.clamp(torch.round(units / s), qmin, qmax) * s - units) ** 2).sum(dim=1)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
@@ -84,19 +93,19 @@ def search_scales(units: torch.Tensor, bits: int, ratios: Sequence[float] = CLIP
 
 
 def quantize(weight: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """Integer codes (int8 tensor, same shape as `weight`) and float32 scales (one per unit)."""
+    """Integer codes (int8 tensor, same shape as `weight`) and float16 scales (one per unit)."""
     units = _units(weight, spec)
     scales = search_scales(units, spec.bits)
     qmin, qmax = _code_range(spec.bits)
     codes = torch.clamp(torch.round(units / scales.unsqueeze(1)), qmin, qmax)
     codes = codes.reshape(weight.shape[0], -1)[:, : weight[0].numel()].reshape(weight.shape)
-    return codes.to(torch.int8), scales.float()
+    return codes.to(torch.int8), scales.to(SCALE_DTYPE)
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """Float weights from codes and scales (the inverse mapping export's loader uses)."""
     units = _units(codes.float(), spec)
-    return (units * scales.unsqueeze(1)).reshape(codes.shape[0], -1)[:, : codes[0].numel()].reshape(codes.shape)
+    return (units * scales.float().unsqueeze(1)).reshape(codes.shape[0], -1)[:, : codes[0].numel()].reshape(codes.shape)
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> np.ndarray:
