@@ -1,0 +1,120 @@
+"""The runner on the real ResNet-20: journal, failures, resume after SIGKILL, the final test re-score."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import modelopt
+from modelopt.compressors import COMPRESSORS, Compressor
+from modelopt.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _journal(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "trials.jsonl").read_text().splitlines()]
+
+
+def test_run_writes_journal_best_plan_and_summary(tmp_path):
+    result = modelopt.optimize(budget=6, out=tmp_path / "run", progress=False, seed=1)
+    records = _journal(tmp_path / "run")
+    assert [r["number"] for r in records] == list(range(6))
+    assert len({r["plan_key"] for r in records}) == 6
+    assert result.budget_used == pytest.approx(6)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["n_trials"] == 6
+    if result.best is not None:
+        assert (tmp_path / "run" / "best_plan.yaml").exists()
+        assert result.best_test.split == "test" and result.best_test.n_samples == 423
+        assert summary["best"]["test"]["retention"] == pytest.approx(result.best_test.retention)
+        # The saved plan reloads to the same plan.
+        m = modelopt.evaluate(plan=tmp_path / "run" / "best_plan.yaml", split="test")
+        assert m.accuracy == pytest.approx(result.best_test.accuracy)
+    assert all(t.metrics.split == "val" for t, _ in result.pareto)
+
+
+def test_an_existing_run_folder_is_not_overwritten(tmp_path):
+    modelopt.optimize(budget=1, out=tmp_path / "run", progress=False)
+    with pytest.raises(ConfigError, match="already holds a run .1 trials.; pass --resume"):
+        modelopt.optimize(budget=1, out=tmp_path / "run", progress=False)
+    with pytest.raises(ConfigError, match="it was run with seed=0, not 5"):
+        modelopt.optimize(budget=2, out=tmp_path / "run", progress=False, resume=True, seed=5)
+
+
+class _Poison(Compressor):
+    """Makes a layer's weight NaN: a trial that must be recorded as failed."""
+
+    name = "poison"
+
+    def menu(self, layer):
+        return (None, "nan") if layer.name == "linear" else (None,)
+
+    def parse(self, raw, layer):
+        return raw
+
+    def dump(self, choice):
+        return choice
+
+    def apply(self, weight, choice):
+        return weight if choice is None else torch.full_like(weight, float("nan"))
+
+    def weight_bytes(self, layer, choice):
+        return layer.params * 4
+
+
+def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path):
+    COMPRESSORS.register("poison")(_Poison)
+    try:
+        result = modelopt.optimize(budget=12, out=tmp_path / "run", progress=False, compressors=("quantize", "poison"))
+    finally:
+        COMPRESSORS._items.pop("poison")
+    records = _journal(tmp_path / "run")
+    assert len(records) == 12
+    failed = [r for r in records if r["status"] == "failed"]
+    assert failed and all("non-finite" in r["error"] for r in failed)
+    assert all(r["plan"]["linear/poison"] == "nan" for r in failed)
+    assert any(r["status"] == "complete" for r in records)
+    assert result.summary["n_failed"] == len(failed)
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_loses_and_repeats_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "modelopt", "optimize", "--budget", "20", "--out", str(run_dir), "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    journal = run_dir / "trials.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if journal.exists() and journal.read_text().count("\n") >= 6:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = journal.read_text().splitlines(keepends=True)
+    before = [line for line in before if line.endswith("\n")]
+    assert 6 <= len(before) < 20, "the run must be killed half-way"
+
+    done = subprocess.run([*cmd[:4], "--resume", "--out", str(run_dir), "--no-progress", "--json"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    after = journal.read_text().splitlines(keepends=True)
+    assert after[: len(before)] == before, "finished trials must survive unchanged"
+    records = [json.loads(line) for line in after]
+    assert [r["number"] for r in records] == list(range(20))
+    assert len({r["plan_key"] for r in records}) == 20, "no plan is evaluated twice"
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["n_trials"] == 20
+
+    # The resumed run proposes what an uninterrupted run would have (the strategy state survived).
+    straight = modelopt.optimize(budget=20, out=tmp_path / "straight", progress=False)
+    assert [t.plan.key for t in straight.trials] == [r["plan_key"] for r in records]
