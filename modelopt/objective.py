@@ -65,7 +65,9 @@ T = TypeVar("T")
 
 def pareto_front(items: Iterable[T], key: Callable[[T], Metrics], objective: Objective) -> list[T]:
     """Items not dominated in (higher retention, lower target value), by ascending target value."""
-    pts = sorted(items, key=lambda it: (objective.value(key(it)), -key(it).retention))
+    # NaN retention is never on the front, and left in the sort it can misorder equal-size items.
+    pts = sorted((it for it in items if not math.isnan(key(it).retention)),
+                 key=lambda it: (objective.value(key(it)), -key(it).retention))
     front: list[T] = []
     best_ret = -math.inf
     for it in pts:

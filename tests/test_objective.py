@@ -1,0 +1,197 @@
+"""The objective's reward, feasibility, Pareto front and best pick, on hand-made Metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import random
+
+import pytest
+
+from modelopt.errors import ConfigError
+from modelopt.evaluator import Metrics
+from modelopt.objective import Objective, Target, best_of, pareto_front
+
+FLOAT_BYTES = 1_000_000
+MACS = 40_000_000
+
+
+def metrics(retention: float, size: int = FLOAT_BYTES, bits: int = 32) -> Metrics:
+    """Metrics of a plan quantizing every layer to `bits` (MACs unchanged), at the given size and retention."""
+    return Metrics(split="val", n_samples=500, accuracy=0.9 * retention, baseline_accuracy=0.9, retention=retention,
+                   agreement=1.0, size_bytes=size, float_size_bytes=FLOAT_BYTES, compression=FLOAT_BYTES / size,
+                   bitops=MACS * bits * 32, macs=MACS, eval_seconds=0.1)
+
+
+RETENTIONS = [0.0, 0.5, 0.9, 0.98, 0.9899, 0.99, 0.995, 1.0, 1.1, math.nan]
+SIZES = [1, 1000, 250_000, FLOAT_BYTES, 3 * FLOAT_BYTES]  # incl. plans bigger than float
+
+
+@pytest.mark.parametrize("target", ["size", "bitops", "macs"])
+def test_every_infeasible_reward_is_below_every_feasible_one(target):
+    obj = Objective(target, min_retention=0.99)
+    grid = [metrics(r, s, b) for r, s, b in itertools.product(RETENTIONS, SIZES, [2, 4, 8, 32, 64])]
+    feasible = [obj.reward(m) for m in grid if obj.feasible(m)]
+    infeasible = [obj.reward(m) for m in grid if not obj.feasible(m)]
+    assert len(feasible) == 4 * 25 and len(infeasible) == 6 * 25
+    assert max(infeasible) < min(feasible)
+    assert min(feasible) > 0 and max(infeasible) < -1
+    assert all(math.isfinite(x) for x in feasible + infeasible)
+
+
+def test_feasibility_boundary():
+    obj = Objective("size", min_retention=0.99)
+    assert obj.feasible(metrics(0.99)) and obj.feasible(metrics(1.2))
+    assert not obj.feasible(metrics(0.98999)) and not obj.feasible(metrics(math.nan))
+
+
+def test_size_reward_is_the_compression_factor():
+    obj = Objective("size", 0.99)
+    assert obj.reward(metrics(1.0, 250_000)) == pytest.approx(4.0)
+    assert obj.reward(metrics(0.99, FLOAT_BYTES)) == pytest.approx(1.0)
+    assert obj.reward(metrics(1.0, 2 * FLOAT_BYTES)) == pytest.approx(0.5)  # feasible but bigger than float
+    m = metrics(0.995, 123_457)
+    assert obj.reward(m) == pytest.approx(m.float_size_bytes / m.size_bytes) == pytest.approx(m.compression)
+    assert obj.value(m) == 123_457 and obj.reference(m) == FLOAT_BYTES
+
+
+@pytest.mark.parametrize("bits, expected", [(32, 1.0), (8, 4.0), (4, 8.0), (2, 16.0)])
+def test_bitops_reward_is_float_bitops_over_plan_bitops(bits, expected):
+    obj = Objective("bitops", 0.99)
+    m = metrics(1.0, bits=bits)
+    assert obj.value(m) == MACS * bits * 32
+    assert obj.reference(m) == MACS * 32 * 32
+    assert obj.reward(m) == pytest.approx(expected)
+
+
+def test_macs_reward_is_one_when_quantization_leaves_macs_alone():
+    obj = Objective("macs", 0.99)
+    m = metrics(1.0, 1000, bits=4)
+    assert obj.value(m) == MACS
+    assert obj.reward(m) == pytest.approx(1.0)
+
+
+def test_infeasible_reward_rises_with_retention():
+    obj = Objective("size", 0.99)
+    rewards = [obj.reward(metrics(r, 1000)) for r in (0.0, 0.5, 0.9, 0.98)]
+    assert rewards == sorted(rewards) and len(set(rewards)) == 4
+    assert rewards[2] == pytest.approx(0.9 - 0.99 - 1.0)
+    # Size does not help an infeasible plan: it is ranked by how far it misses the floor.
+    assert obj.reward(metrics(0.9, 1)) == obj.reward(metrics(0.9, 3 * FLOAT_BYTES))
+    assert obj.reward(metrics(math.nan, 1)) == pytest.approx(-1.99)
+
+
+def test_feasible_reward_prefers_smaller():
+    obj = Objective("size", 0.99)
+    assert obj.reward(metrics(0.99, 1000)) > obj.reward(metrics(1.0, 2000))
+
+
+@pytest.mark.parametrize("bad", ["latency", "SIZE", "", None])
+def test_unknown_target_is_config_error(bad):
+    with pytest.raises(ConfigError) as exc:
+        Objective(bad)
+    msg = str(exc.value)
+    assert repr(bad) in msg and "size, bitops, macs" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("bad", [-0.1, 2.0, 99])
+def test_min_retention_out_of_range_is_config_error(bad):
+    with pytest.raises(ConfigError, match=repr(bad)):
+        Objective("size", bad)
+
+
+def test_target_parsed_from_string_and_objective_is_a_frozen_value():
+    assert Objective("bitops").target is Target.BITOPS
+    assert Objective("size", 0.95) == Objective(Target.SIZE, 0.95)
+    assert hash(Objective("size", 0.95)) == hash(Objective(Target.SIZE, 0.95))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Objective().min_retention = 0.5  # type: ignore[misc]
+
+
+# ---- Pareto front and best pick --------------------------------------------------------------
+
+POINTS = {
+    # name: (size, retention)
+    "tiny": (50, 0.80),
+    "small": (100, 0.90),
+    "mid": (200, 0.95),
+    "mid-worse": (200, 0.93),  # same size as mid, lower retention: dominated
+    "bigger-worse": (300, 0.94),  # bigger and worse than mid
+    "good": (400, 0.99),
+    "good-bigger": (450, 0.99),  # as good as "good" but bigger
+    "best": (500, 1.01),
+    "huge-worse": (2000, 1.0),
+    "failed": (10, math.nan),  # no retention: never on the front
+}
+FRONT = ["tiny", "small", "mid", "good", "best"]
+
+
+def items(names=POINTS, seed=0):
+    out = [(n, metrics(POINTS[n][1], POINTS[n][0])) for n in names]
+    random.Random(seed).shuffle(out)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pareto_front_is_exactly_the_non_dominated_in_ascending_size(seed):
+    front = pareto_front(items(seed=seed), lambda it: it[1], Objective("size", 0.99))
+    assert [n for n, _ in front] == FRONT
+
+
+def test_pareto_front_by_brute_force_on_random_points():
+    rng = random.Random(4)
+    obj = Objective("size", 0.99)
+    for _ in range(50):
+        pts = [(i, metrics(round(rng.uniform(0.8, 1.0), 2), rng.randrange(1, 20) * 100)) for i in range(12)]
+
+        def dominated(m):
+            return any(o.size_bytes <= m.size_bytes and o.retention >= m.retention
+                       and (o.size_bytes, o.retention) != (m.size_bytes, m.retention) for _, o in pts)
+
+        front = pareto_front(pts, lambda it: it[1], obj)
+        sizes = [m.size_bytes for _, m in front]
+        assert sizes == sorted(sizes)
+        assert all(not dominated(m) for _, m in front)
+        # every non-dominated (size, retention) point is represented once
+        expected = {(m.size_bytes, m.retention) for _, m in pts if not dominated(m)}
+        assert [(m.size_bytes, m.retention) for _, m in front] == sorted(expected)
+
+
+def test_pareto_front_follows_the_target():
+    # Same sizes, different bitops: the front is taken on bitops when that is the target.
+    a = ("a", metrics(0.95, 100, bits=8))
+    b = ("b", metrics(0.99, 200, bits=4))  # bigger but fewer bitops and better: dominates a on bitops
+    assert [n for n, _ in pareto_front([a, b], lambda it: it[1], Objective("bitops"))] == ["b"]
+    assert [n for n, _ in pareto_front([a, b], lambda it: it[1], Objective("size"))] == ["a", "b"]
+
+
+def test_pareto_front_ignores_nan_retention_at_equal_size():
+    # A failed score at the same size as others used to break the sort and let a dominated point through.
+    pts = [("a", metrics(0.90, 100)), ("nan", metrics(math.nan, 100)), ("b", metrics(0.95, 100))]
+    for order in itertools.permutations(pts):
+        assert [n for n, _ in pareto_front(order, lambda it: it[1], Objective())] == ["b"]
+
+
+def test_pareto_front_of_nothing():
+    assert pareto_front([], lambda it: it, Objective()) == []
+
+
+def test_best_of_picks_highest_reward_feasible():
+    obj = Objective("size", 0.99)
+    best = best_of(items(), lambda it: it[1], obj)
+    assert best is not None and best[0] == "good"  # smallest of those with retention >= 0.99
+    assert best_of(items(), lambda it: it[1], Objective("size", 1.0))[0] == "best"
+    assert best_of(items(), lambda it: it[1], Objective("size", 0.9))[0] == "small"
+
+
+def test_best_of_breaks_reward_ties_by_retention():
+    a, b = ("a", metrics(0.99, 100)), ("b", metrics(1.0, 100))
+    assert best_of([a, b], lambda it: it[1], Objective())[0] == "b"
+    assert best_of([b, a], lambda it: it[1], Objective())[0] == "b"
+
+
+def test_best_of_is_none_when_nothing_is_feasible():
+    obj = Objective("size", 0.99)
+    assert best_of(items(["tiny", "small", "mid", "failed"]), lambda it: it[1], obj) is None
+    assert best_of([], lambda it: it, obj) is None
