@@ -136,7 +136,7 @@ def optimize(
     *,
     weights: str | Path | None = None,
     strategy: str = "random",
-    budget: float = 100,
+    budget: float = 200,
     objective: str = "size",
     min_retention: float = 0.99,
     seed: int = 0,

@@ -101,7 +101,7 @@ def optimize(
     given = dict(model=model, weights=weights, data=data, strategy=strategy, budget=budget, objective=objective,
                  min_retention=min_retention, seed=seed)
     settings: dict[str, Any] = dict(model="cifar10_resnet20", weights=None, data="cifar10-sample", strategy="random",
-                                    budget=100.0, objective="size", min_retention=0.99, seed=0,
+                                    budget=200.0, objective="size", min_retention=0.99, seed=0,
                                     bits=[8, 4], granularity=["per_channel", "group"])
     if resume:
         run_dir = out_dir or api.latest_run_dir()
@@ -143,7 +143,7 @@ def _print_run(result: api.RunResult) -> None:
         return
     val, test = result.best.metrics, result.best_test
     table = Table(title=f"Best plan (trial {result.best.number} of {s['n_trials']})")
-    for col in ("", "accuracy", "retention", "agreement", "size", "compression", "samples"):
+    for col in ("", "top-1", "retention", "agree", "size", "ratio", "images"):
         table.add_column(col, justify="right")
     base = s["baseline"]
     table.add_row("float val", f"{base['val']['accuracy']:.2%}", "100.00%", "100.00%",
@@ -153,12 +153,10 @@ def _print_run(result: api.RunResult) -> None:
                       _fmt_bytes(m.size_bytes), f"{m.compression:.2f}x", str(m.n_samples))
     out.print(table)
     plan_table = Table(title="Best plan per layer")
-    plan_table.add_column("layer")
+    plan_table.add_column("decision")
     plan_table.add_column("choice")
-    space = None
     for name, choice in result.best.plan.choices:
-        plan_table.add_row(name.rsplit("/", 1)[0], "float" if choice is None else str(choice))
-    del space
+        plan_table.add_row(name, "float" if choice is None else str(choice))
     out.print(plan_table)
     out.print(f"Pareto front: {len(result.pareto)} plans (re-scored on test) — run folder: [bold]{result.run_dir}[/]")
     out.print(f"Best plan written to {result.run_dir / 'best_plan.yaml'}")

@@ -32,6 +32,8 @@ class Metrics:
     bitops: int
     macs: int
     eval_seconds: float
+    float_bitops: int = 0  # the uncompressed model's, for reduction factors
+    float_macs: int = 0
     latency_ms: float | None = None
     latency_backend: str | None = None
 
@@ -150,6 +152,8 @@ class Evaluator:
             bitops=self.bitops(plan),
             macs=self.workload.macs,
             eval_seconds=time.perf_counter() - t0,
+            float_bitops=self.float_bitops(),
+            float_macs=self.workload.macs,
         )
         self._results[key] = metrics
         return metrics

@@ -47,7 +47,8 @@ class Objective:
 
     def reference(self, m: Metrics) -> float:
         """The uncompressed model's value of the target."""
-        ref = {Target.SIZE: m.float_size_bytes, Target.BITOPS: m.macs * 32 * 32, Target.MACS: m.macs}
+        ref = {Target.SIZE: m.float_size_bytes, Target.BITOPS: m.float_bitops or m.macs * 32 * 32,
+               Target.MACS: m.float_macs or m.macs}
         return float(ref[self.target])
 
     def feasible(self, m: Metrics) -> bool:

@@ -78,8 +78,8 @@ class SearchSpace:
         version = doc.get("version", PLAN_VERSION)
         if version != PLAN_VERSION:
             raise ConfigError(f"plan version {version!r} is not supported; this modelopt reads version {PLAN_VERSION}")
-        default = self._compressor_map(doc.get("default") or {}, "default")
-        overrides = doc.get("layers") or {}
+        default = self._compressor_map(_or_empty(doc.get("default")), "default")
+        overrides = _or_empty(doc.get("layers"))
         if not isinstance(overrides, Mapping):
             raise ConfigError("plan key 'layers' must map layer names to {compressor: settings}")
         for name in overrides:
@@ -87,7 +87,7 @@ class SearchSpace:
                 raise UnknownNameError("layer", name, self.layers)
         choices: dict[str, Choice] = {}
         for lname, layer in self.layers.items():
-            override = self._compressor_map(overrides.get(lname) or {}, f"layers.{lname}")
+            override = self._compressor_map(_or_empty(overrides.get(lname)), f"layers.{lname}")
             for cname, comp in self.compressors.items():
                 raw = _merge(default.get(cname), override[cname]) if cname in override else default.get(cname)
                 dname = decision_name(lname, cname)
@@ -129,8 +129,10 @@ class SearchSpace:
     def load_plan(self, path: str | Path) -> Plan:
         """Reads a plan YAML file (safe_load)."""
         path = Path(path)
-        if not path.is_file():
+        if not path.exists():
             raise LoadError(f"plan file {str(path)!r} does not exist")
+        if not path.is_file():
+            raise LoadError(f"plan file {str(path)!r} is a folder; pass a YAML file")
         try:
             doc = yaml.safe_load(path.read_text())
         except yaml.YAMLError as exc:
@@ -149,6 +151,11 @@ class SearchSpace:
             d = self.decision(name)
             choices[name] = self.compressors[d.compressor].parse(raw, self.layers[d.layer]) if d.layer else raw
         return self.plan(choices)
+
+
+def _or_empty(value: Any) -> Any:
+    """A key written with no value (`layers:`) means empty; other non-mappings stay to be refused."""
+    return {} if value is None else value
 
 
 def _merge(base: Any, override: Any) -> Any:
