@@ -131,7 +131,7 @@ def saved_run_config(run_dir: str | Path) -> dict[str, Any]:
 
 
 def optimize(
-    model: ModelLike = "cifar10_resnet20",
+    model: ModelLike | Workload = "cifar10_resnet20",
     data: DataLike = "cifar10-sample",
     *,
     weights: str | Path | None = None,
@@ -157,7 +157,8 @@ def optimize(
     the best plan and the Pareto front are re-scored on the held-out test split.
 
     Args:
-        model: a zoo name, `torchvision:NAME`, `pkg.module:factory`, a file or an nn.Module.
+        model: a zoo name, `torchvision:NAME`, `pkg.module:factory`, a file, an nn.Module, or a
+            `Workload` already built (then `data`, `device` and `data_seed` are its own).
         data: a named source, a path, a DataLoader or a Dataset.
         weights: checkpoint for `model`.
         strategy: a registered strategy name (see `modelopt list`).
@@ -184,7 +185,11 @@ def optimize(
     comps = build_compressors(compressors, {k: v for k, v in comp_options.items() if k in compressors})
     if resume and out is None:
         out = latest_run_dir()
-    wl = build_workload(model, data, weights=weights, device=device, data_seed=data_seed, allow_pickle=allow_pickle)
+    if isinstance(model, Workload):  # reuse one resident workload across runs (sweeps)
+        wl = model
+    else:
+        wl = build_workload(model, data, weights=weights, device=device, data_seed=data_seed,
+                            allow_pickle=allow_pickle)
     space = SearchSpace(wl.layers, comps)
     run_dir = Path(out) if out is not None else default_run_dir(wl.name, strategy, seed)
     config = {
