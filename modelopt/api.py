@@ -205,6 +205,7 @@ def optimize(
         "device": str(wl.device),
     }
     evaluator = Evaluator(wl, space)
+    evaluator.measure_errors()  # data-free priors for strategies that use them; costs no evaluation
     strat = STRATEGIES.get(strategy)(space, obj, seed=seed)
     runner = Runner(evaluator, strat, obj, budget=budget, run_dir=run_dir, config=config, resume=resume,
                     progress=progress)

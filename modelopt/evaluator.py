@@ -94,6 +94,21 @@ class Evaluator:
     def float_bitops(self) -> int:
         return self.workload.macs * 32 * 32
 
+    def measure_errors(self) -> None:
+        """Replaces the space's estimated per-choice weight errors by measured ones (no data needed)."""
+        for d in self.space.decisions:
+            w = self.workload.original[d.layer].float()  # type: ignore[index]
+            norm = float((w**2).sum()) or 1.0
+            feats = []
+            for c, f in zip(d.choices, self.space.features[d.name]):
+                if c is None:
+                    feats.append(dataclasses.replace(f, error=0.0))
+                    continue
+                plan = self.space.plan({d.name: c})
+                q = self.compressed_weights(plan)[d.layer].float()  # type: ignore[index]
+                feats.append(dataclasses.replace(f, error=float(((q - w) ** 2).sum()) / norm))
+            self.space.features[d.name] = tuple(feats)
+
     # ---- evaluation -----------------------------------------------------------------------
 
     def cost(self, split: str = "val", n: int | None = None) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,16 @@ from modelopt.layers import Layer
 from modelopt.plan import PLAN_VERSION, Decision, Plan, decision_name
 
 _TOP_KEYS = ("version", "default", "layers")
+
+
+@dataclass(frozen=True)
+class ChoiceFeatures:
+    """What is known about one choice before any evaluation (strategies' priors use it)."""
+
+    bytes: int  # packed bytes of the layer's weight under this choice
+    bits: int  # weight bits arithmetic runs at (32 = float)
+    macs: int  # the layer's multiply-accumulates per sample
+    error: float  # relative squared weight error ||W - C(W)||^2 / ||W||^2 (an estimate until measured)
 
 
 class SearchSpace:
@@ -37,6 +48,17 @@ class SearchSpace:
                     decisions.append(Decision(decision_name(layer.name, comp.name), comp.name, layer.name, tuple(menu)))
         self.decisions: tuple[Decision, ...] = tuple(decisions)
         self._by_name = {d.name: d for d in self.decisions}
+        # Data-free estimates; Evaluator.measure_errors() replaces `error` with measured values.
+        self.features: dict[str, tuple[ChoiceFeatures, ...]] = {d.name: self._estimate(d) for d in self.decisions}
+
+    def _estimate(self, d: Decision) -> tuple[ChoiceFeatures, ...]:
+        comp, layer = self.compressors[d.compressor], self.layers[d.layer]  # type: ignore[index]
+        out = []
+        for c in d.choices:
+            bits = comp.weight_bits(c)
+            err = 0.0 if c is None else 4.0 ** -min(bits, 16)  # uniform-quantizer error scales as 4^-bits
+            out.append(ChoiceFeatures(comp.weight_bytes(layer, c), bits, layer.macs, err))
+        return tuple(out)
 
     def __len__(self) -> int:
         return len(self.decisions)

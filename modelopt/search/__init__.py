@@ -2,6 +2,8 @@
 
 from modelopt.search._base import Strategy
 from modelopt.search._registry import STRATEGIES
+from modelopt.search.knapsack import KnapsackSearch
+from modelopt.search.mcts import MCTS
 from modelopt.search.random import RandomSearch
 
-__all__ = ["STRATEGIES", "RandomSearch", "Strategy"]
+__all__ = ["MCTS", "KnapsackSearch", "STRATEGIES", "RandomSearch", "Strategy"]

@@ -1,0 +1,370 @@
+"""Monte Carlo Tree Search over per-layer decisions, with priors, RAVE and model-based rollouts.
+
+A node is a partial plan: the first d decisions (in impact order, largest layers
+first) fixed. Each `ask` walks the tree by PUCT (value + prior-weighted
+exploration), expands one new child, and completes the plan with a *rollout*
+that solves a knapsack under a learned additive model of accuracy loss:
+
+    retention drop(plan) ~= sum over decisions of delta[d, choice]
+
+`delta` is fitted by ridge regression on every trial so far, shrunk toward a
+data-free prior (kappa x the choice's relative weight-quantization error, kappa
+fitted too). Rollouts draw delta from its posterior (Thompson sampling), so they
+explore where the model is unsure and exploit where it is sure. The cost side of
+the knapsack (bytes, or bitops) is known exactly, so the search spends its
+evaluations only on what it cannot compute: accuracy.
+
+Values for UCB are normalised to [0, 1]: feasible plans score 0.5 + 0.5 x
+log(reduction) / log(max possible reduction); infeasible ones below 0.5 by how far
+they miss the floor; failures 0. A node's value mixes the mean and the best found
+below it. Statistics are also shared across the tree per (decision, choice) (RAVE),
+a transposition table by plan key means no plan is paid twice, and virtual loss
+lets `ask(n)` return n different plans for parallel evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from modelopt.objective import Objective, Target
+from modelopt.plan import Plan
+from modelopt.search._base import Strategy
+from modelopt.search._registry import STRATEGIES
+from modelopt.space import SearchSpace
+from modelopt.trial import Trial
+
+C_PUCT = 1.0
+RAVE_K = 60.0  # visits at which a node's own value and the shared (RAVE) value weigh the same
+MAX_WEIGHT = 0.5  # share of the best-below value in a node's value (the rest is the mean)
+NOISE_SIGMA = 0.004  # assumed noise of one retention measurement (about 1-2 images in 400)
+PRIOR_REL = 0.5  # prior std of a per-(decision, choice) loss, relative to its prior mean kappa x error
+PRIOR_FLOOR = 1e-4  # ... plus this absolute floor (about one image in 10,000)
+DP_BINS = 160
+MAX_ROLLOUT_TRIES = 16
+PRIOR_ROLLOUTS = 12  # rollouts whose choices at a node form its children's prior
+PRIOR_MIX = 0.75  # share of the rollout policy in a prior (the rest: data-free saving vs loss)
+
+
+@dataclass
+class _Node:
+    n: int = 0
+    w: float = 0.0
+    best: float = 0.0
+    virtual: int = 0
+
+    def q(self) -> float:
+        visits = self.n + self.virtual
+        if visits == 0:
+            return 0.0
+        return (1 - MAX_WEIGHT) * self.w / visits + MAX_WEIGHT * self.best
+
+
+@dataclass
+class _Record:
+    idx: list[int]  # choice index per decision (space order)
+    retention: float | None  # None: failed
+    value: float
+
+
+@STRATEGIES.register("mcts")
+class MCTS(Strategy):
+    """MCTS with PUCT priors, RAVE, best-below backup and Thompson-sampled knapsack rollouts.
+
+    Example:
+        >>> strategy = MCTS(space, Objective("size", 0.99), seed=0)
+        >>> plan, = strategy.ask()
+    """
+
+    name = "mcts"
+
+    def __init__(self, space: SearchSpace, objective: Objective, *, seed: int = 0) -> None:
+        super().__init__(space, objective, seed=seed)
+        self.rng = np.random.default_rng(seed)
+        self.decisions = space.decisions
+        self.n_dec = len(self.decisions)
+        feats = [space.features[d.name] for d in self.decisions]
+        self.cost = [np.array([self._cost_of(f) for f in fs], dtype=float) for fs in feats]
+        self.error = [np.array([f.error for f in fs], dtype=float) for fs in feats]
+        # Impact order: decisions whose choices move the cost most come first (largest layers).
+        spread = [c.max() - c.min() for c in self.cost]
+        self.order = sorted(range(self.n_dec), key=lambda i: (-spread[i], i))
+        total_max, total_min = sum(c.max() for c in self.cost), sum(c.min() for c in self.cost)
+        self.log_max_reduction = math.log(max(total_max / max(total_min, 1e-9), 1.0 + 1e-9))
+        # Model features: one column per (decision, non-None choice).
+        self.col = [[-1] * len(d.choices) for d in self.decisions]
+        k = 0
+        for i, d in enumerate(self.decisions):
+            for j, c in enumerate(d.choices):
+                if c is not None:
+                    self.col[i][j] = k
+                    k += 1
+        self.n_cols = k
+        self.tree: dict[tuple[int, ...], _Node] = {(): _Node()}
+        self.amaf_n = [np.zeros(len(d.choices)) for d in self.decisions]
+        self.amaf_w = [np.zeros(len(d.choices)) for d in self.decisions]
+        self.records: list[_Record] = []
+        self.seen: dict[str, float] = {}  # transposition table: plan key -> value
+        self.pending: dict[str, list[tuple[int, ...]]] = {}  # plan key -> tree paths awaiting tell
+        self.margin = 1.0  # scales the allowed loss in rollouts; adapts to the model's calibration
+        self._prior_cache: dict[tuple[tuple[int, ...], int], np.ndarray] = {}
+        self._fit()
+
+    def _cost_of(self, f: Any) -> float:
+        if self.objective.target is Target.BITOPS:
+            return float(f.macs * f.bits)
+        if self.objective.target is Target.MACS:
+            return float(f.macs)
+        return float(f.bytes)
+
+    # ---- values ---------------------------------------------------------------------------
+
+    def _value(self, trial: Trial) -> float:
+        if trial.reward is None or trial.metrics is None:
+            return 0.0
+        if trial.feasible:
+            red = max(trial.reward, 1.0)
+            return 0.5 + 0.5 * min(math.log(red) / self.log_max_reduction, 1.0)
+        ratio = max(0.0, min(trial.metrics.retention / max(self.objective.min_retention, 1e-9), 1.0))
+        return 0.45 * ratio**8
+
+    # ---- the learned loss model -----------------------------------------------------------
+
+    def _fit(self) -> None:
+        """Ridge fit of delta around kappa x error on all completed trials."""
+        ok = [r for r in self.records if r.retention is not None]
+        err_flat = np.zeros(self.n_cols)
+        for i in range(self.n_dec):
+            for j, k in enumerate(self.col[i]):
+                if k >= 0:
+                    err_flat[k] = self.error[i][j]
+        if not ok:
+            self.kappa = 0.1
+            self.delta_mean = 0.1 * err_flat
+            self.delta_std = PRIOR_REL * self.delta_mean + PRIOR_FLOOR
+            return
+        x = np.zeros((len(ok), self.n_cols))
+        for row, r in enumerate(ok):
+            for i, j in enumerate(r.idx):
+                if self.col[i][j] >= 0:
+                    x[row, self.col[i][j]] = 1.0
+        y = np.array([1.0 - r.retention for r in ok])  # type: ignore[operator]
+        s = x @ err_flat
+        self.kappa = float(np.clip((s @ y) / max(s @ s, 1e-12), 1e-3, 100.0)) if (s @ s) > 0 else 0.1
+        prior = self.kappa * err_flat
+        tau = PRIOR_REL * prior + PRIOR_FLOOR
+        lam = (NOISE_SIGMA / tau) ** 2  # per-column ridge: trust the prior as far as it is sure
+        a = x.T @ x + np.diag(lam)
+        beta = np.linalg.solve(a, x.T @ (y - x @ prior))
+        self.delta_mean = prior + beta
+        self.delta_std = NOISE_SIGMA / np.sqrt(np.diag(x.T @ x) + lam)
+
+    def _deltas(self, rng: np.random.Generator | None) -> list[np.ndarray]:
+        flat = self.delta_mean + (rng.standard_normal(self.n_cols) * self.delta_std if rng is not None else 0.0)
+        out = []
+        for i in range(self.n_dec):
+            d = np.array([0.0 if k < 0 else max(flat[k], 0.0) for k in self.col[i]])
+            out.append(d)
+        return out
+
+    # ---- rollout: knapsack under the (sampled) model --------------------------------------
+
+    def _rollout(self, prefix: tuple[int, ...], rng: np.random.Generator) -> list[int]:
+        deltas = self._deltas(rng)
+        allowed = (1.0 - self.objective.min_retention) * self.margin * float(rng.uniform(0.8, 1.1))
+        idx = [0] * self.n_dec
+        used = 0.0
+        for depth, choice in enumerate(prefix):
+            i = self.order[depth]
+            idx[i] = choice
+            used += deltas[i][choice]
+        rest = self.order[len(prefix):]
+        budget = allowed - used
+        if not rest:
+            return idx
+        if budget <= 0:
+            for i in rest:
+                idx[i] = int(np.argmin(deltas[i] + 1e-12 * self.cost[i]))
+            return idx
+        step = budget / DP_BINS
+        inf = float("inf")
+        best = np.zeros(DP_BINS + 1)  # best[b]: min cost of the decisions so far with loss <= b*step
+        picks = []
+        for i in rest:
+            bins = np.ceil(deltas[i] / step - 1e-9).astype(int)
+            new = np.full(DP_BINS + 1, inf)
+            arg = np.zeros(DP_BINS + 1, dtype=int)
+            for j, (kb, c) in enumerate(zip(bins, self.cost[i])):
+                if kb > DP_BINS:
+                    continue
+                cand = np.full(DP_BINS + 1, inf)
+                cand[kb:] = best[: DP_BINS + 1 - kb] + c
+                better = cand < new
+                new[better], arg[better] = cand[better], j
+            best = new
+            picks.append(arg)
+        b = DP_BINS
+        for i, arg in zip(reversed(rest), reversed(picks)):
+            j = int(arg[b])
+            idx[i] = j
+            b -= int(np.ceil(deltas[i][j] / step - 1e-9))
+        return idx
+
+    # ---- the tree -------------------------------------------------------------------------
+
+    def _priors(self, path: tuple[int, ...]) -> np.ndarray:
+        """Mostly what the model-based rollout would choose here; partly data-free saving vs loss."""
+        i = self.order[len(path)]
+        key = (path, len(self.records))
+        if key in self._prior_cache:
+            return self._prior_cache[key]
+        # A private generator keyed by (seed, history, node): priors never shift the search's own
+        # random stream, so a strategy restored from state_dict proposes exactly what it would have.
+        rng = np.random.default_rng([self.seed, len(self.records), *path])
+        counts = np.zeros(len(self.col[i]))
+        for _ in range(PRIOR_ROLLOUTS):
+            counts[self._rollout(path, rng)[i]] += 1
+        prior = PRIOR_MIX * counts / counts.sum() + (1 - PRIOR_MIX) * self._static_prior(i)
+        if len(self._prior_cache) > 20000:
+            self._prior_cache.clear()
+        self._prior_cache[key] = prior
+        return prior
+
+    def _static_prior(self, i: int) -> np.ndarray:
+        allowed = max(1.0 - self.objective.min_retention, 1e-4)
+        d = np.maximum(self.delta_mean[[k for k in self.col[i] if k >= 0]], 0.0)
+        loss = np.zeros(len(self.col[i]))
+        loss[[j for j, k in enumerate(self.col[i]) if k >= 0]] = d
+        saving = 1.0 - self.cost[i] / max(self.cost[i].max(), 1e-12)
+        z = 2.0 * saving - 2.0 * loss / allowed
+        p = np.exp(z - z.max())
+        return p / p.sum()
+
+    def _select(self) -> tuple[int, ...]:
+        """Descends by PUCT to a node not yet in the tree (or a full plan), adding it."""
+        path: tuple[int, ...] = ()
+        while len(path) < self.n_dec:
+            parent = self.tree[path]
+            i = self.order[len(path)]
+            prior = self._priors(path)
+            sqrt_n = math.sqrt(parent.n + parent.virtual + 1)
+            parent_q = parent.q() if parent.n else 0.5
+            scores = []
+            for j in range(len(prior)):
+                child = self.tree.get(path + (j,))
+                n_child = 0 if child is None else child.n + child.virtual
+                amaf_n = self.amaf_n[i][j]
+                q_amaf = self.amaf_w[i][j] / amaf_n if amaf_n else parent_q
+                if child is None or n_child == 0:
+                    q = q_amaf
+                else:
+                    beta = math.sqrt(RAVE_K / (3 * n_child + RAVE_K))
+                    q = (1 - beta) * child.q() + beta * q_amaf
+                scores.append(q + C_PUCT * prior[j] * sqrt_n / (1 + n_child))
+            j = int(np.argmax(scores))
+            path = path + (j,)
+            if path not in self.tree:
+                self.tree[path] = _Node()
+                return path
+        return path
+
+    def _walk(self, path: tuple[int, ...], fn: Any) -> None:
+        for depth in range(len(path) + 1):
+            fn(self.tree.setdefault(path[:depth], _Node()))
+
+    def _plan(self, idx: list[int]) -> Plan:
+        return self.space.plan({d.name: d.choices[j] for d, j in zip(self.decisions, idx)})
+
+    # ---- ask / tell -----------------------------------------------------------------------
+
+    def ask(self, n: int = 1) -> list[Plan]:
+        plans = []
+        for _ in range(n):
+            for _attempt in range(MAX_ROLLOUT_TRIES):
+                path = self._select()
+                idx = self._rollout(path, self.rng)
+                plan = self._plan(idx)
+                if plan.key in self.seen:
+                    self._backup(path, self.seen[plan.key])  # known: costs nothing, teaches the tree
+                    continue
+                if plan.key in self.pending:
+                    continue
+                break
+            else:
+                idx = [int(self.rng.integers(len(d.choices))) for d in self.decisions]
+                path = tuple(idx[i] for i in self.order[: len(path)])
+                self.tree.setdefault(path, _Node())
+                plan = self._plan(idx)
+            self._walk(path, lambda node: setattr(node, "virtual", node.virtual + 1))
+            self.pending.setdefault(plan.key, []).append(path)
+            plans.append(plan)
+        return plans
+
+    def _backup(self, path: tuple[int, ...], value: float) -> None:
+        for depth in range(len(path) + 1):
+            node = self.tree.setdefault(path[:depth], _Node())
+            node.n += 1
+            node.w += value
+            node.best = max(node.best, value)
+
+    def _amaf(self, idx: list[int], value: float) -> None:
+        for i, j in enumerate(idx):
+            self.amaf_n[i][j] += 1
+            self.amaf_w[i][j] += value
+
+    def tell(self, trial: Trial) -> None:
+        idx = [d.choices.index(trial.plan.get(d.name)) for d in self.decisions]
+        value = self._value(trial)
+        paths = self.pending.get(trial.plan.key)
+        if paths:
+            path = paths.pop(0)
+            if not paths:
+                del self.pending[trial.plan.key]
+            self._walk(path, lambda node: setattr(node, "virtual", max(node.virtual - 1, 0)))
+        else:
+            path = ()
+            for i in self.order:  # a plan not asked: credit the deepest matching path in the tree
+                if path + (idx[i],) not in self.tree:
+                    break
+                path = path + (idx[i],)
+        if trial.plan.key in self.seen:
+            return
+        self.seen[trial.plan.key] = value
+        self._backup(path, value)
+        self._amaf(idx, value)
+        retention = None if trial.metrics is None or trial.reward is None else trial.metrics.retention
+        self.records.append(_Record(idx, retention, value))
+        if retention is not None:
+            # Calibrate on what the mean model predicted for this plan before learning from it.
+            predicted = sum(float(d[j]) for d, j in zip(self._deltas(None), idx))
+            allowed = 1.0 - self.objective.min_retention
+            if predicted <= allowed:
+                self.margin = float(np.clip(self.margin * (1.03 if trial.feasible else 0.9), 0.4, 1.5))
+        self._fit()
+
+    # ---- state ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "rng": self.rng.bit_generator.state,
+            "tree": [[list(k), v.n, v.w, v.best] for k, v in self.tree.items()],
+            "records": [[r.idx, r.retention, r.value] for r in self.records],
+            "seen": self.seen,
+            "margin": self.margin,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.tree = {tuple(k): _Node(n, w, best) for k, n, w, best in state["tree"]}
+        self.records = [_Record(list(i), r, v) for i, r, v in state["records"]]
+        self.seen = dict(state["seen"])
+        self.margin = float(state["margin"])
+        self.pending = {}
+        self.amaf_n = [np.zeros(len(d.choices)) for d in self.decisions]
+        self.amaf_w = [np.zeros(len(d.choices)) for d in self.decisions]
+        for r in self.records:
+            self._amaf(r.idx, r.value)
+        self._fit()

@@ -1,0 +1,93 @@
+"""MCTS on synthetic objectives with a known optimum (no model): how close it gets within a budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from modelopt.compressors import Quantize
+from modelopt.layers import Layer, LayerKind
+from modelopt.objective import Objective
+from modelopt.search import MCTS, RandomSearch
+from modelopt.space import SearchSpace
+from modelopt.testing.strategies import make_trial, synthetic_metrics
+
+RNG = np.random.default_rng(7)
+LAYERS = [Layer(f"l{i}", LayerKind.CONV, (int(c), int(c), 3, 3), 1000, False)
+          for i, c in enumerate(RNG.choice([16, 32, 64], size=12))]
+SPACE = SearchSpace(LAYERS, [Quantize(bits=(8, 4, 3, 2), granularity=("per_channel",))])
+# Per-layer sensitivity, deliberately not proportional to the data-free error estimate.
+SENS = RNG.uniform(0.05, 1.0, size=len(LAYERS)) * RNG.choice([0.2, 1.0, 4.0], size=len(LAYERS))
+DROP = {32: 0.0, 8: 0.00002, 4: 0.0012, 3: 0.004, 2: 0.02}
+FLOAT_BYTES = sum(l.params * 4 for l in LAYERS)
+OBJ = Objective("size", 0.99)
+
+
+def score(plan):
+    drop, size = 0.0, 0
+    for (name, choice), sens in zip(plan.choices, SENS):
+        layer = SPACE.layers[name.split("/")[0]]
+        drop += sens * DROP[32 if choice is None else choice.bits]
+        size += SPACE.compressors["quantize"].weight_bytes(layer, choice)
+    return 1.0 - drop, size
+
+
+def optimum() -> float:
+    """Exact best feasible size by DP over a fine loss grid (the objective is additive)."""
+    allowed, bins = 0.01, 4000
+    best = np.zeros(bins + 1)
+    for d, sens in zip(SPACE.decisions, SENS):
+        layer = SPACE.layers[d.layer]
+        new = np.full(bins + 1, np.inf)
+        for c in d.choices:
+            k = int(np.ceil(sens * DROP[32 if c is None else c.bits] / allowed * bins - 1e-9))
+            if k <= bins:
+                cand = np.full(bins + 1, np.inf)
+                cand[k:] = best[: bins + 1 - k] + SPACE.compressors["quantize"].weight_bytes(layer, c)
+                new = np.minimum(new, cand)
+        best = new
+    return FLOAT_BYTES / best[bins]
+
+
+def best_compression(cls, seed: int, budget: int) -> float:
+    strategy = cls(SPACE, OBJ, seed=seed)
+    best = 0.0
+    for i in range(budget):
+        (plan,) = strategy.ask(1)
+        m = synthetic_metrics(plan, SPACE, score)
+        m = type(m)(**{**m.__dict__, "float_size_bytes": FLOAT_BYTES, "compression": FLOAT_BYTES / m.size_bytes})
+        trial = make_trial(i, plan, m, OBJ, strategy)
+        strategy.tell(trial)
+        if trial.feasible:
+            best = max(best, m.compression)
+    return best
+
+
+def test_mcts_gets_close_to_the_known_optimum():
+    opt = optimum()
+    got = [best_compression(MCTS, seed, 60) for seed in range(3)]
+    assert np.median(got) >= 0.95 * opt, (got, opt)
+
+
+def test_mcts_beats_random_search_at_equal_budget():
+    mcts = np.median([best_compression(MCTS, s, 40) for s in range(3)])
+    rand = np.median([best_compression(RandomSearch, s, 40) for s in range(3)])
+    assert mcts > 1.2 * rand, (mcts, rand)
+
+
+def test_ask_many_returns_distinct_plans_under_virtual_loss():
+    strategy = MCTS(SPACE, OBJ, seed=0)
+    plans = strategy.ask(8)
+    assert len({p.key for p in plans}) == 8
+
+
+def test_decision_order_puts_the_largest_layers_first():
+    strategy = MCTS(SPACE, OBJ, seed=0)
+    params = [SPACE.layers[SPACE.decisions[i].layer].params for i in strategy.order]
+    assert params == sorted(params, reverse=True)
+
+
+@pytest.mark.parametrize("target", ["size", "bitops"])
+def test_targets(target):
+    strategy = MCTS(SPACE, Objective(target, 0.99), seed=0)
+    assert len(strategy.ask(2)) == 2
