@@ -210,6 +210,39 @@ def list_(
         _emit_json(items)
 
 
+@app.command()
+@_friendly
+def sweep(
+    file: Annotated[Path, typer.Argument(help="Sweep file (YAML): models, strategies, budgets, seeds.")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the cells and which are done; run nothing.")] = False,
+    progress: Annotated[bool, typer.Option(help="Show the progress display.")] = True,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+) -> None:
+    """Run every model × strategy × seed of a sweep file (skipping finished cells), then write its table."""
+    from rich.markdown import Markdown
+
+    from modelopt.run.sweep import load_sweep, run_sweep
+
+    _setup_logging(verbose)
+    if dry_run:
+        spec = load_sweep(file)
+        cells = spec.cells()
+        table = Table(title=f"sweep {spec.name}: {len(cells)} cells at budget {spec.budget:g} -> {spec.out}")
+        for col in ("model", "strategy", "seed", "status", "trials", "spent", "run folder"):
+            table.add_column(col, justify="right" if col in ("seed", "trials", "spent") else "left", overflow="fold")
+        for c in cells:
+            style = {"done": "green", "partial": "yellow", "todo": "dim"}[c.status]
+            table.add_row(c.model, c.strategy, str(c.seed), f"[{style}]{c.status}[/]", str(c.n_trials),
+                          f"{c.spent:g}", str(c.run_dir.relative_to(spec.out)))
+        out.print(table)
+        n_done = sum(c.done for c in cells)
+        out.print(f"{n_done} of {len(cells)} cells done; budgets {', '.join(f'{b:g}' for b in spec.budgets)}")
+        return
+    result = run_sweep(file, progress=progress)
+    out.print(Markdown(result.markdown))
+    out.print(f"Ran {len(result.ran)} of {len(result.cells)} cells. Table: {result.table_md} and {result.table_csv}")
+
+
 def main() -> None:
     app(prog_name="modelopt")
     sys.exit(0)

@@ -1,0 +1,891 @@
+"""Sweeps: every model × strategy × seed run once at the largest budget, then one table from the run folders.
+
+A sweep file (YAML) names the grid:
+
+```yaml
+name: mcts_vs_baselines
+out: mcts_vs_baselines          # results folder; relative paths are resolved against this file's folder
+models:
+  - {name: resnet20, model: cifar10_resnet20}
+  - {name: resnet56, model: cifar10_resnet56, weights: ../../shared/models/cifar10/resnet56-4bfd9763.th}
+strategies: [random, mcts]
+budgets: [50, 100, 200]         # every cell runs at 200; 50 and 100 are read from its best-so-far trace
+seeds: [0, 1, 2, 3, 4]
+objective: size                 # size | bitops | macs
+min_retention: 0.99
+bits: [8, 4]
+granularity: [per_channel, group]
+device: auto                    # optional
+```
+
+Each cell is an ordinary run folder, `<out>/runs/<model>/<strategy>/seed<k>`, so a killed sweep
+resumes cell by cell. The table (`table.md`, `table.csv`, and `table_seeds.csv` with the
+per-seed values behind it) is computed by `make_table(out)` from the journals alone, with
+each chosen plan re-scored on the test split.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from modelopt._version import __version__
+from modelopt.errors import ConfigError, UnknownNameError
+from modelopt.evaluator import Evaluator, Metrics
+from modelopt.objective import Objective, Target
+from modelopt.plan import Plan
+from modelopt.run.journal import write_json_atomic
+from modelopt.run.runner import CONFIG, JOURNAL, SUMMARY
+from modelopt.space import SearchSpace
+from modelopt.workload import Workload
+
+__all__ = ["Cell", "Sweep", "SweepModel", "SweepResult", "cell_status", "load_sweep", "make_table", "run_sweep"]
+
+RUNS = "runs"
+SWEEP_JSON = "sweep.json"  # the parsed sweep, so make_table knows the budgets and the order
+TABLE_MD = "table.md"
+TABLE_CSV = "table.csv"
+SEEDS_CSV = "table_seeds.csv"
+EPS = 1e-9  # budgets are sums of float costs
+
+_REQUIRED = ("name", "models", "strategies", "budgets", "seeds")
+_DEFAULTS: dict[str, Any] = {  # `out` defaults to the sweep's name, beside the sweep file
+    "objective": "size",
+    "min_retention": 0.99,
+    "bits": [8, 4],
+    "granularity": ["per_channel", "group"],
+    "device": "auto",
+}
+_KEYS = (*_REQUIRED[:1], "out", *_REQUIRED[1:], "objective", "min_retention", "bits", "granularity", "device")
+_MODEL_KEYS = ("name", "model", "weights", "data")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+# ---- the sweep file -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepModel:
+    """One model of the grid; `name` is its folder under runs/."""
+
+    name: str
+    model: str
+    weights: str | None = None
+    data: str = "cifar10-sample"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A parsed sweep file; paths are absolute."""
+
+    path: Path
+    name: str
+    out: Path
+    models: tuple[SweepModel, ...]
+    strategies: tuple[str, ...]
+    budgets: tuple[float, ...]  # ascending
+    seeds: tuple[int, ...]
+    objective: str = "size"
+    min_retention: float = 0.99
+    bits: tuple[int, ...] = (8, 4)
+    granularity: tuple[str, ...] = ("per_channel", "group")
+    device: str = "auto"
+
+    @property
+    def budget(self) -> float:
+        """What every cell runs at: the largest budget."""
+        return self.budgets[-1]
+
+    def cell_dir(self, model: str, strategy: str, seed: int) -> Path:
+        return self.out / RUNS / model / strategy / f"seed{seed}"
+
+    def cells(self) -> list[Cell]:
+        """Every cell with its state on disk, in run order (model, strategy, seed)."""
+        return [
+            cell_status(self.cell_dir(m.name, s, k), m.name, s, k, self.budget)
+            for m in self.models for s in self.strategies for k in self.seeds
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": 1, "modelopt": __version__, "path": str(self.path), "name": self.name, "out": str(self.out),
+            "models": [vars(m) for m in self.models], "strategies": list(self.strategies),
+            "budgets": list(self.budgets), "seeds": list(self.seeds), "objective": self.objective,
+            "min_retention": self.min_retention, "bits": list(self.bits), "granularity": list(self.granularity),
+            "device": self.device,
+        }
+
+
+class _File:
+    """The sweep file's text and nodes; every error it raises names the key and its line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.loader = yaml.SafeLoader("")
+
+    def error(self, node: yaml.Node | None, key: str, msg: str) -> ConfigError:
+        line = 1 if node is None else node.start_mark.line + 1
+        return ConfigError(f"sweep file {str(self.path)!r}, line {line}, key {key!r}: {msg}")
+
+    def value(self, node: yaml.Node, key: str) -> Any:
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            raise self.error(node, key, f"cannot read the value: {getattr(exc, 'problem', exc)}") from None
+
+    def mapping(self, node: yaml.Node, key: str, valid: Sequence[str], what: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+        """{key: (key node, value node)}; refuses duplicates and unknown keys."""
+        if not isinstance(node, yaml.MappingNode):
+            raise self.error(node, key, f"expected a mapping with keys {', '.join(valid)}; got {_kind(node)}")
+        out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        for knode, vnode in node.value:
+            name = self.value(knode, key)
+            if not isinstance(name, str):
+                raise self.error(knode, key, f"keys must be names ({', '.join(valid)}); got {name!r}")
+            full = name if not key or key == "(top level)" else f"{key}.{name}"
+            if name in out:
+                first = out[name][0].start_mark.line + 1
+                raise self.error(knode, full, f"given twice (first at line {first}); keep one")
+            if name not in valid:
+                msg = str(UnknownNameError(f"{what} key", name, valid))
+                raise self.error(knode, full, msg[0].lower() + msg[1:])
+            out[name] = (knode, vnode)
+        return out
+
+    def string(self, node: yaml.Node, key: str, example: str) -> str:
+        v = self.value(node, key)
+        if not isinstance(v, str) or not v.strip():
+            raise self.error(node, key, f"expected a non-empty string like {example}; got {v!r}")
+        return v.strip()
+
+    def items(self, node: yaml.Node, key: str, example: str) -> list[yaml.Node]:
+        if not isinstance(node, yaml.SequenceNode) or not node.value:
+            got = "an empty list" if isinstance(node, yaml.SequenceNode) else repr(self.value(node, key))
+            raise self.error(node, key, f"expected a non-empty list like {example}; got {got}")
+        return list(node.value)
+
+    def unique(self, nodes: list[yaml.Node], values: list[Any], key: str) -> None:
+        seen: dict[Any, int] = {}
+        for node, v in zip(nodes, values):
+            if v in seen:
+                raise self.error(node, key, f"{v!r} is listed twice (first at line {seen[v]}); list it once")
+            seen[v] = node.start_mark.line + 1
+
+
+def _kind(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    return repr(node.value) if node.value else "nothing"
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Reads and checks a sweep file (YAML, safe constructors only).
+
+    Args:
+        path: the sweep file.
+
+    Returns:
+        The sweep with absolute paths (relative ones are resolved against the file's folder).
+
+    Raises:
+        ConfigError: the file is missing or malformed; the message names the key, its line and
+            what would be right.
+
+    Example:
+        >>> sweep = load_sweep("experiments/smoke.yaml")
+        >>> [c.run_dir.name for c in sweep.cells()][:2]
+        ['seed0', 'seed1']
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"sweep file {str(path)!r} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"sweep file {str(path)!r} is a folder; pass a YAML file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"sweep file {str(path)!r} cannot be read as UTF-8 text: {exc}") from None
+    f = _File(path)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f", line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"sweep file {str(path)!r}{where}: not valid YAML: {problem}") from None
+    if root is None:
+        raise ConfigError(f"sweep file {str(path)!r} is empty; it needs the keys {', '.join(_REQUIRED)}")
+    top = f.mapping(root, "(top level)", _KEYS, "sweep file")
+    for key in _REQUIRED:
+        if key not in top:
+            raise f.error(root, key, f"missing; a sweep file needs {', '.join(_REQUIRED)} (see modelopt/run/sweep.py)")
+    base = path.resolve().parent
+
+    def node(key: str) -> yaml.Node | None:
+        return top[key][1] if key in top else None
+
+    name = f.string(top["name"][1], "name", "mcts_vs_baselines")
+    out_node = node("out")
+    out = base / (f.string(out_node, "out", "results/my_sweep") if out_node is not None else name)
+    models = _models(f, top["models"][1], base)
+
+    from modelopt.search import STRATEGIES
+
+    s_nodes = f.items(top["strategies"][1], "strategies", "[random, mcts]")
+    strategies = [f.string(n, "strategies", "random") for n in s_nodes]
+    for n, s in zip(s_nodes, strategies):
+        if s not in STRATEGIES:
+            raise f.error(n, "strategies", str(UnknownNameError("strategy", s, STRATEGIES.names())))
+    f.unique(s_nodes, strategies, "strategies")
+
+    b_nodes = f.items(top["budgets"][1], "budgets", "[50, 100, 200]")
+    budgets = []
+    for n in b_nodes:
+        v = f.value(n, "budgets")
+        if not _is_number(v) or v <= 0:
+            raise f.error(n, "budgets", f"expected positive numbers of full val evaluations like [50, 100, 200]; got {v!r}")
+        budgets.append(float(v))
+    f.unique(b_nodes, budgets, "budgets")
+
+    k_nodes = f.items(top["seeds"][1], "seeds", "[0, 1, 2]")
+    seeds = []
+    for n in k_nodes:
+        v = f.value(n, "seeds")
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise f.error(n, "seeds", f"expected non-negative integers like [0, 1, 2]; got {v!r}")
+        seeds.append(v)
+    f.unique(k_nodes, seeds, "seeds")
+
+    settings = dict(_DEFAULTS)
+    if (n := node("objective")) is not None:
+        settings["objective"] = f.string(n, "objective", "size")
+        if settings["objective"] not in {t.value for t in Target}:
+            raise f.error(n, "objective", f"unknown objective {settings['objective']!r}; valid: "
+                          + ", ".join(t.value for t in Target))
+    if (n := node("min_retention")) is not None:
+        v = f.value(n, "min_retention")
+        if not _is_number(v) or not 0.0 <= v <= 1.5:
+            raise f.error(n, "min_retention", f"expected a fraction of the float accuracy like 0.99; got {v!r}")
+        settings["min_retention"] = float(v)
+    if (n := node("bits")) is not None:
+        nodes = f.items(n, "bits", "[8, 4]")
+        settings["bits"] = [f.value(b, "bits") for b in nodes]
+        for b, v in zip(nodes, settings["bits"]):
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise f.error(b, "bits", f"expected integer bit widths like [8, 4, 3, 2]; got {v!r}")
+    if (n := node("granularity")) is not None:
+        nodes = f.items(n, "granularity", "[per_channel, group]")
+        settings["granularity"] = [f.string(g, "granularity", "per_channel") for g in nodes]
+    _check_quantizer(f, top, settings)
+    if (n := node("device")) is not None:
+        settings["device"] = f.string(n, "device", "auto")
+        from modelopt.workload import resolve_device
+
+        try:
+            resolve_device(settings["device"])
+        except ConfigError as exc:
+            raise f.error(n, "device", str(exc)) from None
+
+    return Sweep(
+        path=path.resolve(), name=name, out=out.resolve(), models=tuple(models), strategies=tuple(strategies),
+        budgets=tuple(sorted(budgets)), seeds=tuple(seeds), objective=settings["objective"],
+        min_retention=settings["min_retention"], bits=tuple(settings["bits"]),
+        granularity=tuple(settings["granularity"]), device=settings["device"],
+    )
+
+
+def _check_quantizer(f: _File, top: Mapping[str, tuple[yaml.Node, yaml.Node]], settings: Mapping[str, Any]) -> None:
+    from modelopt.api import build_compressors
+
+    try:
+        build_compressors(["quantize"], {"quantize": {"bits": settings["bits"], "granularity": settings["granularity"]}})
+    except ConfigError as exc:
+        key = "granularity" if "granularity" in str(exc) else "bits"
+        raise f.error(top[key][1] if key in top else None, key, str(exc)) from None
+
+
+def _models(f: _File, node: yaml.Node, base: Path) -> list[SweepModel]:
+    from modelopt.data import list_data_sources
+    from modelopt.models import list_models
+
+    example = "[{name: resnet20, model: cifar10_resnet20}]"
+    models, names, name_nodes = [], [], []
+    entries = f.items(node, "models", example)
+    for i, entry in enumerate(entries):
+        where = f"models[{i}]"
+        keys = f.mapping(entry, where, _MODEL_KEYS, "model entry")
+        for req in ("name", "model"):
+            if req not in keys:
+                raise f.error(entry, f"{where}.{req}", f"missing; each model needs name and model, like {example}")
+        name = f.string(keys["name"][1], f"{where}.name", "resnet20")
+        if not _SAFE_NAME.match(name):
+            raise f.error(keys["name"][1], f"{where}.name", f"{name!r} is used as a folder name: use letters, "
+                          "digits, '-', '_' and '.' only")
+        vnode = keys["model"][1]
+        model = f.string(vnode, f"{where}.model", "cifar10_resnet20")
+        if model not in list_models() and ":" not in model:  # not zoo, torchvision:NAME or pkg.mod:factory: a file
+            resolved = base / model
+            if not resolved.is_file():
+                raise f.error(vnode, f"{where}.model", f"{model!r} is neither a zoo model ({', '.join(list_models())}), "
+                              f"torchvision:NAME, pkg.module:factory, nor a file (looked for {str(resolved)!r})")
+            model = str(resolved.resolve())
+        weights = None
+        if "weights" in keys:
+            wnode = keys["weights"][1]
+            weights_path = base / f.string(wnode, f"{where}.weights", "../models/resnet56.th")
+            if not weights_path.is_file():
+                raise f.error(wnode, f"{where}.weights", f"no such file {str(weights_path.resolve())!r} "
+                              "(relative paths are resolved against the sweep file's folder)")
+            weights = str(weights_path.resolve())
+        data = "cifar10-sample"
+        if "data" in keys:
+            dnode = keys["data"][1]
+            data = f.string(dnode, f"{where}.data", "cifar10-sample")
+            if data not in list_data_sources():
+                resolved = base / data
+                if not resolved.exists():
+                    raise f.error(dnode, f"{where}.data", f"{data!r} is neither a data source "
+                                  f"({', '.join(list_data_sources())}) nor a path (looked for {str(resolved)!r})")
+                data = str(resolved.resolve())
+        models.append(SweepModel(name, model, weights, data))
+        names.append(name)
+        name_nodes.append(keys["name"][1])
+    f.unique(name_nodes, names, "models[].name")
+    return models
+
+
+# ---- cells ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid and how far it got."""
+
+    model: str
+    strategy: str
+    seed: int
+    run_dir: Path
+    n_trials: int
+    spent: float
+    done: bool  # summary.json written and the budget reached (or the space exhausted at it)
+
+    @property
+    def started(self) -> bool:
+        return (self.run_dir / CONFIG).exists() or (self.run_dir / JOURNAL).exists()
+
+    @property
+    def status(self) -> str:
+        return "done" if self.done else "partial" if self.started else "todo"
+
+
+def _read_journal(path: Path) -> list[dict[str, Any]]:
+    """The journal's finished records, read without touching the file (a torn last line is skipped)."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return sorted(records, key=lambda r: r["number"])
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except json.JSONDecodeError:
+        return None
+
+
+def cell_status(run_dir: Path, model: str, strategy: str, seed: int, budget: float) -> Cell:
+    """A cell is done when its summary exists and its trials' cost reaches `budget`, or its run
+    stopped early at that budget because the strategy had nothing new to propose."""
+    records = _read_journal(run_dir / JOURNAL)
+    spent = sum(float(r.get("cost", 0.0)) for r in records)
+    summary = _read_json(run_dir / SUMMARY)
+    done = summary is not None and (spent >= budget - EPS or float(summary.get("budget", 0)) >= budget - EPS)
+    return Cell(model, strategy, seed, run_dir, len(records), spent, done)
+
+
+# ---- running --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What `run_sweep` did and the table it wrote."""
+
+    sweep: Sweep
+    cells: tuple[Cell, ...]  # as found before running
+    ran: tuple[Cell, ...]  # the cells this call ran (or resumed)
+    rows: tuple[dict[str, Any], ...]  # one per model × strategy × budget, as in table.csv
+    markdown: str
+    table_md: Path
+    table_csv: Path
+
+
+def _check_started(sweep: Sweep, cells: Sequence[Cell]) -> None:
+    """A cell already on disk must have been run with this file's settings, or the table would mix runs."""
+    want = {"objective": sweep.objective, "min_retention": sweep.min_retention,
+            "bits": list(dict.fromkeys(sweep.bits)), "granularity": list(dict.fromkeys(sweep.granularity))}
+    for cell in cells:
+        cfg = _read_json(cell.run_dir / CONFIG)
+        if cfg is None:
+            continue
+        quant = cfg.get("compressors", {}).get("quantize", {})
+        have = {"objective": cfg.get("objective"), "min_retention": cfg.get("min_retention"),
+                "bits": quant.get("bits"), "granularity": quant.get("granularity")}
+        for key, value in want.items():
+            if have[key] != value:
+                raise ConfigError(
+                    f"run folder {str(cell.run_dir)!r} was run with {key}={have[key]!r} but sweep file "
+                    f"{str(sweep.path)!r} says {value!r}; give the sweep another 'out' or delete that folder"
+                )
+
+
+def _build_workload(model: SweepModel, device: str) -> Workload:
+    from modelopt.api import build_workload
+
+    return build_workload(model.model, model.data, weights=model.weights, device=device)
+
+
+def run_sweep(
+    path: str | Path,
+    *,
+    progress: bool = True,
+    console: Console | None = None,
+    workloads: Mapping[str, Workload] | None = None,
+) -> SweepResult:
+    """Runs every unfinished cell of a sweep file at its largest budget, then writes the table.
+
+    Finished cells are skipped and partial ones resumed, so rerunning a killed sweep continues it.
+    One workload is built per model and shared by its cells.
+
+    Args:
+        path: the sweep file (see this module's docstring for the format).
+        progress: show cells done / total and the current cell on stderr.
+        console: where the progress goes (default: stderr).
+        workloads: workloads already built, by the sweep's model names (notebooks, tests); the
+            caller vouches that each matches its model entry (model, weights, data, device).
+
+    Returns:
+        The cells, the table rows (also in `<out>/table.csv`) and the Markdown (`<out>/table.md`).
+
+    Example:
+        >>> result = run_sweep("experiments/smoke.yaml")
+        >>> print(result.markdown)
+    """
+    from modelopt.api import optimize
+
+    sweep = load_sweep(path)
+    cells = sweep.cells()
+    _check_started(sweep, cells)
+    sweep.out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(sweep.out / SWEEP_JSON, sweep.to_json())
+    console = console or Console(stderr=True)
+    workloads = dict(workloads or {})
+    ran: list[Cell] = []
+    todo = [c for c in cells if not c.done]
+    columns = (TextColumn("[bold]sweep {task.fields[name]}"), BarColumn(), MofNCompleteColumn(), TextColumn("cells"),
+               TimeElapsedColumn(), TextColumn("{task.description}"))
+    with Progress(*columns, console=console, disable=not progress) as bar:
+        task = bar.add_task("", total=len(cells), completed=len(cells) - len(todo), name=sweep.name)
+        for model in sweep.models:
+            mine = [c for c in todo if c.model == model.name]
+            if not mine:
+                continue
+            bar.update(task, description=f"loading {model.name}")
+            if model.name not in workloads:
+                workloads[model.name] = _build_workload(model, sweep.device)
+            wl = workloads[model.name]
+            for cell in mine:
+                bar.update(task, description=f"{cell.model}/{cell.strategy}/seed{cell.seed}"
+                           + (f" (resuming at {cell.spent:g})" if cell.started else ""))
+                result = optimize(
+                    wl, strategy=cell.strategy, budget=sweep.budget, seed=cell.seed, out=cell.run_dir,
+                    resume=cell.started, objective=sweep.objective, min_retention=sweep.min_retention,
+                    bits=sweep.bits, granularity=sweep.granularity, weights=model.weights, progress=False,
+                )
+                ran.append(cell)
+                best = result.best
+                found = "no feasible plan" if best is None else (
+                    f"best {best.metrics.compression:.2f}x at {best.metrics.retention:.2%} val retention")
+                if progress:
+                    bar.console.print(f"{cell.model}/{cell.strategy}/seed{cell.seed}: "
+                                      f"{len(result.trials)} trials, {found}", highlight=False)
+                bar.advance(task)
+        bar.update(task, description="re-scoring the chosen plans on test")
+        rows = make_table(sweep.out, workloads=workloads, device=sweep.device)
+    return SweepResult(sweep, tuple(cells), tuple(ran), tuple(rows), (sweep.out / TABLE_MD).read_text(),
+                       sweep.out / TABLE_MD, sweep.out / TABLE_CSV)
+
+
+# ---- the table ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Seed:
+    """One cell read back: its best-so-far trace and the plans the table needs."""
+
+    seed: int
+    config: dict[str, Any]
+    objective: Objective
+    trace: list[tuple[float, dict[str, Any] | None]]  # (cumulative cost, best feasible record so far)
+    covered: float  # the largest budget this cell's trace answers for
+
+    def best_within(self, budget: float) -> dict[str, Any] | None:
+        best = None
+        for cost, rec in self.trace:
+            if cost > budget + EPS:
+                break
+            best = rec
+        return best
+
+    def reaches(self, target: float, limit: float) -> float:
+        """The cumulative cost at which the best-so-far reduction first reaches `target` (inf: never)."""
+        for cost, rec in self.trace:
+            if cost > limit + EPS:
+                break
+            if rec is not None and _reduction(self.objective, rec) >= target * (1 - 1e-12):
+                return cost
+        return math.inf
+
+
+def _metrics(rec: Mapping[str, Any]) -> Metrics:
+    return Metrics.from_dict(rec["metrics"])
+
+
+def _reduction(obj: Objective, rec: Mapping[str, Any]) -> float:
+    return obj.reward(_metrics(rec))
+
+
+def _read_cell(run_dir: Path, seed: int) -> _Seed | None:
+    config = _read_json(run_dir / CONFIG)
+    if config is None:
+        return None
+    obj = Objective(config.get("objective", "size"), float(config.get("min_retention", 0.99)))
+    trace: list[tuple[float, dict[str, Any] | None]] = []
+    cum, best, best_key = 0.0, None, None
+    for rec in _read_journal(run_dir / JOURNAL):
+        cum += float(rec.get("cost", 0.0))
+        if rec.get("status") == "complete" and rec.get("metrics") is not None:
+            m = _metrics(rec)
+            if obj.feasible(m):
+                key = (obj.reward(m), m.retention)  # the runner's best_of order; the first of equals wins
+                if best_key is None or key > best_key:
+                    best, best_key = rec, key
+        trace.append((cum, best))
+    summary = _read_json(run_dir / SUMMARY)
+    covered = max(cum, float(summary.get("budget", 0.0)) if summary else 0.0)  # a run that stopped early covers its budget
+    return _Seed(seed, config, obj, trace, covered)
+
+
+def _stats(values: Sequence[float]) -> tuple[float, float, float]:
+    if not values:
+        return math.nan, math.nan, math.nan
+    std = statistics.stdev(values) if len(values) > 1 else math.nan
+    return statistics.fmean(values), std, statistics.median(values)
+
+
+class _Scorer:
+    """One workload per model and one evaluator per search space: re-scores chosen plans on test."""
+
+    def __init__(self, workloads: Mapping[str, Workload], device: str) -> None:
+        self.workloads = dict(workloads)
+        self.device = device
+        self.evaluators: dict[tuple[str, str], Evaluator] = {}
+
+    def evaluator(self, model: str, config: Mapping[str, Any]) -> Evaluator:
+        from modelopt.api import build_compressors, build_workload
+
+        comps = config.get("compressors", {"quantize": {}})
+        key = (model, json.dumps(comps, sort_keys=True))
+        if key not in self.evaluators:
+            if model not in self.workloads:
+                self.workloads[model] = build_workload(
+                    config["model"], config["data"], weights=config.get("weights"), device=self.device,
+                    data_seed=int(config.get("data_seed", 0)))
+            wl = self.workloads[model]
+            space = SearchSpace(wl.layers, build_compressors(list(comps), comps))
+            self.evaluators[key] = Evaluator(wl, space)
+        return self.evaluators[key]
+
+    def test(self, model: str, config: Mapping[str, Any], rec: Mapping[str, Any] | None) -> Metrics:
+        ev = self.evaluator(model, config)
+        plan: Plan = ev.space.plan() if rec is None else ev.space.plan_from_flat(rec["plan"])
+        return ev.evaluate(plan, split="test")
+
+
+def _layout(out: Path) -> tuple[list[str], dict[str, list[str]], list[int] | None, list[float] | None, dict[str, Any]]:
+    """Models, strategies per model, seeds and budgets: from sweep.json when present, else the folders."""
+    saved = _read_json(out / SWEEP_JSON) or {}
+    runs = out / RUNS
+    found = {m.name: sorted(s.name for s in m.iterdir() if s.is_dir()) for m in sorted(runs.iterdir()) if m.is_dir()} \
+        if runs.is_dir() else {}
+    if saved:
+        models = [m["name"] for m in saved["models"] if m["name"] in found]
+        strategies = {m: [s for s in saved["strategies"] if s in found[m]] for m in models}
+        return models, strategies, list(saved["seeds"]), [float(b) for b in saved["budgets"]], saved
+    return list(found), found, None, None, saved
+
+
+def make_table(
+    out_dir: str | Path, *, workloads: Mapping[str, Workload] | None = None, device: str = "auto"
+) -> list[dict[str, Any]]:
+    """Rebuilds `table.md`, `table.csv` and `table_seeds.csv` from the run folders under `out_dir/runs`.
+
+    For each model, strategy and budget b, over seeds: the best feasible plan within cumulative
+    trial cost <= b, read from the journal (a seed with none counts as the float model), its
+    val compression and, re-scored on the test split, its test compression and retention; the
+    budget each strategy needed to reach the median best of `random` at the largest budget; and
+    each strategy's lead over each other one in median val reduction.
+
+    Args:
+        out_dir: the sweep's results folder (the one holding runs/ and sweep.json).
+        workloads: already built workloads by model folder name (others are built from run.json).
+        device: where test re-scoring runs.
+
+    Returns:
+        One dict per model × strategy × budget: the rows of table.csv.
+
+    Example:
+        >>> rows = make_table("experiments/mcts_vs_baselines")
+        >>> rows[0]["val_compression_median"]
+    """
+    out = Path(out_dir)
+    models, strategies, seeds, budgets, saved = _layout(out)
+    if not models:
+        raise ConfigError(f"{str(out)!r} holds no sweep run folders (expected {RUNS}/<model>/<strategy>/seed<k>/)")
+    scorer = _Scorer(workloads or {}, device)
+    rows: list[dict[str, Any]] = []
+    seed_rows: list[dict[str, Any]] = []
+    sections: list[str] = [_md_header(saved, out)]
+    for model in models:
+        cells: dict[str, list[_Seed]] = {}
+        for strategy in strategies[model]:
+            sdir = out / RUNS / model / strategy
+            ks = seeds if seeds is not None else sorted(int(p.name[4:]) for p in sdir.glob("seed*") if p.name[4:].isdigit())
+            cells[strategy] = [c for k in ks if (c := _read_cell(sdir / f"seed{k}", k)) is not None]
+        cells = {s: c for s, c in cells.items() if c}
+        if not cells:
+            continue
+        bs = budgets if budgets is not None else sorted({c.covered for cs in cells.values() for c in cs})
+        model_rows = _model_rows(model, cells, bs, scorer, seed_rows)
+        rows.extend(model_rows)
+        sections.append(_md_model(model, cells, bs, model_rows, scorer))
+    markdown = "\n\n".join(sections) + "\n"
+    (out / TABLE_MD).write_text(markdown, encoding="utf-8")
+    _write_csv(out / TABLE_CSV, rows)
+    _write_csv(out / SEEDS_CSV, seed_rows)
+    return rows
+
+
+def _model_rows(
+    model: str, cells: Mapping[str, list[_Seed]], budgets: Sequence[float], scorer: _Scorer,
+    seed_rows: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    top = budgets[-1]
+    target = math.nan
+    if "random" in cells:
+        at_top = [c.best_within(top) for c in cells["random"] if c.covered >= top - EPS]
+        if at_top:
+            obj = cells["random"][0].objective
+            target = statistics.median([1.0 if r is None else _reduction(obj, r) for r in at_top])
+    medians: dict[tuple[str, float], float] = {}
+    rows = []
+    for strategy, seeds in cells.items():
+        needed_per_seed = [c.reaches(target, top) for c in seeds if c.covered >= top - EPS] if not math.isnan(target) else []
+        needed = statistics.median(needed_per_seed) if needed_per_seed else math.nan
+        for b in budgets:
+            vals: dict[str, list[float]] = {k: [] for k in ("val_reduction", "val_compression", "val_retention",
+                                                            "test_compression", "test_retention")}
+            n_feasible = 0
+            for c in seeds:
+                if c.covered < b - EPS:
+                    continue  # this cell has not run that far yet
+                rec = c.best_within(b)
+                test = scorer.test(model, c.config, rec)
+                n_feasible += rec is not None
+                val_red = 1.0 if rec is None else _reduction(c.objective, rec)
+                val_comp = 1.0 if rec is None else _metrics(rec).compression
+                val_ret = 1.0 if rec is None else _metrics(rec).retention
+                for k, v in (("val_reduction", val_red), ("val_compression", val_comp), ("val_retention", val_ret),
+                             ("test_compression", test.compression), ("test_retention", test.retention)):
+                    vals[k].append(v)
+                seed_rows.append({
+                    "model": model, "strategy": strategy, "budget": _num(b), "seed": c.seed,
+                    "best_trial": None if rec is None else rec["number"],
+                    "plan_key": None if rec is None else rec["plan_key"],
+                    "val_reduction": val_red, "val_compression": val_comp, "val_retention": val_ret,
+                    "test_compression": test.compression, "test_retention": test.retention,
+                    "test_accuracy": test.accuracy, "size_bytes": test.size_bytes,
+                    "budget_to_random_best": c.reaches(target, top) if not math.isnan(target) else math.nan,
+                })
+            row: dict[str, Any] = {"model": model, "model_source": seeds[0].config.get("model"),
+                                   "objective": seeds[0].objective.target.value, "strategy": strategy,
+                                   "budget": _num(b),
+                                   "n_seeds": len(vals["val_reduction"]), "n_feasible": n_feasible}
+            for k, v in vals.items():
+                mean, std, med = _stats(v)
+                row[f"{k}_mean"], row[f"{k}_std"], row[f"{k}_median"] = mean, std, med
+            row["random_best_target"] = target
+            row["budget_to_random_best"] = "never" if needed == math.inf else needed
+            medians[(strategy, b)] = row["val_reduction_median"]
+            rows.append(row)
+    for row in rows:
+        for other in cells:
+            mine, theirs = medians[(row["strategy"], row["budget"])], medians[(other, row["budget"])]
+            lead = math.nan if other == row["strategy"] else (mine / theirs - 1.0) * 100.0
+            row[f"lead_vs_{other}_pct"] = lead
+    return rows
+
+
+def _num(b: float) -> int | float:
+    return int(b) if float(b).is_integer() else b
+
+
+def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    fields: list[str] = []
+    for row in rows:
+        fields.extend(k for k in row if k not in fields)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _csv_value(row.get(k)) for k in fields})
+    path.write_text(buf.getvalue(), encoding="utf-8")
+
+
+def _csv_value(v: Any) -> Any:
+    if isinstance(v, float):
+        return "" if math.isnan(v) else "never" if v == math.inf else repr(v)
+    return "" if v is None else v
+
+
+# ---- Markdown -------------------------------------------------------------------------------
+
+
+def _fx(v: float) -> str:
+    return "–" if v is None or math.isnan(v) else f"{v:.2f}×"
+
+
+def _fpct(v: float) -> str:
+    return "–" if v is None or math.isnan(v) else f"{v:.2%}"
+
+
+def _fb(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    return "–" if v is None or math.isnan(v) else f"{v:g}"
+
+
+def _pm(mean: float, std: float, fmt: Callable[[float], str]) -> str:
+    if math.isnan(mean):
+        return "–"
+    return fmt(mean) if math.isnan(std) else f"{fmt(mean)} ± {fmt(std)}"
+
+
+def _md_header(saved: Mapping[str, Any], out: Path) -> str:
+    name = saved.get("name", out.name)
+    lines = [f"# Sweep `{name}`", ""]
+    if saved:
+        lines.append(
+            f"Minimise **{saved['objective']}** with val retention ≥ {saved['min_retention']:g}; quantizer menu: bits "
+            f"{', '.join(map(str, saved['bits']))}, granularity {', '.join(saved['granularity'])}. Budgets (full val "
+            f"evaluations): {', '.join(f'{b:g}' for b in saved['budgets'])}; seeds: "
+            f"{', '.join(map(str, saved['seeds']))}."
+        )
+        lines.append("")
+    lines.append(
+        "Every cell ran once at the largest budget; the value at a smaller budget b is the best feasible plan "
+        "among the trials whose cumulative cost is ≤ b, read from the run's journal. A seed with no feasible plan "
+        "within b counts as the float model (1.00×, 100% retention). Test columns re-score each seed's chosen plan "
+        "on the held-out test split. ± is the sample standard deviation over seeds. Generated by "
+        "`modelopt.run.sweep.make_table` from the run folders; do not edit by hand."
+    )
+    return "\n".join(lines)
+
+
+def _md_table(header: Sequence[str], align: str, body: Sequence[Sequence[str]]) -> list[str]:
+    seps = ["---:" if a == "r" else "---" for a in align]
+    return ["| " + " | ".join(header) + " |", "| " + " | ".join(seps) + " |",
+            *("| " + " | ".join(r) + " |" for r in body)]
+
+
+def _md_model(
+    model: str, cells: Mapping[str, list[_Seed]], budgets: Sequence[float], rows: Sequence[Mapping[str, Any]],
+    scorer: _Scorer,
+) -> str:
+    first = next(iter(cells.values()))[0]
+    cfg = first.config
+    ev = scorer.evaluator(model, cfg)
+    wl = ev.workload
+    target = first.objective.target.value
+    weights = f" with weights `{Path(cfg['weights']).name}`" if cfg.get("weights") else ""
+    lines = [
+        f"## {model}", "",
+        f"`{cfg['model']}`{weights} on `{cfg['data']}`: float top-1 {wl.baseline_accuracy('val'):.2%} on val "
+        f"({len(wl.split('val'))} images), {wl.baseline_accuracy('test'):.2%} on test ({len(wl.split('test'))} "
+        f"images); float size {wl.float_size_bytes / 1024:,.1f} KiB. × is compression: float size / plan size.", "",
+    ]
+    red = target != "size"  # for size the objective's reduction is the compression itself
+    header = ["strategy", "budget", "seeds (feasible)", "val ×: mean ± std", "val ×: median"]
+    if red:
+        header.append(f"val {target} reduction: median")
+    header += ["test ×: median", "test retention: mean ± std", "test retention: median"]
+    body = []
+    for r in rows:
+        line = [r["strategy"], _fb(r["budget"]), f"{r['n_seeds']} ({r['n_feasible']})",
+                _pm(r["val_compression_mean"], r["val_compression_std"], _fx), _fx(r["val_compression_median"])]
+        if red:
+            line.append(_fx(r["val_reduction_median"]))
+        line += [_fx(r["test_compression_median"]), _pm(r["test_retention_mean"], r["test_retention_std"], _fpct),
+                 _fpct(r["test_retention_median"])]
+        body.append(line)
+    lines += _md_table(header, "l" + "r" * (len(header) - 1), body)
+
+    top = budgets[-1]
+    what = "compression" if not red else f"{target} reduction"
+    if "random" in cells and not math.isnan(rows[0]["random_best_target"]):
+        lines += ["", f"**Budget needed to reach random's best**: the median over random's seeds of the best val "
+                  f"{what} at budget {top:g} is {_fx(rows[0]['random_best_target'])}; the budget (cumulative cost) at "
+                  "which each strategy's best-so-far first reaches it, median over seeds.", ""]
+        body = []
+        for strategy, seeds in cells.items():
+            r = next(r for r in rows if r["strategy"] == strategy)
+            per_seed = [c.reaches(r["random_best_target"], top) for c in seeds if c.covered >= top - EPS]
+            body.append([strategy, _fb(r["budget_to_random_best"]),
+                         ", ".join("never" if v == math.inf else f"{v:g}" for v in per_seed)])
+        lines += _md_table(["strategy", "budget needed (median)", "per seed"], "lrl", body)
+
+    others = list(cells)
+    if len(others) > 1:
+        lines += ["", f"**Lead in median val {what}** (row over column, %: median ratio − 1, × 100).", ""]
+        body = []
+        for r in rows:
+            body.append([r["strategy"], _fb(r["budget"])] + [
+                "–" if o == r["strategy"] or math.isnan(r[f"lead_vs_{o}_pct"]) else f"{r[f'lead_vs_{o}_pct']:+.1f}%"
+                for o in others])
+        lines += _md_table(["strategy", "budget", *(f"vs {o}" for o in others)], "lr" + "r" * len(others), body)
+    return "\n".join(lines)
+
