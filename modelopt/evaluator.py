@@ -62,7 +62,8 @@ class Evaluator:
     def __init__(self, workload: Workload, space: SearchSpace) -> None:
         self.workload = workload
         self.space = space
-        self._tensors: dict[tuple[str, tuple[Any, ...]], torch.Tensor] = {}
+        # Compressed tensors live on the workload, so runs that share it (a sweep) share them too.
+        self._tensors: dict[tuple[Any, ...], torch.Tensor] = workload.tensor_cache
         self._results: dict[tuple[str, str, int], Metrics] = {}
         self._layer_decisions = {
             layer.name: [d for d in space.decisions if d.layer == layer.name] for layer in workload.layers
@@ -123,7 +124,7 @@ class Evaluator:
             choices = tuple(plan.get(d.name) for d in decs)
             if all(c is None for c in choices):
                 continue
-            key = (layer.name, choices)
+            key = (layer.name, tuple(d.compressor for d in decs), choices)
             w = self._tensors.get(key)
             if w is None:
                 w = self.workload.original[layer.name]

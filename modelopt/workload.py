@@ -69,6 +69,8 @@ class Workload:
             p.requires_grad_(False)
         self.modules: dict[str, nn.Module] = compressible_modules(self.model)
         self.original: dict[str, torch.Tensor] = {n: m.weight.data for n, m in self.modules.items()}
+        # (layer, compressors, choices) -> compressed weight on the device; filled by evaluators.
+        self.tensor_cache: dict[tuple[object, ...], torch.Tensor] = {}
         splits = {name: self._prepare(data.split(name).x) for name in ("calib", "val", "test")}
         self._check_fits(splits["val"])
         self.layers: tuple[Layer, ...] = discover_layers(self.model, splits["val"][:1])
