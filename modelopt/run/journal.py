@@ -53,12 +53,18 @@ class Journal:
             os.fsync(f.fileno())
 
 
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Writes JSON so a reader sees the old file or the new one, never half of one."""
+def write_json_atomic(path: str | Path, obj: Any, *, durable: bool = True) -> None:
+    """Writes JSON so a reader sees the old file or the new one, never half of one.
+
+    `durable=False` skips fsync: the file still survives a killed process (the kernel has
+    it), only not a power cut; for state that the journal can rebuild.
+    """
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, allow_nan=False)
-        f.flush()
-        os.fsync(f.fileno())
+        json.dump(obj, f, indent=None if not durable else 1, separators=None if durable else (",", ":"),
+                  allow_nan=False)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -163,7 +163,9 @@ class Runner:
         self.journal.append(trial.to_json())
         self.trials.append(trial)
         self.strategy.tell(trial)
-        write_json_atomic(self.run_dir / STATE, {"n_trials": len(self.trials), "strategy": self.strategy.state_dict()})
+        # Not fsynced: after a power cut an older state plus the journal's later trials rebuild it.
+        write_json_atomic(self.run_dir / STATE, {"n_trials": len(self.trials), "strategy": self.strategy.state_dict()},
+                          durable=False)
 
     def _best_text(self) -> str:
         best = best_of([t for t in self.trials if t.ok], lambda t: t.metrics, self.objective)

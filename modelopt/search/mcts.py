@@ -62,6 +62,8 @@ class _Node:
     w: float = 0.0
     best: float = 0.0
     virtual: int = 0
+    prior: list[float] | None = None  # children's prior, computed with the model of `prior_at` trials
+    prior_at: int = 0
 
     def q(self, lo: float, hi: float) -> float:
         """Normalised value; a pending (virtual) visit counts as the lowest value."""
@@ -116,6 +118,13 @@ class MCTS(Strategy):
                     self.col[i][j] = k
                     k += 1
         self.n_cols = k
+        width = max(len(d.choices) for d in self.decisions)
+        self._colmat = np.full((self.n_dec, width), self.n_cols, dtype=int)  # n_cols: "no loss"
+        self._costmat = np.full((self.n_dec, width), np.inf)  # padding is never affordable
+        for i in range(self.n_dec):
+            for j, k in enumerate(self.col[i]):
+                self._colmat[i, j] = k if k >= 0 else self.n_cols
+            self._costmat[i, : len(self.cost[i])] = self.cost[i]
         self._col_dec = np.array([i for i in range(self.n_dec) for k in self.col[i] if k >= 0], dtype=int)
         self._err_flat = np.array([self.error[i][j] for i in range(self.n_dec) for j, k in enumerate(self.col[i])
                                    if k >= 0])
@@ -126,7 +135,6 @@ class MCTS(Strategy):
         self.seen: dict[str, float] = {}  # transposition table: plan key -> value
         self.pending: dict[str, list[tuple[int, ...]]] = {}  # plan key -> tree paths awaiting tell
         self.margin = 1.0  # scales the allowed loss in rollouts; adapts to the model's calibration
-        self._prior_cache: dict[tuple[tuple[int, ...], int], np.ndarray] = {}
         self._fit()
 
     def _cost_of(self, f: Any) -> float:
@@ -164,11 +172,9 @@ class MCTS(Strategy):
             self.beta_mean = np.zeros(self.n_cols)
             self.beta_std = PRIOR_REL * KAPPA0 * err + PRIOR_FLOOR
             return
-        x = np.zeros((len(ok), self.n_cols))
-        for row, r in enumerate(ok):
-            for i, j in enumerate(r.idx):
-                if self.col[i][j] >= 0:
-                    x[row, self.col[i][j]] = 1.0
+        x = np.zeros((len(ok), self.n_cols + 1))  # the last column collects None choices
+        x[np.arange(len(ok))[:, None], self._colmat[np.arange(self.n_dec), np.array([r.idx for r in ok])]] = 1.0
+        x = x[:, :-1]
         drop = np.array([1.0 - r.retention for r in ok])  # type: ignore[operator]
         y = np.sign(drop) * np.sqrt(np.abs(drop))
         s = x @ err
@@ -188,80 +194,78 @@ class MCTS(Strategy):
         self.beta_mean = np.linalg.solve(b, x.T @ (y - x @ prior))
         self.beta_std = NOISE_SIGMA / np.sqrt(np.diag(x.T @ x) + lam)
 
-    def _deltas(self, rng: np.random.Generator | None) -> list[np.ndarray]:
-        """Per-decision loss vectors: the posterior mean, or a posterior draw (Thompson) given `rng`."""
-        kd, beta = self.kd_mean, self.beta_mean
-        if rng is not None:
-            kd = np.maximum(kd + rng.standard_normal(self.n_dec) * self.kd_std, 0.0)
-            beta = beta + rng.standard_normal(self.n_cols) * self.beta_std
-        flat = kd[self._col_dec] * self._err_flat + beta
-        out = []
-        for i in range(self.n_dec):
-            d = np.array([0.0 if k < 0 else max(flat[k], 0.0) for k in self.col[i]])
-            out.append(d)
-        return out
+    def _deltas(self, rng: np.random.Generator | None, draws: int = 1) -> np.ndarray:
+        """(decisions x choices) losses: the posterior mean, or (with `rng`) `draws` posterior draws
+        (Thompson) stacked as (draws x decisions x choices)."""
+        if rng is None:
+            flat = np.maximum(self.kd_mean[self._col_dec] * self._err_flat + self.beta_mean, 0.0)
+            return np.append(flat, 0.0)[self._colmat]  # None and padding read the appended 0
+        kd = np.maximum(self.kd_mean + rng.standard_normal((draws, self.n_dec)) * self.kd_std, 0.0)
+        beta = self.beta_mean + rng.standard_normal((draws, self.n_cols)) * self.beta_std
+        flat = np.maximum(kd[:, self._col_dec] * self._err_flat + beta, 0.0)
+        return np.concatenate([flat, np.zeros((draws, 1))], axis=1)[:, self._colmat]
 
     # ---- rollout: knapsack under the (sampled) model --------------------------------------
 
-    def _rollout(self, prefix: tuple[int, ...], rng: np.random.Generator) -> list[int]:
-        deltas = self._deltas(rng)
-        allowed = self._allowed() * self.margin * float(rng.uniform(0.8, 1.1))
-        idx = [0] * self.n_dec
-        used = 0.0
-        for depth, choice in enumerate(prefix):
-            i = self.order[depth]
-            idx[i] = choice
-            used += deltas[i][choice]
+    def _rollouts(self, prefix: tuple[int, ...], rng: np.random.Generator, draws: int = 1) -> np.ndarray:
+        """`draws` completions of `prefix`, each the cheapest choices whose losses, drawn from the
+        model's posterior, fit the allowed loss: a knapsack solved exactly by dynamic programming
+        over a discretised loss axis, all draws at once. Returns (draws x decisions) choice indices."""
+        deltas = self._deltas(rng, draws)  # (R, n, C)
+        allowed = self._allowed() * self.margin * rng.uniform(0.8, 1.1, size=draws)
+        idx = np.zeros((draws, self.n_dec), dtype=int)
+        fixed = [self.order[d] for d in range(len(prefix))]
+        idx[:, fixed] = prefix
+        used = deltas[:, fixed, list(prefix)].sum(axis=1) if prefix else np.zeros(draws)
         rest = self.order[len(prefix):]
         budget = allowed - used
         if not rest:
             return idx
-        if budget <= 0:
-            for i in rest:
-                idx[i] = int(np.argmin(deltas[i] + 1e-12 * self.cost[i]))
+        over = budget <= 0  # the prefix alone spends the loss: finish with the least lossy choices
+        if over.any():
+            idx[np.ix_(over, rest)] = np.argmin(deltas[over][:, rest] + 1e-12 * self._costmat[rest], axis=2)
+        live = np.flatnonzero(~over)
+        if live.size == 0:
             return idx
-        step = budget / DP_BINS
-        inf = float("inf")
-        best = np.zeros(DP_BINS + 1)  # best[b]: min cost of the decisions so far with loss <= b*step
-        picks = []
+        step = (budget[live] / DP_BINS)[:, None]  # (R', 1)
+        d = deltas[live]
+        rows, cols = np.arange(live.size)[:, None], np.arange(DP_BINS + 1)
+        best = np.zeros((live.size, DP_BINS + 1))  # best[r, b]: min cost so far with loss <= b*step
+        picks, sizes = [], []
         for i in rest:
-            bins = np.ceil(deltas[i] / step - 1e-9).astype(int)
-            new = np.full(DP_BINS + 1, inf)
-            arg = np.zeros(DP_BINS + 1, dtype=int)
-            for j, (kb, c) in enumerate(zip(bins, self.cost[i])):
-                if kb > DP_BINS:
-                    continue
-                cand = np.full(DP_BINS + 1, inf)
-                cand[kb:] = best[: DP_BINS + 1 - kb] + c
-                better = cand < new
-                new[better], arg[better] = cand[better], j
-            best = new
+            k = np.ceil(d[:, i, :] / step - 1e-9).astype(int)  # (R', C) loss in bins
+            src = cols[None, None, :] - k[:, :, None]  # (R', C, B+1)
+            cand = best[rows[:, :, None], np.maximum(src, 0)] + self._costmat[i][None, :, None]
+            cand[src < 0] = np.inf
+            arg = cand.argmin(axis=1)  # (R', B+1)
+            best = cand[rows, arg, cols]
             picks.append(arg)
-        b = DP_BINS
-        for i, arg in zip(reversed(rest), reversed(picks)):
-            j = int(arg[b])
-            idx[i] = j
-            b -= int(np.ceil(deltas[i][j] / step - 1e-9))
+            sizes.append(k)
+        b = np.full(live.size, DP_BINS)
+        for i, arg, k in zip(reversed(rest), reversed(picks), reversed(sizes)):
+            j = arg[rows[:, 0], b]
+            idx[live, i] = j
+            b = b - k[rows[:, 0], j]
         return idx
 
     # ---- the tree -------------------------------------------------------------------------
 
     def _priors(self, path: tuple[int, ...]) -> np.ndarray:
-        """Mostly what the model-based rollout would choose here; partly data-free saving vs loss."""
+        """Mostly what the model-based rollout would choose here; partly data-free saving vs loss.
+
+        Stored on the node and refreshed as the number of trials doubles (saved with the tree,
+        so a restored search sees the same priors)."""
+        node = self.tree[path]
+        n = len(self.records)
+        if node.prior is not None and n < max(2 * node.prior_at, node.prior_at + 4):
+            return np.asarray(node.prior)
         i = self.order[len(path)]
-        key = (path, len(self.records))
-        if key in self._prior_cache:
-            return self._prior_cache[key]
         # A private generator keyed by (seed, history, node): priors never shift the search's own
-        # random stream, so a strategy restored from state_dict proposes exactly what it would have.
-        rng = np.random.default_rng([self.seed, len(self.records), *path])
-        counts = np.zeros(len(self.col[i]))
-        for _ in range(PRIOR_ROLLOUTS):
-            counts[self._rollout(path, rng)[i]] += 1
+        # random stream.
+        rng = np.random.default_rng([self.seed, n, *path])
+        counts = np.bincount(self._rollouts(path, rng, PRIOR_ROLLOUTS)[:, i], minlength=len(self.col[i]))
         prior = PRIOR_MIX * counts / counts.sum() + (1 - PRIOR_MIX) * self._static_prior(i)
-        if len(self._prior_cache) > 20000:
-            self._prior_cache.clear()
-        self._prior_cache[key] = prior
+        node.prior, node.prior_at = [float(p) for p in prior], n
         return prior
 
     def _allowed(self) -> float:
@@ -270,7 +274,7 @@ class MCTS(Strategy):
 
     def _static_prior(self, i: int) -> np.ndarray:
         allowed = self._allowed()
-        loss = self._deltas(None)[i]
+        loss = self._deltas(None)[i, : len(self.col[i])]
         saving = 1.0 - self.cost[i] / max(self.cost[i].max(), 1e-12)
         z = 2.0 * saving - 2.0 * loss / allowed
         p = np.exp(z - z.max())
@@ -320,7 +324,7 @@ class MCTS(Strategy):
         for _ in range(n):
             for _attempt in range(MAX_ROLLOUT_TRIES):
                 path = self._select()
-                idx = self._rollout(path, self.rng)
+                idx = [int(j) for j in self._rollouts(path, self.rng)[0]]
                 plan = self._plan(idx)
                 if plan.key in self.seen:
                     self._backup(path, self.seen[plan.key])  # known: costs nothing, teaches the tree
@@ -382,7 +386,7 @@ class MCTS(Strategy):
     def state_dict(self) -> dict[str, Any]:
         return {
             "rng": self.rng.bit_generator.state,
-            "tree": [[list(k), v.n, v.w, v.best] for k, v in self.tree.items()],
+            "tree": [[list(k), v.n, v.w, v.best, v.prior, v.prior_at] for k, v in self.tree.items()],
             "records": [[r.idx, r.retention, r.value] for r in self.records],
             "seen": self.seen,
             "margin": self.margin,
@@ -390,7 +394,7 @@ class MCTS(Strategy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["rng"]
-        self.tree = {tuple(k): _Node(n, w, best) for k, n, w, best in state["tree"]}
+        self.tree = {tuple(k): _Node(n, w, best, 0, prior, at) for k, n, w, best, prior, at in state["tree"]}
         self.records = [_Record(list(i), r, v) for i, r, v in state["records"]]
         self.seen = dict(state["seen"])
         self.margin = float(state["margin"])
