@@ -26,13 +26,9 @@ each chosen plan re-scored on the test split.
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
 import re
-import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,22 +39,24 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from modelopt._version import __version__
 from modelopt.errors import ConfigError, UnknownNameError
-from modelopt.evaluator import Evaluator, Metrics
-from modelopt.objective import Objective, Target
-from modelopt.plan import Plan
+from modelopt.objective import Target
 from modelopt.run.journal import write_json_atomic
 from modelopt.run.runner import CONFIG, JOURNAL, SUMMARY
-from modelopt.space import SearchSpace
 from modelopt.workload import Workload
+
+from modelopt.run.sweep_table import (  # the table reads what the sweep writes
+    EPS,
+    RUNS,
+    SWEEP_JSON,
+    TABLE_CSV,
+    TABLE_MD,
+    _read_journal,
+    _read_json,
+    make_table,
+)
 
 __all__ = ["Cell", "Sweep", "SweepModel", "SweepResult", "cell_status", "load_sweep", "make_table", "run_sweep"]
 
-RUNS = "runs"
-SWEEP_JSON = "sweep.json"  # the parsed sweep, so make_table knows the budgets and the order
-TABLE_MD = "table.md"
-TABLE_CSV = "table.csv"
-SEEDS_CSV = "table_seeds.csv"
-EPS = 1e-9  # budgets are sums of float costs
 
 _REQUIRED = ("name", "models", "strategies", "budgets", "seeds")
 _DEFAULTS: dict[str, Any] = {  # `out` defaults to the sweep's name, beside the sweep file
@@ -396,28 +394,6 @@ class Cell:
         return "done" if self.done else "partial" if self.started else "todo"
 
 
-def _read_journal(path: Path) -> list[dict[str, Any]]:
-    """The journal's finished records, read without touching the file (a torn last line is skipped)."""
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
-        if not line.endswith("\n"):
-            break
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return sorted(records, key=lambda r: r["number"])
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text()) if path.is_file() else None
-    except json.JSONDecodeError:
-        return None
-
-
 def cell_status(run_dir: Path, model: str, strategy: str, seed: int, budget: float) -> Cell:
     """A cell is done when its summary exists and its trials' cost reaches `budget`, or its run
     stopped early at that budget because the strategy had nothing new to propose."""
@@ -538,354 +514,3 @@ def run_sweep(
         rows = make_table(sweep.out, workloads=workloads, device=sweep.device)
     return SweepResult(sweep, tuple(cells), tuple(ran), tuple(rows), (sweep.out / TABLE_MD).read_text(),
                        sweep.out / TABLE_MD, sweep.out / TABLE_CSV)
-
-
-# ---- the table ------------------------------------------------------------------------------
-
-
-@dataclass
-class _Seed:
-    """One cell read back: its best-so-far trace and the plans the table needs."""
-
-    seed: int
-    config: dict[str, Any]
-    objective: Objective
-    trace: list[tuple[float, dict[str, Any] | None]]  # (cumulative cost, best feasible record so far)
-    covered: float  # the largest budget this cell's trace answers for
-
-    def best_within(self, budget: float) -> dict[str, Any] | None:
-        best = None
-        for cost, rec in self.trace:
-            if cost > budget + EPS:
-                break
-            best = rec
-        return best
-
-    def reaches(self, target: float, limit: float) -> float:
-        """The cumulative cost at which the best-so-far reduction first reaches `target` (inf: never)."""
-        for cost, rec in self.trace:
-            if cost > limit + EPS:
-                break
-            if rec is not None and _reduction(self.objective, rec) >= target * (1 - 1e-12):
-                return cost
-        return math.inf
-
-
-def _metrics(rec: Mapping[str, Any]) -> Metrics:
-    return Metrics.from_dict(rec["metrics"])
-
-
-def _reduction(obj: Objective, rec: Mapping[str, Any]) -> float:
-    return obj.reward(_metrics(rec))
-
-
-def _read_cell(run_dir: Path, seed: int) -> _Seed | None:
-    config = _read_json(run_dir / CONFIG)
-    if config is None:
-        return None
-    obj = Objective(config.get("objective", "size"), float(config.get("min_retention", 0.99)))
-    trace: list[tuple[float, dict[str, Any] | None]] = []
-    cum, best, best_key = 0.0, None, None
-    for rec in _read_journal(run_dir / JOURNAL):
-        cum += float(rec.get("cost", 0.0))
-        if rec.get("status") == "complete" and rec.get("metrics") is not None:
-            m = _metrics(rec)
-            if obj.feasible(m):
-                key = (obj.reward(m), m.retention)  # the runner's best_of order; the first of equals wins
-                if best_key is None or key > best_key:
-                    best, best_key = rec, key
-        trace.append((cum, best))
-    summary = _read_json(run_dir / SUMMARY)
-    covered = max(cum, float(summary.get("budget", 0.0)) if summary else 0.0)  # a run that stopped early covers its budget
-    return _Seed(seed, config, obj, trace, covered)
-
-
-def _stats(values: Sequence[float]) -> tuple[float, float, float]:
-    if not values:
-        return math.nan, math.nan, math.nan
-    std = statistics.stdev(values) if len(values) > 1 else math.nan
-    return statistics.fmean(values), std, statistics.median(values)
-
-
-class _Scorer:
-    """One workload per model and one evaluator per search space: re-scores chosen plans on test."""
-
-    def __init__(self, workloads: Mapping[str, Workload], device: str) -> None:
-        self.workloads = dict(workloads)
-        self.device = device
-        self.evaluators: dict[tuple[str, str], Evaluator] = {}
-
-    def evaluator(self, model: str, config: Mapping[str, Any]) -> Evaluator:
-        from modelopt.api import build_compressors, build_workload
-
-        comps = config.get("compressors", {"quantize": {}})
-        key = (model, json.dumps(comps, sort_keys=True))
-        if key not in self.evaluators:
-            if model not in self.workloads:
-                self.workloads[model] = build_workload(
-                    config["model"], config["data"], weights=config.get("weights"), device=self.device,
-                    data_seed=int(config.get("data_seed", 0)))
-            wl = self.workloads[model]
-            space = SearchSpace(wl.layers, build_compressors(list(comps), comps))
-            self.evaluators[key] = Evaluator(wl, space)
-        return self.evaluators[key]
-
-    def test(self, model: str, config: Mapping[str, Any], rec: Mapping[str, Any] | None) -> Metrics:
-        ev = self.evaluator(model, config)
-        plan: Plan = ev.space.plan() if rec is None else ev.space.plan_from_flat(rec["plan"])
-        return ev.evaluate(plan, split="test")
-
-
-def _layout(out: Path) -> tuple[list[str], dict[str, list[str]], list[int] | None, list[float] | None, dict[str, Any]]:
-    """Models, strategies per model, seeds and budgets: from sweep.json when present, else the folders."""
-    saved = _read_json(out / SWEEP_JSON) or {}
-    runs = out / RUNS
-    found = {m.name: sorted(s.name for s in m.iterdir() if s.is_dir()) for m in sorted(runs.iterdir()) if m.is_dir()} \
-        if runs.is_dir() else {}
-    if saved:
-        models = [m["name"] for m in saved["models"] if m["name"] in found]
-        strategies = {m: [s for s in saved["strategies"] if s in found[m]] for m in models}
-        return models, strategies, list(saved["seeds"]), [float(b) for b in saved["budgets"]], saved
-    return list(found), found, None, None, saved
-
-
-def make_table(
-    out_dir: str | Path, *, workloads: Mapping[str, Workload] | None = None, device: str = "auto"
-) -> list[dict[str, Any]]:
-    """Rebuilds `table.md`, `table.csv` and `table_seeds.csv` from the run folders under `out_dir/runs`.
-
-    For each model, strategy and budget b, over seeds: the best feasible plan within cumulative
-    trial cost <= b, read from the journal (a seed with none counts as the float model), its
-    val compression and, re-scored on the test split, its test compression and retention; the
-    budget each strategy needed to reach the median best of `random` at the largest budget; and
-    each strategy's lead over each other one in median val reduction.
-
-    Args:
-        out_dir: the sweep's results folder (the one holding runs/ and sweep.json).
-        workloads: already built workloads by model folder name (others are built from run.json).
-        device: where test re-scoring runs.
-
-    Returns:
-        One dict per model × strategy × budget: the rows of table.csv.
-
-    Example:
-        >>> rows = make_table("experiments/mcts_vs_baselines")
-        >>> rows[0]["val_compression_median"]
-    """
-    out = Path(out_dir)
-    models, strategies, seeds, budgets, saved = _layout(out)
-    if not models:
-        raise ConfigError(f"{str(out)!r} holds no sweep run folders (expected {RUNS}/<model>/<strategy>/seed<k>/)")
-    scorer = _Scorer(workloads or {}, device)
-    rows: list[dict[str, Any]] = []
-    seed_rows: list[dict[str, Any]] = []
-    sections: list[str] = [_md_header(saved, out)]
-    for model in models:
-        cells: dict[str, list[_Seed]] = {}
-        for strategy in strategies[model]:
-            sdir = out / RUNS / model / strategy
-            ks = seeds if seeds is not None else sorted(int(p.name[4:]) for p in sdir.glob("seed*") if p.name[4:].isdigit())
-            cells[strategy] = [c for k in ks if (c := _read_cell(sdir / f"seed{k}", k)) is not None]
-        cells = {s: c for s, c in cells.items() if c}
-        if not cells:
-            continue
-        bs = budgets if budgets is not None else sorted({c.covered for cs in cells.values() for c in cs})
-        model_rows = _model_rows(model, cells, bs, scorer, seed_rows)
-        rows.extend(model_rows)
-        sections.append(_md_model(model, cells, bs, model_rows, scorer))
-    markdown = "\n\n".join(sections) + "\n"
-    (out / TABLE_MD).write_text(markdown, encoding="utf-8")
-    _write_csv(out / TABLE_CSV, rows)
-    _write_csv(out / SEEDS_CSV, seed_rows)
-    return rows
-
-
-def _model_rows(
-    model: str, cells: Mapping[str, list[_Seed]], budgets: Sequence[float], scorer: _Scorer,
-    seed_rows: list[dict[str, Any]],
-) -> list[dict[str, Any]]:
-    top = budgets[-1]
-    target = math.nan
-    if "random" in cells:
-        at_top = [c.best_within(top) for c in cells["random"] if c.covered >= top - EPS]
-        if at_top:
-            obj = cells["random"][0].objective
-            target = statistics.median([1.0 if r is None else _reduction(obj, r) for r in at_top])
-    medians: dict[tuple[str, float], float] = {}
-    rows = []
-    for strategy, seeds in cells.items():
-        needed_per_seed = [c.reaches(target, top) for c in seeds if c.covered >= top - EPS] if not math.isnan(target) else []
-        needed = statistics.median(needed_per_seed) if needed_per_seed else math.nan
-        for b in budgets:
-            vals: dict[str, list[float]] = {k: [] for k in ("val_reduction", "val_compression", "val_retention",
-                                                            "test_compression", "test_retention")}
-            n_feasible = 0
-            for c in seeds:
-                if c.covered < b - EPS:
-                    continue  # this cell has not run that far yet
-                rec = c.best_within(b)
-                test = scorer.test(model, c.config, rec)
-                n_feasible += rec is not None
-                val_red = 1.0 if rec is None else _reduction(c.objective, rec)
-                val_comp = 1.0 if rec is None else _metrics(rec).compression
-                val_ret = 1.0 if rec is None else _metrics(rec).retention
-                for k, v in (("val_reduction", val_red), ("val_compression", val_comp), ("val_retention", val_ret),
-                             ("test_compression", test.compression), ("test_retention", test.retention)):
-                    vals[k].append(v)
-                seed_rows.append({
-                    "model": model, "strategy": strategy, "budget": _num(b), "seed": c.seed,
-                    "best_trial": None if rec is None else rec["number"],
-                    "plan_key": None if rec is None else rec["plan_key"],
-                    "val_reduction": val_red, "val_compression": val_comp, "val_retention": val_ret,
-                    "test_compression": test.compression, "test_retention": test.retention,
-                    "test_accuracy": test.accuracy, "size_bytes": test.size_bytes,
-                    "budget_to_random_best": c.reaches(target, top) if not math.isnan(target) else math.nan,
-                })
-            row: dict[str, Any] = {"model": model, "model_source": seeds[0].config.get("model"),
-                                   "objective": seeds[0].objective.target.value, "strategy": strategy,
-                                   "budget": _num(b),
-                                   "n_seeds": len(vals["val_reduction"]), "n_feasible": n_feasible}
-            for k, v in vals.items():
-                mean, std, med = _stats(v)
-                row[f"{k}_mean"], row[f"{k}_std"], row[f"{k}_median"] = mean, std, med
-            row["random_best_target"] = target
-            row["budget_to_random_best"] = "never" if needed == math.inf else needed
-            medians[(strategy, b)] = row["val_reduction_median"]
-            rows.append(row)
-    for row in rows:
-        for other in cells:
-            mine, theirs = medians[(row["strategy"], row["budget"])], medians[(other, row["budget"])]
-            lead = math.nan if other == row["strategy"] else (mine / theirs - 1.0) * 100.0
-            row[f"lead_vs_{other}_pct"] = lead
-    return rows
-
-
-def _num(b: float) -> int | float:
-    return int(b) if float(b).is_integer() else b
-
-
-def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
-    fields: list[str] = []
-    for row in rows:
-        fields.extend(k for k in row if k not in fields)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: _csv_value(row.get(k)) for k in fields})
-    path.write_text(buf.getvalue(), encoding="utf-8")
-
-
-def _csv_value(v: Any) -> Any:
-    if isinstance(v, float):
-        return "" if math.isnan(v) else "never" if v == math.inf else repr(v)
-    return "" if v is None else v
-
-
-# ---- Markdown -------------------------------------------------------------------------------
-
-
-def _fx(v: float) -> str:
-    return "–" if v is None or math.isnan(v) else f"{v:.2f}×"
-
-
-def _fpct(v: float) -> str:
-    return "–" if v is None or math.isnan(v) else f"{v:.2%}"
-
-
-def _fb(v: Any) -> str:
-    if isinstance(v, str):
-        return v
-    return "–" if v is None or math.isnan(v) else f"{v:g}"
-
-
-def _pm(mean: float, std: float, fmt: Callable[[float], str]) -> str:
-    if math.isnan(mean):
-        return "–"
-    return fmt(mean) if math.isnan(std) else f"{fmt(mean)} ± {fmt(std)}"
-
-
-def _md_header(saved: Mapping[str, Any], out: Path) -> str:
-    name = saved.get("name", out.name)
-    lines = [f"# Sweep `{name}`", ""]
-    if saved:
-        lines.append(
-            f"Minimise **{saved['objective']}** with val retention ≥ {saved['min_retention']:g}; quantizer menu: bits "
-            f"{', '.join(map(str, saved['bits']))}, granularity {', '.join(saved['granularity'])}. Budgets (full val "
-            f"evaluations): {', '.join(f'{b:g}' for b in saved['budgets'])}; seeds: "
-            f"{', '.join(map(str, saved['seeds']))}."
-        )
-        lines.append("")
-    lines.append(
-        "Every cell ran once at the largest budget; the value at a smaller budget b is the best feasible plan "
-        "among the trials whose cumulative cost is ≤ b, read from the run's journal. A seed with no feasible plan "
-        "within b counts as the float model (1.00×, 100% retention). Test columns re-score each seed's chosen plan "
-        "on the held-out test split. ± is the sample standard deviation over seeds. Generated by "
-        "`modelopt.run.sweep.make_table` from the run folders; do not edit by hand."
-    )
-    return "\n".join(lines)
-
-
-def _md_table(header: Sequence[str], align: str, body: Sequence[Sequence[str]]) -> list[str]:
-    seps = ["---:" if a == "r" else "---" for a in align]
-    return ["| " + " | ".join(header) + " |", "| " + " | ".join(seps) + " |",
-            *("| " + " | ".join(r) + " |" for r in body)]
-
-
-def _md_model(
-    model: str, cells: Mapping[str, list[_Seed]], budgets: Sequence[float], rows: Sequence[Mapping[str, Any]],
-    scorer: _Scorer,
-) -> str:
-    first = next(iter(cells.values()))[0]
-    cfg = first.config
-    ev = scorer.evaluator(model, cfg)
-    wl = ev.workload
-    target = first.objective.target.value
-    weights = f" with weights `{Path(cfg['weights']).name}`" if cfg.get("weights") else ""
-    lines = [
-        f"## {model}", "",
-        f"`{cfg['model']}`{weights} on `{cfg['data']}`: float top-1 {wl.baseline_accuracy('val'):.2%} on val "
-        f"({len(wl.split('val'))} images), {wl.baseline_accuracy('test'):.2%} on test ({len(wl.split('test'))} "
-        f"images); float size {wl.float_size_bytes / 1024:,.1f} KiB. × is compression: float size / plan size.", "",
-    ]
-    red = target != "size"  # for size the objective's reduction is the compression itself
-    header = ["strategy", "budget", "seeds (feasible)", "val ×: mean ± std", "val ×: median"]
-    if red:
-        header.append(f"val {target} reduction: median")
-    header += ["test ×: median", "test retention: mean ± std", "test retention: median"]
-    body = []
-    for r in rows:
-        line = [r["strategy"], _fb(r["budget"]), f"{r['n_seeds']} ({r['n_feasible']})",
-                _pm(r["val_compression_mean"], r["val_compression_std"], _fx), _fx(r["val_compression_median"])]
-        if red:
-            line.append(_fx(r["val_reduction_median"]))
-        line += [_fx(r["test_compression_median"]), _pm(r["test_retention_mean"], r["test_retention_std"], _fpct),
-                 _fpct(r["test_retention_median"])]
-        body.append(line)
-    lines += _md_table(header, "l" + "r" * (len(header) - 1), body)
-
-    top = budgets[-1]
-    what = "compression" if not red else f"{target} reduction"
-    if "random" in cells and not math.isnan(rows[0]["random_best_target"]):
-        lines += ["", f"**Budget needed to reach random's best**: the median over random's seeds of the best val "
-                  f"{what} at budget {top:g} is {_fx(rows[0]['random_best_target'])}; the budget (cumulative cost) at "
-                  "which each strategy's best-so-far first reaches it, median over seeds.", ""]
-        body = []
-        for strategy, seeds in cells.items():
-            r = next(r for r in rows if r["strategy"] == strategy)
-            per_seed = [c.reaches(r["random_best_target"], top) for c in seeds if c.covered >= top - EPS]
-            body.append([strategy, _fb(r["budget_to_random_best"]),
-                         ", ".join("never" if v == math.inf else f"{v:g}" for v in per_seed)])
-        lines += _md_table(["strategy", "budget needed (median)", "per seed"], "lrl", body)
-
-    others = list(cells)
-    if len(others) > 1:
-        lines += ["", f"**Lead in median val {what}** (row over column, %: median ratio − 1, × 100).", ""]
-        body = []
-        for r in rows:
-            body.append([r["strategy"], _fb(r["budget"])] + [
-                "–" if o == r["strategy"] or math.isnan(r[f"lead_vs_{o}_pct"]) else f"{r[f'lead_vs_{o}_pct']:+.1f}%"
-                for o in others])
-        lines += _md_table(["strategy", "budget", *(f"vs {o}" for o in others)], "lr" + "r" * len(others), body)
-    return "\n".join(lines)
-
