@@ -135,7 +135,7 @@ def optimize(
     data: DataLike = "cifar10-sample",
     *,
     weights: str | Path | None = None,
-    strategy: str = "random",
+    strategy: str = "mcts",
     budget: float = 200,
     objective: str = "size",
     min_retention: float = 0.99,

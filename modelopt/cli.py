@@ -100,7 +100,7 @@ def optimize(
     _setup_logging(verbose)
     given = dict(model=model, weights=weights, data=data, strategy=strategy, budget=budget, objective=objective,
                  min_retention=min_retention, seed=seed)
-    settings: dict[str, Any] = dict(model="cifar10_resnet20", weights=None, data="cifar10-sample", strategy="random",
+    settings: dict[str, Any] = dict(model="cifar10_resnet20", weights=None, data="cifar10-sample", strategy="mcts",
                                     budget=200.0, objective="size", min_retention=0.99, seed=0,
                                     bits=[8, 4], granularity=["per_channel", "group"])
     if resume:

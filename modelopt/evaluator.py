@@ -65,6 +65,11 @@ class Evaluator:
         # Compressed tensors live on the workload, so runs that share it (a sweep) share them too.
         self._tensors: dict[tuple[Any, ...], torch.Tensor] = workload.tensor_cache
         self._results: dict[tuple[str, str, int], Metrics] = {}
+        # Cached tensors are keyed by each compressor's name and options, so runs that share a
+        # workload with differently configured compressors never read each other's tensors.
+        self._compressor_keys = {
+            name: (name, repr(sorted(c.options().items()))) for name, c in space.compressors.items()
+        }
         self._layer_decisions = {
             layer.name: [d for d in space.decisions if d.layer == layer.name] for layer in workload.layers
         }
@@ -107,7 +112,9 @@ class Evaluator:
                     continue
                 plan = self.space.plan({d.name: c})
                 q = self.compressed_weights(plan)[d.layer].float()  # type: ignore[index]
-                feats.append(dataclasses.replace(f, error=float(((q - w) ** 2).sum()) / norm))
+                err = float(((q - w) ** 2).sum()) / norm
+                # A choice that breaks the weight (non-finite) is as bad as losing it entirely.
+                feats.append(dataclasses.replace(f, error=err if math.isfinite(err) else 1.0))
             self.space.features[d.name] = tuple(feats)
 
     # ---- evaluation -----------------------------------------------------------------------
@@ -124,7 +131,7 @@ class Evaluator:
             choices = tuple(plan.get(d.name) for d in decs)
             if all(c is None for c in choices):
                 continue
-            key = (layer.name, tuple(d.compressor for d in decs), choices)
+            key = (layer.name, tuple(self._compressor_keys[d.compressor] for d in decs), choices)
             w = self._tensors.get(key)
             if w is None:
                 w = self.workload.original[layer.name]

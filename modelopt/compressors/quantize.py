@@ -76,8 +76,9 @@ def to_scale_dtype(s: torch.Tensor) -> torch.Tensor:
     return s.clamp(min=_MIN_SCALE, max=65504.0).to(SCALE_DTYPE).float()
 
 
-def search_scales(units: torch.Tensor, bits: int, ratios: Sequence[float] = CLIP_RATIOS) -> torch.Tensor:
+def search_scales(units: torch.Tensor, bits: int, ratios: Sequence[float] | None = None) -> torch.Tensor:
     """Per-unit stored (float16-rounded) scale minimising sum((q*s - w)^2) over clipping ratios of max|w|."""
+    ratios = CLIP_RATIOS if ratios is None else ratios
     qmin, qmax = _code_range(bits)
     amax = units.abs().amax(dim=1)
     amax = torch.where(amax > 0, amax, torch.ones_like(amax))
@@ -92,10 +93,15 @@ def search_scales(units: torch.Tensor, bits: int, ratios: Sequence[float] = CLIP
     return best_scale
 
 
-def quantize(weight: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """Integer codes (int8 tensor, same shape as `weight`) and float16 scales (one per unit)."""
+def quantize(
+    weight: torch.Tensor, spec: QuantSpec, ratios: Sequence[float] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Integer codes (int8 tensor, same shape as `weight`) and float16 scales (one per unit).
+
+    `ratios`: the clipping ratios searched (default CLIP_RATIOS; (1.0,) is plain max-scaling).
+    """
     units = _units(weight, spec)
-    scales = search_scales(units, spec.bits)
+    scales = search_scales(units, spec.bits, ratios)
     qmin, qmax = _code_range(spec.bits)
     codes = torch.clamp(torch.round(units / scales.unsqueeze(1)), qmin, qmax)
     codes = codes.reshape(weight.shape[0], -1)[:, : weight[0].numel()].reshape(weight.shape)
@@ -146,6 +152,7 @@ class Quantize(Compressor):
         bits: bit widths offered to the search (any of 2..8).
         granularity: scale granularities offered (per_tensor, per_channel, group).
         group_size: input weights sharing one scale for `group`.
+        clip_ratios: clipping ratios of max|w| searched per scale unit; (1.0,) is max-scaling.
 
     Example:
         >>> q = Quantize(bits=(8, 4), granularity=("per_channel", "group"))
@@ -158,7 +165,11 @@ class Quantize(Compressor):
         bits: Sequence[int] = (8, 4),
         granularity: Sequence[str | Granularity] = (Granularity.PER_CHANNEL, Granularity.GROUP),
         group_size: int = 64,
+        clip_ratios: Sequence[float] = CLIP_RATIOS,
     ) -> None:
+        if not clip_ratios or any(not 0 < float(r) <= 1 for r in clip_ratios):
+            raise ConfigError(f"quantize: clip_ratios must be fractions in (0, 1], got {clip_ratios!r}")
+        self.clip_ratios = tuple(float(r) for r in clip_ratios)
         for b in bits:
             if b not in SUPPORTED_BITS:
                 raise ConfigError(f"quantize: bits {b!r} not offered; valid: {', '.join(map(str, SUPPORTED_BITS))}")
@@ -169,7 +180,11 @@ class Quantize(Compressor):
         self.group_size = int(group_size)
 
     def options(self) -> dict[str, Any]:
-        return {"bits": list(self.bits), "granularity": [g.value for g in self.granularity], "group_size": self.group_size}
+        opts: dict[str, Any] = {"bits": list(self.bits), "granularity": [g.value for g in self.granularity],
+                                "group_size": self.group_size}
+        if self.clip_ratios != CLIP_RATIOS:
+            opts["clip_ratios"] = list(self.clip_ratios)
+        return opts
 
     def _canonical(self, spec: QuantSpec, layer: Layer) -> QuantSpec:
         # One group covering a whole channel is per-channel quantization: same math, same bytes.
@@ -222,7 +237,7 @@ class Quantize(Compressor):
         if choice is None:
             return weight
         assert isinstance(choice, QuantSpec)
-        codes, scales = quantize(weight, choice)
+        codes, scales = quantize(weight, choice, self.clip_ratios)
         return dequantize(codes, scales, choice).to(weight.dtype)
 
     def weight_bytes(self, layer: Layer, choice: Choice) -> int:

@@ -74,6 +74,14 @@ class _Node:
         return _norm(raw, lo, hi)
 
 
+def _solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Ridge normal equations; least squares if a degenerate prior made them singular."""
+    try:
+        return np.linalg.solve(a, b)
+    except np.linalg.LinAlgError:
+        return np.linalg.lstsq(a, b, rcond=None)[0]
+
+
 def _norm(raw: float, lo: float, hi: float) -> float:
     return min(max((raw - lo) / (hi - lo), 0.0), 1.0) if hi > lo else 0.5
 
@@ -103,7 +111,7 @@ class MCTS(Strategy):
         self.n_dec = len(self.decisions)
         feats = [space.features[d.name] for d in self.decisions]
         self.cost = [np.array([self._cost_of(f) for f in fs], dtype=float) for fs in feats]
-        self.error = [np.array([f.error for f in fs], dtype=float) for fs in feats]
+        self.error = [np.nan_to_num(np.array([f.error for f in fs], dtype=float), nan=1.0, posinf=1.0) for fs in feats]
         # Impact order: decisions whose choices move the cost most come first (largest layers).
         spread = [c.max() - c.min() for c in self.cost]
         self.order = sorted(range(self.n_dec), key=lambda i: (-spread[i], i))
@@ -184,14 +192,14 @@ class MCTS(Strategy):
         np.add.at(z.T, dec, (x * err).T)
         lam_u = (NOISE_SIGMA / (LAYER_REL * self.kappa)) ** 2
         a = z.T @ z + lam_u * np.eye(self.n_dec)
-        u = np.linalg.solve(a, z.T @ (y - z.sum(axis=1) * self.kappa))
+        u = _solve(a, z.T @ (y - z.sum(axis=1) * self.kappa))
         self.kd_mean = np.maximum(self.kappa + u, 0.0)
         self.kd_std = NOISE_SIGMA / np.sqrt(np.diag(z.T @ z) + lam_u)
         prior = self.kd_mean[dec] * err
         tau = PRIOR_REL * prior + PRIOR_FLOOR
         lam = (NOISE_SIGMA / tau) ** 2  # per-column ridge: trust the prior as far as it is sure
         b = x.T @ x + np.diag(lam)
-        self.beta_mean = np.linalg.solve(b, x.T @ (y - x @ prior))
+        self.beta_mean = _solve(b, x.T @ (y - x @ prior))
         self.beta_std = NOISE_SIGMA / np.sqrt(np.diag(x.T @ x) + lam)
 
     def _deltas(self, rng: np.random.Generator | None, draws: int = 1) -> np.ndarray:

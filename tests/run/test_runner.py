@@ -74,7 +74,8 @@ class _Poison(Compressor):
 def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path):
     COMPRESSORS.register("poison")(_Poison)
     try:
-        result = modelopt.optimize(budget=12, out=tmp_path / "run", progress=False, compressors=("quantize", "poison"))
+        result = modelopt.optimize(budget=12, out=tmp_path / "run", progress=False, strategy="random",
+                                   compressors=("quantize", "poison"))
     finally:
         COMPRESSORS._items.pop("poison")
     records = _journal(tmp_path / "run")
