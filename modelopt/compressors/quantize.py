@@ -31,6 +31,18 @@ SCALE_DTYPE = torch.float16
 _MIN_SCALE = 2.0**-24  # smallest positive float16 (subnormal): a scale never rounds to zero
 # Clipping ratios searched per scale unit; 1.0 is plain max-scaling.
 CLIP_RATIOS = tuple(float(r) for r in np.linspace(0.30, 1.0, 36))
+# The clipping search minimises sum |q*s - w|^p, not the squared error: squared error clips the
+# large weights that matter most and loses accuracy at low bit widths. p was chosen on the
+# calibration split (training images), never on val or test: uniform ResNet-20 retention there,
+# p = 2 / 3 / 6: INT4 per-channel 98.0 / 98.6 / 98.4 %, INT4 group 98.1 / 99.3 / 99.5 %,
+# INT3 group 67.8 / 88.0 / 90.4 %, INT2 group 9.8 / 15.1 / 37.3 %.
+ERROR_P_DEFAULT = 3.0
+ERROR_P_LOW_BITS = 6.0  # for 2 and 3 bits
+
+
+def error_p(bits: int) -> float:
+    """The exponent of the error the clipping search minimises at `bits`."""
+    return ERROR_P_LOW_BITS if bits <= 3 else ERROR_P_DEFAULT
 
 
 class Granularity(str, Enum):
@@ -77,8 +89,9 @@ def to_scale_dtype(s: torch.Tensor) -> torch.Tensor:
 
 
 def search_scales(units: torch.Tensor, bits: int, ratios: Sequence[float] | None = None) -> torch.Tensor:
-    """Per-unit stored (float16-rounded) scale minimising sum((q*s - w)^2) over clipping ratios of max|w|."""
+    """Per-unit stored (float16-rounded) scale minimising sum(|q*s - w|^p) over clipping ratios of max|w|."""
     ratios = CLIP_RATIOS if ratios is None else ratios
+    p = error_p(bits)
     qmin, qmax = _code_range(bits)
     amax = units.abs().amax(dim=1)
     amax = torch.where(amax > 0, amax, torch.ones_like(amax))
@@ -86,7 +99,10 @@ def search_scales(units: torch.Tensor, bits: int, ratios: Sequence[float] | None
     best_scale = to_scale_dtype(amax / qmax)
     for r in ratios:
         s = to_scale_dtype(r * amax / qmax).unsqueeze(1)
-        err = ((torch.clamp(torch.round(units / s), qmin, qmax) * s - units) ** 2).sum(dim=1)
+        # Errors relative to the unit's max|w| (a per-unit constant, so the argmin is unchanged):
+        # keeps |.|^p within float range for tiny and large weights alike.
+        rel = (torch.clamp(torch.round(units / s), qmin, qmax) * s - units).abs() / amax.unsqueeze(1)
+        err = (rel**p).sum(dim=1)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
         best_scale = torch.where(better, s.squeeze(1), best_scale)

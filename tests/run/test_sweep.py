@@ -147,7 +147,7 @@ def mini(tmp_path_factory, resnet20_workload):
     path = _write(tmp_path_factory.mktemp("sweep"), MINI)
     sweep = load_sweep(path)
     partial = sweep.cell_dir("resnet20", "random", 1)
-    modelopt.optimize(resnet20_workload, budget=1, out=partial, seed=1, bits=[8], granularity=["per_channel"],
+    modelopt.optimize(resnet20_workload, strategy="random", budget=1, out=partial, seed=1, bits=[8], granularity=["per_channel"],
                       progress=False)
     (partial / "summary.json").unlink()  # killed before it finished
     before = [c.status for c in sweep.cells()]
