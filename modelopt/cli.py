@@ -178,7 +178,7 @@ def evaluate(
     _setup_logging(False)
     m = api.evaluate(model, plan, data, weights=weights, split=split, device=device, allow_pickle=allow_pickle)
     table = Table(title=f"{model} — {'float' if plan is None else plan} on {split} ({m.n_samples} images)")
-    for col in ("accuracy", "float accuracy", "retention", "agreement", "size", "compression", "bitops"):
+    for col in ("top-1", "float top-1", "retention", "agree", "size", "ratio", "bitops"):
         table.add_column(col, justify="right")
     table.add_row(f"{m.accuracy:.2%}", f"{m.baseline_accuracy:.2%}", f"{m.retention:.2%}", f"{m.agreement:.2%}",
                   _fmt_bytes(m.size_bytes), f"{m.compression:.2f}x", f"{m.bitops:.3g}")
