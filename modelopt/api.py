@@ -203,6 +203,7 @@ def optimize(
         "min_retention": min_retention,
         "compressors": {c.name: c.options() for c in comps},
         "device": str(wl.device),
+        **wl.fingerprints(),
     }
     evaluator = Evaluator(wl, space)
     evaluator.measure_errors()  # data-free priors for strategies that use them; costs no evaluation

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -119,6 +120,20 @@ class Workload:
                 f"data {self.data.source!r} has labels up to {self.data.num_classes - 1} "
                 f"but model {self.name!r} has {self.num_outputs} outputs"
             )
+
+    def fingerprints(self) -> dict[str, str]:
+        """Content hashes of the loaded weights and of the val/test data: a run folder can be
+        resumed only on the same model and data, wherever their files have moved since."""
+        model = hashlib.sha256()
+        for name, t in self.model.state_dict().items():
+            model.update(name.encode())
+            model.update(t.detach().cpu().contiguous().numpy().tobytes())
+        data = hashlib.sha256()
+        for split in ("val", "test"):
+            src = self.data.split(split)
+            data.update(src.x.cpu().contiguous().numpy().tobytes())
+            data.update(src.y.cpu().contiguous().numpy().tobytes())
+        return {"model_sha256": model.hexdigest()[:16], "data_sha256": data.hexdigest()[:16]}
 
     def split(self, name: str) -> SplitData:
         if name == "all":

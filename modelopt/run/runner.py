@@ -29,8 +29,10 @@ BEST_PLAN = "best_plan.yaml"
 MAX_RESCORED = 16  # Pareto plans re-scored on test (spread along the front)
 MAX_IDLE_ASKS = 2000  # consecutive already-seen plans before the space counts as exhausted
 
-# Settings that must match for a run folder to be resumed (the budget may grow).
-RESUME_KEYS = ("model", "weights", "data", "strategy", "seed", "objective", "min_retention", "compressors", "data_seed")
+# Settings that must match for a run folder to be resumed (the budget may grow). Model and data
+# are compared by content hash, not by path, so a run folder moved with its files still resumes.
+RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "compressors",
+               "data_seed")
 
 
 @dataclass(frozen=True)

@@ -119,3 +119,17 @@ def test_resume_after_sigkill_loses_and_repeats_nothing(tmp_path):
     # The resumed run proposes what an uninterrupted run would have (the strategy state survived).
     straight = modelopt.optimize(budget=20, out=tmp_path / "straight", progress=False)
     assert [t.plan.key for t in straight.trials] == [r["plan_key"] for r in records]
+
+
+def test_a_moved_run_folder_resumes_and_other_weights_are_refused(tmp_path, resnet20_workload):
+    import shutil
+
+    modelopt.optimize(resnet20_workload, budget=2, out=tmp_path / "a", progress=False, strategy="random")
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    result = modelopt.optimize(resnet20_workload, budget=3, out=tmp_path / "b", progress=False, strategy="random",
+                               resume=True)
+    assert len(result.trials) == 3
+    other = modelopt.build_workload("cifar10_resnet20", "cifar10-sample", device="cpu")
+    other.model.linear.bias.data += 1.0  # different weights, same name and path
+    with pytest.raises(ConfigError, match="model_sha256"):
+        modelopt.optimize(other, budget=4, out=tmp_path / "b", progress=False, strategy="random", resume=True)
