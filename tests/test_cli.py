@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from modelopt.cli import app
+from modelopt.testing.cli import assert_one_line_error as _one_line_error
 
 runner = CliRunner()
 
@@ -17,13 +18,6 @@ def _run(*args):
     return runner.invoke(app, list(map(str, args)))
 
 
-def _one_line_error(result, *needles):
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def test_list():

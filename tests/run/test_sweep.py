@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from modelopt.cli import app
+from modelopt.testing.cli import assert_one_line_error
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Metrics
 from modelopt.objective import Objective
@@ -281,10 +282,4 @@ def test_cli_malformed_file_is_one_line_exit_2(tmp_path, text, needles):
     if text is not None:
         path.write_text(text)
     for args in (["sweep", str(path)], ["sweep", str(path), "--dry-run"]):
-        result = runner.invoke(app, args)
-        assert result.exit_code == 2, result.output
-        assert "Traceback" not in result.output
-        lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-        assert len(lines) == 1, result.stderr
-        for needle in needles:
-            assert needle in lines[0], lines[0]
+        assert_one_line_error(runner.invoke(app, args), *needles)
