@@ -497,11 +497,20 @@ def run_sweep(
             for cell in mine:
                 bar.update(task, description=f"{cell.model}/{cell.strategy}/seed{cell.seed}"
                            + (f" (resuming at {cell.spent:g})" if cell.started else ""))
-                result = optimize(
-                    wl, strategy=cell.strategy, budget=sweep.budget, seed=cell.seed, out=cell.run_dir,
-                    resume=cell.started, objective=sweep.objective, min_retention=sweep.min_retention,
-                    bits=sweep.bits, granularity=sweep.granularity, weights=model.weights, progress=False,
-                )
+                try:
+                    result = optimize(
+                        wl, strategy=cell.strategy, budget=sweep.budget, seed=cell.seed, out=cell.run_dir,
+                        resume=cell.started, objective=sweep.objective,
+                        min_retention=sweep.min_retention, bits=sweep.bits, granularity=sweep.granularity,
+                        weights=model.weights, progress=False,
+                    )
+                except Exception as exc:  # one broken cell must not stop the grid; its journal is kept
+                    if isinstance(exc, ConfigError):
+                        raise
+                    bar.console.print(f"[red]{cell.model}/{cell.strategy}/seed{cell.seed} failed:[/] "
+                                      f"{type(exc).__name__}: {exc}; rerun the sweep to retry it", highlight=False)
+                    bar.advance(task)
+                    continue
                 ran.append(cell)
                 best = result.best
                 found = "no feasible plan" if best is None else (

@@ -28,6 +28,7 @@ from modelopt.space import SearchSpace
 from modelopt.trial import Trial
 
 STATE_VERSION = 1
+_MIN_L = 1e-6  # loss budgets below this are zero: one image in a million
 SHRINK = 0.7  # L step after an infeasible result (and 1/SHRINK after a feasible one) until bracketed
 _MAX_SOLVES = 200  # DP solves one ask may spend looking for an unseen plan before perturbing
 _MAX_LEVEL = 4  # candidate-L refinement rounds (2**level more L values each round)
@@ -59,7 +60,7 @@ def solve_mckp(losses: Sequence[Sequence[float]], costs: Sequence[Sequence[float
     if budget >= sum(float(ls[np.isfinite(ls)].max(initial=0.0)) for ls, _ in groups):
         # Every finite option fits together: the unconstrained minimum per group.
         return [_argmin_allowed(cs, np.isfinite(ls)) for ls, cs in groups]
-    if budget <= 0.0:
+    if budget <= 1e-12:  # (a subnormal budget would overflow the bin arithmetic below)
         return [_argmin_allowed(cs, ls <= 0.0) for ls, cs in groups]
     cap = int(bins)
     step = budget / cap
@@ -272,6 +273,8 @@ class KnapsackSearch(Strategy):
         elif hi is None:
             out = [max(lo, self._floor()) / SHRINK**i for i in range(1, k + 1)]
         elif lo is None:
+            if hi < _MIN_L:
+                return []  # even the least lossy plans failed: nothing left to solve for
             out = [hi * SHRINK**i for i in range(1, k + 1)] + [0.0]
         else:
             if hi - lo <= hi / self.bins:
