@@ -216,6 +216,8 @@ def sweep(
     file: Annotated[Path, typer.Argument(help="Sweep file (YAML): models, strategies, budgets, seeds.")],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the cells and which are done; run nothing.")] = False,
     progress: Annotated[bool, typer.Option(help="Show the progress display.")] = True,
+    only: Annotated[list[str], typer.Option(help="Run only cells matching model/strategy/seedK (shell pattern, "
+                                            "repeatable; run in the order given), e.g. 'resnet56/mcts/*'.")] = None,  # type: ignore[assignment]
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Run every model × strategy × seed of a sweep file (skipping finished cells), then write its table."""
@@ -238,7 +240,7 @@ def sweep(
         n_done = sum(c.done for c in cells)
         out.print(f"{n_done} of {len(cells)} cells done; budgets {', '.join(f'{b:g}' for b in spec.budgets)}")
         return
-    result = run_sweep(file, progress=progress)
+    result = run_sweep(file, progress=progress, only=only or ())
     out.print(Markdown(result.markdown))
     out.print(f"Ran {len(result.ran)} of {len(result.cells)} cells. Table: {result.table_md} and {result.table_csv}")
 

@@ -26,6 +26,7 @@ each chosen plan re-scored on the test split.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -451,8 +452,12 @@ def run_sweep(
     progress: bool = True,
     console: Console | None = None,
     workloads: Mapping[str, Workload] | None = None,
+    only: Sequence[str] = (),
 ) -> SweepResult:
     """Runs every unfinished cell of a sweep file at its largest budget, then writes the table.
+
+    `only`: shell patterns on `model/strategy/seedK` (e.g. `resnet56/mcts/*`); when given, just
+    the matching cells run, in the order of the patterns (the table still covers every cell).
 
     Finished cells are skipped and partial ones resumed, so rerunning a killed sweep continues it.
     One workload is built per model and shared by its cells.
@@ -482,6 +487,10 @@ def run_sweep(
     workloads = dict(workloads or {})
     ran: list[Cell] = []
     todo = [c for c in cells if not c.done]
+    if only:
+        label = {id(c): f"{c.model}/{c.strategy}/seed{c.seed}" for c in todo}
+        ordered = [c for pattern in only for c in todo if fnmatch.fnmatch(label[id(c)], pattern)]
+        todo = list({id(c): c for c in ordered}.values())
     columns = (TextColumn("[bold]sweep {task.fields[name]}"), BarColumn(), MofNCompleteColumn(), TextColumn("cells"),
                TimeElapsedColumn(), TextColumn("{task.description}"))
     with Progress(*columns, console=console, disable=not progress) as bar:

@@ -283,3 +283,12 @@ def test_cli_malformed_file_is_one_line_exit_2(tmp_path, text, needles):
         path.write_text(text)
     for args in (["sweep", str(path)], ["sweep", str(path), "--dry-run"]):
         assert_one_line_error(runner.invoke(app, args), *needles)
+
+
+def test_only_runs_the_matching_cells_in_the_order_given(tmp_path, resnet20_workload):
+    path = _write(tmp_path, MINI.replace("budgets: [2, 3]", "budgets: [1]"))
+    result = run_sweep(path, progress=False, workloads={"resnet20": resnet20_workload}, only=["*/random/seed1"])
+    assert [(c.strategy, c.seed) for c in result.ran] == [("random", 1)]
+    sweep = load_sweep(path)
+    assert len(_journal(sweep.cell_dir("resnet20", "random", 1))) == 1
+    assert not (sweep.cell_dir("resnet20", "random", 0) / "trials.jsonl").exists()
