@@ -115,8 +115,6 @@ class MCTS(Strategy):
         # Impact order: decisions whose choices move the cost most come first (largest layers).
         spread = [c.max() - c.min() for c in self.cost]
         self.order = sorted(range(self.n_dec), key=lambda i: (-spread[i], i))
-        total_max, total_min = sum(c.max() for c in self.cost), sum(c.min() for c in self.cost)
-        self.log_max_reduction = math.log(max(total_max / max(total_min, 1e-9), 1.0 + 1e-9))
         # Model features: one column per (decision, non-None choice).
         self.col = [[-1] * len(d.choices) for d in self.decisions]
         k = 0
