@@ -1,0 +1,203 @@
+"""Readers for the data sources: .npz (raw or JPEG bytes), CIFAR10 batches, image folders, DataLoaders.
+
+Each returns uint8 NHWC images (or preprocessed floats for a DataLoader) with int64 labels;
+`modelopt.data` splits them.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import pickle
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from torch.utils.data import DataLoader
+
+from modelopt.errors import LoadError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+
+logger = logging.getLogger("modelopt.data")
+# Separate seeded streams: the subset kept and the split drawn never share random numbers.
+_SUBSET_STREAM, _SPLIT_STREAM = 1, 2
+
+
+def _permutation(n: int, seed: int) -> np.ndarray:
+    # numpy's PCG64 stream is stable across versions and platforms, unlike torch.randperm's.
+    return np.random.default_rng([_SPLIT_STREAM, seed]).permutation(n)
+
+
+def _subset(n: int, max_samples: int | None, seed: int) -> np.ndarray:
+    """Sorted positions of a seeded subset of `max_samples` out of `n` (all if None or >= n)."""
+    if max_samples is None or max_samples >= n:
+        return np.arange(n)
+    rng = np.random.default_rng([_SUBSET_STREAM, seed])
+    return np.sort(rng.choice(n, size=max_samples, replace=False))
+
+
+def _check_images(x: np.ndarray, where: str) -> None:
+    if x.dtype != np.uint8 or x.ndim != 4 or x.shape[-1] != 3:
+        raise LoadError(
+            f"x in {where} must be uint8 (N, H, W, 3) RGB images; got {x.dtype} {tuple(x.shape)}"
+        )
+
+
+def _check_labels(y: np.ndarray, n: int, where: str) -> np.ndarray:
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise LoadError(f"y in {where} must be a 1-D integer array of labels; got {y.dtype} {tuple(y.shape)}")
+    if len(y) != n:
+        raise LoadError(f"x and y in {where} differ in length: {n} images but {len(y)} labels")
+    if n == 0:
+        raise LoadError(f"{where} holds no samples")
+    if y.min() < 0:
+        raise LoadError(f"y in {where} must be labels >= 0; found {int(y.min())}")
+    return y.astype(np.int64)
+
+
+def _read_npz(
+    path: Path, max_samples: int | None, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    where = repr(str(path))
+    try:
+        f = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise LoadError(f"could not read {where} as an .npz archive: {e}") from None
+    with f:
+        keys = set(f.files)
+        if {"x", "y"} <= keys:
+            y = f["y"]
+            x = f["x"]
+            _check_images(x, where)
+            y = _check_labels(y, len(x), where)
+            keep = _subset(len(y), max_samples, seed)
+            return np.ascontiguousarray(x[keep]), y[keep], keep
+        if {"jpeg", "offsets", "y"} <= keys:
+            data, offsets, y = f["jpeg"], f["offsets"], f["y"]
+        else:
+            raise LoadError(
+                f"{where} has arrays {sorted(keys)}; expected 'x' and 'y', "
+                f"or 'jpeg', 'offsets' and 'y'"
+            )
+    if offsets.ndim != 1 or len(offsets) != len(y) + 1:
+        raise LoadError(f"offsets in {where} must hold len(y) + 1 = {len(y) + 1} entries; got {len(offsets)}")
+    y = _check_labels(y, len(offsets) - 1, where)
+    keep = _subset(len(y), max_samples, seed)
+    images = []
+    for i in keep:
+        try:
+            im = Image.open(io.BytesIO(data[offsets[i] : offsets[i + 1]].tobytes()))
+            images.append(np.asarray(im.convert("RGB")))
+        except (UnidentifiedImageError, OSError, ValueError) as e:
+            raise LoadError(f"image {i} in {where} is not a readable JPEG: {e}") from None
+    return _stack(images, where), y[keep], keep
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """Unpickles only what the official CIFAR batches hold: dicts, lists, bytes and numpy arrays."""
+
+    _ALLOWED = {
+        (mod, name)
+        for pkg in ("numpy.core", "numpy._core")  # numpy 1 and numpy 2 names
+        for mod in (f"{pkg}.multiarray", f"{pkg}.numeric")
+        for name in ("_reconstruct", "_frombuffer", "scalar")
+    } | {("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}  # protocol-2 bytes
+
+    def find_class(self, module: str, name: str) -> object:
+        if (module, name) not in self._ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+        return super().find_class(module, name)
+
+
+def _read_cifar_batch(root: Path) -> tuple[np.ndarray, np.ndarray]:
+    folder = root if root.name == "cifar-10-batches-py" else root / "cifar-10-batches-py"
+    path = folder / "test_batch"
+    where = repr(str(path))
+    if not path.is_file():
+        raise LoadError(f"CIFAR10 root {str(root)!r} has no test batch; expected the file {where}")
+    try:
+        with path.open("rb") as fh:
+            batch = _BatchUnpickler(fh, encoding="bytes").load()
+        batch = {(k.decode() if isinstance(k, bytes) else k): v for k, v in batch.items()}
+        data, labels = np.asarray(batch["data"]), np.asarray(batch["labels"])
+    except (pickle.UnpicklingError, EOFError, AttributeError, KeyError, TypeError, ValueError) as e:
+        raise LoadError(f"{where} is not an official CIFAR-10 batch (dict with data, labels): {e}") from None
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        raise LoadError(f"data in {where} must be uint8 (N, 3072); got {data.dtype} {tuple(data.shape)}")
+    x = np.ascontiguousarray(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+    return x, _check_labels(labels, len(x), where)
+
+
+def _read_image_folder(
+    root: Path, max_samples: int | None, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    where = repr(str(root))
+    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    files: list[Path] = []
+    labels: list[int] = []
+    for label, folder in enumerate(classes):
+        found = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        if not found:
+            logger.warning("class folder %s holds no images; label %d gets no samples", folder, label)
+        files += found
+        labels += [label] * len(found)
+    if not files:
+        raise LoadError(
+            f"no images in {where}; expected an image folder root/<class_name>/*"
+            f"{{{','.join(IMAGE_SUFFIXES)}}} (or an .npz, or a CIFAR10 root)"
+        )
+    keep = _subset(len(files), max_samples, seed)
+    images = []
+    for i in keep:
+        try:
+            with Image.open(files[i]) as im:
+                images.append(np.asarray(im.convert("RGB")))
+        except (UnidentifiedImageError, OSError) as e:
+            raise LoadError(f"could not read image {str(files[i])!r}: {e}") from None
+    return _stack(images, where), np.asarray(labels, dtype=np.int64)[keep], keep
+
+
+def _stack(images: list[np.ndarray], where: str) -> np.ndarray:
+    """Stack HWC images; ones whose size differs from the most common are resized to it."""
+    sizes = Counter(a.shape[:2] for a in images)
+    if len(sizes) > 1:
+        (h, w), count = sizes.most_common(1)[0]
+        logger.warning(
+            "%d of %d images in %s are not %dx%d (HxW), the most common size; resized them to it",
+            len(images) - count, len(images), where, h, w,
+        )
+        images = [
+            a if a.shape[:2] == (h, w) else np.asarray(Image.fromarray(a).resize((w, h), Image.BILINEAR))
+            for a in images
+        ]
+    return np.stack(images)
+
+
+def _read_loader(loader: DataLoader) -> tuple[torch.Tensor, torch.Tensor]:
+    xs: list[torch.Tensor] = []
+    ys: list[torch.Tensor] = []
+    for batch in loader:
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+            raise LoadError(f"the DataLoader must yield (x, y) batches; got {type(batch).__name__}")
+        x, y = (torch.as_tensor(t) for t in batch)
+        if not x.is_floating_point() or x.ndim != 4:
+            raise LoadError(
+                "the DataLoader must yield preprocessed float (N, C, H, W) inputs; "
+                f"got {x.dtype} {tuple(x.shape)}"
+            )
+        if y.ndim != 1 or y.is_floating_point() or y.is_complex() or len(y) != len(x):
+            raise LoadError(
+                f"the DataLoader must yield integer labels of shape ({len(x)},); "
+                f"got {y.dtype} {tuple(y.shape)}"
+            )
+        xs.append(x.detach().cpu())
+        ys.append(y.detach().cpu().long())
+    if not xs:
+        raise LoadError("the DataLoader yielded no batches")
+    y = torch.cat(ys)
+    if y.min() < 0:
+        raise LoadError(f"the DataLoader's labels must be >= 0; found {int(y.min())}")
+    return torch.cat(xs), y
