@@ -15,6 +15,7 @@ from modelopt.evaluator import Evaluator, Metrics
 from modelopt.models import LoadedModel, list_models, load_model
 from modelopt.objective import Objective
 from modelopt.plan import Decision, Plan
+from modelopt.report import report  # the function; modelopt.report.* modules stay importable by path
 from modelopt.run import RunResult
 from modelopt.search import STRATEGIES, Strategy
 from modelopt.space import SearchSpace
@@ -49,4 +50,5 @@ __all__ = [
     "load_data",
     "load_model",
     "optimize",
+    "report",
 ]

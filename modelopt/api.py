@@ -143,6 +143,8 @@ def optimize(
     device: str = "auto",
     out: str | Path | None = None,
     resume: bool = False,
+    report: bool = True,
+    storage: str | None = None,
     bits: Sequence[int] = (8, 4),
     granularity: Sequence[str] = ("per_channel", "group"),
     compressors: Sequence[str] = DEFAULT_COMPRESSORS,
@@ -169,6 +171,9 @@ def optimize(
         device: auto, cpu, cuda or cuda:N.
         out: the run folder (default: runs/<time>-<model>-<strategy>-s<seed>).
         resume: continue the run in `out` (default: the latest under runs/).
+        report: write report.md and report.html into the run folder at the end (a failure warns).
+        storage: an Optuna storage URL (e.g. `sqlite:///studies.db`): every trial is written into a
+            study there at the end, for optuna-dashboard (a failure warns; the run folder is kept).
         bits, granularity: the quantizer's menu.
         compressors: which registered compressors contribute decisions.
         data_seed: the seed of the calib/val/test split (fixed across search seeds).
@@ -180,6 +185,10 @@ def optimize(
         >>> result.best.metrics.compression, result.best_test.retention
     """
     STRATEGIES.get(strategy)
+    if storage is not None:  # a bad URL is refused before the search spends its budget
+        from modelopt.run.optuna_storage import check_storage
+
+        check_storage(storage)
     obj = Objective(objective, min_retention)
     comp_options = {"quantize": {"bits": list(bits), "granularity": list(granularity)}}
     comps = build_compressors(compressors, {k: v for k, v in comp_options.items() if k in compressors})
@@ -210,4 +219,31 @@ def optimize(
     strat = STRATEGIES.get(strategy)(space, obj, seed=seed)
     runner = Runner(evaluator, strat, obj, budget=budget, run_dir=run_dir, config=config, resume=resume,
                     progress=progress)
-    return runner.run()
+    result = runner.run()
+    _after_run(result, wl, report=report, storage=storage)
+    return result
+
+
+def _after_run(result: RunResult, wl: Workload, *, report: bool, storage: str | None) -> None:
+    """The run's report and Optuna export: extras, so a failure warns and the run folder stands."""
+    import warnings
+
+    from modelopt.run.run_folder import save_layers
+
+    try:
+        save_layers(result.run_dir, wl.layers)  # lets reports size each layer without the model
+        if report:
+            from modelopt.report import write_report
+
+            write_report(result.run_dir, layers=wl.layers)
+    except Exception as exc:
+        warnings.warn(f"the run finished but its report was not written ({type(exc).__name__}: {exc}); "
+                      f"retry with `modelopt report {result.run_dir}`", stacklevel=3)
+    if storage is not None:
+        try:
+            from modelopt.run.optuna_storage import export_run
+
+            export_run(result.run_dir, storage)
+        except Exception as exc:
+            warnings.warn(f"the run finished but was not written to {storage!r} ({type(exc).__name__}: {exc}); "
+                          f"retry with `modelopt dashboard {result.run_dir} --storage {storage}`", stacklevel=3)

@@ -94,6 +94,8 @@ def optimize(
     allow_pickle: Annotated[bool, typer.Option(help="Allow full unpickling of a model file (trusted files only).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
     progress: Annotated[bool, typer.Option(help="Show the progress bar.")] = True,
+    storage: Annotated[str, typer.Option(help="Also write every trial into an Optuna storage, e.g. sqlite:///studies.db "
+                                         "(view with optuna-dashboard).")] = None,  # type: ignore[assignment]
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Search for the smallest plan above the retention floor; with no options, ResNet-20 on bundled CIFAR-10."""
@@ -119,9 +121,14 @@ def optimize(
         settings["model"], settings["data"], weights=settings["weights"], strategy=settings["strategy"],
         budget=settings["budget"], objective=settings["objective"], min_retention=settings["min_retention"],
         seed=settings["seed"], device=device, out=out_dir, resume=resume, bits=settings["bits"],
-        granularity=settings["granularity"], allow_pickle=allow_pickle, progress=progress,
+        granularity=settings["granularity"], allow_pickle=allow_pickle, progress=progress, storage=storage,
     )
     _print_run(result)
+    if (result.run_dir / "report.html").is_file():
+        out.print(f"Report: {result.run_dir / 'report.html'}")
+    if storage is not None:
+        out.print(f"Trials written to {storage}; view them with: optuna-dashboard {storage}", highlight=False,
+                  soft_wrap=True)
     if json_out:
         s = result.summary
         best = s["best"]
@@ -243,6 +250,36 @@ def sweep(
     result = run_sweep(file, progress=progress, only=only or ())
     out.print(Markdown(result.markdown))
     out.print(f"Ran {len(result.ran)} of {len(result.cells)} cells. Table: {result.table_md} and {result.table_csv}")
+
+
+@app.command()
+@_friendly
+def report(
+    folder: Annotated[Path, typer.Argument(help="A run folder (holds run.json) or a sweep folder (holds runs/).")],
+) -> None:
+    """Write report.md and a self-contained report.html (plots inlined) into a run or sweep folder."""
+    from modelopt.report import report as make_report
+
+    _setup_logging(False)
+    paths = make_report(folder)
+    out.print(f"Report: {paths.html}  (Markdown: {paths.markdown}, figures in {paths.markdown.parent / 'report_files'})",
+              highlight=False, soft_wrap=True)
+
+
+@app.command()
+@_friendly
+def dashboard(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (any strategy).")],
+    storage: Annotated[str, typer.Option(help="Optuna storage URL, e.g. sqlite:///studies.db.")],
+    study_name: Annotated[str, typer.Option(help="Study name (default: the run folder's name).")] = None,  # type: ignore[assignment]
+) -> None:
+    """Write every trial of a run folder into an Optuna study, for optuna-dashboard (rerun: adds only new trials)."""
+    from modelopt.run.optuna_storage import export_run
+
+    _setup_logging(False)
+    done = export_run(run_dir, storage, study_name=study_name)
+    out.print(f"Study [bold]{done.study_name}[/] in {done.storage}: {done.added} trials added, {done.skipped} already "
+              f"there. View: optuna-dashboard {done.storage}", highlight=False, soft_wrap=True)
 
 
 def main() -> None:

@@ -175,5 +175,19 @@ def run_sweep(
                 bar.advance(task)
         bar.update(task, description="re-scoring the chosen plans on test")
         rows = make_table(sweep.out, workloads=workloads, device=sweep.device)
+    _write_sweep_report(sweep.out)
     return SweepResult(sweep, tuple(cells), tuple(ran), tuple(rows), (sweep.out / TABLE_MD).read_text(),
                        sweep.out / TABLE_MD, sweep.out / TABLE_CSV)
+
+
+def _write_sweep_report(out: Path) -> None:
+    """report.md and report.html beside the table: an extra, so a failure warns and the sweep stands."""
+    import warnings
+
+    try:
+        from modelopt.report import write_sweep_report
+
+        write_sweep_report(out)
+    except Exception as exc:
+        warnings.warn(f"the sweep finished but its report was not written ({type(exc).__name__}: {exc}); "
+                      f"retry with `modelopt report {out}`", stacklevel=3)

@@ -1,0 +1,184 @@
+"""The per-layer map of one plan: a row per layer, columns contributed by each compressor.
+
+A compressor's columns are registered by its name (`register_columns`), so a later compressor
+(prune: sparsity; early exit: an exit column) adds its own without touching the report; a
+compressor with none registered gets one generic column showing its settings. Each cell has a
+label and a level in [0, 1] on its column's colour scale (1 = the most aggressive setting).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from modelopt.run.run_folder import Record, RunFolder
+
+__all__ = ["COLUMNS", "Cell", "Column", "LayerMap", "LayerRow", "layer_map", "plan_mix", "register_columns"]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What one column shows for one layer."""
+
+    label: str
+    level: float | None  # position on the column's colour scale; None: the compressor leaves the layer alone
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of the map: its header, the compressor it reads and how a choice becomes a cell."""
+
+    name: str
+    compressor: str
+    cmap: str  # a matplotlib colormap name
+    cell: Callable[[Any], Cell]  # from the choice's JSON form (None when off)
+
+
+COLUMNS: dict[str, tuple[Column, ...]] = {}
+
+
+def register_columns(compressor: str, *columns: Column) -> None:
+    """Declares the columns `compressor` contributes to the per-layer map (replacing earlier ones).
+
+    Example:
+        >>> register_columns("prune", Column("sparsity", "prune", "Purples",
+        ...                  lambda raw: Cell("dense", None) if raw is None else Cell(f"{raw['amount']:.0%}", raw["amount"])))
+    """
+    COLUMNS[compressor] = tuple(columns)
+
+
+def _bits_cell(raw: Mapping[str, Any] | None) -> Cell:
+    if raw is None:
+        return Cell("float", None)
+    bits = int(raw["bits"])
+    return Cell(f"int{bits}", min(1.0, max(0.0, 1.0 - math.log2(bits) / 4.0)) * 0.85 + 0.1)
+
+
+_GRAN_LEVEL = {"per_tensor": 0.75, "per_channel": 0.45, "group": 0.2}  # coarser scales: fewer bytes, more error
+
+
+def _granularity_cell(raw: Mapping[str, Any] | None) -> Cell:
+    if raw is None:
+        return Cell("–", None)
+    gran = str(raw.get("granularity", "per_channel"))
+    label = f"group {raw.get('group_size', 64)}" if gran == "group" else gran.replace("_", "-")
+    return Cell(label, _GRAN_LEVEL.get(gran, 0.5))
+
+
+register_columns(
+    "quantize",
+    Column("bits", "quantize", "YlOrRd", _bits_cell),
+    Column("scales", "quantize", "Blues", _granularity_cell),
+)
+
+
+def _generic_column(compressor: str) -> Column:
+    def cell(raw: Any) -> Cell:
+        if raw is None:
+            return Cell("off", None)
+        text = json.dumps(raw, separators=(",", ":"), sort_keys=True) if not isinstance(raw, str) else raw
+        return Cell(text[:24], 0.5)
+
+    return Column(compressor, compressor, "Greens", cell)
+
+
+def columns_for(compressor: str) -> tuple[Column, ...]:
+    return COLUMNS.get(compressor) or (_generic_column(compressor),)
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    """One layer of the map."""
+
+    layer: str
+    cells: tuple[Cell, ...]  # aligned with LayerMap.columns
+    params: int | None  # weights in the layer
+    plan_bytes: int | None  # packed bytes of its weight under the plan (scales included)
+
+
+@dataclass(frozen=True)
+class LayerMap:
+    """A plan, layer by layer; sizes are None when the run folder has no layer table."""
+
+    columns: tuple[Column, ...]
+    rows: tuple[LayerRow, ...]
+    global_choices: tuple[tuple[str, str], ...]  # decisions that belong to no layer: (name, label)
+    size_bytes: int | None  # the whole plan's packed size (weights + scales + float tensors)
+
+    @property
+    def has_sizes(self) -> bool:
+        return all(r.plan_bytes is not None for r in self.rows) and bool(self.rows)
+
+    def share(self, row: LayerRow) -> float:
+        """The layer's share of the plan's total size."""
+        if row.plan_bytes is None or not self.size_bytes:
+            return math.nan
+        return row.plan_bytes / self.size_bytes
+
+    def param_share(self, row: LayerRow) -> float:
+        total = sum(r.params or 0 for r in self.rows)
+        return math.nan if row.params is None or not total else row.params / total
+
+
+def _split(name: str) -> tuple[str | None, str]:
+    layer, _, comp = name.rpartition("/")
+    return (layer or None), comp
+
+
+def layer_map(run: RunFolder, record: Record) -> LayerMap:
+    """The map of one trial's plan.
+
+    Args:
+        run: the run folder (its layer table and search space give sizes).
+        record: the trial, e.g. `run.best`.
+
+    Example:
+        >>> m = layer_map(run, run.best)
+        >>> [(r.layer, r.cells[0].label) for r in m.rows][:2]
+    """
+    comps: list[str] = []
+    by_layer: dict[str, dict[str, Any]] = {}
+    global_choices = []
+    for name, raw in record.plan.items():
+        layer, comp = _split(name)
+        if comp not in comps:
+            comps.append(comp)
+        if layer is None:
+            global_choices.append((name, columns_for(comp)[0].cell(raw).label))
+        else:
+            by_layer.setdefault(layer, {})[comp] = raw
+    columns = tuple(col for comp in comps for col in columns_for(comp))
+    order = [layer.name for layer in run.layers] if run.layers is not None else list(by_layer)
+    params = {layer.name: layer.params for layer in run.layers} if run.layers is not None else {}
+    per_layer = run.layer_bytes(record) or {}
+    rows = []
+    for name in order:
+        choices = by_layer.get(name, {})
+        cells = tuple(col.cell(choices.get(col.compressor)) for col in columns)
+        rows.append(LayerRow(name, cells, params.get(name), per_layer.get(name)))
+    size = None if record.metrics is None else record.metrics.size_bytes
+    return LayerMap(columns, tuple(rows), tuple(global_choices), size)
+
+
+def plan_mix(plan: Mapping[str, Any]) -> str:
+    """A one-line digest of a plan: how many layers got each setting of each compressor's first column.
+
+    Example:
+        >>> plan_mix(record.plan)
+        'int8×2 int4×12 int3×6'
+    """
+    counts: dict[str, Counter[Cell]] = {}
+    for name, raw in plan.items():
+        layer, comp = _split(name)
+        if layer is None:
+            continue
+        counts.setdefault(comp, Counter())[columns_for(comp)[0].cell(raw)] += 1
+    parts = []
+    for counter in counts.values():  # off first, then from the mildest setting to the most aggressive
+        ordered = sorted(counter.items(), key=lambda kv: (-1.0 if kv[0].level is None else kv[0].level, kv[0].label))
+        parts.extend(f"{cell.label}×{n}" for cell, n in ordered)
+    return " ".join(parts)

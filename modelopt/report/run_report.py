@@ -1,0 +1,225 @@
+"""The report of one run folder: summary, Pareto front, best-so-far, the best plan layer by layer, top plans.
+
+Built from the run folder's files alone (run.json, trials.jsonl, summary.json when the run has
+finished, layers.json when present), so it can be rebuilt any time, also while the run goes on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from modelopt._version import __version__
+from modelopt.layers import Layer
+from modelopt.objective import pareto_front
+from modelopt.report import plots
+from modelopt.report.document import (
+    Block,
+    Figure,
+    Heading,
+    Paragraph,
+    ReportPaths,
+    Table,
+    write_document,
+)
+from modelopt.report.layer_map import layer_map, plan_mix
+from modelopt.run.run_folder import Record, RunFolder, read_run
+
+__all__ = ["ReportPaths", "run_blocks", "write_report"]
+
+TOP_PLANS = 10
+MAX_FRONT_ROWS = 24
+MAX_FAILED_ROWS = 10
+
+
+def _fx(v: float | None) -> str:
+    return "–" if v is None or math.isnan(v) else f"{v:.2f}×"
+
+
+def _fpct(v: float | None) -> str:
+    return "–" if v is None or math.isnan(v) else f"{v:.2%}"
+
+
+def _kib(n: float | None) -> str:
+    return "–" if n is None else f"{n / 1024:,.1f} KiB"
+
+
+def _what(run: RunFolder) -> str:
+    t = run.objective.target.value
+    return "compression" if t == "size" else f"{t} reduction"
+
+
+def _trial_counts(run: RunFolder) -> str:
+    failed = sum(not r.ok for r in run.records)
+    feasible = sum(r.metrics is not None and run.objective.feasible(r.metrics) for r in run.records)
+    return f"{len(run.records)} ({failed} failed, {feasible} feasible)"
+
+
+def _summary_table(run: RunFolder) -> Table:
+    cfg, s, best = run.config, run.summary, run.best
+    weights = f" (weights `{Path(cfg['weights']).name}`)" if cfg.get("weights") else ""
+    rows: list[tuple[str, str]] = [
+        ("model", f"`{cfg.get('model', '?')}`{weights}"),
+        ("data", f"`{cfg.get('data', '?')}` (split seed {cfg.get('data_seed', 0)})"),
+        ("strategy", f"`{cfg.get('strategy', '?')}`, seed {cfg.get('seed', 0)}"),
+        ("objective", f"minimise {run.objective.target.value} with val retention ≥ {run.objective.min_retention:.2%}"),
+        ("budget used", f"{run.spent:.4g} of {run.budget:g} full val evaluations"),
+        ("trials", _trial_counts(run)),
+    ]
+    n_stopped = sum(getattr(r.metrics, "stopped", None) is not None for r in run.records)
+    if n_stopped:
+        note = "scored on part of val only (multi-fidelity): never feasible, never on the front"
+        rows.append(("stopped early", f"{n_stopped} trials {note}"))
+    m0 = next((r.metrics for r in run.records if r.metrics is not None), None)
+    if s is not None:
+        base = s["baseline"]
+        val, test = base["val"], base["test"]
+        rows.append(("float top-1", (f"{val['accuracy']:.2%} val ({val['n_samples']} images), "
+                                     f"{test['accuracy']:.2%} test ({test['n_samples']} images)")))
+    elif m0 is not None:
+        rows.append(("float top-1", f"{m0.baseline_accuracy:.2%} val ({m0.n_samples} images); test: when the run ends"))
+    rows.append(("float size", _kib(run.float_size_bytes)))
+    if best is None:
+        rows.append(("best plan", "none above the floor" + ("" if run.done else " yet")))
+    else:
+        m = best.metrics
+        assert m is not None
+        test = run.test_by_key.get(best.plan_key)
+        rows += [
+            ("best plan", f"trial {best.number} (key `{best.plan_key}`): {plan_mix(best.plan)}"),
+            (f"best {_what(run)}", f"{_fx(run.reduction(m))} val" + (f", {_fx(run.reduction(test))} test" if test else "")),
+            ("best size", f"{_kib(m.size_bytes)} (float {_kib(m.float_size_bytes)})"),
+            ("best retention", f"{_fpct(m.retention)} val, " + (f"{_fpct(test.retention)} test" if test else
+                                                                "test: re-scored when the run ends")),
+            ("best agreement", f"{_fpct(m.agreement)} val" + (f", {_fpct(test.agreement)} test" if test else "")),
+        ]
+    return Table(("", "value"), tuple(rows), "ll")
+
+
+def _front_table(run: RunFolder, front: Sequence[Record]) -> Table:
+    if len(front) > MAX_FRONT_ROWS:  # spread along the front, as the runner picks the plans it re-scores
+        idx = sorted({round(i * (len(front) - 1) / (MAX_FRONT_ROWS - 1)) for i in range(MAX_FRONT_ROWS)})
+        front = [front[i] for i in idx]
+    rows = []
+    for r in front:
+        m = r.metrics
+        assert m is not None
+        test = run.test_by_key.get(r.plan_key)
+        rows.append((str(r.number), _kib(m.size_bytes), _fx(run.reduction(m)), _fpct(m.retention),
+                     "–" if test is None else _fpct(test.retention), "yes" if run.objective.feasible(m) else "no",
+                     plan_mix(r.plan)))
+    return Table(("trial", "size", _what(run), "val retention", "test retention", "feasible", "plan"),
+                 tuple(rows), "rrrrrll")
+
+
+def _top_table(run: RunFolder) -> Table | None:
+    obj = run.objective
+    feas = [r for r in run.records if r.metrics is not None and obj.feasible(r.metrics)]
+    if not feas:
+        return None
+    feas.sort(key=lambda r: (-obj.reward(r.metrics), -r.metrics.retention, r.number))  # type: ignore[arg-type, union-attr]
+    rows = []
+    for rank, r in enumerate(feas[:TOP_PLANS], 1):
+        m = r.metrics
+        assert m is not None
+        test = run.test_by_key.get(r.plan_key)
+        rows.append((str(rank), str(r.number), _fx(run.reduction(m)), _kib(m.size_bytes), _fpct(m.retention),
+                     _fpct(m.agreement), "–" if test is None else _fpct(test.retention), plan_mix(r.plan)))
+    return Table(("#", "trial", _what(run), "size", "val retention", "val agreement", "test retention", "plan"),
+                 tuple(rows), "rrrrrrrl")
+
+
+def _layer_blocks(run: RunFolder, best: Record) -> list[Block]:
+    lmap = layer_map(run, best)
+    assert best.metrics is not None
+    title = f"Trial {best.number}: {_fx(run.reduction(best.metrics))} at {_fpct(best.metrics.retention)} val retention"
+    blocks: list[Block] = [Figure("layers", plots.layer_map_png(lmap, title),
+                                  "The best plan layer by layer: each compressor's setting per layer"
+                                  + (", and each layer's share of the plan's packed size (bar) beside its share of "
+                                     "the float weights (outline)." if lmap.has_sizes else
+                                     " (no layer table in the run folder: sizes unknown).")),]
+    header = ("layer", *(c.name for c in lmap.columns), "weights", "bytes", "share of size")
+    rows = tuple(
+        (f"`{row.layer}`", *(c.label for c in row.cells), "–" if row.params is None else f"{row.params:,}",
+         "–" if row.plan_bytes is None else f"{row.plan_bytes:,}", _fpct(lmap.share(row)))
+        for row in lmap.rows)
+    blocks.append(Table(header, rows, "l" + "l" * len(lmap.columns) + "rrr"))
+    if lmap.global_choices:
+        blocks.append(Table(("global decision", "choice"), tuple((f"`{n}`", c) for n, c in lmap.global_choices), "ll"))
+    if (run.path / "best_plan.yaml").is_file():
+        blocks.append(Paragraph("The plan file: `best_plan.yaml` in the run folder "
+                                "(`modelopt evaluate --plan best_plan.yaml --split test` re-scores it)."))
+    return blocks
+
+
+def run_blocks(run: RunFolder) -> list[Block]:
+    """The report's content, independent of its format."""
+    cfg = run.config
+    obj = run.objective
+    blocks: list[Block] = [Heading(f"modelopt run: {cfg.get('model', '?')}, {cfg.get('strategy', '?')}, "
+                                   f"seed {cfg.get('seed', 0)}", 1)]
+    if run.done:
+        blocks.append(Paragraph(f"Run folder `{run.path}`: finished. Val numbers are what the search saw; test numbers "
+                                "re-score the best plan and the Pareto plans on held-out images it never saw."))
+    else:
+        blocks.append(Paragraph(f"Run folder `{run.path}`: **in progress or stopped** (no summary.json yet): "
+                                f"{len(run.records)} trials, {run.spent:.4g} of {run.budget:g} budget spent. Test "
+                                "re-scores appear when the run finishes; rebuild with `modelopt report`."))
+    blocks += [Heading("Summary"), _summary_table(run)]
+
+    measured = [r for r in run.records if r.metrics is not None]
+    blocks += [Heading("Pareto front"), Figure("pareto", plots.pareto_png(run),
+               f"Every trial's val retention against its {obj.target.value}. Blue: above the floor; grey: below it; "
+               "hollow grey: stopped early on part of val; red ×: failed. The line is the val Pareto front; orange diamonds re-score front plans on test; the star "
+               "is the best plan.")]
+    front = pareto_front(measured, lambda r: r.metrics, obj)
+    if front:
+        blocks.append(_front_table(run, front))
+
+    blocks += [Heading(f"Best-so-far {_what(run)} against budget"),
+               Figure("progress", plots.progress_png(run),
+                      f"The best feasible {_what(run)} found within each amount of budget (1.00× = float until "
+                      "the first feasible plan).")]
+
+    blocks.append(Heading("Best plan, layer by layer"))
+    if run.best is None:
+        blocks.append(Paragraph(f"No plan kept val retention ≥ {obj.min_retention:.2%} in {len(run.records)} trials"
+                                + ("." if run.done else " so far.")))
+    else:
+        blocks += _layer_blocks(run, run.best)
+
+    top = _top_table(run)
+    if top is not None:
+        blocks += [Heading(f"Top {len(top.rows)} plans on val"), top]
+    failed = [r for r in run.records if not r.ok]
+    if failed:
+        blocks.append(Heading(f"Failed trials ({len(failed)})"))
+        blocks.append(Table(("trial", "error"), tuple(
+            (str(r.number), (r.error or "?")[:140]) for r in failed[:MAX_FAILED_ROWS]), "rl"))
+    blocks.append(Paragraph(f"Generated by modelopt {__version__} from the run folder's files "
+                            "(`modelopt report RUN_DIR` rebuilds it)."))
+    return blocks
+
+
+def write_report(run_dir: str | Path, *, layers: Sequence[Layer] | None = None) -> ReportPaths:
+    """Writes `report.md` (PNGs in `report_files/`) and a self-contained `report.html` into a run folder.
+
+    Args:
+        run_dir: a run folder (finished, in progress, or stopped).
+        layers: the model's layers, when the caller has them (else read from the folder).
+
+    Returns:
+        The paths written.
+
+    Raises:
+        LoadError: `run_dir` is not a run folder.
+
+    Example:
+        >>> paths = write_report("runs/r20")
+        >>> paths.html
+        PosixPath('runs/r20/report.html')
+    """
+    run = read_run(run_dir, layers=layers)
+    cfg = run.config
+    return write_document(run.path, run_blocks(run), f"modelopt: {cfg.get('model')} {cfg.get('strategy')} seed {cfg.get('seed')}")

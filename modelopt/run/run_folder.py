@@ -1,0 +1,295 @@
+"""A read-only view of one run folder: settings, journal, summary and the model's layer table.
+
+Reports and the Optuna export read a run through this alone, so they work on a finished run,
+on one still in progress (no summary.json yet) and on a run folder copied to another machine.
+Nothing here writes to the journal: a torn last line is skipped, not truncated.
+
+The layer table (`layers.json`, written by `modelopt.optimize` at the end of a run) gives each
+layer's weight shape, so per-layer sizes can be computed from a plan. A folder without it falls
+back to the architecture named in run.json (weights are not needed for shapes).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from modelopt.errors import LoadError
+from modelopt.evaluator import Metrics
+from modelopt.layers import Layer, LayerKind
+from modelopt.objective import Objective
+from modelopt.plan import Plan
+from modelopt.run.runner import CONFIG, JOURNAL, SUMMARY
+from modelopt.space import SearchSpace
+
+log = logging.getLogger(__name__)
+
+LAYERS = "layers.json"
+LAYERS_VERSION = 1
+
+__all__ = ["LAYERS", "Record", "RunFolder", "is_run_folder", "read_run", "save_layers"]
+
+
+@dataclass(frozen=True)
+class Record:
+    """One journal line, with its metrics parsed (None for a failed trial)."""
+
+    number: int
+    plan_key: str
+    plan: dict[str, Any]  # {decision name: JSON form of the choice}, the journal's form
+    ok: bool
+    metrics: Metrics | None
+    feasible: bool
+    reward: float | None
+    cost: float
+    strategy: str
+    seed: int
+    error: str | None
+    cum_cost: float  # budget spent up to and including this trial
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """What one run folder holds.
+
+    Attributes:
+        path: the folder.
+        config: run.json (model, data, strategy, seed, objective, floor, compressors, budget).
+        records: the journal's finished trials, by number.
+        summary: summary.json, or None while the run is still in progress (or was killed).
+        layers: the model's compressible layers, or None when neither layers.json nor the model
+            named in run.json could be read.
+    """
+
+    path: Path
+    config: dict[str, Any]
+    records: tuple[Record, ...]
+    summary: dict[str, Any] | None
+    layers: tuple[Layer, ...] | None
+
+    @property
+    def done(self) -> bool:
+        return self.summary is not None
+
+    @cached_property
+    def objective(self) -> Objective:
+        return Objective(self.config.get("objective", "size"), float(self.config.get("min_retention", 0.99)))
+
+    @property
+    def budget(self) -> float:
+        return float(self.config.get("budget", 0.0))
+
+    @property
+    def spent(self) -> float:
+        return self.records[-1].cum_cost if self.records else 0.0
+
+    @property
+    def float_size_bytes(self) -> int | None:
+        if self.summary is not None:
+            return int(self.summary["float_size_bytes"])
+        m = next((r.metrics for r in self.records if r.metrics is not None), None)
+        return None if m is None else m.float_size_bytes
+
+    def reduction(self, m: Metrics) -> float:
+        """The objective's reduction factor (float value / plan value): compression for size."""
+        return self.objective.reference(m) / max(self.objective.value(m), 1e-12)
+
+    @cached_property
+    def best(self) -> Record | None:
+        """The feasible trial with the highest reward (ties: higher retention; first wins): the runner's choice."""
+        best, key = None, None
+        for r in self.records:
+            if r.metrics is not None and r.feasible and self.objective.feasible(r.metrics):
+                k = (self.objective.reward(r.metrics), r.metrics.retention)
+                if key is None or k > key:
+                    best, key = r, k
+        return best
+
+    def best_so_far(self) -> list[tuple[float, float | None]]:
+        """(cumulative cost, best feasible reduction so far or None) after each trial."""
+        out: list[tuple[float, float | None]] = []
+        best: float | None = None
+        for r in self.records:
+            if r.metrics is not None and self.objective.feasible(r.metrics):
+                red = self.reduction(r.metrics)
+                best = red if best is None else max(best, red)
+            out.append((r.cum_cost, best))
+        return out
+
+    @cached_property
+    def test_by_key(self) -> dict[str, Metrics]:
+        """Test re-scores from summary.json (the best plan and the Pareto plans), by plan key."""
+        out: dict[str, Metrics] = {}
+        if self.summary is None:
+            return out
+        for entry in [self.summary.get("best"), *self.summary.get("pareto", [])]:
+            if entry and entry.get("test"):
+                out[entry["plan_key"]] = Metrics.from_dict(entry["test"])
+        return out
+
+    @cached_property
+    def space(self) -> SearchSpace | None:
+        """The run's search space (its compressors' full menus), or None without the layer table."""
+        if self.layers is None:
+            return None
+        from modelopt.api import build_compressors
+
+        comps = self.config.get("compressors") or {"quantize": {}}
+        try:
+            space = SearchSpace(self.layers, build_compressors(list(comps), comps))
+        except Exception as exc:  # noqa: BLE001 -- a compressor plugin not installed here, options it no longer takes
+            log.info("search space of %s unavailable: %s", self.path, exc)
+            return None
+        if self.records and set(self.records[0].plan) != {d.name for d in space.decisions}:
+            return None  # not the space the run searched (another menu or model)
+        return space
+
+    def layer_bytes(self, record: Record) -> dict[str, int] | None:
+        """Packed bytes of each layer's weight under the trial's plan (None without the layer table)."""
+        plan = self.plan(record)
+        if plan is None or self.space is None or self.layers is None:
+            return None
+        out = {}
+        for layer in self.layers:
+            stored = layer.params * 4  # as the evaluator counts: the last compressor to touch a weight stores it
+            for name, comp in self.space.compressors.items():
+                choice = plan.get(f"{layer.name}/{name}")
+                if choice is not None:
+                    stored = comp.weight_bytes(layer, choice)
+            out[layer.name] = stored
+        return out
+
+    def size_bytes(self, record: Record) -> int | None:
+        """The plan's packed size: measured when the trial ran, else computed (a failed trial)."""
+        if record.metrics is not None:
+            return record.metrics.size_bytes
+        per_layer, float_bytes = self.layer_bytes(record), self.float_size_bytes
+        if per_layer is None or float_bytes is None or self.layers is None:
+            return None
+        return float_bytes + sum(per_layer[layer.name] - layer.params * 4 for layer in self.layers)
+
+    def plan(self, record: Record) -> Plan | None:
+        """A journal record's plan as a Plan of `space`, or None without the space."""
+        return None if self.space is None else self.space.plan_from_flat(record.plan)
+
+
+def is_run_folder(path: str | Path) -> bool:
+    return (Path(path) / CONFIG).is_file()
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (json.JSONDecodeError, OSError):
+        return None
+
+
+def _read_records(path: Path) -> tuple[Record, ...]:
+    raw: list[dict[str, Any]] = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+            if not line.endswith("\n"):
+                break  # a trial being written right now, or torn by a kill
+            try:
+                raw.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    raw.sort(key=lambda d: int(d["number"]))
+    out, cum = [], 0.0
+    for d in raw:
+        cum += float(d.get("cost", 0.0))
+        metrics = None if d.get("metrics") is None else Metrics.from_dict(d["metrics"])
+        reward = d.get("reward")
+        out.append(Record(
+            number=int(d["number"]), plan_key=str(d.get("plan_key", "")), plan=dict(d.get("plan", {})),
+            ok=d.get("status") == "complete" and metrics is not None, metrics=metrics,
+            feasible=bool(d.get("feasible", False)),
+            reward=None if reward is None or not math.isfinite(float(reward)) else float(reward),
+            cost=float(d.get("cost", 0.0)), strategy=str(d.get("strategy", "")), seed=int(d.get("seed", 0)),
+            error=d.get("error"), cum_cost=cum,
+        ))
+    return tuple(out)
+
+
+def save_layers(run_dir: str | Path, layers: Sequence[Layer]) -> Path:
+    """Writes the model's layer table into a run folder (`layers.json`) so reports need no model.
+
+    Example:
+        >>> save_layers(result.run_dir, workload.layers)
+    """
+    path = Path(run_dir) / LAYERS
+    doc = {"version": LAYERS_VERSION, "layers": [
+        {"name": layer.name, "kind": layer.kind.value, "weight_shape": list(layer.weight_shape), "macs": layer.macs,
+         "has_bias": layer.has_bias} for layer in layers]}
+    path.write_text(json.dumps(doc, indent=1))
+    return path
+
+
+def _layers_from_file(path: Path) -> tuple[Layer, ...] | None:
+    doc = _read_json(path)
+    if doc is None or doc.get("version") != LAYERS_VERSION:
+        return None
+    return tuple(Layer(d["name"], LayerKind(d["kind"]), tuple(d["weight_shape"]), int(d.get("macs", 0)),
+                       bool(d.get("has_bias", False))) for d in doc["layers"])
+
+
+def _layers_from_model(config: dict[str, Any]) -> tuple[Layer, ...] | None:
+    """Weight shapes from the architecture run.json names (MACs left 0: a report does not need them)."""
+    from modelopt.layers import compressible_modules
+    from modelopt.zoo import MODELS, ZooEntry
+
+    source = str(config.get("model", ""))
+    try:
+        if source in MODELS.names():  # shapes only: the zoo's factory, no weights file needed
+            entry = MODELS.get(source)
+            module = entry.factory() if isinstance(entry, ZooEntry) else entry()  # type: ignore[operator]
+        else:
+            from modelopt.models import load_model
+
+            module = load_model(source, config.get("weights")).module
+    except Exception as exc:  # noqa: BLE001 -- a report without sizes beats no report
+        log.info("layer table of %r unavailable: %s", source, exc)
+        return None
+    layers = []
+    for name, mod in compressible_modules(module).items():
+        kind = LayerKind.LINEAR if mod.__class__.__name__ == "Linear" else LayerKind.CONV
+        layers.append(Layer(name, kind, tuple(mod.weight.shape), 0, mod.bias is not None))
+    return tuple(layers)
+
+
+def read_run(run_dir: str | Path, *, layers: Sequence[Layer] | None = None, with_layers: bool = True) -> RunFolder:
+    """Reads a run folder without changing it.
+
+    Args:
+        run_dir: a folder written by `modelopt.optimize` (it holds run.json).
+        layers: the model's layers when the caller has them (else layers.json, else the model).
+        with_layers: False skips the layer table (faster; per-layer sizes are then unknown).
+
+    Raises:
+        LoadError: the folder holds no run.json.
+
+    Example:
+        >>> run = read_run("runs/r20")
+        >>> run.best.metrics.compression if run.best else None
+    """
+    path = Path(run_dir)
+    config = _read_json(path / CONFIG)
+    if config is None:
+        what = "does not exist" if not path.exists() else f"is not a modelopt run folder (no readable {CONFIG})"
+        raise LoadError(f"{str(path)!r} {what}; pass a folder written by `modelopt optimize --out`")
+    records = _read_records(path / JOURNAL)
+    found = tuple(layers) if layers is not None else _layers_from_file(path / LAYERS) if with_layers else None
+    if found is None and with_layers:
+        found = _layers_from_model(config)
+    if found is not None and records:
+        # A layer table that does not match the plans (another model) is worse than none.
+        names = {layer.name for layer in found}
+        if any(name.rsplit("/", 1)[0] not in names for name in records[0].plan if "/" in name):
+            found = None
+    return RunFolder(path, config, records, _read_json(path / SUMMARY), found)

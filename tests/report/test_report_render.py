@@ -1,0 +1,39 @@
+"""The HTML report rendered by a real browser (headless Chromium, when installed): it must draw."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from modelopt.report import write_report
+
+CHROMIUM = Path("/usr/bin/chromium")
+RUN = Path(__file__).resolve().parents[2] / "experiments" / "mcts_vs_baselines" / "runs" / "resnet20" / "mcts" / "seed0"
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium (apt-get install chromium)")
+def test_report_html_renders_in_headless_chromium(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run, ignore=shutil.ignore_patterns("strategy_state.json"))
+    page = write_report(run).html
+    shot = tmp_path / "shot.png"
+    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1200,3000",
+           page.resolve().as_uri()]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+    img = Image.open(shot).convert("RGB")
+    assert img.size == (1200, 3000)
+    px = np.asarray(img.resize((300, 750))).reshape(-1, 3).astype(int)
+    non_white = int((px.min(axis=1) < 235).sum())
+    assert non_white > 0.05 * len(px)  # text, tables and plots, not a blank page
+    r, g, b = px[:, 0], px[:, 1], px[:, 2]
+    # The plots drew: the Pareto plot's blue trial dots and the layer map's red/orange cells are there.
+    assert int(((b > 150) & (r < 110)).sum()) > 50
+    assert int(((r > 200) & (g < 140) & (b < 90)).sum()) > 50
