@@ -12,6 +12,7 @@ from modelopt.compressors import COMPRESSORS, Compressor, Granularity, QuantSpec
 from modelopt.data import Dataset, load_data
 from modelopt.errors import ConfigError, LoadError, ModeloptError
 from modelopt.evaluator import Evaluator, Metrics
+from modelopt.export import export, load
 from modelopt.models import LoadedModel, list_models, load_model
 from modelopt.objective import Objective
 from modelopt.plan import Decision, Plan
@@ -46,7 +47,9 @@ __all__ = [
     "__version__",
     "build_workload",
     "evaluate",
+    "export",
     "list_models",
+    "load",
     "load_data",
     "load_model",
     "optimize",

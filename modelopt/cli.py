@@ -282,6 +282,26 @@ def dashboard(
               f"there. View: optuna-dashboard {done.storage}", highlight=False, soft_wrap=True)
 
 
+@app.command("export")
+@_friendly
+def export_(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (holds run.json).")],
+    plan: Annotated[str, typer.Option(help="best, a trial number, or a plan YAML file.")] = "best",
+    format: Annotated[str, typer.Option("--format", help="modelopt (packed checkpoint) or onnx (QDQ).")] = "modelopt",
+    out_path: Annotated[Path | None, typer.Option("--out", help="File to write (default RUN_DIR/model-<plan>.pt|.onnx).")] = None,
+    calibration: Annotated[str | None, typer.Option(help="onnx: activation ranges from minmax or percentile.")] = None,
+) -> None:
+    """Write a run's plan as a packed checkpoint (reload with modelopt.load) or an ONNX model for ONNX Runtime."""
+    from modelopt.export import export as do_export
+
+    _setup_logging(False)
+    if calibration is not None and format != "onnx":
+        raise ConfigError(f"--calibration applies only to --format onnx, not {format!r}")
+    options = {} if calibration is None else {"calibration": calibration}
+    path = do_export(run_dir, plan=plan, format=format, out=out_path, **options)
+    out.print(f"Wrote {path} ({_fmt_bytes(path.stat().st_size)})", highlight=False, soft_wrap=True)
+
+
 def main() -> None:
     app(prog_name="modelopt")
     sys.exit(0)

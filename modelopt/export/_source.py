@@ -1,0 +1,187 @@
+"""What an export starts from: an evaluator and one plan, resolved from a run folder or a live workload.
+
+Also the per-layer integer form of a plan (codes and float16 scales), computed exactly as the
+evaluator's quantizer computes them, so every exporter writes what was scored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from modelopt.compressors.quantize import Quantize, QuantSpec, quantize
+from modelopt.errors import ConfigError, LoadError
+from modelopt.evaluator import Evaluator
+from modelopt.plan import Plan
+from modelopt.space import SearchSpace
+from modelopt.workload import Workload
+
+PlanRef = str | int | Path | Plan | Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ExportSource:
+    """An evaluator, the plan to export and a short tag naming it (``best``, ``trial12``, a file stem)."""
+
+    evaluator: Evaluator
+    plan: Plan
+    tag: str
+    run_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """One layer's weight in integer form: codes (int8 tensor, weight shape) and float16 scales."""
+
+    layer: str
+    spec: QuantSpec
+    codes: torch.Tensor
+    scales: torch.Tensor
+
+
+def resolve(source: str | Path | Workload | Evaluator, plan: PlanRef = "best", *, device: str = "cpu") -> ExportSource:
+    """An ExportSource from a run folder, a Workload (default quantizer) or an Evaluator.
+
+    Args:
+        source: a run folder (its `run.json` rebuilds the workload), a Workload or an Evaluator.
+        plan: ``"best"`` (the run's best_plan.yaml), a trial number (int or digits), a plan
+            YAML path, a Plan, or a plan mapping.
+        device: where a workload rebuilt from a run folder lives.
+    """
+    run_dir: Path | None = None
+    if isinstance(source, Evaluator):
+        evaluator = source
+    elif isinstance(source, Workload):
+        from modelopt.api import build_compressors
+
+        evaluator = Evaluator(source, SearchSpace(source.layers, build_compressors()))
+    elif isinstance(source, (str, Path)):
+        run_dir = Path(source)
+        _check_plan_ref(plan, run_dir)  # fail fast, before the workload is built
+        evaluator = _evaluator_from_run(run_dir, device)
+    else:
+        raise ConfigError(
+            f"cannot export from a {type(source).__name__}; pass a run folder, a Workload or an Evaluator"
+        )
+    resolved, tag = _plan(plan, evaluator.space, run_dir)
+    return ExportSource(evaluator, resolved, tag, run_dir)
+
+
+# The last run folder's evaluator, kept so exporting several plans of one run (or both formats)
+# builds its workload once per process. Keyed by everything the workload is built from.
+_CACHE: dict[str, Evaluator] = {}
+
+
+def _evaluator_from_run(run_dir: Path, device: str) -> Evaluator:
+    from modelopt.api import build_compressors, build_workload, saved_run_config
+
+    cfg = saved_run_config(run_dir)
+    comps = cfg.get("compressors") or {"quantize": {}}
+    weights = cfg.get("weights")
+    stamp = Path(weights).stat().st_mtime_ns if weights and Path(weights).is_file() else None
+    key = json.dumps([cfg.get("model"), weights, stamp, cfg.get("data"), cfg.get("data_seed", 0), comps,
+                      cfg.get("model_sha256"), device], sort_keys=True, default=str)
+    if key in _CACHE:
+        return _CACHE[key]
+    wl = build_workload(cfg["model"], cfg["data"], weights=weights, device=device,
+                        data_seed=int(cfg.get("data_seed", 0)))
+    saved = cfg.get("model_sha256")
+    if saved is not None and wl.fingerprints()["model_sha256"] != saved:
+        raise LoadError(
+            f"the weights of model {cfg['model']!r} differ from those run {str(run_dir)!r} was searched on; "
+            "restore the original weights file"
+        )
+    _CACHE.clear()
+    _CACHE[key] = ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(list(comps), comps)))
+    return ev
+
+
+def _check_plan_ref(plan: PlanRef, run_dir: Path) -> None:
+    from modelopt.api import saved_run_config
+
+    saved_run_config(run_dir)  # raises LoadError when it is not a run folder
+    if isinstance(plan, int) and not isinstance(plan, bool) or isinstance(plan, str) and plan.isdigit():
+        _trial_record(int(plan), run_dir)
+    elif plan == "best":
+        _best_path(run_dir)
+    elif isinstance(plan, (str, Path)) and not Path(plan).is_file():
+        raise LoadError(f"plan file {str(plan)!r} does not exist; pass 'best', a trial number or a plan YAML file")
+
+
+def _plan(plan: PlanRef, space: SearchSpace, run_dir: Path | None) -> tuple[Plan, str]:
+    if isinstance(plan, Plan):
+        return space.plan(dict(plan.choices)), "plan"
+    if isinstance(plan, Mapping):
+        return space.parse_plan(plan), "plan"
+    if isinstance(plan, bool):
+        raise ConfigError(f"plan {plan!r} is not valid; pass 'best', a trial number or a plan file")
+    if isinstance(plan, int) or (isinstance(plan, str) and plan.isdigit()):
+        return _trial_plan(int(plan), space, run_dir), f"trial{int(plan)}"
+    if plan == "best":
+        if run_dir is None:
+            raise ConfigError("plan 'best' needs a run folder as the source; pass a plan file, Plan or mapping")
+        return space.load_plan(_best_path(run_dir)), "best"
+    return space.load_plan(plan), Path(plan).stem
+
+
+def _best_path(run_dir: Path) -> Path:
+    path = run_dir / "best_plan.yaml"
+    if not path.is_file():
+        raise LoadError(
+            f"run {str(run_dir)!r} has no best_plan.yaml (no feasible plan, or unfinished); "
+            "pass --plan N for a trial number or a plan file"
+        )
+    return path
+
+
+def _trial_record(number: int, run_dir: Path) -> dict[str, Any]:
+    from modelopt.run.journal import Journal
+
+    records = Journal(run_dir / "trials.jsonl").read()
+    for rec in records:
+        if int(rec.get("number", -1)) == number:
+            if rec.get("status") != "complete":
+                raise ConfigError(f"trial {number} of {str(run_dir)!r} failed ({rec.get('error')}); pick another")
+            return rec
+    raise ConfigError(f"run {str(run_dir)!r} has no trial {number}; valid: 0..{len(records) - 1}")
+
+
+def _trial_plan(number: int, space: SearchSpace, run_dir: Path | None) -> Plan:
+    if run_dir is None:
+        raise ConfigError(f"plan {number} (a trial number) needs a run folder as the source")
+    return space.plan_from_flat(_trial_record(number, run_dir)["plan"])
+
+
+def quantized_weights(evaluator: Evaluator, plan: Plan) -> dict[str, QuantizedWeight | None]:
+    """Per layer (in model order): its integer form, or None where the plan leaves it in float.
+
+    Raises:
+        ConfigError: the plan uses a compressor other than `quantize` (no packed form yet).
+    """
+    space = evaluator.space
+    out: dict[str, QuantizedWeight | None] = {}
+    for layer in evaluator.workload.layers:
+        spec = None
+        comp: Quantize | None = None
+        for d in space.decisions:
+            if d.layer != layer.name or plan.get(d.name) is None:
+                continue
+            c = space.compressors[d.compressor]
+            if not isinstance(c, Quantize):
+                raise ConfigError(
+                    f"layer {layer.name!r} uses compressor {d.compressor!r}; export supports only 'quantize'"
+                )
+            spec, comp = plan.get(d.name), c
+        if spec is None or comp is None:
+            out[layer.name] = None
+            continue
+        assert isinstance(spec, QuantSpec)
+        # The same call on the same tensor as Quantize.apply, so the codes are what was scored.
+        codes, scales = quantize(evaluator.workload.original[layer.name], spec, comp.clip_ratios)
+        out[layer.name] = QuantizedWeight(layer.name, spec, codes.cpu(), scales.cpu())
+    return out

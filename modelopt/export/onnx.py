@@ -1,0 +1,308 @@
+"""ONNX export of a plan: integer weights behind DequantizeLinear, calibrated QDQ activations.
+
+Weights keep the plan's own codes and float16 scales (never re-quantized): INT5..INT8 as int8
+initializers, INT2..INT4 as ONNX's packed int4 type (opset 21; 2 and 3 bits are widened to 4,
+and 5..7 to 8, ONNX having no narrower type ONNX Runtime runs). Group scales use opset 21's
+blocked DequantizeLinear over the weight flattened to (out channels, fan-in), reshaped back for
+the Conv. Batch norms are folded into their convs, each channel's factor going into its scale.
+
+With ``activations=True`` every activation around a Conv/Gemm/Add (but the network input, by
+default) gets a uint8 QDQ pair whose range is calibrated on the workload's calib split (min/max or percentile). ONNX Runtime's CPU
+provider then fuses int8-weight layers into QLinearConv / QLinearAdd (integer kernels; see
+`fused_op_counts`); int4 and group-scaled layers run as DequantizeLinear + float Conv, the
+activation QDQ still simulating 8-bit activations (``widen_int4=True`` stores them as int8 so
+per-channel ones fuse too).
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import tempfile
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from modelopt.compressors.quantize import Granularity
+from modelopt.errors import ConfigError
+from modelopt.evaluator import Evaluator
+from modelopt.export._source import QuantizedWeight, quantized_weights
+from modelopt.export.onnx_qdq import (
+    Graph,
+    QParams,
+    activation_tensors,
+    calibrate,
+    fold_batchnorm,
+    tensor_proto,
+)
+from modelopt.layers import compressible_modules
+from modelopt.plan import Plan
+
+OPSET = 21  # int4 and blocked (group) DequantizeLinear
+IR_VERSION = 10
+CALIBRATIONS = ("minmax", "percentile")
+INTEGER_KERNELS = ("QLinearConv", "QLinearAdd", "ConvInteger", "MatMulInteger", "QGemm", "QLinearMatMul",
+                   "QLinearGlobalAveragePool", "DynamicQuantizeLinear")
+
+
+@dataclass(frozen=True)
+class OnnxExport:
+    """What `export_onnx` wrote."""
+
+    path: Path
+    opset: int
+    int8_layers: int  # weights stored as int8 initializers
+    int4_layers: int  # weights stored as packed int4 initializers
+    float_layers: int
+    widened: tuple[str, ...]  # layers stored wider than their bit width
+    activation_tensors: int  # activations with a QDQ pair (0: weight-only)
+    calibration: str | None
+
+
+def export_onnx(
+    evaluator: Evaluator,
+    plan: Plan,
+    path: str | Path,
+    *,
+    activations: bool = True,
+    calibration: str = "minmax",
+    percentile: float = 99.99,
+    calib_samples: int = 512,
+    quantize_input: bool = False,
+    widen_int4: bool = False,
+) -> OnnxExport:
+    """Writes `plan` applied to the evaluator's model as an ONNX (QDQ) file.
+
+    Args:
+        evaluator: the evaluator that scored the plan.
+        plan: the plan to export (quantize decisions only).
+        path: the .onnx file to write.
+        activations: quantize activations to uint8 (calibrated) so ONNX Runtime runs integer kernels;
+            False writes weight-only quantization (float activations).
+        calibration: ``minmax`` or ``percentile`` activation ranges.
+        percentile: the tail percentile for ``percentile`` calibration.
+        calib_samples: calib-split images the ranges are measured on.
+        quantize_input: quantize the network input too. Off by default: one uint8 grid per tensor
+            cannot hold the three channels' normalised pixel grids (steps 1/(255 std_c)), so it
+            adds error where the input had none; the first conv then runs in float.
+        widen_int4: store 2..4-bit codes as int8: a larger file, but per-channel and per-tensor
+            layers then fuse into QLinearConv (ONNX Runtime has no int4 convolution kernel).
+
+    Example:
+        >>> info = export_onnx(ev, space.uniform("quantize", QuantSpec(8)), "r20-int8.onnx")
+        >>> run_onnx(info.path, x).argmax(1)
+    """
+    import onnx
+    from onnx import helper, version_converter
+
+    if calibration not in CALIBRATIONS:
+        raise ConfigError(f"unknown calibration {calibration!r}; valid: {', '.join(CALIBRATIONS)}")
+    if calib_samples < 1:
+        raise ConfigError(f"calib_samples must be a positive number of images, got {calib_samples!r}")
+    if not 50 < percentile <= 100:
+        raise ConfigError(f"percentile must be in (50, 100], got {percentile!r}")
+    wl = evaluator.workload
+    qweights = quantized_weights(evaluator, plan)
+    exported = version_converter.convert_version(_torch_export(evaluator, plan), OPSET)
+    graph = Graph(exported)
+    factors = fold_batchnorm(graph)
+    for layer in qweights:
+        if f"{layer}.weight" not in graph.inits:
+            raise ConfigError(f"layer {layer!r} has no weight initializer in the exported graph; cannot export it")
+
+    qparams: dict[str, QParams] = {}
+    if activations:
+        source = activation_tensors(graph)
+        calib_x = wl.split("calib").x[:calib_samples].cpu().numpy()
+        batches = (calib_x[i : i + 128] for i in range(0, len(calib_x), 128))
+        ranges = calibrate(_model(graph, exported, []), set(source.values()), batches, calibration, percentile)
+        qparams = {t: QParams.from_range(*ranges[root]) for t, root in source.items()
+                   if quantize_input or t not in graph.inputs}
+
+    consumers = graph.consumers()
+    front: list[Any] = []
+    inits = dict(graph.inits)
+    extra: list[onnx.TensorProto] = []
+    counts = Counter()
+    widened = []
+    for layer, qw in qweights.items():
+        wname = f"{layer}.weight"
+        if qw is None:
+            counts["float"] += 1
+            continue
+        node = next(n for n in consumers[wname] if n.op_type in ("Conv", "Gemm", "MatMul"))
+        if node.op_type == "Gemm" and graph.attr(node, "transB", 0) != 1:
+            raise ConfigError(f"layer {layer!r}: Gemm without transB is not supported by the exporter")
+        int4 = qw.spec.bits <= 4 and not widen_int4
+        counts["int4" if int4 else "int8"] += 1
+        if qw.spec.bits != (4 if int4 else 8):
+            widened.append(layer)
+        del inits[wname]
+        w_scale = _weight_dq(qw, factors.get(wname), wname, int4, front, extra)
+        x_in = node.input[0]
+        if (activations and len(node.input) > 2 and node.input[2] and not int4 and x_in in qparams
+                and qw.spec.granularity is not Granularity.GROUP):
+            # int32 bias at scale x_scale * w_scale, as QLinearConv takes it.
+            bname = node.input[2]
+            b_scale = (np.float32(qparams[x_in].scale) * w_scale).astype(np.float32)
+            b_q = np.round(inits.pop(bname).astype(np.float64) / b_scale).astype(np.int32)
+            extra += [tensor_proto(f"{bname}_q", b_q), tensor_proto(f"{bname}_scale", b_scale)]
+            front.append(helper.make_node("DequantizeLinear", [f"{bname}_q", f"{bname}_scale"], [bname],
+                                          name=f"{bname}_dq", axis=0))
+
+    nodes = list(front)
+    for t in graph.inputs:
+        if t in qparams:
+            nodes += _qdq(t, qparams[t], extra)
+    renamed = {t: f"{t}_dq" for t in graph.inputs if t in qparams}
+    for node in graph.nodes:
+        for k, i in enumerate(node.input):
+            if i in renamed:
+                node.input[k] = renamed[i]
+        nodes.append(node)
+        for out in node.output:
+            if out in qparams:
+                nodes += _qdq(out, qparams[out], extra)
+                renamed[out] = f"{out}_dq"
+
+    model = _model(graph, exported, nodes, inits, extra)
+    onnx.checker.check_model(model)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+    return OnnxExport(path, OPSET, counts["int8"], counts["int4"], counts["float"], tuple(widened),
+                      len(qparams), calibration if activations else None)
+
+
+def _weight_dq(qw: QuantizedWeight, factor: np.ndarray | None, wname: str, int4: bool, front: list[Any],
+               extra: list[Any]) -> np.ndarray:
+    """Adds the DequantizeLinear (and Reshape) producing `wname`; returns the per-channel scale."""
+    from onnx import helper
+
+    codes = qw.codes.numpy().astype(np.int8)
+    scales = qw.scales.float().numpy().astype(np.float64)
+    out_ch = codes.shape[0]
+    fac = np.ones(out_ch) if factor is None else factor.astype(np.float64)
+    attrs: dict[str, Any] = {}
+    if qw.spec.granularity is Granularity.GROUP:
+        codes = codes.reshape(out_ch, -1)
+        scale = scales.reshape(out_ch, -1) * fac[:, None]
+        attrs = {"axis": 1, "block_size": qw.spec.group_size}
+    elif qw.spec.granularity is Granularity.PER_CHANNEL or factor is not None:
+        scale = scales.reshape(-1) * fac if scales.size == out_ch else np.full(out_ch, scales.item()) * fac
+        attrs = {"axis": 0}
+    else:
+        scale = scales.reshape(())
+    scale = scale.astype(np.float32)
+    qname, sname = f"{wname}_q", f"{wname}_scale"
+    extra += [tensor_proto(qname, codes, int4=int4), tensor_proto(sname, scale)]
+    inputs = [qname, sname]
+    if not int4:  # explicit zero points: ORT's QDQ Conv fusion expects them on int8 weights
+        extra.append(tensor_proto(f"{wname}_zp", np.zeros(scale.shape, np.int8)))
+        inputs.append(f"{wname}_zp")
+    dq_out = f"{wname}_2d" if codes.shape != tuple(qw.codes.shape) else wname
+    front.append(helper.make_node("DequantizeLinear", inputs, [dq_out], name=f"{wname}_dq", **attrs))
+    if dq_out != wname:
+        extra.append(tensor_proto(f"{wname}_shape", np.array(qw.codes.shape, np.int64)))
+        front.append(helper.make_node("Reshape", [dq_out, f"{wname}_shape"], [wname], name=f"{wname}_reshape"))
+    per_channel = scale.reshape(out_ch, -1)[:, 0] if scale.ndim else np.full(out_ch, float(scale), np.float32)
+    return per_channel.astype(np.float32)
+
+
+def _qdq(t: str, qp: QParams, extra: list[Any]) -> list[Any]:
+    from onnx import helper
+
+    extra += [tensor_proto(f"{t}_scale", np.array(qp.scale, np.float32)),
+              tensor_proto(f"{t}_zp", np.array(qp.zero_point, np.uint8))]
+    return [helper.make_node("QuantizeLinear", [t, f"{t}_scale", f"{t}_zp"], [f"{t}_q"], name=f"{t}_quant"),
+            helper.make_node("DequantizeLinear", [f"{t}_q", f"{t}_scale", f"{t}_zp"], [f"{t}_dq"], name=f"{t}_dequant")]
+
+
+def _model(graph: Graph, exported: Any, nodes: list[Any], inits: dict[str, np.ndarray] | None = None,
+           extra: list[Any] | None = None) -> Any:
+    from onnx import helper
+
+    inits = graph.inits if inits is None else inits
+    g = exported.graph
+    initializer = [tensor_proto(k, v) for k, v in inits.items()] + list(extra or [])
+    new = helper.make_graph(nodes or graph.nodes, g.name, [i for i in g.input if i.name not in graph.inits],
+                            list(g.output), initializer)
+    model = helper.make_model(new, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="modelopt")
+    model.ir_version = IR_VERSION
+    return model
+
+
+def _torch_export(evaluator: Evaluator, plan: Plan) -> Any:
+    """The model with the plan's dequantized weights, exported as float ONNX (batch size free)."""
+    import onnx
+
+    wl = evaluator.workload
+    model = copy.deepcopy(wl.model).cpu().eval()
+    mods = compressible_modules(model)
+    for name, w in evaluator.compressed_weights(plan).items():
+        mods[name].weight.data = w.detach().cpu().clone()
+    x = wl.split("val").x[:1].cpu()
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # The TorchScript exporter keeps parameter names as initializer names (the weights are
+        # found by layer name) and leaves batch norms for our folding.
+        torch.onnx.export(model, (x,), buf, dynamo=False, opset_version=17, input_names=["input"],
+                          output_names=["logits"], dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+                          do_constant_folding=False)
+    return onnx.load_from_string(buf.getvalue())
+
+
+def ort_session(path: str | Path, threads: int | None = None, level: str = "all", optimized_path: str | Path | None = None
+                ) -> Any:
+    """An ONNX Runtime CPU session with fixed intra-op threads (None: ORT's default)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+                                     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+                                     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[level]
+    if threads is not None:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if optimized_path is not None:
+        opts.optimized_model_filepath = str(optimized_path)
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def run_onnx(path: str | Path, x: np.ndarray | torch.Tensor, *, batch_size: int = 256, threads: int | None = None
+             ) -> np.ndarray:
+    """Logits of the ONNX model at `path` on `x` (NCHW float32), in batches, on the CPU.
+
+    Example:
+        >>> run_onnx("r20-int8.onnx", wl.split("val").x).argmax(1)
+    """
+    sess = ort_session(path, threads)
+    name = sess.get_inputs()[0].name
+    x = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return np.concatenate([sess.run(None, {name: x[i : i + batch_size]})[0] for i in range(0, len(x), batch_size)])
+
+
+def fused_op_counts(path: str | Path) -> dict[str, int]:
+    """Op types of the graph ONNX Runtime actually runs after its QDQ fusions (extended level).
+
+    Integer kernels show up as QLinearConv, QLinearAdd, ...; an unfused QDQ model shows only
+    QuantizeLinear/DequantizeLinear around float Conv.
+
+    Example:
+        >>> fused_op_counts("r20-int8.onnx")["QLinearConv"]
+        19
+    """
+    import onnx
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "optimized.onnx"
+        ort_session(path, level="extended", optimized_path=out)
+        return dict(Counter(n.op_type for n in onnx.load(out).graph.node))

@@ -1,0 +1,200 @@
+"""Graph surgery for the ONNX export: batch-norm folding, QDQ placement, activation calibration.
+
+The QDQ layout follows what ONNX Runtime's CPU provider fuses into integer kernels: every
+activation entering or leaving a Conv, Gemm, MatMul or Add passes through a
+QuantizeLinear/DequantizeLinear pair (uint8, per tensor), moved past a ReLU that follows the op
+(a zero point of 0 lets ORT drop the ReLU), and weights are integer initializers behind a
+DequantizeLinear. ORT then rewrites DQ -> Conv -> Q into QLinearConv and DQ, DQ -> Add -> Q into
+QLinearAdd. Tensors that data-movement ops (Slice, Pad, Reshape, ...) derive from a quantized
+tensor reuse its scale, so re-quantizing them loses nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
+
+QUANTIZED_OPS = ("Conv", "Gemm", "MatMul", "Add")
+# Ops whose output holds (a subset of) the input's values, zeros possibly added: same scale serves.
+PRESERVING_OPS = ("Slice", "Pad", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool", "Identity")
+
+
+@dataclass(frozen=True)
+class QParams:
+    """uint8 affine quantization of one activation tensor."""
+
+    scale: float
+    zero_point: int
+
+    @classmethod
+    def from_range(cls, lo: float, hi: float) -> QParams:
+        lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)  # zero must be exact (padding, ReLU)
+        scale = (hi - lo) / 255.0
+        if not np.isfinite(scale) or scale <= 0:
+            return cls(1.0, 0)
+        scale = float(np.float32(scale))
+        return cls(scale, int(np.clip(round(-lo / scale), 0, 255)))
+
+
+class Graph:
+    """A mutable view of an ONNX graph: nodes, float initializers as numpy, producers and consumers."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        from onnx import numpy_helper
+
+        self.model = model
+        g = model.graph
+        self.nodes = list(g.node)
+        self.inits: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+        self.inputs = [i.name for i in g.input if i.name not in self.inits]
+        self.outputs = [o.name for o in g.output]
+
+    def producer(self) -> dict[str, Any]:
+        return {out: n for n in self.nodes for out in n.output}
+
+    def consumers(self) -> dict[str, list[Any]]:
+        cons: dict[str, list[Any]] = {}
+        for n in self.nodes:
+            for i in n.input:
+                cons.setdefault(i, []).append(n)
+        return cons
+
+    def attr(self, node: Any, name: str, default: Any = None) -> Any:
+        from onnx import helper
+
+        for a in node.attribute:
+            if a.name == name:
+                return helper.get_attribute_value(a)
+        return default
+
+
+def fold_batchnorm(graph: Graph) -> dict[str, np.ndarray]:
+    """Folds every BatchNormalization that alone consumes a Conv's output into that Conv.
+
+    Returns:
+        The per-output-channel factor each folded conv weight was multiplied by, by weight name.
+    """
+    producer, consumers = graph.producer(), graph.consumers()
+    factors: dict[str, np.ndarray] = {}
+    drop = []
+    for bn in [n for n in graph.nodes if n.op_type == "BatchNormalization"]:
+        conv = producer.get(bn.input[0])
+        if conv is None or conv.op_type != "Conv" or len(consumers.get(bn.input[0], [])) != 1:
+            continue
+        if len(bn.output) != 1 or any(i not in graph.inits for i in bn.input[1:5]) or conv.input[1] not in graph.inits:
+            continue
+        gamma, beta, mean, var = (graph.inits[i].astype(np.float64) for i in bn.input[1:5])
+        scale = gamma / np.sqrt(var + float(graph.attr(bn, "epsilon", 1e-5)))
+        wname = conv.input[1]
+        w = graph.inits[wname]
+        graph.inits[wname] = (w * scale.reshape(-1, *[1] * (w.ndim - 1))).astype(np.float32)
+        bias = graph.inits[conv.input[2]].astype(np.float64) if len(conv.input) > 2 and conv.input[2] else 0.0
+        bname = conv.input[2] if len(conv.input) > 2 and conv.input[2] else f"{wname.removesuffix('.weight')}.bias"
+        graph.inits[bname] = (bias * scale + beta - mean * scale).astype(np.float32)
+        if len(conv.input) < 3:
+            conv.input.append(bname)
+        else:
+            conv.input[2] = bname
+        conv.output[0] = bn.output[0]
+        factors[wname] = factors.get(wname, np.ones_like(scale)) * scale
+        drop.append(bn)
+    graph.nodes = [n for n in graph.nodes if all(n is not d for d in drop)]
+    used = {i for n in graph.nodes for i in n.input}
+    graph.inits = {k: v for k, v in graph.inits.items() if k in used}
+    return factors
+
+
+def activation_tensors(graph: Graph) -> dict[str, str]:
+    """The activations to quantize, each mapped to the tensor whose range sets its scale."""
+    producer, consumers = graph.producer(), graph.consumers()
+    needed: dict[str, None] = {}
+    for n in graph.nodes:
+        if n.op_type not in QUANTIZED_OPS:
+            continue
+        data_inputs = [i for i in (n.input[:1] if n.op_type in ("Conv", "Gemm") else n.input)
+                       if i and i not in graph.inits]
+        if not all(_is_float_activation(i, producer) for i in data_inputs):
+            continue
+        for i in data_inputs:
+            needed[i] = None
+        out = n.output[0]
+        users = consumers.get(out, [])
+        if len(users) == 1 and users[0].op_type == "Relu" and out not in graph.outputs:
+            out = users[0].output[0]
+        needed[out] = None
+    needed = {t: None for t in needed if t not in graph.outputs}
+    source: dict[str, str] = {}
+    for t in needed:
+        root = t
+        while root in producer and producer[root].op_type in PRESERVING_OPS:
+            root = producer[root].input[0]
+            if root in needed:
+                break
+        if root in graph.outputs or root in graph.inits:
+            root = t
+        source[t] = root
+        source.setdefault(root, root)
+    return source
+
+
+def _is_float_activation(name: str, producer: Mapping[str, Any]) -> bool:
+    # Shape arithmetic (Shape, Gather, Constant ...) feeds some Adds; only data tensors are quantized.
+    node = producer.get(name)
+    return node is None or node.op_type not in ("Shape", "Constant", "ConstantOfShape", "Gather", "Cast", "Size")
+
+
+def calibrate(
+    model: onnx.ModelProto, tensors: Iterable[str], batches: Iterable[np.ndarray], method: str = "minmax",
+    percentile: float = 99.99, seed: int = 0,
+) -> dict[str, tuple[float, float]]:
+    """The (low, high) range of each named tensor over the calibration batches.
+
+    `minmax` takes the extremes; `percentile` the given percentile of each tail, estimated on a
+    seeded sample of up to 20,000 values per tensor and batch.
+    """
+    import onnx
+    import onnxruntime as ort
+
+    names = list(dict.fromkeys(tensors))
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    existing = {o.name for o in probe.graph.output}
+    for name in names:
+        if name not in existing:
+            probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.intra_op_num_threads = 2
+    sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    in_name = sess.get_inputs()[0].name
+    lo = dict.fromkeys(names, np.inf)
+    hi = dict.fromkeys(names, -np.inf)
+    samples: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    rng = np.random.default_rng(seed)
+    for x in batches:
+        outs = sess.run(names, {in_name: x})
+        for name, v in zip(names, outs):
+            v = v.reshape(-1)
+            lo[name], hi[name] = min(lo[name], float(v.min())), max(hi[name], float(v.max()))
+            if method == "percentile":
+                samples[name].append(v if v.size <= 20000 else rng.choice(v, 20000, replace=False))
+    if method == "percentile":
+        for name in names:
+            v = np.concatenate(samples[name])
+            lo[name], hi[name] = float(np.percentile(v, 100 - percentile)), float(np.percentile(v, percentile))
+    return {n: (lo[n], hi[n]) for n in names}
+
+
+def tensor_proto(name: str, array: np.ndarray, *, int4: bool = False) -> onnx.TensorProto:
+    """An initializer; `int4` stores integer codes in ONNX's packed 4-bit type (opset 21)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    if int4:
+        return helper.make_tensor(name, TensorProto.INT4, list(array.shape), array.astype(np.int8).reshape(-1).tolist())
+    return numpy_helper.from_array(np.ascontiguousarray(array).reshape(array.shape), name)

@@ -1,0 +1,203 @@
+"""Measured latency: the median wall time of one batch, after warm-up, on a stated backend.
+
+Two backends share one protocol (DESIGN.md, latency_ms): a fixed thread count, `warmup`
+untimed runs, then `repeats` timed runs of the same batch, and the median reported.
+
+- ``torch``: an nn.Module under `torch.inference_mode`; on CUDA each run is timed with CUDA
+  events (the GPU's own clock, no host-side sync noise), on the CPU with `perf_counter`.
+- ``onnxruntime``: an ONNX file or bytes in a CPU session with fixed intra-op threads,
+  sequential execution and all graph optimisations (so QDQ models run their integer kernels).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from modelopt.errors import ConfigError
+
+BACKENDS = ("torch", "onnxruntime")
+
+
+@dataclass(frozen=True)
+class Latency:
+    """One latency measurement; `median_ms` is the figure reports quote as latency_ms."""
+
+    median_ms: float
+    batch_size: int
+    backend: str
+    device: str
+    threads: int
+    repeats: int
+    warmup: int
+    min_ms: float
+    max_ms: float
+
+    def __str__(self) -> str:
+        return (f"{self.median_ms:.3f} ms/batch of {self.batch_size} ({self.backend}, {self.device}, "
+                f"{self.threads} threads, median of {self.repeats})")
+
+
+def _check(batch_size: int, threads: int, warmup: int, repeats: int) -> None:
+    for name, v, low in (("batch_size", batch_size, 1), ("threads", threads, 1), ("warmup", warmup, 0),
+                         ("repeats", repeats, 1)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            raise ConfigError(f"latency: {name} must be an integer >= {low}, got {v!r}")
+
+
+def _time(run: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def _record(times: list[float], batch_size: int, backend: str, device: str, threads: int, warmup: int) -> Latency:
+    return Latency(statistics.median(times), batch_size, backend, device, threads, len(times), warmup,
+                   min(times), max(times))
+
+
+def torch_latency(
+    model: nn.Module,
+    example: torch.Tensor,
+    *,
+    batch_size: int = 1,
+    device: str | torch.device = "cpu",
+    threads: int = 1,
+    warmup: int = 10,
+    repeats: int = 50,
+) -> Latency:
+    """Median latency of `model` on a batch of `batch_size` inputs shaped like `example`.
+
+    Args:
+        model: the network (moved to `device` and put in eval mode).
+        example: one input or a batch; its first `batch_size` rows are used, repeated if fewer.
+        batch_size: rows per timed batch.
+        device: cpu, cuda or cuda:N.
+        threads: torch intra-op threads during the measurement (restored after).
+        warmup: untimed runs first.
+        repeats: timed runs; the median is reported.
+
+    Example:
+        >>> torch_latency(model, wl.split("val").x, batch_size=64, threads=2).median_ms
+    """
+    _check(batch_size, threads, warmup, repeats)
+    dev = torch.device(device)
+    x = _batch(example.detach(), batch_size).to(dev, torch.float32)
+    model = model.to(dev).eval()
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            if dev.type == "cuda":
+                times = _cuda_times(model, x, warmup, repeats)
+            else:
+                times = _time(lambda: model(x), warmup, repeats)
+    finally:
+        torch.set_num_threads(old_threads)
+    return _record(times, batch_size, "torch", str(dev), threads, warmup)
+
+
+def _cuda_times(model: nn.Module, x: torch.Tensor, warmup: int, repeats: int) -> list[float]:
+    for _ in range(warmup):
+        model(x)
+    torch.cuda.synchronize(x.device)
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        model(x)
+        end.record()
+        end.synchronize()
+        times.append(float(start.elapsed_time(end)))
+    return times
+
+
+def onnx_latency(
+    model: str | Path | bytes,
+    example: torch.Tensor | np.ndarray,
+    *,
+    batch_size: int = 1,
+    threads: int = 1,
+    warmup: int = 10,
+    repeats: int = 50,
+) -> Latency:
+    """Median latency of an ONNX model in ONNX Runtime (CPUExecutionProvider).
+
+    Args:
+        model: an .onnx path or the serialized model.
+        example: one input or a batch (NCHW float32); its first `batch_size` rows are used.
+        batch_size: rows per timed batch.
+        threads: the session's intra-op threads (inter-op 1, sequential execution).
+        warmup: untimed runs first.
+        repeats: timed runs; the median is reported.
+
+    Example:
+        >>> onnx_latency("r20-int8.onnx", wl.split("val").x, batch_size=64, threads=2).median_ms
+    """
+    import onnxruntime as ort
+
+    _check(batch_size, threads, warmup, repeats)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    source = model if isinstance(model, bytes) else str(model)
+    sess = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+    ex = torch.as_tensor(example) if isinstance(example, np.ndarray) else example.detach()
+    x = np.ascontiguousarray(_batch(ex, batch_size).cpu().numpy(), dtype=np.float32)
+    feed = {sess.get_inputs()[0].name: x}
+    times = _time(lambda: sess.run(None, feed), warmup, repeats)
+    return _record(times, batch_size, "onnxruntime", "cpu", threads, warmup)
+
+
+def measure_latency(
+    model: nn.Module | str | Path | bytes,
+    example: torch.Tensor,
+    *,
+    backend: str = "torch",
+    batch_size: int = 1,
+    device: str = "cpu",
+    threads: int = 1,
+    warmup: int = 10,
+    repeats: int = 50,
+) -> Latency:
+    """Latency on the named backend: ``torch`` for an nn.Module, ``onnxruntime`` for an ONNX model.
+
+    Example:
+        >>> measure_latency("r20-int8.onnx", x, backend="onnxruntime", batch_size=64)
+    """
+    if backend == "torch":
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"backend 'torch' times an nn.Module, got {type(model).__name__}")
+        return torch_latency(model, example, batch_size=batch_size, device=device, threads=threads,
+                             warmup=warmup, repeats=repeats)
+    if backend == "onnxruntime":
+        if isinstance(model, nn.Module):
+            raise ConfigError("backend 'onnxruntime' times an ONNX file; export one with modelopt.export(format='onnx')")
+        if device != "cpu":
+            raise ConfigError(f"backend 'onnxruntime' runs on the cpu here, got device {device!r}")
+        return onnx_latency(model, example, batch_size=batch_size, threads=threads, warmup=warmup, repeats=repeats)
+    raise ConfigError(f"unknown latency backend {backend!r}; valid: {', '.join(BACKENDS)}")
+
+
+def _batch(x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    if x.dim() == 3:
+        x = x.unsqueeze(0)
+    if x.shape[0] >= batch_size:
+        return x[:batch_size].contiguous()
+    reps = -(-batch_size // x.shape[0])
+    return x.repeat(reps, *[1] * (x.dim() - 1))[:batch_size].contiguous()

@@ -1,0 +1,60 @@
+"""ONNX export against PyTorch: ONNX Runtime runs the plan's integer weights with integer kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+import onnx
+
+from modelopt.errors import ConfigError
+from modelopt.export.onnx import export_onnx, fused_op_counts, run_onnx
+
+
+def _torch_logits(evaluator, plan, x):
+    with evaluator.workload.weights(evaluator.compressed_weights(plan)):
+        return evaluator.workload.logits(x).numpy()
+
+
+def test_int8_qdq_runs_integer_kernels_and_agrees(r20_evaluator, r20_plans, tmp_path):
+    plan = r20_plans["int8_per_channel"]
+    info = export_onnx(r20_evaluator, plan, tmp_path / "int8.onnx")
+    model = onnx.load(info.path)
+    onnx.checker.check_model(model, full_check=True)
+    assert info.int8_layers == 20 and info.int4_layers == 0 and info.activation_tensors > 0
+    # What ORT runs after its QDQ fusions: every conv but the first (float input, by design)
+    # becomes QLinearConv, residual adds QLinearAdd: integer kernels, not float Conv on DQ output.
+    ops = fused_op_counts(info.path)
+    assert ops.get("QLinearConv") == 18 and ops.get("Conv") == 1, ops
+    assert ops.get("QLinearAdd") == 9, ops
+    x = r20_evaluator.workload.split("val").x
+    agreement = float((run_onnx(info.path, x).argmax(1) == _torch_logits(r20_evaluator, plan, x).argmax(1)).mean())
+    assert agreement >= 0.995, agreement
+
+
+def test_weight_only_int4_group_is_exact(r20_evaluator, r20_plans, tmp_path):
+    # Float activations: ORT must reproduce PyTorch's logits, which checks the int4 packing, the
+    # blocked (group) DequantizeLinear and the folded batch norms number by number.
+    plan = r20_plans["mixed_2_3_4"]
+    info = export_onnx(r20_evaluator, plan, tmp_path / "mixed.onnx", activations=False)
+    model = onnx.load(info.path)
+    types = {t.name: t.data_type for t in model.graph.initializer}
+    assert types["layer1.0.conv2.weight_q"] == onnx.TensorProto.INT4
+    assert info.int4_layers == 20 and info.activation_tensors == 0 and "conv1" in info.widened
+    blocked = [n for n in model.graph.node if n.op_type == "DequantizeLinear"
+               and any(a.name == "block_size" for a in n.attribute)]
+    assert blocked
+    x = r20_evaluator.workload.split("val").x[:128]
+    np.testing.assert_allclose(run_onnx(info.path, x), _torch_logits(r20_evaluator, plan, x), atol=2e-4, rtol=1e-4)
+
+
+def test_float_export_and_bad_options(r20_evaluator, tmp_path):
+    plan = r20_evaluator.space.plan()
+    info = export_onnx(r20_evaluator, plan, tmp_path / "float.onnx", activations=False)
+    model = onnx.load(info.path)
+    assert not any(n.op_type == "BatchNormalization" for n in model.graph.node)  # folded into the convs
+    x = r20_evaluator.workload.split("val").x[:32]
+    np.testing.assert_allclose(run_onnx(info.path, x), _torch_logits(r20_evaluator, plan, x), atol=2e-4, rtol=1e-4)
+    with pytest.raises(ConfigError, match="calibration 'entropy'"):
+        export_onnx(r20_evaluator, plan, tmp_path / "x.onnx", calibration="entropy")

@@ -1,0 +1,100 @@
+"""The packed checkpoint against the evaluator: its bytes are size_bytes, its reload is the scored model."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from modelopt.api import build_compressors, build_workload
+from modelopt.compressors import QuantSpec
+from modelopt.errors import LoadError
+from modelopt.evaluator import Evaluator
+from modelopt.export import export_packed, load
+from modelopt.layers import compressible_modules
+from modelopt.space import SearchSpace
+
+PLANS = ("int8_per_channel", "int4_per_channel", "int4_group", "mixed_2_3_4")
+
+
+@pytest.mark.parametrize("name", PLANS)
+def test_file_size_is_size_bytes(r20_evaluator, r20_plans, tmp_path, name):
+    plan = r20_plans[name]
+    path = export_packed(r20_evaluator, plan, tmp_path / f"{name}.pt")
+    size, accounted = os.path.getsize(path), r20_evaluator.size_bytes(plan)
+    # The file holds every accounted byte plus the zip/pickle framing, the index and the plan text.
+    assert accounted <= size <= 1.05 * accounted, (name, size, accounted)
+
+
+@pytest.mark.parametrize("name", ("int4_group", "mixed_2_3_4"))
+def test_reload_is_the_evaluated_model(r20_evaluator, r20_plans, tmp_path, name):
+    plan = r20_plans[name]
+    wl = r20_evaluator.workload
+    net = load(export_packed(r20_evaluator, plan, tmp_path / "m.pt"))  # rebuilt from the zoo by name
+    assert net is not wl.model and not net.training
+    expected = r20_evaluator.compressed_weights(plan)
+    layers = compressible_modules(net)
+    assert set(expected) == set(layers)
+    for lname, w in expected.items():
+        assert torch.equal(layers[lname].weight, w), lname  # bit-identical dequantized weights
+    x = wl.split("val").x[:128]
+    with torch.inference_mode():
+        got = net(x)
+    with wl.weights(expected):
+        want = wl.logits(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)  # BN folded: same map, other rounding
+    assert torch.equal(got.argmax(1), want.argmax(1))
+
+
+def test_float_layers_and_pickled_files(r20_evaluator, r20_plans, tmp_path):
+    space = r20_evaluator.space
+    plan = space.parse_plan({"default": {"quantize": {"bits": 4}}, "layers": {"linear": {"quantize": None}}})
+    path = export_packed(r20_evaluator, plan, tmp_path / "m.pt")
+    net = load(path)
+    assert torch.equal(net.linear.weight, r20_evaluator.workload.original["linear"])
+    assert os.path.getsize(path) <= 1.05 * r20_evaluator.size_bytes(plan)
+    # Loading never unpickles objects: a file with one is refused, not executed.
+    torch.save({"format": "modelopt.packed", "version": 1, "x": nn.ReLU()}, tmp_path / "evil.pt")
+    with pytest.raises(LoadError, match="cannot read"):
+        load(tmp_path / "evil.pt")
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
+    with pytest.raises(LoadError, match="not a modelopt packed checkpoint"):
+        load(tmp_path / "other.pt")
+
+
+class SmallNet(nn.Module):
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, width, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(width)
+        self.fc = nn.Linear(width, 10)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+def test_load_onto_a_skeleton_for_models_outside_the_zoo(tmp_path):
+    torch.manual_seed(0)
+    src = SmallNet()
+    with torch.no_grad():  # non-trivial statistics, so folding the norm matters
+        src.bn.running_mean.uniform_(-1, 1)
+        src.bn.running_var.uniform_(0.5, 2)
+        src.bn.weight.uniform_(0.5, 1.5)
+        src.bn.bias.uniform_(-1, 1)
+    wl = build_workload(src.eval(), "cifar10-sample", device="cpu")
+    space = SearchSpace(wl.layers, build_compressors())
+    ev = Evaluator(wl, space)
+    plan = space.uniform("quantize", QuantSpec(8))
+    path = export_packed(ev, plan, tmp_path / "small.pt")
+    with pytest.raises(LoadError, match="cannot be rebuilt by name"):
+        load(path)
+    net = load(path, model=SmallNet())
+    x = wl.split("val").x[:64]
+    with wl.weights(ev.compressed_weights(plan)):
+        want = wl.logits(x)
+    with torch.inference_mode():
+        torch.testing.assert_close(net(x), want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(LoadError, match="does not fit"):
+        load(path, model=SmallNet(width=4))
