@@ -58,3 +58,31 @@ def test_float_export_and_bad_options(r20_evaluator, tmp_path):
     np.testing.assert_allclose(run_onnx(info.path, x), _torch_logits(r20_evaluator, plan, x), atol=2e-4, rtol=1e-4)
     with pytest.raises(ConfigError, match="calibration 'entropy'"):
         export_onnx(r20_evaluator, plan, tmp_path / "x.onnx", calibration="entropy")
+
+
+def test_qparams_keep_zero_exact():
+    from modelopt.export.onnx_qdq import QParams
+
+    relu = QParams.from_range(0.0, 2.55)
+    assert relu.zero_point == 0 and relu.scale == pytest.approx(0.01)  # ORT drops a ReLU before zp 0
+    signed = QParams.from_range(-1.0, 3.0)
+    assert signed.zero_point == round(1.0 / signed.scale) and signed.scale == pytest.approx(4 / 255)
+    assert QParams.from_range(0.0, 0.0) == QParams(1.0, 0)  # a dead tensor still gets a valid scale
+
+
+def test_percentile_calibration_clips_the_tails():
+    from onnx import TensorProto, helper
+
+    from modelopt.export.onnx_qdq import calibrate
+
+    node = helper.make_node("Relu", ["x"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 1000])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1000])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    x = np.random.default_rng(0).standard_normal((8, 1000)).astype(np.float32)
+    x[0, 0] = 50.0  # one outlier
+    lo, hi = calibrate(model, ["y"], [x], "minmax")["y"]
+    assert (lo, hi) == (0.0, 50.0)
+    _, hi_p = calibrate(model, ["y"], [x], "percentile", percentile=99.9)["y"]
+    assert 2.0 < hi_p < 5.0
