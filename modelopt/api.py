@@ -15,6 +15,7 @@ from modelopt.compressors import COMPRESSORS, Compressor
 from modelopt.data import Dataset, load_data
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluator import Evaluator, Metrics
+from modelopt.fidelity import Fidelity
 from modelopt.models import LoadedModel, load_model
 from modelopt.objective import Objective
 from modelopt.plan import Plan
@@ -25,6 +26,7 @@ from modelopt.workload import Workload
 
 DEFAULT_COMPRESSORS = ("quantize",)
 DEFAULT_RUNS_DIR = Path("runs")
+DEFAULT_FIDELITY: Fidelity | None = Fidelity()
 
 ModelLike = str | Path | nn.Module | LoadedModel
 DataLike = str | Path | DataLoader | Dataset
@@ -151,6 +153,7 @@ def optimize(
     data_seed: int = 0,
     allow_pickle: bool = False,
     progress: bool = True,
+    fidelity: Fidelity | None = DEFAULT_FIDELITY,
 ) -> RunResult:
     """Searches for the smallest plan that keeps `min_retention` of the float accuracy.
 
@@ -179,6 +182,9 @@ def optimize(
         data_seed: the seed of the calib/val/test split (fixed across search seeds).
         allow_pickle: allow full unpickling of model files (trusted files only).
         progress: show a progress bar.
+        fidelity: multi-fidelity scoring: a plan below the floor beyond doubt on part of the
+            val split (or that cannot beat the best so far) stops there and is charged only
+            that part; None scores every plan on the whole split.
 
     Example:
         >>> result = modelopt.optimize(budget=20)
@@ -212,13 +218,14 @@ def optimize(
         "min_retention": min_retention,
         "compressors": {c.name: c.options() for c in comps},
         "device": str(wl.device),
+        "fidelity": None if fidelity is None else fidelity.to_dict(),
         **wl.fingerprints(),
     }
     evaluator = Evaluator(wl, space)
     evaluator.measure_errors()  # data-free priors for strategies that use them; costs no evaluation
     strat = STRATEGIES.get(strategy)(space, obj, seed=seed)
     runner = Runner(evaluator, strat, obj, budget=budget, run_dir=run_dir, config=config, resume=resume,
-                    progress=progress)
+                    progress=progress, fidelity=fidelity)
     result = runner.run()
     _after_run(result, wl, report=report, storage=storage)
     return result

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from modelopt.errors import TrialError
+from modelopt.fidelity import Fidelity, max_correct
 from modelopt.plan import Plan
 from modelopt.space import SearchSpace
 from modelopt.workload import Workload
@@ -36,6 +37,10 @@ class Metrics:
     float_macs: int = 0
     latency_ms: float | None = None
     latency_backend: str | None = None
+    # Multi-fidelity: why scoring stopped on a subset ("infeasible": below the floor beyond
+    # doubt; "dominated": it cannot beat the best plan, so its retention only informs the
+    # search). None: scored on the whole split. A stopped plan is never feasible or best.
+    stopped: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (NaN becomes None)."""
@@ -154,15 +159,68 @@ class Evaluator:
             return self._results[key]
         t0 = time.perf_counter()
         with self.workload.weights(self.compressed_weights(plan)):
-            logits = self.workload.logits(data.x[:n])
+            pred = self._predict(plan, data.x[:n])
+        metrics = self._metrics(plan, split, pred, time.perf_counter() - t0)
+        self._results[key] = metrics
+        return metrics
+
+    def evaluate_staged(self, plan: Plan, min_retention: float, fidelity: Fidelity, *, finish: bool = True) -> Metrics:
+        """Scores `plan` on the val split in stages, stopping once the rest cannot matter.
+
+        After each stage of `fidelity`, the plan stops if an upper confidence bound on its
+        retention over the whole split is below `min_retention` (see `modelopt.fidelity`).
+        With `finish=False` (the plan cannot beat the best one found, whatever its accuracy)
+        it stops after the first stage: its retention there only informs the search.
+        """
+        data = self.workload.split("val")
+        full = (plan.key, "val", len(data))
+        if full in self._results:
+            return self._results[full]
+        t0 = time.perf_counter()
+        cuts = fidelity.cuts(len(data))
+        base_right = data.base_correct
+        preds: list[torch.Tensor] = []
+        with self.workload.weights(self.compressed_weights(plan)):
+            start = 0
+            for stop in cuts:
+                preds.append(self._predict(plan, data.x[start:stop]))
+                start = stop
+                if stop == len(data):
+                    break
+                pred = torch.cat(preds)
+                if not finish:
+                    return self._metrics(plan, "val", pred, time.perf_counter() - t0, stopped="dominated")
+                right = pred == data.y[:stop]
+                br, bw = base_right[:stop], ~base_right[:stop]
+                bound = max_correct(
+                    plan_correct=int(right.sum()),
+                    base_right=int(br.sum()), lost=int((br & ~right).sum()),
+                    base_wrong=int(bw.sum()), gained=int((bw & right).sum()),
+                    base_right_rest=int(base_right[stop:].sum()), base_wrong_rest=int((~base_right[stop:]).sum()),
+                    delta=fidelity.delta,
+                )
+                if bound < min_retention * int(base_right.sum()):
+                    return self._metrics(plan, "val", pred, time.perf_counter() - t0, stopped="infeasible")
+        metrics = self._metrics(plan, "val", torch.cat(preds), time.perf_counter() - t0)
+        self._results[full] = metrics
+        return metrics
+
+    def _predict(self, plan: Plan, x: torch.Tensor) -> torch.Tensor:
+        logits = self.workload.logits(x)
         if not torch.isfinite(logits).all():
             raise TrialError(f"plan {plan.key} gives non-finite outputs")
-        pred = logits.argmax(dim=1)
+        return logits.argmax(dim=1)
+
+    def _metrics(self, plan: Plan, split: str, pred: torch.Tensor, seconds: float, stopped: str | None = None
+                 ) -> Metrics:
+        """Metrics of predictions `pred` for the first len(pred) samples of `split`."""
+        data = self.workload.split(split)
+        n = int(pred.shape[0])
         y, base = data.y[:n], data.base_pred[:n]
         acc = float((pred == y).float().mean())
         base_acc = float((base == y).float().mean())
         size = self.size_bytes(plan)
-        metrics = Metrics(
+        return Metrics(
             split=split,
             n_samples=n,
             accuracy=acc,
@@ -174,9 +232,8 @@ class Evaluator:
             compression=self.workload.float_size_bytes / size,
             bitops=self.bitops(plan),
             macs=self.workload.macs,
-            eval_seconds=time.perf_counter() - t0,
+            eval_seconds=seconds,
             float_bitops=self.float_bitops(),
             float_macs=self.workload.macs,
+            stopped=stopped,
         )
-        self._results[key] = metrics
-        return metrics

@@ -51,11 +51,17 @@ class Objective:
                Target.MACS: m.float_macs or m.macs}
         return float(ref[self.target])
 
-    def feasible(self, m: Metrics) -> bool:
+    def meets_floor(self, m: Metrics) -> bool:
+        """Retention at or above the floor, on whatever samples `m` was scored."""
         return not math.isnan(m.retention) and m.retention >= self.min_retention
 
+    def feasible(self, m: Metrics) -> bool:
+        """Meets the floor on the whole split: a plan scored only on a subset never counts."""
+        return m.stopped is None and self.meets_floor(m)
+
     def reward(self, m: Metrics) -> float:
-        if self.feasible(m):
+        """What strategies maximise; for a plan scored on a subset, its estimate from that subset."""
+        if self.meets_floor(m):
             return self.reference(m) / max(self.value(m), 1e-12)
         r = 0.0 if math.isnan(m.retention) else m.retention
         return r - self.min_retention - 1.0
@@ -67,7 +73,8 @@ T = TypeVar("T")
 def pareto_front(items: Iterable[T], key: Callable[[T], Metrics], objective: Objective) -> list[T]:
     """Items not dominated in (higher retention, lower target value), by ascending target value."""
     # NaN retention is never on the front, and left in the sort it can misorder equal-size items.
-    pts = sorted((it for it in items if not math.isnan(key(it).retention)),
+    # Plans scored only on a subset (multi-fidelity) are left out: their retention is an estimate.
+    pts = sorted((it for it in items if not math.isnan(key(it).retention) and key(it).stopped is None),
                  key=lambda it: (objective.value(key(it)), -key(it).retention))
     front: list[T] = []
     best_ret = -math.inf

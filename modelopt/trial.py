@@ -40,6 +40,12 @@ class Trial:
     def ok(self) -> bool:
         return self.status is TrialStatus.COMPLETE
 
+    @property
+    def meets_floor(self) -> bool:
+        """Retention at the floor on what was scored; unlike `feasible`, also for a plan that
+        multi-fidelity stopped on a subset (strategies learn from this, reports use `feasible`)."""
+        return self.ok and self.reward is not None and self.reward >= 0
+
     def to_json(self) -> dict[str, Any]:
         return {
             "v": TRIAL_VERSION,

@@ -62,8 +62,9 @@ def write_json_atomic(path: str | Path, obj: Any, *, durable: bool = True) -> No
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=None if not durable else 1, separators=None if durable else (",", ":"),
-                  allow_nan=False)
+        # One dumps + write: json.dump streams small chunks and costs ~10x more (search overhead).
+        f.write(json.dumps(obj, indent=None if not durable else 1, separators=None if durable else (",", ":"),
+                           allow_nan=False))
         if durable:
             f.flush()
             os.fsync(f.fileno())

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from modelopt._version import __version__
 from modelopt.errors import ConfigError, ModeloptError
 from modelopt.evaluator import Evaluator, Metrics
-from modelopt.objective import Objective, best_of, pareto_front
+from modelopt.fidelity import Fidelity
+from modelopt.objective import Objective, Target, best_of, pareto_front
 from modelopt.plan import Plan
 from modelopt.run.journal import Journal, write_json_atomic
 from modelopt.search._base import Strategy
@@ -32,7 +33,7 @@ MAX_IDLE_ASKS = 2000  # consecutive already-seen plans before the space counts a
 # Settings that must match for a run folder to be resumed (the budget may grow). Model and data
 # are compared by content hash, not by path, so a run folder moved with its files still resumes.
 RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "compressors",
-               "data_seed")
+               "data_seed", "fidelity")
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class Runner:
         config: the run's settings, saved to run.json and checked on resume.
         resume: continue the journal already in `run_dir`.
         progress: show a progress bar.
+        fidelity: multi-fidelity scoring (stop plans early on a subset of val); None scores every
+            plan on the whole val split.
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class Runner:
         resume: bool = False,
         progress: bool = True,
         console: Console | None = None,
+        fidelity: Fidelity | None = None,
     ) -> None:
         if budget <= 0:
             raise ConfigError(f"budget must be positive, got {budget!r}")
@@ -84,6 +88,7 @@ class Runner:
         self.config = config
         self.resume = resume
         self.progress = progress
+        self.fidelity = fidelity
         self.console = console or Console(stderr=True)
         self.journal = Journal(self.run_dir / JOURNAL)
         self.trials: list[Trial] = []
@@ -140,13 +145,33 @@ class Runner:
     def spent(self) -> float:
         return sum(t.cost for t in self.trials)
 
+    def _target_value(self, plan: Plan) -> float:
+        """The objective's target for `plan`, known before scoring it (sizes and bitops are static)."""
+        target = self.objective.target
+        if target is Target.SIZE:
+            return float(self.evaluator.size_bytes(plan))
+        if target is Target.BITOPS:
+            return float(self.evaluator.bitops(plan))
+        return float(self.evaluator.workload.macs)
+
+    def _cannot_improve(self, plan: Plan) -> bool:
+        """True when `plan` cannot beat the best feasible plan so far, whatever its accuracy."""
+        feasible = [self.objective.value(t.metrics) for t in self.trials if t.feasible and t.metrics is not None]
+        return bool(feasible) and self._target_value(plan) > min(feasible)
+
     def _evaluate(self, plan: Plan) -> Trial:
         t0 = time.perf_counter()
-        cost = self.evaluator.cost("val")
-        common = dict(number=len(self.trials), plan=plan, cost=cost, strategy=self.strategy.name,
+        cost = self.evaluator.cost("val")  # a failed trial is charged in full
+        common = dict(number=len(self.trials), plan=plan, strategy=self.strategy.name,
                       seed=self.strategy.seed, version=__version__)
         try:
-            metrics = self.evaluator.evaluate(plan, split="val")
+            if self.fidelity is None:
+                metrics = self.evaluator.evaluate(plan, split="val")
+            else:
+                finish = not (self.fidelity.dominated and self._cannot_improve(plan))
+                metrics = self.evaluator.evaluate_staged(plan, self.objective.min_retention, self.fidelity,
+                                                         finish=finish)
+            cost = self.evaluator.cost("val", metrics.n_samples)
             reward = self.objective.reward(metrics)
             if math.isnan(metrics.retention) or not math.isfinite(reward):
                 raise ModeloptError(f"plan {plan.key} gives a non-finite score")
@@ -154,11 +179,11 @@ class Runner:
             msg = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ModeloptError) else str(exc)
             if not isinstance(exc, ModeloptError):
                 msg += " | " + traceback.format_exc(limit=3).strip().splitlines()[-1]
-            return Trial(status=TrialStatus.FAILED, metrics=None, reward=None, feasible=False,
+            return Trial(status=TrialStatus.FAILED, metrics=None, reward=None, feasible=False, cost=cost,
                          seconds=time.perf_counter() - t0, error=msg, **common)
         finally:
             self.eval_seconds += time.perf_counter() - t0
-        return Trial(status=TrialStatus.COMPLETE, metrics=metrics, reward=reward,
+        return Trial(status=TrialStatus.COMPLETE, metrics=metrics, reward=reward, cost=cost,
                      feasible=self.objective.feasible(metrics), seconds=time.perf_counter() - t0, **common)
 
     def _record(self, trial: Trial) -> None:
@@ -182,12 +207,13 @@ class Runner:
         self._open()
         seen = {t.plan.key: t for t in self.trials}
         idle = 0
-        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.fields[best]}"))
-        total = math.ceil(self.budget / self.evaluator.cost("val") - 1e-9)
+        # Progress is budget spent (full val evaluations), which multi-fidelity makes differ from trials.
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(),
+                   TextColumn("{task.completed:.1f}/{task.total:g} evals, {task.fields[trials]} trials"),
+                   TimeElapsedColumn(), TextColumn("{task.fields[best]}"))
         with Progress(*columns, console=self.console, disable=not self.progress, transient=False) as bar:
-            task = bar.add_task(f"{self.strategy.name} search", total=total, completed=len(self.trials),
-                                best=self._best_text())
+            task = bar.add_task(f"{self.strategy.name} search", total=self.budget, completed=self.spent,
+                                best=self._best_text(), trials=len(self.trials))
             while self.spent < self.budget - 1e-9:
                 plan = self.strategy.ask(1)[0]
                 if plan.key in seen:
@@ -202,7 +228,7 @@ class Runner:
                 trial = self._evaluate(plan)
                 self._record(trial)
                 seen[plan.key] = trial
-                bar.update(task, completed=len(self.trials), best=self._best_text())
+                bar.update(task, completed=self.spent, best=self._best_text(), trials=len(self.trials))
         search_wall = time.perf_counter() - t_start
         return self._finish(search_wall)
 

@@ -328,7 +328,7 @@ class KnapsackSearch(Strategy):
         plan = trial.plan
         key = plan.key
         self._mark_seen(key)
-        feasible = bool(trial.ok and trial.feasible)
+        feasible = trial.meets_floor
         self._known[key] = feasible
         active = [(name, c) for name, c in plan.choices if c is not None]
         if len(active) == 1 and active[0][0] in self._index:

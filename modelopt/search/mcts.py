@@ -91,6 +91,7 @@ class _Record:
     idx: list[int]  # choice index per decision (space order)
     retention: float | None  # None: failed
     value: float
+    weight: float = 1.0  # share of the val split scored (multi-fidelity): noise variance ~ 1 / weight
 
 
 @STRATEGIES.register("mcts")
@@ -155,10 +156,17 @@ class MCTS(Strategy):
     def _value(self, trial: Trial) -> float:
         if trial.reward is None or trial.metrics is None:
             return 0.0
-        if trial.feasible:
+        if trial.meets_floor:
             return 1.0 + math.log(max(trial.reward, 1.0))
         ratio = max(0.0, min(trial.metrics.retention / max(self.objective.min_retention, 1e-9), 1.0))
         return 0.99 * ratio**8
+
+    def _weight(self, trial: Trial) -> float:
+        """The share of the val split a trial was scored on (1 unless multi-fidelity stopped it)."""
+        m = trial.metrics
+        if m is None or m.stopped is None or trial.cost <= 0:
+            return 1.0
+        return float(min(max(trial.cost, 0.05), 1.0))
 
     # ---- the learned loss model -----------------------------------------------------------
 
@@ -183,22 +191,27 @@ class MCTS(Strategy):
         x = x[:, :-1]
         drop = np.array([1.0 - r.retention for r in ok])  # type: ignore[operator]
         y = np.sign(drop) * np.sqrt(np.abs(drop))
+        # Weighted least squares: a plan scored on a quarter of the split is a quarter as sure.
+        wt = np.array([r.weight for r in ok])
         s = x @ err
-        self.kappa = float(np.clip((s @ y) / (s @ s), 1e-3, 100.0)) if (s @ s) > 1e-18 else KAPPA0
+        sws = float(s @ (wt * s))
+        self.kappa = float(np.clip((s @ (wt * y)) / sws, 1e-3, 100.0)) if sws > 1e-18 else KAPPA0
         # Per-decision sensitivity: z[t, d] = error of the choice trial t made at decision d.
         z = np.zeros((len(ok), self.n_dec))
         np.add.at(z.T, dec, (x * err).T)
         lam_u = (NOISE_SIGMA / (LAYER_REL * self.kappa)) ** 2
-        a = z.T @ z + lam_u * np.eye(self.n_dec)
-        u = _solve(a, z.T @ (y - z.sum(axis=1) * self.kappa))
+        zw = z * wt[:, None]
+        a = zw.T @ z + lam_u * np.eye(self.n_dec)
+        u = _solve(a, zw.T @ (y - z.sum(axis=1) * self.kappa))
         self.kd_mean = np.maximum(self.kappa + u, 0.0)
-        self.kd_std = NOISE_SIGMA / np.sqrt(np.diag(z.T @ z) + lam_u)
+        self.kd_std = NOISE_SIGMA / np.sqrt(np.diag(a))
         prior = self.kd_mean[dec] * err
         tau = PRIOR_REL * prior + PRIOR_FLOOR
         lam = (NOISE_SIGMA / tau) ** 2  # per-column ridge: trust the prior as far as it is sure
-        b = x.T @ x + np.diag(lam)
-        self.beta_mean = _solve(b, x.T @ (y - x @ prior))
-        self.beta_std = NOISE_SIGMA / np.sqrt(np.diag(x.T @ x) + lam)
+        xw = x * wt[:, None]
+        b = xw.T @ x + np.diag(lam)
+        self.beta_mean = _solve(b, xw.T @ (y - x @ prior))
+        self.beta_std = NOISE_SIGMA / np.sqrt(np.diag(b))
 
     def _deltas(self, rng: np.random.Generator | None, draws: int = 1) -> np.ndarray:
         """(decisions x choices) losses: the posterior mean, or (with `rng`) `draws` posterior draws
@@ -381,10 +394,10 @@ class MCTS(Strategy):
         self._backup(path, value)
         self._amaf(idx, value)
         retention = None if trial.metrics is None or trial.reward is None else trial.metrics.retention
-        self.records.append(_Record(idx, retention, value))
+        self.records.append(_Record(idx, retention, value, self._weight(trial)))
         if retention is not None:
             # Aim rollouts at the floor: about half land feasible (one measurement is noisy there).
-            self.margin = float(np.clip(self.margin * (1.03 if trial.feasible else 0.97), 0.5, 1.3))
+            self.margin = float(np.clip(self.margin * (1.03 if trial.meets_floor else 0.97), 0.5, 1.3))
         self._fit()
 
     # ---- state ----------------------------------------------------------------------------
@@ -393,7 +406,7 @@ class MCTS(Strategy):
         return {
             "rng": self.rng.bit_generator.state,
             "tree": [[list(k), v.n, v.w, v.best, v.prior, v.prior_at] for k, v in self.tree.items()],
-            "records": [[r.idx, r.retention, r.value] for r in self.records],
+            "records": [[r.idx, r.retention, r.value, r.weight] for r in self.records],
             "seen": self.seen,
             "margin": self.margin,
         }
@@ -401,7 +414,7 @@ class MCTS(Strategy):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["rng"]
         self.tree = {tuple(k): _Node(n, w, best, 0, prior, at) for k, n, w, best, prior, at in state["tree"]}
-        self.records = [_Record(list(i), r, v) for i, r, v in state["records"]]
+        self.records = [_Record(list(rec[0]), rec[1], rec[2], *rec[3:]) for rec in state["records"]]
         self.seen = dict(state["seen"])
         self.margin = float(state["margin"])
         self.pending = {}
