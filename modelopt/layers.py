@@ -23,6 +23,11 @@ class Layer:
     weight_shape: tuple[int, ...]
     macs: int  # multiply-accumulates per sample at the model's input size
     has_bias: bool
+    # Internal channels (a residual block's conv1 -> norm -> ReLU -> conv2): the norm after this
+    # layer and the layer reading its outputs. Set only where removing output channels touches
+    # nothing else (never the residual stream), so structured pruning may remove them.
+    channel_norm: str | None = None
+    channel_consumer: str | None = None
 
     @property
     def params(self) -> int:
@@ -36,6 +41,11 @@ class Layer:
         return self.weight_shape[0]
 
     @property
+    def in_channels(self) -> int:
+        """Input channels per group (a conv's weight dim 1; a linear layer's in_features)."""
+        return self.weight_shape[1]
+
+    @property
     def fan_in(self) -> int:
         """Weights feeding one output channel (in_channels/groups * kh * kw for a conv)."""
         return self.params // self.weight_shape[0]
@@ -44,6 +54,26 @@ class Layer:
 def compressible_modules(model: nn.Module) -> dict[str, nn.Module]:
     """The Conv2d and Linear modules of `model`, by qualified name, in definition order."""
     return {n: m for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
+
+
+def internal_channels(model: nn.Module) -> dict[str, tuple[str, str]]:
+    """{conv1: (norm, conv2)} for every residual block laid out as conv1 -> bn1 -> ReLU -> conv2.
+
+    A block module (not the model itself) with children `conv1` (Conv2d), `bn1` (a batch norm
+    over conv1's outputs) and `conv2` (a Conv2d reading them), all ungrouped: the layout of the
+    CIFAR ResNets and of torchvision's BasicBlock and Bottleneck. conv1's output channels feed
+    only conv2 there, so removing some leaves the residual stream (and option-A shortcuts) as is.
+    """
+    out: dict[str, tuple[str, str]] = {}
+    for name, mod in model.named_modules():
+        if not name:
+            continue
+        c1, bn, c2 = (getattr(mod, a, None) for a in ("conv1", "bn1", "conv2"))
+        if not (isinstance(c1, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d) and isinstance(c2, nn.Conv2d)):
+            continue
+        if c1.groups == 1 and c2.groups == 1 and bn.num_features == c1.out_channels == c2.in_channels:
+            out[f"{name}.conv1"] = (f"{name}.bn1", f"{name}.conv2")
+    return out
 
 
 def discover_layers(model: nn.Module, example: torch.Tensor) -> tuple[Layer, ...]:
@@ -66,8 +96,10 @@ def discover_layers(model: nn.Module, example: torch.Tensor) -> tuple[Layer, ...
         for h in hooks:
             h.remove()
     layers = []
+    internal = internal_channels(model)
     for name, mod in modules.items():
         kind = LayerKind.CONV if isinstance(mod, nn.Conv2d) else LayerKind.LINEAR
+        norm, consumer = internal.get(name, (None, None))
         layers.append(
             Layer(
                 name=name,
@@ -75,6 +107,8 @@ def discover_layers(model: nn.Module, example: torch.Tensor) -> tuple[Layer, ...
                 weight_shape=tuple(mod.weight.shape),
                 macs=macs.get(name, 0),
                 has_bias=mod.bias is not None,
+                channel_norm=norm,
+                channel_consumer=consumer,
             )
         )
     return tuple(layers)

@@ -39,6 +39,8 @@ class SearchSpace:
 
     def __init__(self, layers: Sequence[Layer], compressors: Sequence[Compressor]) -> None:
         self.layers = {layer.name: layer for layer in layers}
+        # Chain order is the compressors' own (prune before quantize), not the order given.
+        compressors = sorted(compressors, key=lambda c: c.order)
         self.compressors = {c.name: c for c in compressors}
         decisions = []
         for layer in layers:

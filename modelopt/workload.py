@@ -166,6 +166,29 @@ class Workload:
             for name in weights:
                 self.modules[name].weight.data = self.original[name]
 
+    @contextlib.contextmanager
+    def state(self, tensors: Mapping[str, torch.Tensor]) -> Iterator[None]:
+        """Swaps parameters and buffers by state_dict name (weights, norms, statistics), restoring after.
+
+        Example:
+            >>> with wl.state({"layer1.0.bn1.weight": w, "layer1.0.bn1.running_var": v}):
+            ...     wl.predict(x)
+        """
+        modules = dict(self.model.named_modules())
+        saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        try:
+            for name, t in tensors.items():
+                owner, _, attr = name.rpartition(".")
+                cur = getattr(modules.get(owner), attr, None)
+                if not isinstance(cur, torch.Tensor):
+                    raise ConfigError(f"model {self.name!r} has no tensor {name!r}")
+                saved.append((cur, cur.data))
+                cur.data = t
+            yield
+        finally:
+            for cur, data in reversed(saved):
+                cur.data = data
+
 
 def _float_bytes_outside_weights(model: nn.Module, layers: Mapping[str, nn.Module]) -> int:
     """Bytes of everything the packed export keeps in float32: biases, folded norms, other tensors."""

@@ -1,7 +1,9 @@
 """Compressor plugins: each offers per-layer choices and applies them."""
 
-from modelopt.compressors._base import Choice, Compressor
+from modelopt.compressors._base import Choice, Compressor, Storage
 from modelopt.compressors._registry import COMPRESSORS
-from modelopt.compressors.quantize import Granularity, QuantSpec, Quantize
+from modelopt.compressors.prune import Prune, PruneKind, PruneSpec
+from modelopt.compressors.quantize import Granularity, Quantize, QuantSpec
 
-__all__ = ["COMPRESSORS", "Choice", "Compressor", "Granularity", "QuantSpec", "Quantize"]
+__all__ = ["COMPRESSORS", "Choice", "Compressor", "Granularity", "Prune", "PruneKind", "PruneSpec", "QuantSpec",
+           "Quantize", "Storage"]

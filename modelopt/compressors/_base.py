@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -11,6 +14,43 @@ import torch
 from modelopt.layers import Layer
 
 Choice = Hashable  # None means "this compressor leaves the layer alone"
+
+
+def index_bytes_per_entry(numel: int) -> int:
+    """Bytes of one position in an index list over `numel` weights (smallest unsigned int that fits)."""
+    return 1 if numel <= 2**8 else 2 if numel <= 2**16 else 4
+
+
+def sparse_index_bytes(numel: int, kept: int) -> int:
+    """Bytes saying which of `numel` weights are kept: the cheaper of a bitmask and an index list."""
+    return min(math.ceil(numel / 8), kept * index_bytes_per_entry(numel))
+
+
+@dataclass(frozen=True)
+class Storage:
+    """How a layer's weight is stored once a chain of compressors has run (DESIGN.md, size_bytes).
+
+    Each compressor of the chain maps the storage left by the ones before it to its own
+    (`Compressor.stored`), so pruning then quantizing stores the kept values at the quantizer's bits.
+    """
+
+    shape: tuple[int, ...]  # the stored weight's shape (structured pruning shrinks it)
+    kept: int | None = None  # values kept by unstructured sparsity; None: dense
+    value_bits: int = 32  # bits per stored value
+    extra_bytes: int = 0  # scales, zero points, or an opaque encoding's whole size
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def index_bytes(self) -> int:
+        return 0 if self.kept is None else sparse_index_bytes(self.numel, self.kept)
+
+    @property
+    def bytes(self) -> int:
+        values = self.numel if self.kept is None else self.kept
+        return math.ceil(values * self.value_bits / 8) + self.index_bytes + self.extra_bytes
 
 
 class Compressor(ABC):
@@ -21,6 +61,9 @@ class Compressor(ABC):
     """
 
     name: ClassVar[str]
+    # Where the compressor runs in a layer's chain, lowest first, whatever order users list them
+    # in: pruning (10) runs before quantization (20), so the quantizer sees the pruned weight.
+    order: ClassVar[int] = 50
 
     @abstractmethod
     def menu(self, layer: Layer) -> tuple[Choice, ...]:
@@ -41,6 +84,26 @@ class Compressor(ABC):
     @abstractmethod
     def weight_bytes(self, layer: Layer, choice: Choice) -> int:
         """Exact bytes the packed export writes for this layer's weight under `choice`."""
+
+    def stored(self, layer: Layer, choice: Choice, inner: Storage) -> Storage:
+        """How the weight is stored after this compressor, given how it was before (`inner`).
+
+        `layer` has the stored shape (structured pruning already applied). The default: the
+        compressor re-encodes the whole weight in `weight_bytes` (the last one to touch it decides).
+        """
+        if choice is None:
+            return inner
+        shaped = dataclasses.replace(layer, weight_shape=inner.shape)
+        return Storage(inner.shape, None, 0, self.weight_bytes(shaped, choice))
+
+    def kept_channels(self, weight: torch.Tensor, choice: Choice) -> torch.Tensor | None:
+        """Indices (ascending) of the output channels `choice` keeps, for choices that remove
+        channels (structured pruning of a layer with `channel_consumer`); None otherwise."""
+        return None
+
+    def norm_calibration(self, choice: Choice) -> int:
+        """Calibration images to re-estimate batch-norm statistics on after `choice` (0: none)."""
+        return 0
 
     def weight_bits(self, choice: Choice) -> int:
         """Bits per weight that arithmetic runs at (for bitops); 32 when float."""

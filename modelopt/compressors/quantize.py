@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from modelopt.compressors._base import Choice, Compressor
+from modelopt.compressors._base import Choice, Compressor, Storage
 from modelopt.compressors._registry import COMPRESSORS
 from modelopt.errors import ConfigError
 from modelopt.layers import Layer
@@ -175,6 +175,7 @@ class Quantize(Compressor):
     """
 
     name = "quantize"
+    order = 20  # after pruning: scales are searched on the pruned weight
 
     def __init__(
         self,
@@ -261,6 +262,13 @@ class Quantize(Compressor):
             return layer.params * 4
         assert isinstance(choice, QuantSpec)
         return math.ceil(layer.params * choice.bits / 8) + n_scales(layer, choice) * SCALE_BYTES
+
+    def stored(self, layer: Layer, choice: Choice, inner: Storage) -> Storage:
+        if choice is None:
+            return inner
+        assert isinstance(choice, QuantSpec)
+        # Kept values (all of them when dense) become codes; one float16 scale per unit.
+        return Storage(inner.shape, inner.kept, choice.bits, n_scales(layer, choice) * SCALE_BYTES)
 
     def weight_bits(self, choice: Choice) -> int:
         return 32 if choice is None else choice.bits  # type: ignore[union-attr]

@@ -1,0 +1,307 @@
+"""Pruning: unstructured magnitude sparsity per layer, or structured removal of a block's internal channels.
+
+- ``unstructured``: the smallest-magnitude weights of the layer become exactly zero. The packed
+  form stores which weights are kept (the cheaper of a bitmask and an index list) and the kept
+  values (float32, or the quantizer's codes when the layer is also quantized: pruning runs
+  first, so the quantizer's scales are searched on the pruned weight and zeros stay zero).
+- ``structured``: a residual block's conv1 loses the output channels of smallest L1 (or L2)
+  filter norm, and with them the following batch norm's channels and conv2's matching input
+  channels. Only these internal channels are removed, never the residual stream, so option-A
+  shortcuts stay valid. The evaluator simulates it exactly (pruned filters, norm scale and shift
+  zeroed, so the ReLU outputs 0 there) and `remove_channels` builds the physically smaller model.
+
+After pruning, the evaluator re-estimates batch-norm statistics on `bn_samples` calibration images
+(forward passes only) and charges them to the trial.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from modelopt.compressors._base import (
+    Choice,
+    Compressor,
+    Storage,
+    index_bytes_per_entry,
+)
+from modelopt.compressors._registry import COMPRESSORS
+from modelopt.errors import ConfigError
+from modelopt.layers import Layer, LayerKind, internal_channels
+
+DEFAULT_SPARSITY = (0.25, 0.5, 0.75)
+DEFAULT_BN_SAMPLES = 512
+_MIN_IN_CHANNELS = 4  # convs reading fewer channels (the stem on RGB, depthwise) are left alone
+
+
+class PruneKind(str, Enum):
+    UNSTRUCTURED = "unstructured"
+    STRUCTURED = "structured"
+
+
+class Criterion(str, Enum):
+    L1 = "l1"
+    L2 = "l2"
+
+
+@dataclass(frozen=True)
+class PruneSpec:
+    """How one layer is pruned: the share of weights (unstructured) or output channels (structured) removed."""
+
+    sparsity: float
+    kind: PruneKind = PruneKind.UNSTRUCTURED
+
+    def __str__(self) -> str:
+        return f"{'sparse' if self.kind is PruneKind.UNSTRUCTURED else 'channels'}-{self.sparsity:.0%}"
+
+
+def n_kept(total: int, sparsity: float) -> int:
+    """How many of `total` weights or channels survive `sparsity` (at least one)."""
+    return max(1, total - math.floor(sparsity * total + 0.5))
+
+
+def magnitude_mask(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """Bool mask (weight's shape) keeping exactly `n_kept` largest-magnitude weights; ties by position."""
+    flat = weight.detach().reshape(-1).abs()
+    order = torch.argsort(flat, descending=True, stable=True)[: n_kept(flat.numel(), sparsity)]
+    mask = torch.zeros(flat.numel(), dtype=torch.bool, device=weight.device)
+    mask[order] = True
+    return mask.reshape(weight.shape)
+
+
+def channel_order(weight: torch.Tensor, criterion: Criterion = Criterion.L1) -> torch.Tensor:
+    """Output channels by decreasing filter norm (ties by position)."""
+    rows = weight.detach().float().reshape(weight.shape[0], -1)
+    norms = rows.abs().sum(1) if criterion is Criterion.L1 else rows.pow(2).sum(1)
+    return torch.argsort(norms, descending=True, stable=True)
+
+
+def kept_filters(weight: torch.Tensor, sparsity: float, criterion: Criterion = Criterion.L1) -> torch.Tensor:
+    """Ascending indices of the output channels structured pruning keeps."""
+    keep = channel_order(weight, criterion)[: n_kept(weight.shape[0], sparsity)]
+    return torch.sort(keep).values
+
+
+# ---- the packed sparse encoding (export writes it, `load` reads it) ----------------------------
+
+
+def sparse_encoding(numel: int, kept: int) -> str:
+    """``mask`` (one bit per weight) or ``index`` (kept positions), whichever is smaller."""
+    return "index" if kept * index_bytes_per_entry(numel) < math.ceil(numel / 8) else "mask"
+
+
+def encode_mask(mask: torch.Tensor) -> np.ndarray:
+    """The bytes saying which weights are kept: packed bits or little-endian positions."""
+    flat = mask.reshape(-1).cpu().numpy()
+    if sparse_encoding(flat.size, int(flat.sum())) == "mask":
+        return np.packbits(flat, bitorder="little")
+    width = index_bytes_per_entry(flat.size)
+    return np.flatnonzero(flat).astype(f"<u{width}").view(np.uint8)
+
+
+def decode_mask(buf: np.ndarray, shape: Sequence[int], kept: int) -> torch.Tensor:
+    """Inverse of `encode_mask` (reads exactly `sparse_index_bytes(numel, kept)` bytes)."""
+    numel = math.prod(shape)
+    if sparse_encoding(numel, kept) == "mask":
+        flat = np.unpackbits(buf[: math.ceil(numel / 8)], bitorder="little")[:numel].astype(bool)
+    else:
+        width = index_bytes_per_entry(numel)
+        pos = buf[: kept * width].view(f"<u{width}").astype(np.int64)
+        flat = np.zeros(numel, dtype=bool)
+        flat[pos] = True
+    return torch.from_numpy(flat).reshape(tuple(shape))
+
+
+# ---- the physically smaller model ---------------------------------------------------------------
+
+
+def remove_channels(model: nn.Module, kept: Mapping[str, torch.Tensor | int]) -> nn.Module:
+    """Replaces, in place, each named block conv1 and its norm and conv2 by smaller modules.
+
+    Args:
+        model: the model (its weights, norms and statistics are sliced into the new modules).
+        kept: {conv1 name: ascending indices of the channels to keep, or a count (the first n)}.
+
+    Returns:
+        `model`, whose outputs equal the simulated pruning's (zeroed channels) for the same weights.
+
+    Example:
+        >>> small = remove_channels(copy.deepcopy(model), {"layer1.0.conv1": torch.tensor([0, 2, 5])})
+    """
+    blocks = internal_channels(model)
+    modules = dict(model.named_modules())
+    for conv1_name, idx in kept.items():
+        if conv1_name not in blocks:
+            raise ConfigError(f"layer {conv1_name!r} has no internal channels to remove; valid: {', '.join(blocks)}")
+        norm_name, conv2_name = blocks[conv1_name]
+        c1, bn, c2 = modules[conv1_name], modules[norm_name], modules[conv2_name]
+        assert isinstance(c1, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d) and isinstance(c2, nn.Conv2d)
+        idx_t = torch.arange(idx) if isinstance(idx, int) else idx.to(torch.long).cpu()
+        idx_t = idx_t.to(c1.weight.device)
+        k = int(idx_t.numel())
+        new1 = nn.Conv2d(c1.in_channels, k, c1.kernel_size, c1.stride, c1.padding, c1.dilation, 1,
+                         c1.bias is not None, c1.padding_mode, device=c1.weight.device, dtype=c1.weight.dtype)
+        new1.weight.data = c1.weight.data[idx_t].clone()
+        if c1.bias is not None:
+            new1.bias.data = c1.bias.data[idx_t].clone()  # type: ignore[union-attr]
+        new_bn = nn.BatchNorm2d(k, bn.eps, bn.momentum, bn.affine, bn.track_running_stats,
+                                device=c1.weight.device, dtype=c1.weight.dtype)
+        for attr in ("weight", "bias", "running_mean", "running_var"):
+            t = getattr(bn, attr)
+            if t is not None:
+                getattr(new_bn, attr).data = t.data[idx_t].clone()
+        if bn.num_batches_tracked is not None:
+            new_bn.num_batches_tracked.data = bn.num_batches_tracked.data.clone()  # type: ignore[union-attr]
+        new2 = nn.Conv2d(k, c2.out_channels, c2.kernel_size, c2.stride, c2.padding, c2.dilation, 1,
+                         c2.bias is not None, c2.padding_mode, device=c2.weight.device, dtype=c2.weight.dtype)
+        new2.weight.data = c2.weight.data[:, idx_t].clone()
+        if c2.bias is not None:
+            new2.bias.data = c2.bias.data.clone()  # type: ignore[union-attr]
+        for name, new in ((conv1_name, new1), (norm_name, new_bn), (conv2_name, new2)):
+            parent, _, attr = name.rpartition(".")
+            new.train(modules[name].training)
+            for p in new.parameters():
+                p.requires_grad_(False)
+            setattr(modules[parent] if parent else model, attr, new)
+    return model
+
+
+@COMPRESSORS.register("prune")
+class Prune(Compressor):
+    """Magnitude pruning (unstructured) and internal-channel pruning (structured), per layer.
+
+    Offered on every conv reading at least 4 channels (not the stem that reads the image) and on
+    linear layers; structured choices only on a residual block's conv1 (`Layer.channel_consumer`).
+
+    Args:
+        sparsity: shares offered: of the weights (unstructured) or of conv1's output channels (structured).
+        kind: kinds offered: ``unstructured``, ``structured``.
+        criterion: filter norm ranking channels for structured pruning: ``l1`` or ``l2``.
+        bn_samples: calibration images batch-norm statistics are re-estimated on after pruning (0: off).
+
+    Example:
+        >>> p = Prune(sparsity=(0.5,), kind=("unstructured",))
+        >>> p.parse({"sparsity": 0.5, "kind": "structured"}, layer)
+        PruneSpec(sparsity=0.5, kind=<PruneKind.STRUCTURED: 'structured'>)
+    """
+
+    name = "prune"
+    order = 10  # before quantization
+
+    def __init__(
+        self,
+        sparsity: Sequence[float] = DEFAULT_SPARSITY,
+        kind: Sequence[str | PruneKind] = (PruneKind.UNSTRUCTURED, PruneKind.STRUCTURED),
+        criterion: str | Criterion = Criterion.L1,
+        bn_samples: int = DEFAULT_BN_SAMPLES,
+    ) -> None:
+        if not sparsity:
+            raise ConfigError("prune: sparsity is empty; offer shares in (0, 1) such as 0.25,0.5,0.75")
+        self.sparsity = tuple(dict.fromkeys(_sparsity(s, "prune") for s in sparsity))
+        self.kinds = tuple(dict.fromkeys(_kind(k) for k in kind))
+        if not self.kinds:
+            raise ConfigError("prune: kind is empty; valid: unstructured, structured")
+        try:
+            self.criterion = Criterion(criterion)
+        except ValueError:
+            raise ConfigError(f"prune: criterion {criterion!r} not offered; valid: l1, l2") from None
+        if not isinstance(bn_samples, int) or isinstance(bn_samples, bool) or bn_samples < 0:
+            raise ConfigError(f"prune: bn_samples must be an integer >= 0 (0: no re-estimation), got {bn_samples!r}")
+        self.bn_samples = bn_samples
+
+    def options(self) -> dict[str, Any]:
+        return {"sparsity": list(self.sparsity), "kind": [k.value for k in self.kinds],
+                "criterion": self.criterion.value, "bn_samples": self.bn_samples}
+
+    def handles(self, layer: Layer) -> bool:
+        return layer.kind is LayerKind.LINEAR or layer.in_channels >= _MIN_IN_CHANNELS
+
+    def menu(self, layer: Layer) -> tuple[Choice, ...]:
+        if not self.handles(layer):
+            return ()
+        specs: list[Choice] = [None]
+        if PruneKind.UNSTRUCTURED in self.kinds:
+            specs += [PruneSpec(s) for s in self.sparsity]
+        if PruneKind.STRUCTURED in self.kinds and layer.channel_consumer is not None:
+            specs += [PruneSpec(s, PruneKind.STRUCTURED) for s in self.sparsity]
+        return tuple(specs) if len(specs) > 1 else ()
+
+    def parse(self, raw: Mapping[str, Any] | None, layer: Layer) -> Choice:
+        if raw is None:
+            return None
+        where = f"prune for {layer.name}"
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{where}: expected a mapping like {{sparsity: 0.5, kind: unstructured}} or null, got {raw!r}")
+        unknown = set(raw) - {"sparsity", "kind"}
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {min(unknown)!r}; valid: sparsity, kind")
+        if "sparsity" not in raw:
+            raise ConfigError(f"{where}: 'sparsity' is required (a share in (0, 1), e.g. 0.5)")
+        spec = PruneSpec(_sparsity(raw["sparsity"], where), _kind(raw.get("kind", PruneKind.UNSTRUCTURED)))
+        if not self.handles(layer):
+            raise ConfigError(f"{where}: this layer reads {layer.in_channels} channels; prune only layers reading "
+                              f">= {_MIN_IN_CHANNELS} (not the stem)")
+        if spec.kind is PruneKind.STRUCTURED and layer.channel_consumer is None:
+            raise ConfigError(f"{where}: kind 'structured' needs a residual block's conv1 (internal channels); "
+                              "use kind: unstructured here")
+        return spec
+
+    def dump(self, choice: Choice) -> dict[str, Any] | None:
+        if choice is None:
+            return None
+        assert isinstance(choice, PruneSpec)
+        return {"sparsity": choice.sparsity, "kind": choice.kind.value}
+
+    def apply(self, weight: torch.Tensor, choice: Choice) -> torch.Tensor:
+        if choice is None:
+            return weight
+        assert isinstance(choice, PruneSpec)
+        if choice.kind is PruneKind.UNSTRUCTURED:
+            return weight * magnitude_mask(weight, choice.sparsity).to(weight.dtype)
+        out = torch.zeros_like(weight)
+        keep = kept_filters(weight, choice.sparsity, self.criterion)
+        out[keep] = weight[keep]
+        return out
+
+    def kept_channels(self, weight: torch.Tensor, choice: Choice) -> torch.Tensor | None:
+        if not isinstance(choice, PruneSpec) or choice.kind is not PruneKind.STRUCTURED:
+            return None
+        return kept_filters(weight, choice.sparsity, self.criterion)
+
+    def stored(self, layer: Layer, choice: Choice, inner: Storage) -> Storage:
+        # Structured pruning is already in `layer`'s (the stored) shape: the evaluator slices first.
+        if not isinstance(choice, PruneSpec) or choice.kind is PruneKind.STRUCTURED:
+            return inner
+        return Storage(inner.shape, n_kept(inner.numel, choice.sparsity), inner.value_bits, inner.extra_bytes)
+
+    def weight_bytes(self, layer: Layer, choice: Choice) -> int:
+        if choice is None:
+            return layer.params * 4
+        assert isinstance(choice, PruneSpec)
+        shape = layer.weight_shape
+        if choice.kind is PruneKind.STRUCTURED:
+            shape = (n_kept(shape[0], choice.sparsity), *shape[1:])
+        return self.stored(layer, choice, Storage(shape)).bytes
+
+    def norm_calibration(self, choice: Choice) -> int:
+        return 0 if choice is None else self.bn_samples
+
+
+def _sparsity(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < float(value) < 1:
+        raise ConfigError(f"{where}: sparsity {value!r} is not a share in (0, 1); e.g. 0.5 removes half")
+    return float(value)
+
+
+def _kind(value: object) -> PruneKind:
+    try:
+        return PruneKind(value)
+    except ValueError:
+        raise ConfigError(f"prune: kind {value!r} not offered; valid: unstructured, structured") from None
