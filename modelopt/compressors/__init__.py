@@ -2,8 +2,9 @@
 
 from modelopt.compressors._base import Choice, Compressor, Storage
 from modelopt.compressors._registry import COMPRESSORS
+from modelopt.compressors.early_exit import EarlyExit, ExitChoice
 from modelopt.compressors.prune import Prune, PruneKind, PruneSpec
 from modelopt.compressors.quantize import Granularity, Quantize, QuantSpec
 
-__all__ = ["COMPRESSORS", "Choice", "Compressor", "Granularity", "Prune", "PruneKind", "PruneSpec", "QuantSpec",
-           "Quantize", "Storage"]
+__all__ = ["COMPRESSORS", "Choice", "Compressor", "EarlyExit", "ExitChoice", "Granularity", "Prune", "PruneKind",
+           "PruneSpec", "QuantSpec", "Quantize", "Storage"]

@@ -1,0 +1,171 @@
+"""Early exit as a compressor plugin: "an exit after this block, at this confidence threshold".
+
+Early exit is a model-level decision: it changes no weight, it adds exit heads (fitted on the
+calib split with the backbone frozen, see `modelopt.early_exit`) and lets confident samples
+leave the network early. To reuse the per-layer decision machinery (SearchSpace, Plan, YAML
+plans, journals) unchanged, the decision is attached to the last layer of each candidate
+block: the decision on ``layer2.4.conv2`` says whether an exit sits after block ``layer2.4``
+and with which threshold. ``None`` (off) means no exit there; which exits are active is the set
+of layers whose choice is not None. A plan reads, in YAML::
+
+    layers:
+      layer2.4.conv2: {early_exit: {threshold: 0.95}}
+
+What the evaluator integration needs (not wired yet; `modelopt/evaluator.py` is unchanged):
+
+1. At workload set-up, once per model: `split_backbone(model)`, `exit_layers(backbone)` (build
+   this compressor with ``exits=`` those layer names), then `fit_exit_heads(...)` on the calib
+   split (plus any unlabeled fitting images), cached with the workload.
+2. Per split, once per set of weights: `extract_features` + `exit_table` (heads on every
+   candidate exit), so scoring a plan's exit part is a vectorised `simulate(table, policy)`.
+   Weight compression of the backbone changes the features: with quantized layers, the table
+   must be computed on the compressed model (cache it by the plan's weight-part key).
+3. `policy_from_plan(plan choices)` -> `ExitPolicy`; `simulate` gives the prediction of every
+   sample (for accuracy, retention, agreement) and `mean_macs` (DESIGN.md: the mean over
+   samples of the MACs up to where each left, heads included); bitops should use the same
+   per-sample MACs.
+4. Size: heads add `head_bytes` (float32) to size_bytes. `apply` leaves weights untouched and
+   `stored` passes the layer's storage through, so a layer's other compressors (prune,
+   quantize) keep owning its weight's bytes; `weight_bytes` (the layer's float32 bytes) is only
+   what the plugin contract asks for when early exit is alone on the layer.
+5. Latency: `EarlyExitNet(backbone, heads, policy)` is the deployable module to time.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from modelopt.compressors._base import Choice, Compressor, Storage
+from modelopt.compressors._registry import COMPRESSORS
+from modelopt.early_exit.backbone import Backbone
+from modelopt.early_exit.heads import ExitHead
+from modelopt.early_exit.simulate import ExitPolicy
+from modelopt.errors import ConfigError
+from modelopt.layers import Layer, LayerKind
+
+__all__ = ["DEFAULT_THRESHOLDS", "EarlyExit", "ExitChoice", "exit_layers", "head_bytes", "policy_from_choices"]
+
+# Confidence (max softmax of the temperature-scaled head) a sample needs to leave at an exit.
+DEFAULT_THRESHOLDS = (0.8, 0.9, 0.95, 0.98, 0.99, 0.995)
+
+
+@dataclass(frozen=True)
+class ExitChoice:
+    """An active exit after the block this layer ends, leaving at confidence >= threshold."""
+
+    threshold: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.threshold, (int, float)) or isinstance(self.threshold, bool) or not (
+            0.0 < self.threshold <= 1.0 and math.isfinite(self.threshold)
+        ):
+            raise ConfigError(f"early_exit threshold must be a number in (0, 1]; got {self.threshold!r}")
+
+    def __str__(self) -> str:
+        return f"exit@{self.threshold:g}"
+
+
+@COMPRESSORS.register("early_exit")
+class EarlyExit(Compressor):
+    """Offers, on each candidate block's last layer, an exit at one of a few confidence thresholds.
+
+    Args:
+        thresholds: Confidence thresholds offered (each in (0, 1]).
+        exits: Names (or fnmatch patterns) of the layers that end a candidate block, e.g.
+            ``exit_layers(split_backbone(model))``; the default ``("*",)`` offers every
+            convolution, which only a model whose every conv ends a block should use.
+
+    Example:
+        >>> ee = EarlyExit(thresholds=(0.9, 0.99), exits=exit_layers(split_backbone(model)))
+        >>> space = SearchSpace(workload.layers, [Quantize(), ee])
+    """
+
+    name = "early_exit"
+    order = 90  # after every weight transform; it changes none
+
+    def __init__(self, thresholds: Sequence[float] = DEFAULT_THRESHOLDS, exits: Sequence[str] = ("*",)) -> None:
+        if not thresholds:
+            raise ConfigError("early_exit needs at least one threshold")
+        self.thresholds = tuple(sorted({float(t) for t in thresholds}))
+        self._choices = tuple(ExitChoice(t) for t in self.thresholds)  # validates each
+        self.exits = tuple(exits)
+
+    def _offers(self, layer: Layer) -> bool:
+        return layer.kind is LayerKind.CONV and any(fnmatch.fnmatchcase(layer.name, p) for p in self.exits)
+
+    def menu(self, layer: Layer) -> tuple[Choice, ...]:
+        return (None, *self._choices) if self._offers(layer) else ()
+
+    def parse(self, raw: Mapping[str, Any] | None, layer: Layer) -> Choice:
+        if raw is None:
+            return None
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            raw = {"threshold": raw}
+        if not isinstance(raw, Mapping) or set(raw) != {"threshold"}:
+            raise ConfigError(f"early_exit on {layer.name!r} takes {{threshold: T}} with T in (0, 1]; got {raw!r}")
+        if not self._offers(layer):
+            raise ConfigError(f"layer {layer.name!r} does not end a candidate exit block; candidates: {self.exits}")
+        return ExitChoice(float(raw["threshold"]) if not isinstance(raw["threshold"], bool) else raw["threshold"])
+
+    def dump(self, choice: Choice) -> dict[str, Any] | None:
+        if choice is None:
+            return None
+        assert isinstance(choice, ExitChoice)
+        return {"threshold": choice.threshold}
+
+    def apply(self, weight: torch.Tensor, choice: Choice) -> torch.Tensor:
+        """Weights are untouched: the exit adds a head after the block, it does not change the layer."""
+        return weight.clone() if choice is not None else weight
+
+    def weight_bytes(self, layer: Layer, choice: Choice) -> int:
+        """The layer's own float32 bytes (the head's bytes are counted apart: `head_bytes`)."""
+        return layer.params * 4
+
+    def stored(self, layer: Layer, choice: Choice, inner: Storage) -> Storage:
+        """Storage is whatever the layer's other compressors made of it: an exit adds a head, apart."""
+        return inner
+
+    def options(self) -> dict[str, Any]:
+        return {"thresholds": list(self.thresholds), "exits": list(self.exits)}
+
+
+def exit_layers(backbone: Backbone) -> dict[str, str]:
+    """{last conv layer of each block: exit point name}: the layers `EarlyExit(exits=...)` decides on.
+
+    Example:
+        >>> exit_layers(split_backbone(load_model("cifar10_resnet20").module))["layer2.0.conv2"]
+        'layer2.0'
+    """
+    out = {}
+    for name, block in backbone.blocks:
+        convs = [n for n, m in block.named_modules() if isinstance(m, torch.nn.Conv2d)]
+        if convs:
+            out[f"{name}.{convs[-1]}"] = name
+    return out
+
+
+def policy_from_choices(choices: Mapping[str, Choice], backbone: Backbone) -> ExitPolicy:
+    """The exit policy a plan's early_exit choices describe ({layer name: ExitChoice or None}).
+
+    Example:
+        >>> policy_from_choices({"layer2.0.conv2": ExitChoice(0.95)}, bb)
+        ExitPolicy(exits=('layer2.0',), thresholds=(0.95,))
+    """
+    to_point = exit_layers(backbone)
+    unknown = [n for n, c in choices.items() if c is not None and n not in to_point]
+    if unknown:
+        raise ConfigError(f"early_exit choices on {unknown}, which end no block; valid: {sorted(to_point)}")
+    active = {to_point[n]: c for n, c in choices.items() if c is not None}
+    order = [p.name for p in backbone.points if p.name in active]
+    return ExitPolicy(tuple(order), tuple(active[p].threshold for p in order))  # type: ignore[union-attr]
+
+
+def head_bytes(heads: Mapping[str, ExitHead], policy: ExitPolicy) -> int:
+    """Float32 bytes of the active exits' heads (what size_bytes must add for a plan with exits)."""
+    return sum(heads[e].params * 4 for e in policy.active().exits)
