@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,8 @@ from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluator import Evaluator, Metrics
 from modelopt.fidelity import Fidelity
 from modelopt.models import LoadedModel, load_model
-from modelopt.objective import Objective
+from modelopt.objective import Objective, Target
+from modelopt.plan_latency import LatencySpec, PlanLatency
 from modelopt.plan import Plan
 from modelopt.run.runner import CONFIG, RunResult, Runner
 from modelopt.search import STRATEGIES
@@ -154,6 +156,7 @@ def optimize(
     allow_pickle: bool = False,
     progress: bool = True,
     fidelity: Fidelity | None = DEFAULT_FIDELITY,
+    latency: str | LatencySpec | None = "torch",
 ) -> RunResult:
     """Searches for the smallest plan that keeps `min_retention` of the float accuracy.
 
@@ -182,6 +185,9 @@ def optimize(
         data_seed: the seed of the calib/val/test split (fixed across search seeds).
         allow_pickle: allow full unpickling of model files (trusted files only).
         progress: show a progress bar.
+        latency: how latency is measured (a backend name, torch or onnxruntime, or a
+            LatencySpec): for every plan when `objective` is latency, else for the best plan
+            and the Pareto front at the end; None measures none.
         fidelity: multi-fidelity scoring: a plan below the floor beyond doubt on part of the
             val split (or that cannot beat the best so far) stops there and is charged only
             that part; None scores every plan on the whole split.
@@ -191,6 +197,8 @@ def optimize(
         >>> result.best.metrics.compression, result.best_test.retention
     """
     STRATEGIES.get(strategy)
+    if isinstance(latency, str):
+        latency = LatencySpec(latency)
     if storage is not None:  # a bad URL is refused before the search spends its budget
         from modelopt.run.optuna_storage import check_storage
 
@@ -219,13 +227,17 @@ def optimize(
         "compressors": {c.name: c.options() for c in comps},
         "device": str(wl.device),
         "fidelity": None if fidelity is None else fidelity.to_dict(),
+        "latency": None if latency is None else dataclasses.asdict(latency),
         **wl.fingerprints(),
     }
     evaluator = Evaluator(wl, space)
     evaluator.measure_errors()  # data-free priors for strategies that use them; costs no evaluation
     strat = STRATEGIES.get(strategy)(space, obj, seed=seed)
+    if latency is None and obj.target is Target.LATENCY:
+        raise ConfigError("objective 'latency' needs a latency backend; pass latency='torch' or 'onnxruntime'")
+    timer = None if latency is None else PlanLatency(evaluator, latency)
     runner = Runner(evaluator, strat, obj, budget=budget, run_dir=run_dir, config=config, resume=resume,
-                    progress=progress, fidelity=fidelity)
+                    progress=progress, fidelity=fidelity, latency=timer)
     result = runner.run()
     _after_run(result, wl, report=report, storage=storage)
     return result

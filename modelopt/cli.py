@@ -83,7 +83,8 @@ def optimize(
     data: Annotated[str, typer.Option(help="cifar10-sample, an .npz, an image folder or a CIFAR10 root.")] = None,  # type: ignore[assignment]
     strategy: Annotated[str, typer.Option(help="Search strategy (see `modelopt list`).")] = None,  # type: ignore[assignment]
     budget: Annotated[float, typer.Option(help="Budget in full evaluations of the val split.")] = None,  # type: ignore[assignment]
-    objective: Annotated[str, typer.Option(help="What to minimise: size, bitops or macs.")] = None,  # type: ignore[assignment]
+    objective: Annotated[str, typer.Option(help="What to minimise: size, bitops, macs or latency (measured).")] = None,  # type: ignore[assignment]
+    latency: Annotated[str, typer.Option(help="Latency backend: torch, onnxruntime (INT8 QDQ export) or none; measured for the final Pareto set, or every plan with --objective latency.")] = "torch",
     min_retention: Annotated[float, typer.Option(help="Floor on val accuracy relative to float.")] = None,  # type: ignore[assignment]
     seed: Annotated[int, typer.Option(help="Seed of the search.")] = None,  # type: ignore[assignment]
     bits: Annotated[str, typer.Option(help="Weight bit widths offered, e.g. 8,4 or 8,4,3,2.")] = None,  # type: ignore[assignment]
@@ -122,6 +123,7 @@ def optimize(
         budget=settings["budget"], objective=settings["objective"], min_retention=settings["min_retention"],
         seed=settings["seed"], device=device, out=out_dir, resume=resume, bits=settings["bits"],
         granularity=settings["granularity"], allow_pickle=allow_pickle, progress=progress, storage=storage,
+        latency=None if latency.lower() == "none" else latency,
     )
     _print_run(result)
     if (result.run_dir / "report.html").is_file():
@@ -159,6 +161,9 @@ def _print_run(result: api.RunResult) -> None:
         table.add_row(name, f"{m.accuracy:.2%}", f"{m.retention:.2%}", f"{m.agreement:.2%}",
                       _fmt_bytes(m.size_bytes), f"{m.compression:.2f}x", str(m.n_samples))
     out.print(table)
+    if test is not None and test.latency_ms is not None:
+        out.print(f"Latency ({test.latency_backend}): {test.latency_ms:.3f} ms vs float {test.float_latency_ms:.3f} ms "
+                  f"({test.float_latency_ms / test.latency_ms:.2f}x)")
     plan_table = Table(title="Best plan per layer")
     plan_table.add_column("decision")
     plan_table.add_column("choice")

@@ -16,6 +16,7 @@ class Target(str, Enum):
     SIZE = "size"
     BITOPS = "bitops"
     MACS = "macs"
+    LATENCY = "latency"  # measured per plan (modelopt.plan_latency), in ms
 
 
 @dataclass(frozen=True)
@@ -43,12 +44,14 @@ class Objective:
             raise ConfigError(f"min_retention must be a fraction like 0.99, got {self.min_retention!r}")
 
     def value(self, m: Metrics) -> float:
+        if self.target is Target.LATENCY:
+            return math.inf if m.latency_ms is None else float(m.latency_ms)
         return float({Target.SIZE: m.size_bytes, Target.BITOPS: m.bitops, Target.MACS: m.macs}[self.target])
 
     def reference(self, m: Metrics) -> float:
         """The uncompressed model's value of the target."""
         ref = {Target.SIZE: m.float_size_bytes, Target.BITOPS: m.float_bitops or m.macs * 32 * 32,
-               Target.MACS: m.float_macs or m.macs}
+               Target.MACS: m.float_macs or m.macs, Target.LATENCY: m.float_latency_ms or math.nan}
         return float(ref[self.target])
 
     def meets_floor(self, m: Metrics) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import traceback
@@ -18,6 +19,7 @@ from modelopt.evaluator import Evaluator, Metrics
 from modelopt.fidelity import Fidelity
 from modelopt.objective import Objective, Target, best_of, pareto_front
 from modelopt.plan import Plan
+from modelopt.plan_latency import PlanLatency
 from modelopt.run.journal import Journal, write_json_atomic
 from modelopt.search._base import Strategy
 from modelopt.trial import Trial, TrialStatus
@@ -63,6 +65,9 @@ class Runner:
         progress: show a progress bar.
         fidelity: multi-fidelity scoring (stop plans early on a subset of val); None scores every
             plan on the whole val split.
+        latency: measures plan latency: for every plan when latency is the objective, else for
+            the best plan and the Pareto front at the end; None measures none (unless the
+            objective needs it, then a default torch measurement).
     """
 
     def __init__(
@@ -78,6 +83,7 @@ class Runner:
         progress: bool = True,
         console: Console | None = None,
         fidelity: Fidelity | None = None,
+        latency: PlanLatency | None = None,
     ) -> None:
         if budget <= 0:
             raise ConfigError(f"budget must be positive, got {budget!r}")
@@ -89,6 +95,9 @@ class Runner:
         self.resume = resume
         self.progress = progress
         self.fidelity = fidelity
+        if latency is None and objective.target is Target.LATENCY:
+            latency = PlanLatency(evaluator)
+        self.latency = latency
         self.console = console or Console(stderr=True)
         self.journal = Journal(self.run_dir / JOURNAL)
         self.trials: list[Trial] = []
@@ -152,6 +161,8 @@ class Runner:
             return float(self.evaluator.size_bytes(plan))
         if target is Target.BITOPS:
             return float(self.evaluator.bitops(plan))
+        if target is Target.LATENCY:
+            return -math.inf  # only known once measured: never skipped as unable to improve
         return float(self.evaluator.workload.macs)
 
     def _cannot_improve(self, plan: Plan) -> bool:
@@ -172,6 +183,8 @@ class Runner:
                 metrics = self.evaluator.evaluate_staged(plan, self.objective.min_retention, self.fidelity,
                                                          finish=finish)
             cost = self.evaluator.cost("val", metrics.n_samples)
+            if self.objective.target is Target.LATENCY and metrics.stopped is None:
+                metrics = self._with_latency(metrics, plan)
             reward = self.objective.reward(metrics)
             if math.isnan(metrics.retention) or not math.isfinite(reward):
                 raise ModeloptError(f"plan {plan.key} gives a non-finite score")
@@ -185,6 +198,12 @@ class Runner:
             self.eval_seconds += time.perf_counter() - t0
         return Trial(status=TrialStatus.COMPLETE, metrics=metrics, reward=reward, cost=cost,
                      feasible=self.objective.feasible(metrics), seconds=time.perf_counter() - t0, **common)
+
+    def _with_latency(self, metrics: Metrics, plan: Plan) -> Metrics:
+        assert self.latency is not None
+        return dataclasses.replace(metrics, latency_ms=self.latency.measure(plan).median_ms,
+                                   latency_backend=self.latency.name,
+                                   float_latency_ms=self.latency.reference().median_ms)
 
     def _record(self, trial: Trial) -> None:
         self.journal.append(trial.to_json())
@@ -243,6 +262,8 @@ class Runner:
             front = [front[i] for i in idx]
         to_score = {t.plan.key: t for t in ([best] if best else []) + front}
         test_metrics = {key: self.evaluator.evaluate(t.plan, split="test") for key, t in to_score.items()}
+        if self.latency is not None:  # measured once per distinct plan, for the final set only
+            test_metrics = {key: self._with_latency(m, to_score[key].plan) for key, m in test_metrics.items()}
         best_test = test_metrics.get(best.plan.key) if best else None
         pareto = tuple((t, test_metrics.get(t.plan.key)) for t in front)
         if best is not None:

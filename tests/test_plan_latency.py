@@ -1,0 +1,46 @@
+"""Measured plan latency, and latency as the objective, on the real ResNet-20."""
+
+from __future__ import annotations
+
+import pytest
+
+from modelopt import api
+from modelopt.compressors import Quantize
+from modelopt.errors import ConfigError
+from modelopt.evaluator import Evaluator
+from modelopt.plan_latency import LatencySpec, PlanLatency
+from modelopt.space import SearchSpace
+
+QUICK = LatencySpec("torch", batch_size=8, threads=1, warmup=1, repeats=3)
+
+
+def test_latency_is_measured_once_per_plan_and_named(resnet20_workload):
+    ev = Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, [Quantize()]))
+    lat = PlanLatency(ev, QUICK)
+    first = lat.measure(ev.space.plan())
+    assert first.median_ms > 0 and first.backend == "torch" and first.batch_size == 8
+    assert lat.measure(ev.space.plan()) is first  # cached by plan key
+    assert lat.name == "torch/cpu/b8"
+
+
+def test_unknown_backend_is_a_config_error():
+    with pytest.raises(ConfigError, match="'tvm'.*torch, onnxruntime"):
+        LatencySpec("tvm")
+
+
+def test_latency_objective_measures_every_plan(resnet20_workload, tmp_path):
+    result = api.optimize(resnet20_workload, strategy="random", budget=3, objective="latency", out=tmp_path / "r",
+                          progress=False, report=False, latency=QUICK)
+    for t in result.trials:
+        m = t.metrics
+        assert m.latency_ms > 0 and m.float_latency_ms > 0 and m.latency_backend == "torch/cpu/b8"
+        if t.feasible:
+            assert t.reward == pytest.approx(m.float_latency_ms / m.latency_ms)
+
+
+def test_final_pareto_set_gets_latency_by_default(resnet20_workload, tmp_path):
+    result = api.optimize(resnet20_workload, strategy="random", budget=2, out=tmp_path / "r", progress=False,
+                          report=False, latency=QUICK)
+    assert all(t.metrics.latency_ms is None for t in result.trials)  # not during a size search
+    assert all(test is not None and test.latency_ms > 0 for _, test in result.pareto)
+    assert result.summary["pareto"][0]["test"]["latency_backend"] == "torch/cpu/b8"
