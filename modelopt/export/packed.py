@@ -2,12 +2,16 @@
 
 The file holds only tensors, ints and strings, so `torch.load(weights_only=True)` reads it:
 
-- ``codes``: uint8, every quantized layer's bit-packed codes (`pack_codes`) back to back;
+- ``codes``: uint8, every quantized layer's bit-packed codes (`pack_codes`) back to back; for a
+  pruned layer only the kept weights' codes;
 - ``scales``: float16, every quantized layer's scales back to back;
-- ``floats``: float32, float layers' weights, batch norms folded to scale and shift per channel,
-  biases and any other float tensor, back to back;
-- ``index``: compact JSON naming what lies where (layer, spec, shape), in storage order;
-- ``plan``: the plan as YAML (`SearchSpace.dump_plan`), ``model``: JSON with the model's name and
+- ``masks``: uint8, which weights each unstructured-pruned layer keeps: a bitmask or a list of
+  positions, whichever is smaller (`modelopt.compressors.prune.encode_mask`);
+- ``floats``: float32, float layers' weights (only the kept values when pruned), batch norms folded
+  to scale and shift per channel, biases and any other float tensor, back to back;
+- ``index``: zlib-compressed JSON naming what lies where (layer, spec, shape, kept values), in storage order,
+  and the channels each structurally pruned block keeps (its modules are stored at that size);
+- ``plan``: the plan (`SearchSpace.dump_plan`) as zlib-compressed JSON (`read_plan`; YAML in version 1), ``model``: JSON with the model's name and
   input normalisation, so `load` can rebuild zoo, torchvision and factory models by name.
 
 Small tensors are concatenated because every tensor in a torch.save zip costs a record header and
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -26,21 +31,33 @@ import torch
 import yaml
 from torch import nn
 
+from modelopt.compressors._base import sparse_index_bytes
+from modelopt.compressors.prune import (
+    Prune,
+    PruneKind,
+    PruneSpec,
+    decode_mask,
+    encode_mask,
+    magnitude_mask,
+    remove_channels,
+)
 from modelopt.compressors.quantize import (
     Granularity,
+    Quantize,
     QuantSpec,
     dequantize,
     pack_codes,
+    quantize,
     unpack_codes,
 )
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluator import Evaluator
-from modelopt.export._source import quantized_weights
 from modelopt.layers import compressible_modules
 from modelopt.plan import Plan
 
 FORMAT = "modelopt.packed"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: sparse and structurally pruned layers; version 1 files still load
+_READS = (1, 2)
 SUFFIX = ".pt"
 
 
@@ -56,12 +73,46 @@ def _parse_spec(text: str) -> QuantSpec:
     return QuantSpec(int(bits), Granularity(tail))
 
 
+def _layer_forms(evaluator: Evaluator, plan: Plan) -> dict[str, tuple[Any, ...]]:
+    """Per layer: (stored weight, kept-weight mask, quantizer spec, codes, scales), None where unused,
+    computed by the same calls on the same (structurally kept) slice as the evaluator."""
+    out: dict[str, Any] = {}
+    kept = evaluator.kept_channels(plan)
+    producer = {layer.channel_consumer: layer.name for layer in evaluator.workload.layers if layer.channel_consumer}
+    for layer in evaluator.workload.layers:
+        own, prod = kept.get(layer.name), kept.get(producer.get(layer.name, ""))
+        w = evaluator.workload.original[layer.name]
+        if own is not None:
+            w = w[own[1].to(w.device)]
+        if prod is not None:
+            w = w[:, prod[1].to(w.device)]
+        mask = spec = codes = scales = None
+        for d in evaluator.space.decisions:
+            c = plan.get(d.name)
+            if d.layer != layer.name or c is None:
+                continue
+            comp = evaluator.space.compressors[d.compressor]
+            if isinstance(comp, Prune) and isinstance(c, PruneSpec):
+                if c.kind is PruneKind.UNSTRUCTURED:
+                    mask = magnitude_mask(w, c.sparsity)
+                    w = comp.apply(w, c)
+            elif isinstance(comp, Quantize) and isinstance(c, QuantSpec):
+                spec = c
+                codes, scales = quantize(w, c, comp.clip_ratios)
+                w = dequantize(codes, scales, c).to(w.dtype)
+            else:
+                raise ConfigError(f"layer {layer.name!r} uses compressor {d.compressor!r}; the packed export "
+                                  "supports 'quantize' and 'prune'")
+        out[layer.name] = (w, mask, spec, codes, scales)
+    return out
+
+
 def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
     """Writes `plan` applied to the evaluator's model as a packed checkpoint.
 
     Args:
         evaluator: the evaluator that scored the plan (its workload holds the model).
-        plan: the plan to export (quantize decisions only).
+        plan: the plan to export (quantize and prune decisions).
         path: the file to write.
 
     Returns:
@@ -72,18 +123,26 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
         >>> model = modelopt.load("r20-int4.pt")
     """
     wl = evaluator.workload
-    model = wl.model
+    # The model as the plan runs it: compressed weights, norms (re-estimated statistics) and
+    # structurally pruned blocks at their smaller size.
+    model = evaluator.physical_model(plan)
     layers = compressible_modules(model)
+    forms = _layer_forms(evaluator, plan)
     codes: list[np.ndarray] = []
     scales: list[torch.Tensor] = []
+    masks: list[np.ndarray] = []
     floats: list[torch.Tensor] = []
-    index: dict[str, list[Any]] = {"q": [], "f": []}
-    for name, qw in quantized_weights(evaluator, plan).items():
-        if qw is None:
+    index: dict[str, list[Any]] = {"q": [], "f": [],
+                                   "c": [[n, int(idx.numel())] for n, (_, idx) in evaluator.kept_channels(plan).items()]}
+    for name, (_, mask, spec, q, sc) in forms.items():
+        if spec is None or q is None or sc is None:
             continue
-        codes.append(pack_codes(qw.codes, qw.spec.bits))
-        scales.append(qw.scales.reshape(-1))
-        index["q"].append([name, _spec_str(qw.spec), list(qw.codes.shape)])
+        n_kept = -1 if mask is None else int(mask.sum())
+        codes.append(pack_codes(q.cpu() if mask is None else q[mask].cpu(), spec.bits))
+        scales.append(sc.reshape(-1).cpu())
+        if mask is not None:
+            masks.append(encode_mask(mask))
+        index["q"].append([name, _spec_str(spec), list(q.shape), n_kept])
     quantized = {entry[0] for entry in index["q"]}
     for mname, mod in model.named_modules():
         if isinstance(mod, nn.modules.batchnorm._BatchNorm):
@@ -102,6 +161,13 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
             full = f"{mname}.{pname}" if mname else pname
             if pname == "weight" and layers.get(mname) is mod and mname in quantized:
                 continue
+            if pname == "weight" and layers.get(mname) is mod and forms[mname][1] is not None:
+                mask = forms[mname][1]
+                assert mask is not None
+                floats.append(forms[mname][0][mask].float())
+                masks.append(encode_mask(mask))
+                index["f"].append([full, "s", list(t.shape), int(mask.sum())])
+                continue
             if t is not None and t.is_floating_point():
                 floats.append(t.detach().float())
                 index["f"].append([full, "t", list(t.shape)])
@@ -113,13 +179,17 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
         "format": FORMAT,
         "version": FORMAT_VERSION,
         "model": json.dumps(meta, separators=(",", ":")),
-        # Flow style ({quantize: {bits: 4}} per layer): half the bytes of block style, as readable.
-        "plan": yaml.safe_dump(space.dump_plan(plan), sort_keys=False, default_flow_style=None),
-        "index": json.dumps(index, separators=(",", ":")),
+        # The plan YAML's document as zlib-compressed JSON: a pruned plan names many layers, and
+        # on a small INT4 model every fixed byte counts against the 5 % (read it with `read_plan`).
+        "plan": zlib.compress(json.dumps(space.dump_plan(plan), separators=(",", ":")).encode(), 9),
+        # zlib: layer names repeat; this is a fixed cost that is ~2 % of a small INT4 file.
+        "index": zlib.compress(json.dumps(index, separators=(",", ":")).encode(), 9),
         "codes": torch.from_numpy(np.concatenate(codes) if codes else np.zeros(0, np.uint8)),
         "scales": torch.cat(scales).cpu() if scales else torch.zeros(0, dtype=torch.float16),
         "floats": torch.cat([f.reshape(-1).cpu() for f in floats]) if floats else torch.zeros(0),
     }
+    if masks:  # only when some layer is sparse: each stored tensor costs a zip record
+        payload["masks"] = torch.from_numpy(np.concatenate(masks))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(payload, path)
@@ -137,18 +207,30 @@ def read_packed(path: str | Path) -> dict[str, Any]:
         raise LoadError(f"cannot read {str(path)!r} as a modelopt packed checkpoint: {exc}") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise LoadError(f"{str(path)!r} is not a modelopt packed checkpoint (written by modelopt.export)")
-    if payload.get("version") != FORMAT_VERSION:
+    if payload.get("version") not in _READS:
         raise LoadError(
             f"{str(path)!r} is packed format version {payload.get('version')!r}; this modelopt reads {FORMAT_VERSION}"
         )
     return payload
 
 
+def read_plan(path: str | Path) -> dict[str, Any]:
+    """The plan a packed checkpoint was exported with, in its hand-writable form (the plan YAML's).
+
+    Example:
+        >>> yaml.safe_dump(read_plan("runs/r20/model-best.pt"))
+    """
+    raw = read_packed(path)["plan"]
+    return json.loads(zlib.decompress(raw)) if isinstance(raw, bytes) else yaml.safe_load(raw)
+
+
 def load(path: str | Path, model: nn.Module | None = None) -> nn.Module:
     """Rebuilds the compressed model a packed checkpoint holds, in eval mode on the CPU.
 
     Quantized weights are dequantized from their codes and scales exactly as the evaluator did;
-    batch norms get their folded scale and shift (with zero mean, unit variance and eps 0).
+    pruned weights are zero where the mask says so; structurally pruned blocks are rebuilt with
+    their smaller conv1 / norm / conv2 (`remove_channels`); batch norms get their folded scale and
+    shift (with zero mean, unit variance and eps 0), from re-estimated statistics after pruning.
 
     Args:
         path: a file written by `modelopt.export(..., format="modelopt")`.
@@ -166,29 +248,42 @@ def load(path: str | Path, model: nn.Module | None = None) -> nn.Module:
     """
     payload = read_packed(path)
     meta = json.loads(payload["model"])
-    index = json.loads(payload["index"])
+    raw = payload["index"]
+    index = json.loads(zlib.decompress(raw) if isinstance(raw, bytes) else raw)  # version 1: plain JSON
     module = _rebuild(meta, path) if model is None else model
     module = module.cpu().float().eval()
+    try:
+        remove_channels(module, {name: int(k) for name, k in index.get("c", [])})
+    except ConfigError as exc:
+        raise LoadError(f"{str(path)!r}: {exc}") from None
     modules = dict(module.named_modules())
     state = module.state_dict(keep_vars=True)
     layers = compressible_modules(module)
     codes: np.ndarray = payload["codes"].numpy()
     scales: torch.Tensor = payload["scales"]
     floats: torch.Tensor = payload["floats"]
-    c_off = s_off = f_off = 0
-    for name, spec_text, shape in index["q"]:
+    masks: np.ndarray = payload["masks"].numpy() if "masks" in payload else np.zeros(0, np.uint8)
+    c_off = s_off = f_off = m_off = 0
+    for name, spec_text, shape, *rest in index["q"]:
+        kept = int(rest[0]) if rest else -1
         mod = layers.get(name)
         if mod is None or tuple(mod.weight.shape) != tuple(shape):
             got = "missing" if mod is None else f"shape {tuple(mod.weight.shape)}"
             raise LoadError(f"{str(path)!r}: layer {name!r} {tuple(shape)} does not fit the model ({got})")
         spec = _parse_spec(spec_text)
-        n_codes = math.ceil(math.prod(shape) * spec.bits / 8)
+        n_codes = math.ceil((math.prod(shape) if kept < 0 else kept) * spec.bits / 8)
         n_scales = _n_scales(shape, spec)
-        q = unpack_codes(codes[c_off : c_off + n_codes], spec.bits, shape)
+        if kept < 0:
+            q = unpack_codes(codes[c_off : c_off + n_codes], spec.bits, shape)
+        else:  # pruned: codes of the kept weights only; the rest are zero
+            mask = decode_mask(masks[m_off:], shape, kept)
+            m_off += sparse_index_bytes(math.prod(shape), kept)
+            q = torch.zeros(tuple(shape), dtype=torch.int8)
+            q[mask] = unpack_codes(codes[c_off : c_off + n_codes], spec.bits, (kept,))
         w = dequantize(q, scales[s_off : s_off + n_scales], spec)
         mod.weight.data = w.to(mod.weight.dtype).contiguous()
         c_off, s_off = c_off + n_codes, s_off + n_scales
-    for name, kind, shape in index["f"]:
+    for name, kind, shape, *rest in index["f"]:
         if kind == "bn":
             bn = modules.get(name)
             if not isinstance(bn, nn.modules.batchnorm._BatchNorm) or bn.num_features != shape:
@@ -200,6 +295,15 @@ def load(path: str | Path, model: nn.Module | None = None) -> nn.Module:
         t = state.get(name)
         if t is None or tuple(t.shape) != tuple(shape):
             raise LoadError(f"{str(path)!r}: tensor {name!r} {tuple(shape)} does not fit the model")
+        if kind == "s":  # pruned float weight: the kept values and where they go
+            kept = int(rest[0])
+            mask = decode_mask(masks[m_off:], shape, kept)
+            m_off += sparse_index_bytes(math.prod(shape), kept)
+            w = torch.zeros(tuple(shape), dtype=t.dtype)
+            w[mask] = floats[f_off : f_off + kept].to(t.dtype)
+            t.data = w
+            f_off += kept
+            continue
         n = math.prod(shape)
         t.data = floats[f_off : f_off + n].reshape(shape).to(t.dtype).clone()
         f_off += n

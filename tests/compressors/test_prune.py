@@ -1,0 +1,137 @@
+"""The prune compressor: conformance, sparsity reached, channels removed, composition with quantize."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from modelopt.api import build_compressors
+from modelopt.compressors import (
+    Prune,
+    PruneKind,
+    PruneSpec,
+    Quantize,
+    QuantSpec,
+    Storage,
+)
+from modelopt.compressors._base import sparse_index_bytes
+from modelopt.compressors.prune import (
+    decode_mask,
+    encode_mask,
+    magnitude_mask,
+    n_kept,
+    sparse_encoding,
+)
+from modelopt.compressors.quantize import quantize
+from modelopt.errors import ConfigError
+from modelopt.layers import Layer, LayerKind
+from modelopt.space import SearchSpace
+from modelopt.testing.compressors import (
+    check_compressor,
+    synthetic_layers,
+    synthetic_weight,
+)
+
+BLOCK = Layer("block.conv1", LayerKind.CONV, (32, 16, 3, 3), 1000, False, "block.bn1", "block.conv2")
+STEM = Layer("stem", LayerKind.CONV, (16, 3, 3, 3), 1, False)
+
+
+def test_conformance_with_structured_choices():
+    # The registry-wide suite runs on synthetic layers with no internal channels; this adds one.
+    p = Prune()
+    check_compressor(p, [*synthetic_layers(), BLOCK])
+    kinds = {c.kind for c in p.menu(BLOCK)[1:]}
+    assert kinds == {PruneKind.UNSTRUCTURED, PruneKind.STRUCTURED}
+    assert p.menu(STEM) == ()  # the stem reading the image is left alone
+    assert all(c.kind is PruneKind.UNSTRUCTURED for c in p.menu(synthetic_layers()[2])[1:])  # fc: no channels
+
+
+@pytest.mark.parametrize("sparsity", [0.25, 0.5, 0.75, 0.9])
+def test_unstructured_reaches_its_sparsity_on_the_smallest_weights(sparsity):
+    w = synthetic_weight(BLOCK, seed=3)
+    out = Prune().apply(w, PruneSpec(sparsity))
+    zeros = int((out == 0).sum())
+    assert zeros == w.numel() - n_kept(w.numel(), sparsity) == round(sparsity * w.numel())
+    kept = out != 0
+    assert torch.equal(out[kept], w[kept])
+    assert w[~kept].abs().max() <= w[kept].abs().min()  # magnitude: every pruned weight is the smaller
+
+
+@pytest.mark.parametrize("criterion", ["l1", "l2"])
+def test_structured_zeroes_the_weakest_filters(criterion):
+    w = synthetic_weight(BLOCK, seed=4)
+    p = Prune(criterion=criterion)
+    out = p.apply(w, PruneSpec(0.25, PruneKind.STRUCTURED))
+    keep = p.kept_channels(w, PruneSpec(0.25, PruneKind.STRUCTURED))
+    assert keep is not None and keep.numel() == 24 and torch.equal(keep, keep.sort().values)
+    dropped = sorted(set(range(32)) - set(keep.tolist()))
+    assert torch.all(out[dropped] == 0) and torch.equal(out[keep], w[keep])
+    norm = w.reshape(32, -1).abs().sum(1) if criterion == "l1" else w.reshape(32, -1).pow(2).sum(1)
+    assert norm[dropped].max() <= norm[keep].min()
+    assert p.kept_channels(w, PruneSpec(0.25)) is None  # unstructured removes no channel
+
+
+def test_bytes_count_the_sparse_encoding():
+    p, q = Prune(), Quantize()
+    n = BLOCK.params  # 4608 weights: a bitmask (576 bytes) beats 2-byte positions until ~88 % sparse
+    assert p.weight_bytes(BLOCK, PruneSpec(0.5)) == math.ceil(n / 8) + (n // 2) * 4
+    assert p.weight_bytes(BLOCK, PruneSpec(0.95)) == n_kept(n, 0.95) * 2 + n_kept(n, 0.95) * 4
+    assert p.weight_bytes(BLOCK, PruneSpec(0.5, PruneKind.STRUCTURED)) == 16 * 144 * 4
+    # Pruned then INT4: the kept values as 4-bit codes, the mask, one float16 scale per channel.
+    st = q.stored(BLOCK, QuantSpec(4), p.stored(BLOCK, PruneSpec(0.5), Storage(BLOCK.weight_shape)))
+    assert st.bytes == math.ceil(n / 2 * 4 / 8) + math.ceil(n / 8) + 32 * 2
+    assert sparse_index_bytes(100, 3) == 3 and sparse_index_bytes(100, 50) == 13
+
+
+@pytest.mark.parametrize("numel,sparsity", [(4608, 0.5), (4608, 0.97), (200, 0.99), (70000, 0.999)])
+def test_mask_encoding_round_trips_at_its_accounted_size(numel, sparsity):
+    w = torch.randn(numel, generator=torch.Generator().manual_seed(0))
+    mask = magnitude_mask(w, sparsity)
+    kept = int(mask.sum())
+    buf = encode_mask(mask)
+    assert buf.dtype == np.uint8 and buf.size == sparse_index_bytes(numel, kept)
+    assert torch.equal(decode_mask(np.concatenate([buf, np.zeros(7, np.uint8)]), (numel,), kept), mask)
+    assert sparse_encoding(numel, kept) == ("index" if sparsity > 0.95 else "mask")
+
+
+def test_quantizer_sees_the_pruned_weight_and_keeps_zeros():
+    w = synthetic_weight(BLOCK, seed=5)
+    spec = QuantSpec(4)
+    pruned = Prune().apply(w, PruneSpec(0.5))
+    chained = Quantize().apply(pruned, spec)
+    assert torch.all(chained[pruned == 0] == 0)  # every pruned weight stays exactly 0
+    _, scales_pruned = quantize(pruned, spec)
+    _, scales_dense = quantize(w, spec)
+    assert not torch.equal(scales_pruned, scales_dense)  # scales searched on what is kept
+
+
+def test_chain_order_does_not_depend_on_the_order_given():
+    layers = [BLOCK, synthetic_layers()[2]]
+    a = SearchSpace(layers, build_compressors(["quantize", "prune"]))
+    b = SearchSpace(layers, build_compressors(["prune", "quantize"]))
+    assert list(a.compressors) == list(b.compressors) == ["prune", "quantize"]
+    assert [d.name for d in a.decisions] == [d.name for d in b.decisions]
+
+
+def test_plan_yaml_round_trip_and_errors():
+    space = SearchSpace([STEM, BLOCK, synthetic_layers()[2]], build_compressors(["quantize", "prune"]))
+    doc = {"default": {"quantize": {"bits": 4}},
+           "layers": {"block.conv1": {"prune": {"sparsity": 0.5, "kind": "structured"}},
+                      "fc": {"prune": {"sparsity": 0.25}}}}
+    plan = space.parse_plan(doc)
+    assert plan["block.conv1/prune"] == PruneSpec(0.5, PruneKind.STRUCTURED)
+    assert plan["fc/prune"] == PruneSpec(0.25)
+    assert space.parse_plan(space.dump_plan(plan)) == plan
+    with pytest.raises(ConfigError, match="kind 'structured' needs a residual block's conv1"):
+        space.parse_plan({"layers": {"fc": {"prune": {"sparsity": 0.5, "kind": "structured"}}}})
+    with pytest.raises(ConfigError, match=r"sparsity 1\.5 is not a share in \(0, 1\)"):
+        space.parse_plan({"layers": {"fc": {"prune": {"sparsity": 1.5}}}})
+    with pytest.raises(ConfigError, match="kind 'channels' not offered; valid: unstructured, structured"):
+        space.parse_plan({"layers": {"fc": {"prune": {"sparsity": 0.5, "kind": "channels"}}}})
+    with pytest.raises(ConfigError, match="cannot be compressed by 'prune'"):
+        space.parse_plan({"layers": {"stem": {"prune": {"sparsity": 0.5}}}})
+    with pytest.raises(ConfigError, match="criterion 'l3' not offered"):
+        Prune(criterion="l3")

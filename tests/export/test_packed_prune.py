@@ -1,0 +1,71 @@
+"""The packed checkpoint of pruned plans: sparse encoding and smaller blocks, within 5 % of size_bytes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from modelopt.api import build_compressors
+from modelopt.evaluator import Evaluator
+from modelopt.export import export_packed, load
+from modelopt.layers import compressible_modules
+from modelopt.space import SearchSpace
+
+
+@pytest.fixture(scope="module")
+def ev(resnet20_workload) -> Evaluator:
+    # A short clip search and few calibration images keep it quick; export uses the same options.
+    comps = build_compressors(["quantize", "prune"], {"prune": {"bn_samples": 64}, "quantize": {"clip_ratios": [0.8, 0.9, 1.0]}})
+    return Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, comps))
+
+
+def _plan(ev: Evaluator, name: str):
+    convs = [x.name for x in ev.workload.layers if x.name not in ("conv1", "linear")]
+    blocks = [x.name for x in ev.workload.layers if x.channel_consumer]
+    docs = {
+        # Half of every conv's weights pruned, then INT4 (bitmask + 4-bit kept codes).
+        "sparse50_int4": {"default": {"quantize": {"bits": 4}},
+                          "layers": {n: {"prune": {"sparsity": 0.5}} for n in convs}},
+        # Float kept values; the fc at 97 % takes the index-list encoding.
+        "sparse_float": {"layers": {**{n: {"prune": {"sparsity": 0.75}} for n in convs[::2]},
+                                    "linear": {"prune": {"sparsity": 0.97}}}},
+        # Half the internal channels removed, the rest INT4 group-wise; some blocks also sparse.
+        "channels50_int4": {"default": {"quantize": {"bits": 4, "granularity": "group"}},
+                            "layers": {**{n: {"prune": {"sparsity": 0.5, "kind": "structured"}} for n in blocks},
+                                       **{n: {"prune": {"sparsity": 0.5}} for n in convs if n.endswith("conv2")}}},
+    }
+    return ev.space.parse_plan(docs[name])
+
+
+@pytest.mark.parametrize("name", ["sparse50_int4", "sparse_float", "channels50_int4"])
+def test_file_is_size_bytes_and_reloads_the_evaluated_model(ev, tmp_path, name):
+    plan = _plan(ev, name)
+    wl = ev.workload
+    path = export_packed(ev, plan, tmp_path / f"{name}.pt")
+    size, accounted = os.path.getsize(path), ev.size_bytes(plan)
+    assert accounted <= size <= 1.05 * accounted, (name, size, accounted)
+    payload = torch.load(path, weights_only=True)
+    stored = sum(payload[k].numel() * payload[k].element_size() for k in ("codes", "scales", "floats", "masks")
+                 if k in payload)
+    assert stored == accounted  # every accounted byte is a stored byte, and no more
+    net = load(path)
+    layers = compressible_modules(net)
+    kept = ev.kept_channels(plan)
+    expected = ev.compressed_weights(plan)
+    for lname, w in expected.items():
+        if lname in kept:
+            w = w[kept[lname][1]]
+        producer = next((x.name for x in wl.layers if x.channel_consumer == lname), None)
+        if producer in kept:
+            w = w[:, kept[producer][1]]
+        assert torch.equal(layers[lname].weight, w), lname  # bit-identical, at the physical shape
+    x = wl.split("val").x[:64]
+    with torch.inference_mode():
+        got = net(x)
+    state, _ = ev.compressed_state(plan)
+    with wl.state(state):
+        want = wl.logits(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert torch.equal(got.argmax(1), want.argmax(1))
