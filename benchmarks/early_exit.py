@@ -10,7 +10,11 @@ val and test are build_workload's split of the 846 exact test images (338 / 339,
 - Temperatures and the per-exit threshold shape: on the 9,154 JPEG test images that are not in
   the exact sample (`heldout_indices`), against the full model's predictions (no labels).
 - The operating point on that path: the one saving most on val with retention >= `--floor`,
-  lost samples not offset by fixed ones. Test is only scored.
+  lost samples not offset by fixed ones (or, `--criterion agreement`, agreement >= `--floor`).
+  `--head-cost` charges each evaluated head a share of the network's MACs while choosing (a
+  head's pooling and call overhead costs batch-1 time its MACs do not show). Test is only scored.
+- Fitted heads are cached in `--cache` too (plain tensors, reloaded with weights_only=True); the
+  fit time printed is the one measured when they were fitted.
 - Latency: each test image alone (batch 1), `--threads` intra-op threads, after warm-up; the
   figure is the median over `--repeats` passes of the mean per-image time over the test split.
 
@@ -41,6 +45,8 @@ from modelopt.early_exit import (
     exit_table,
     extract_features,
     fit_exit_heads,
+    heads_state,
+    load_early_exit,
     normalise,
     read_images,
     simulate,
@@ -110,19 +116,27 @@ def run(depth: int, args: argparse.Namespace) -> None:
     test = extract_features(bb, test_x, SPEC, labels=wl.split("test").y)
 
     config = FitConfig(SPEC, l2=args.l2, seed=args.seed)
+    heads_file = cache / f"r{depth}_heads_jt{args.train_jpeg}_l2{args.l2:g}_s{args.seed}.pt"
+    if heads_file.exists():  # saved by an earlier run: plain tensors, read with weights_only=True
+        heads, _ = load_early_exit(heads_file)
+        fit_s = float(torch.load(heads_file, weights_only=True)["fit_seconds"])
+    else:
+        t0 = time.perf_counter()
+        heads = fit_exit_heads(fit, exits, config, calibrate=calib)
+        fit_s = time.perf_counter() - t0
+        torch.save({**heads_state(heads), "fit_seconds": torch.tensor(fit_s)}, heads_file)
     t0 = time.perf_counter()
-    heads = fit_exit_heads(fit, exits, config, calibrate=calib)
-    fit_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    policy = choose_thresholds(exit_table(heads, val, bb), ChooserConfig(floor=args.floor, count_gains=False),
-                               shape=exit_table(heads, calib, bb))
+    chooser = ChooserConfig(floor=args.floor, count_gains=False, agreement=args.criterion == "agreement",
+                            head_cost=args.head_cost)
+    policy = choose_thresholds(exit_table(heads, val, bb), chooser, shape=exit_table(heads, calib, bb))
     choose_s = time.perf_counter() - t0
     mv = simulate(exit_table(heads, val, bb), policy)
     test_table = exit_table(heads, test, bb)
     mt = simulate(test_table, policy)
 
     print(f"  heads: {len(exits)} candidate exits, {SPEC}, label-free fit on {len(fit)} images: "
-          f"{fit_s:.1f} s (incl. temperatures on {len(calib)} held-out); thresholds chosen in {choose_s:.1f} s")
+          f"{fit_s:.1f} s (incl. temperatures on {len(calib)} held-out); thresholds chosen in {choose_s:.1f} s "
+          f"(val floor {args.floor:.0%} on {args.criterion}, head cost {args.head_cost:.1%} of the network)")
     print(f"  exits used ({len(policy.exits)}): " + ", ".join(f"{e}@{t:.4f}" for e, t in zip(policy.exits, policy.thresholds)))
     for name, m in (("val ", mv), ("TEST", mt)):
         print(f"  {name}: n={m.n} accuracy {m.accuracy:.2%} (float {m.base_accuracy:.2%}) retention {m.retention:.2%} "
@@ -147,6 +161,10 @@ def main() -> None:
     ap.add_argument("--models", default="56,20")
     ap.add_argument("--train-jpeg", type=int, default=15000, help="JPEG training images added to the fitting set")
     ap.add_argument("--floor", type=float, default=0.99, help="val retention floor")
+    ap.add_argument("--criterion", choices=("retention", "agreement"), default="retention",
+                    help="what the val floor holds: retention (lost samples) or agreement with the model")
+    ap.add_argument("--head-cost", type=float, default=0.0,
+                    help="per-head overhead while choosing, as a share of the network's MACs (latency)")
     ap.add_argument("--l2", type=float, default=1e-2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)

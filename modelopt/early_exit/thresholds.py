@@ -17,6 +17,7 @@ not carry over to new images).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -44,6 +45,11 @@ class ChooserConfig:
         lambdas: Number of prices on lost accuracy tried (log grid from 1e-2 to 1e3).
         rounds: Maximum coordinate-ascent rounds per price.
         bisect: Bisection steps on the price between a feasible and an infeasible grid point.
+        agreement: Hold the floor on agreement with the full model instead of retention: every
+            changed prediction counts, so the choice rests on about twice as many events.
+        head_cost: Extra cost of evaluating one head, as a share of the full network's MACs, used
+            only while choosing (reported MACs stay MACs): a head's pooling and launch overheads
+            cost wall time that its multiply-accumulates do not show.
     """
 
     floor: float = 0.99
@@ -51,6 +57,8 @@ class ChooserConfig:
     lambdas: int = 41
     rounds: int = 6
     bisect: int = 8
+    agreement: bool = False
+    head_cost: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.floor <= 1.0 or self.lambdas < 1 or self.rounds < 1:
@@ -229,9 +237,18 @@ def choose_thresholds(
     """
     if table.labels is None:
         raise ConfigError("choosing thresholds under a retention floor needs labelled val samples")
+    judge_ref = table.full_pred if config.agreement else table.labels
+    extra = round(config.head_cost * table.total_macs)
+    judge, shape = _with_head_cost(table, extra), None if shape is None else _with_head_cost(shape, extra)
     if shape is None:
-        return _pick(table, True, table, table.labels, config).active()
-    return _pick(shape, False, table, table.labels, config).active()
+        return _pick(judge, not config.agreement, judge, judge_ref, config).active()
+    return _pick(shape, False, judge, judge_ref, config).active()
+
+
+def _with_head_cost(table: ExitTable, extra: int) -> ExitTable:
+    if not extra:
+        return table
+    return dataclasses.replace(table, head_macs=tuple(h + extra for h in table.head_macs))
 
 
 def policy_metrics(table: ExitTable, policy: ExitPolicy) -> str:

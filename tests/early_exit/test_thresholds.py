@@ -61,3 +61,13 @@ def test_label_free_shape_then_one_number_on_val():
     policy = choose_thresholds(val, ChooserConfig(floor=1.0), shape=shape)
     m = simulate(val, policy)
     assert m.retention == 1.0 and m.saving > 0.3
+
+
+def test_agreement_floor_and_head_cost():
+    table = _table(seed=4)
+    m = simulate(table, choose_thresholds(table, ChooserConfig(floor=1.0, agreement=True)))
+    assert m.agreement == 1.0
+    # A head costing more than any exit could save is never worth evaluating.
+    policy = choose_thresholds(table, ChooserConfig(floor=1.0, head_cost=2.0))
+    assert policy.exits == ()
+    assert simulate(table, policy).saving == 0.0
