@@ -8,7 +8,7 @@ Fitting heads and choosing thresholds never rerun the backbone: they work on the
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,8 +148,9 @@ def extract_features(
     return Features(spec, names, tuple(torch.cat(f) for f in feats), torch.cat(logits), labels)
 
 
-def cached_features(path: str | Path, make: callable) -> Features:  # type: ignore[valid-type]
-    """`make()` once, stored at `path` (torch.save of tensors); later calls load the file."""
+def cached_features(path: str | Path, make: Callable[[], Features] | None) -> Features:
+    """`make()` once, stored at `path` (torch.save of tensors and strings); later calls load the file
+    with `weights_only=True` (`make` may then be None)."""
     path = Path(path)
     if path.exists():
         d = torch.load(path, weights_only=True)
@@ -157,7 +158,9 @@ def cached_features(path: str | Path, make: callable) -> Features:  # type: igno
         points = tuple(d["points"].split(","))
         labels = d["labels"] if d["labels"].numel() else None
         return Features(spec, points, tuple(d[f"f:{p}"] for p in points), d["logits"], labels)
-    f: Features = make()
+    if make is None:
+        raise LoadError(f"no cached features at {str(path)!r} and nothing to make them with")
+    f = make()
     d = {f"f:{p}": t for p, t in zip(f.points, f.feats)}
     d.update(avg_grids=torch.tensor(f.spec.avg_grids), max_grids=torch.tensor(f.spec.max_grids),
              points=",".join(f.points), logits=f.logits,
