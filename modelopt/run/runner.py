@@ -163,7 +163,7 @@ class Runner:
             return float(self.evaluator.bitops(plan))
         if target is Target.LATENCY:
             return -math.inf  # only known once measured: never skipped as unable to improve
-        return float(self.evaluator.workload.macs)
+        return float(self.evaluator.macs(plan))
 
     def _cannot_improve(self, plan: Plan) -> bool:
         """True when `plan` cannot beat the best feasible plan so far, whatever its accuracy."""
@@ -182,7 +182,7 @@ class Runner:
                 finish = not (self.fidelity.dominated and self._cannot_improve(plan))
                 metrics = self.evaluator.evaluate_staged(plan, self.objective.min_retention, self.fidelity,
                                                          finish=finish)
-            cost = self.evaluator.cost("val", metrics.n_samples)
+            cost = self.evaluator.trial_cost(metrics)  # images scored + any preparation (BN re-estimation)
             if self.objective.target is Target.LATENCY and metrics.stopped is None:
                 metrics = self._with_latency(metrics, plan)
             reward = self.objective.reward(metrics)
