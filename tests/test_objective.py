@@ -87,7 +87,7 @@ def test_feasible_reward_prefers_smaller():
     assert obj.reward(metrics(0.99, 1000)) > obj.reward(metrics(1.0, 2000))
 
 
-@pytest.mark.parametrize("bad", ["latency", "SIZE", "", None])
+@pytest.mark.parametrize("bad", ["energy", "SIZE", "", None])
 def test_unknown_target_is_config_error(bad):
     with pytest.raises(ConfigError) as exc:
         Objective(bad)
