@@ -1,0 +1,270 @@
+"""A plan's Linear layers as bitsandbytes modules, and how closely they follow the QDQ evaluation.
+
+`to_bitsandbytes` copies the workload's model with the plan's weights (`Evaluator.physical_model`:
+pruning, re-estimated batch norms and quantize-dequantized weights included) and swaps each
+``nn.Linear`` the plan quantizes to 8 or 4 bits for a bitsandbytes module:
+
+- INT8 -> ``bnb.nn.Linear8bitLt`` (``has_fp16_weights=False``, ``threshold=0.0``: no fp16 outlier
+  path). Per-channel and per-tensor plans load *our* int8 codes as its ``CB`` and our float16
+  scales as its row statistics (``SCB = scale * 127``), so its weight is exactly the one the
+  evaluator scored. bitsandbytes also quantizes each input row to int8 (absmax, via float16),
+  which the QDQ evaluation does not: that is where the two differ. Group-wise scales do not fit
+  its one-scale-per-row format; there bitsandbytes quantizes the layer's weight itself.
+- INT4 -> ``bnb.nn.Linear4bit`` (nf4 or fp4, blocks of 64). Its 4-bit codebooks are not our
+  uniform INT4 grid, so it quantizes the layer's weight (after any pruning, before our quantizer)
+  in its own format, and `bitsandbytes_agreement` measures what that costs.
+
+Other bit widths, unquantized Linear layers and every Conv2d (bitsandbytes has no convolution)
+keep their QDQ weights in float. Early-exit choices change no weight and are not part of the copy.
+bitsandbytes is optional (``pip install 'modelopt[gpu]'``) and imported only here, on first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from modelopt.compressors.quantize import (
+    Granularity,
+    Quantize,
+    QuantSpec,
+    dequantize,
+    quantize,
+)
+from modelopt.errors import ConfigError
+from modelopt.evaluator import Evaluator
+from modelopt.layers import Layer, LayerKind
+from modelopt.plan import Plan
+
+__all__ = ["BitsandbytesAgreement", "LinearConversion", "bitsandbytes_agreement", "to_bitsandbytes"]
+
+QUANT_TYPES = ("nf4", "fp4")
+BLOCKSIZE = 64
+# Older releases run Linear8bitLt/Linear4bit on the CPU wrongly or not at all (checked on the CPU:
+# 0.45.5 fails for both, 0.46.0 gives wrong INT8 outputs and no fp4; 0.47.0 and 0.50.2 work).
+MIN_CPU_VERSION = (0, 47)
+# bitsandbytes' packed AVX512-BF16 CPU kernel for 4-bit needs out_features divisible by this.
+_CPU_PACK_BLOCK_N = 32
+
+
+@dataclass(frozen=True)
+class LinearConversion:
+    """One Linear layer swapped for a bitsandbytes module.
+
+    `codes`: ``"modelopt"`` when it holds the codes and scales the evaluator scored,
+    ``"bitsandbytes"`` when bitsandbytes quantized the weight in its own format.
+    """
+
+    layer: str
+    spec: str  # the plan's choice, e.g. "int8/per_channel"
+    module: str  # "Linear8bitLt", "Linear4bit/nf4"
+    codes: str
+
+
+@dataclass(frozen=True)
+class BitsandbytesAgreement:
+    """The bitsandbytes model against the QDQ evaluation of the same plan on one split."""
+
+    split: str
+    n_samples: int
+    device: str
+    bnb_accuracy: float  # top-1 accuracy of the bitsandbytes model
+    qdq_accuracy: float  # `Evaluator.evaluate(plan, split).accuracy`
+    agreement: float  # fraction of samples whose top-1 class is the same in both
+    max_abs_logit_diff: float
+    converted: tuple[LinearConversion, ...]
+    bnb_version: str
+
+
+def to_bitsandbytes(evaluator: Evaluator, plan: Plan, *, quant_type: str = "nf4") -> nn.Module:
+    """A copy of the workload's model running the plan's INT8/INT4 Linear layers in bitsandbytes.
+
+    Args:
+        evaluator: the evaluator that scores `plan` (its workload's model and device are used).
+        plan: the plan; Linear layers with an 8- or 4-bit quantize choice are converted.
+        quant_type: bitsandbytes' 4-bit format for INT4 layers, ``"nf4"`` or ``"fp4"``.
+
+    Returns:
+        The model in eval mode on the workload's device; Conv2d layers stay float (QDQ weights).
+
+    Raises:
+        ConfigError: bitsandbytes is not installed, `quant_type` is unknown, or the workload is
+            on the CPU and the installed bitsandbytes cannot run there.
+
+    Example:
+        >>> net = to_bitsandbytes(ev, space.uniform("quantize", QuantSpec(8)))
+        >>> type(net.fc).__name__
+        'Linear8bitLt'
+    """
+    return _convert(evaluator, plan, quant_type)[0]
+
+
+def bitsandbytes_agreement(
+    evaluator: Evaluator, plan: Plan, split: str = "val", *, quant_type: str = "nf4"
+) -> BitsandbytesAgreement:
+    """Runs `to_bitsandbytes(evaluator, plan)` on `split` and compares it with the QDQ evaluation.
+
+    Example:
+        >>> a = bitsandbytes_agreement(ev, space.uniform("quantize", QuantSpec(8)))
+        >>> a.agreement, a.max_abs_logit_diff
+    """
+    model, converted = _convert(evaluator, plan, quant_type)
+    wl = evaluator.workload
+    data = wl.split(split)
+    state, _ = evaluator.compressed_state(plan)
+    with wl.state(state):
+        qdq = wl.logits(data.x)
+    with _quiet(), torch.inference_mode():
+        out = torch.cat([model(data.x[i : i + wl.batch_size]) for i in range(0, data.x.shape[0], wl.batch_size)])
+    out = out.float()
+    pred = out.argmax(dim=1)
+    return BitsandbytesAgreement(
+        split=split,
+        n_samples=int(data.x.shape[0]),
+        device=str(wl.device),
+        bnb_accuracy=float((pred == data.y).float().mean()),
+        qdq_accuracy=evaluator.evaluate(plan, split).accuracy,
+        agreement=float((pred == qdq.argmax(dim=1)).float().mean()),
+        max_abs_logit_diff=float((out - qdq).abs().max()),
+        converted=converted,
+        bnb_version=_bnb().__version__,
+    )
+
+
+# ---- conversion ---------------------------------------------------------------------------
+
+
+def _bnb() -> ModuleType:
+    try:
+        import bitsandbytes
+    except ImportError:
+        raise ConfigError("running Linear layers in bitsandbytes needs it: pip install 'modelopt[gpu]'") from None
+    return bitsandbytes
+
+
+def _check_device(bnb: ModuleType, device: torch.device) -> None:
+    if device.type != "cpu":
+        return
+    version = tuple(int(p) for p in bnb.__version__.split(".")[:2] if p.isdigit())
+    if version < MIN_CPU_VERSION:
+        need = ".".join(map(str, MIN_CPU_VERSION))
+        raise ConfigError(
+            f"bitsandbytes {bnb.__version__} cannot run on the CPU; use a CUDA device or "
+            f"pip install 'bitsandbytes>={need}'"
+        )
+
+
+def _convert(evaluator: Evaluator, plan: Plan, quant_type: str) -> tuple[nn.Module, tuple[LinearConversion, ...]]:
+    bnb = _bnb()
+    if quant_type not in QUANT_TYPES:
+        raise ConfigError(f"bitsandbytes quant_type {quant_type!r} not offered; valid: {', '.join(QUANT_TYPES)}")
+    device = evaluator.workload.device
+    _check_device(bnb, device)
+    model = evaluator.physical_model(plan)
+    modules = dict(model.named_modules())
+    converted = []
+    for layer in evaluator.workload.layers:
+        target = _quantize_choice(evaluator, plan, layer)
+        if target is None or target[1].bits not in (8, 4):
+            continue
+        decision, spec, comp = target
+        linear = modules[layer.name]
+        assert isinstance(linear, nn.Linear)
+        pre = _pre_quantization_weight(evaluator, plan, layer, decision, tuple(linear.weight.shape))
+        if spec.bits == 8:
+            new, codes = _int8_linear(bnb, linear, pre, spec, comp)
+            kind = "Linear8bitLt"
+        else:
+            new, codes = _4bit_linear(bnb, linear, pre, quant_type, device), "bitsandbytes"
+            kind = f"Linear4bit/{quant_type}"
+        parent, _, attr = layer.name.rpartition(".")
+        setattr(modules[parent] if parent else model, attr, new)
+        converted.append(LinearConversion(layer.name, str(spec), kind, codes))
+    return model.to(device).eval(), tuple(converted)
+
+
+def _quantize_choice(evaluator: Evaluator, plan: Plan, layer: Layer) -> tuple[str, QuantSpec, Quantize] | None:
+    """(decision name, spec, compressor) of a Linear layer's quantize choice; None without one."""
+    if layer.kind is not LayerKind.LINEAR:
+        return None
+    for d in evaluator.space.decisions:
+        comp = evaluator.space.compressors[d.compressor]
+        choice = plan.get(d.name)
+        if d.layer == layer.name and isinstance(comp, Quantize) and isinstance(choice, QuantSpec):
+            return d.name, choice, comp
+    return None
+
+
+def _pre_quantization_weight(
+    evaluator: Evaluator, plan: Plan, layer: Layer, decision: str, shape: tuple[int, ...]
+) -> torch.Tensor:
+    """The weight our quantizer received for `layer` under `plan`, in the copy's (physical) shape."""
+    # The same plan without this layer's quantize choice: everything before the quantizer in the
+    # chain (pruning) still applies, computed by the evaluator exactly as it computed the scored weight.
+    without = evaluator.space.plan({n: c for n, c in plan.choices if n != decision})
+    w = evaluator.compressed_weights(without).get(layer.name, evaluator.workload.original[layer.name])
+    if tuple(w.shape) == shape:
+        return w
+    # Structured pruning removed rows (this layer's) or columns (its producer's) from the copy.
+    kept = evaluator.kept_channels(plan)
+    own = kept.get(layer.name)
+    producer = next((x.name for x in evaluator.workload.layers if x.channel_consumer == layer.name), None)
+    prod = kept.get(producer) if producer is not None else None
+    rows = torch.arange(w.shape[0]) if own is None else own[1]
+    cols = torch.arange(w.shape[1]) if prod is None else prod[1]
+    return w[rows.to(w.device)[:, None], cols.to(w.device)[None, :]]
+
+
+def _int8_linear(
+    bnb: ModuleType, linear: nn.Linear, pre: torch.Tensor, spec: QuantSpec, comp: Quantize
+) -> tuple[nn.Module, str]:
+    new = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                              has_fp16_weights=False, threshold=0.0)
+    if linear.bias is not None:
+        new.bias = nn.Parameter(linear.bias.detach().float().cpu().clone(), requires_grad=False)
+    if spec.granularity is not Granularity.GROUP:
+        # The same call on the same tensor as Quantize.apply, so these are the codes that were scored.
+        codes, scales = quantize(pre, spec, comp.clip_ratios)
+        if torch.equal(dequantize(codes, scales, spec).to(linear.weight.dtype), linear.weight.data):
+            codes = codes.cpu().contiguous()
+            scb = (scales.float().cpu() * 127.0).expand(linear.out_features).contiguous()
+            new.weight = bnb.nn.Int8Params(codes, requires_grad=False, has_fp16_weights=False, CB=codes, SCB=scb)
+            return new, "modelopt"
+    # One scale per row cannot hold group-wise scales: bitsandbytes quantizes the weight (on `.to`).
+    new.weight = bnb.nn.Int8Params(pre.detach().float().cpu().clone(), requires_grad=False, has_fp16_weights=False)
+    return new, "bitsandbytes"
+
+
+def _4bit_linear(bnb: ModuleType, linear: nn.Linear, pre: torch.Tensor, quant_type: str, device: torch.device
+                 ) -> nn.Module:
+    new = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                            compute_dtype=torch.float32, compress_statistics=False, quant_type=quant_type)
+    if linear.bias is not None:
+        new.bias = nn.Parameter(linear.bias.detach().float().cpu().clone(), requires_grad=False)
+    # Quantized by bitsandbytes when the module moves to its device.
+    new.weight = bnb.nn.Params4bit(pre.detach().float().cpu().clone(), requires_grad=False, blocksize=BLOCKSIZE,
+                                   compress_statistics=False, quant_type=quant_type, module=new)
+    if device.type == "cpu" and linear.out_features % _CPU_PACK_BLOCK_N:
+        new.support_avx512bf16_for_cpu = False  # its packed kernel would fail; the generic path runs
+    return new
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silences bitsandbytes' per-call notices (float32 inputs cast to float16 for INT8, and the like)."""
+    logger = logging.getLogger("bitsandbytes")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
