@@ -64,7 +64,8 @@ def test_int8_fc_becomes_linear8bitlt_with_our_codes(bnb, r20_evaluator, r20_pla
     model = to_bitsandbytes(r20_evaluator, plan)
     fc = getattr(model, FC)
     assert type(fc) is bnb.nn.Linear8bitLt
-    assert not any(isinstance(m, nn.Conv2d) and type(m) is not nn.Conv2d for m in model.modules())
+    convs = [type(m) for m in model.modules() if isinstance(m, nn.Conv2d)]
+    assert convs == [nn.Conv2d] * sum(x.kind.value == "conv" for x in r20_evaluator.workload.layers)
     x = r20_evaluator.workload.split("val").x[:64]
     feats, out = _fc_inputs(model, x)
     # Oracle: bitsandbytes' LLM.int8 arithmetic by hand with *our* codes and scales (quantize() on
