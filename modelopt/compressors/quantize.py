@@ -6,6 +6,10 @@ its squared quantization error over a grid of clipping ratios. Codes use the ful
 signed range [-2^(b-1), 2^(b-1)-1]; scales are stored as float16 (as deployed INT4/INT8
 kernels take them), and the search scores each candidate with its float16-rounded scale,
 so the quantize-dequantize the evaluator runs is exactly what the packed export decodes.
+
+A spec may also quantize the layer's input activations (`ActQuantSpec`, W8A8): the evaluator
+calibrates static uint8 ranges for them (`modelopt.compressors.activations`) and counts the layer's
+bitops at 8 activation bits; the layer then also stores its input's scale and zero point.
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ import torch
 
 from modelopt.compressors._base import Choice, Compressor, Storage
 from modelopt.compressors._registry import COMPRESSORS
+from modelopt.compressors.activations import QPARAM_BYTES, Calibration
 from modelopt.errors import ConfigError
 from modelopt.layers import Layer
 
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 7, 8)
+SUPPORTED_ACTIVATION_BITS = (8,)  # uint8 inputs (W8A8), the integer kernels deployed CPUs and GPUs run
 SCALE_BYTES = 2  # float16 scales
 SCALE_DTYPE = torch.float16
 _MIN_SCALE = 2.0**-24  # smallest positive float16 (subnormal): a scale never rounds to zero
@@ -53,15 +59,47 @@ class Granularity(str, Enum):
 
 @dataclass(frozen=True)
 class QuantSpec:
-    """How one layer's weight is quantized."""
+    """How one layer's weight is quantized; its input activations stay float (see `ActQuantSpec`)."""
 
     bits: int
     granularity: Granularity = Granularity.PER_CHANNEL
     group_size: int = 64
 
+    @property
+    def activations(self) -> int | None:
+        """Bits of the layer's input activations; None: float."""
+        return None
+
+    def with_activations(self, bits: int | None) -> QuantSpec:
+        """This weight quantization with input activations at `bits` (None: float).
+
+        Example:
+            >>> QuantSpec(8).with_activations(8)
+            ActQuantSpec(bits=8, granularity=<Granularity.PER_CHANNEL: 'per_channel'>, group_size=64, activations=8)
+        """
+        if bits is None:
+            return QuantSpec(self.bits, self.granularity, self.group_size)
+        return ActQuantSpec(self.bits, self.granularity, self.group_size, bits)
+
     def __str__(self) -> str:
         tail = f"g{self.group_size}" if self.granularity is Granularity.GROUP else self.granularity.value
-        return f"int{self.bits}/{tail}"
+        return f"int{self.bits}/{tail}" + ("" if self.activations is None else f"/a{self.activations}")
+
+
+@dataclass(frozen=True)
+class ActQuantSpec(QuantSpec):
+    """A QuantSpec that also quantizes the layer's input activations (uint8, calibrated ranges).
+
+    A subclass rather than a field of QuantSpec defaulting to None because `Plan.key` hashes every
+    dataclass field of a choice: a new field would change the key of every saved weight-only plan
+    (journals, resumed runs, optuna studies). Weight-only specs keep their three fields and keys.
+    """
+
+    activations: int = 8  # type: ignore[assignment]  # a field here, a None-valued property on QuantSpec
+
+    def __post_init__(self) -> None:
+        if _activation_bits(self.activations) is None:
+            raise ConfigError("quantize: an ActQuantSpec needs activation bits; float inputs are a QuantSpec")
 
 
 def _units(weight: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
@@ -169,9 +207,15 @@ class Quantize(Compressor):
         granularity: scale granularities offered (per_tensor, per_channel, group).
         group_size: input weights sharing one scale for `group`.
         clip_ratios: clipping ratios of max|w| searched per scale unit; (1.0,) is max-scaling.
+        activations: input activation bits offered with every weight choice (None: float inputs;
+            8: uint8 inputs, W8A8). The default offers float inputs only.
+        act_calibration: how input ranges are calibrated: ``percentile`` or ``minmax``.
+        act_percentile: the tail percentile ``percentile`` calibration keeps, in (50, 100].
+        act_calibration_images: calibration images the ranges are measured on.
 
     Example:
         >>> q = Quantize(bits=(8, 4), granularity=("per_channel", "group"))
+        >>> w8a8 = Quantize(bits=(8,), activations=(None, 8), act_calibration="minmax")
     """
 
     name = "quantize"
@@ -183,6 +227,10 @@ class Quantize(Compressor):
         granularity: Sequence[str | Granularity] = (Granularity.PER_CHANNEL, Granularity.GROUP),
         group_size: int = 64,
         clip_ratios: Sequence[float] = CLIP_RATIOS,
+        activations: Sequence[int | None] = (None,),
+        act_calibration: str = "percentile",
+        act_percentile: float = 99.99,
+        act_calibration_images: int = 256,
     ) -> None:
         if not clip_ratios or any(not 0 < float(r) <= 1 for r in clip_ratios):
             raise ConfigError(f"quantize: clip_ratios must be fractions in (0, 1], got {clip_ratios!r}")
@@ -195,26 +243,35 @@ class Quantize(Compressor):
         if group_size < 1:
             raise ConfigError(f"quantize: group_size must be a positive integer, got {group_size!r}")
         self.group_size = int(group_size)
+        self.activations = tuple(dict.fromkeys(_activation_bits(a) for a in activations))
+        if not self.activations:
+            raise ConfigError("quantize: activations must offer at least one of 8 or null (float)")
+        self.calibration = Calibration(act_calibration, float(act_percentile), int(act_calibration_images))  # type: ignore[arg-type]
 
     def options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {"bits": list(self.bits), "granularity": [g.value for g in self.granularity],
                                 "group_size": self.group_size}
         if self.clip_ratios != CLIP_RATIOS:
             opts["clip_ratios"] = list(self.clip_ratios)
+        # Only when set: a default quantizer's options (run records, resume checks) stay as they were.
+        if self.activations != (None,) or self.calibration != Calibration():
+            opts.update(activations=list(self.activations), act_calibration=self.calibration.method.value,
+                        act_percentile=self.calibration.percentile,
+                        act_calibration_images=self.calibration.images)
         return opts
 
     def _canonical(self, spec: QuantSpec, layer: Layer) -> QuantSpec:
         # One group covering a whole channel is per-channel quantization: same math, same bytes.
         if spec.granularity is Granularity.GROUP and layer.fan_in <= spec.group_size:
-            return QuantSpec(spec.bits, Granularity.PER_CHANNEL)
+            return QuantSpec(spec.bits, Granularity.PER_CHANNEL).with_activations(spec.activations)
         if spec.granularity is not Granularity.GROUP:
-            return QuantSpec(spec.bits, spec.granularity)
+            return QuantSpec(spec.bits, spec.granularity).with_activations(spec.activations)
         return spec
 
     def menu(self, layer: Layer) -> tuple[Choice, ...]:
         specs = (
-            self._canonical(QuantSpec(b, g, self.group_size), layer)
-            for b, g in itertools.product(self.bits, self.granularity)
+            self._canonical(QuantSpec(b, g, self.group_size).with_activations(a), layer)
+            for b, g, a in itertools.product(self.bits, self.granularity, self.activations)
         )
         return (None, *dict.fromkeys(specs))
 
@@ -223,11 +280,10 @@ class Quantize(Compressor):
             return None
         if not isinstance(raw, Mapping):
             raise ConfigError(f"quantize for {layer.name}: expected a mapping like {{bits: 4}} or null, got {raw!r}")
-        unknown = set(raw) - {"bits", "granularity", "group_size"}
+        unknown = set(raw) - {"bits", "granularity", "group_size", "activations"}
         if unknown:
-            raise ConfigError(
-                f"quantize for {layer.name}: unknown key {sorted(unknown)[0]!r}; valid: bits, granularity, group_size"
-            )
+            raise ConfigError(f"quantize for {layer.name}: unknown key {min(unknown)!r}; "
+                              "valid: bits, granularity, group_size, activations")
         bits = raw.get("bits")
         if bits is None:
             raise ConfigError(f"quantize for {layer.name}: 'bits' is required (one of {', '.join(map(str, SUPPORTED_BITS))})")
@@ -239,7 +295,11 @@ class Quantize(Compressor):
         group_size = raw.get("group_size", self.group_size)
         if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
             raise ConfigError(f"quantize for {layer.name}: group_size must be a positive integer, got {group_size!r}")
-        return self._canonical(QuantSpec(int(bits), gran, group_size), layer)
+        try:
+            acts = _activation_bits(raw.get("activations"))
+        except ConfigError as exc:
+            raise ConfigError(f"quantize for {layer.name}: {str(exc).removeprefix('quantize: ')}") from None
+        return self._canonical(QuantSpec(int(bits), gran, group_size).with_activations(acts), layer)
 
     def dump(self, choice: Choice) -> dict[str, Any] | None:
         if choice is None:
@@ -248,6 +308,11 @@ class Quantize(Compressor):
         out: dict[str, Any] = {"bits": choice.bits, "granularity": choice.granularity.value}
         if choice.granularity is Granularity.GROUP:
             out["group_size"] = choice.group_size
+        # Float inputs are written only by a quantizer that offers quantized ones, so a default
+        # quantizer's plan files stay as they were; there a layer's `activations: null` must be
+        # explicit, as plan files merge each layer's entry over the default's.
+        if choice.activations is not None or self.activations != (None,):
+            out["activations"] = choice.activations
         return out
 
     def apply(self, weight: torch.Tensor, choice: Choice) -> torch.Tensor:
@@ -261,17 +326,35 @@ class Quantize(Compressor):
         if choice is None:
             return layer.params * 4
         assert isinstance(choice, QuantSpec)
-        return math.ceil(layer.params * choice.bits / 8) + n_scales(layer, choice) * SCALE_BYTES
+        return math.ceil(layer.params * choice.bits / 8) + _extra_bytes(layer, choice)
 
     def stored(self, layer: Layer, choice: Choice, inner: Storage) -> Storage:
         if choice is None:
             return inner
         assert isinstance(choice, QuantSpec)
         # Kept values (all of them when dense) become codes; one float16 scale per unit.
-        return Storage(inner.shape, inner.kept, choice.bits, n_scales(layer, choice) * SCALE_BYTES)
+        return Storage(inner.shape, inner.kept, choice.bits, _extra_bytes(layer, choice))
 
     def weight_bits(self, choice: Choice) -> int:
         return 32 if choice is None else choice.bits  # type: ignore[union-attr]
+
+    def activation_bits(self, choice: Choice) -> int:
+        acts = None if choice is None else choice.activations  # type: ignore[union-attr]
+        return 32 if acts is None else acts
+
+
+def _extra_bytes(layer: Layer, spec: QuantSpec) -> int:
+    """One float16 scale per unit; with quantized inputs, the input's scale and zero point too."""
+    return n_scales(layer, spec) * SCALE_BYTES + (0 if spec.activations is None else QPARAM_BYTES)
+
+
+def _activation_bits(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or value not in SUPPORTED_ACTIVATION_BITS:
+        valid = ", ".join(map(str, SUPPORTED_ACTIVATION_BITS))
+        raise ConfigError(f"quantize: activations {value!r} not offered; valid: {valid} or null (float)")
+    return int(value)  # type: ignore[call-overload]
 
 
 def _granularity(value: object) -> Granularity:

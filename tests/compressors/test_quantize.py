@@ -333,3 +333,77 @@ def test_constructor_rejects_bad_granularity_and_group_size():
 def test_constructor_deduplicates_options():
     q = Quantize(bits=(4, 4, 8), granularity=("group", Granularity.GROUP))
     assert q.bits == (4, 8) and q.granularity == (GR,)
+
+
+# ---- quantized input activations (W8A8) ------------------------------------------------------
+
+
+def test_activations_cross_every_weight_choice_and_cost_their_qparams():
+    from modelopt.compressors.quantize import ActQuantSpec
+
+    q = Quantize(bits=(8, 4), granularity=("per_channel",), activations=(None, 8))
+    assert q.menu(WIDE) == (None, QuantSpec(8), ActQuantSpec(8), QuantSpec(4), ActQuantSpec(4))
+    for spec in q.menu(WIDE)[1:]:
+        a8 = spec.activations == 8
+        assert q.activation_bits(spec) == (8 if a8 else 32) and q.weight_bits(spec) == spec.bits
+        # float32 input scale + uint8 zero point on top of the weight's codes and float16 scales
+        assert q.weight_bytes(WIDE, spec) == WIDE.params * spec.bits // 8 + 64 * 2 + (5 if a8 else 0)
+    assert q.activation_bits(None) == 32
+    assert Quantize().menu(WIDE) == Quantize(activations=(None,)).menu(WIDE)  # the default offers none
+    assert str(QuantSpec(4, GR, 32).with_activations(8)) == "int4/g32/a8"
+
+
+def test_conformance_with_activations_offered():
+    from modelopt.testing.compressors import check_compressor
+
+    check_compressor(Quantize(bits=(8, 4), activations=(None, 8)))
+    check_compressor(Quantize(bits=(8,), activations=(8,), act_calibration="minmax"))
+
+
+def test_weight_only_plans_keep_their_keys_and_files():
+    from modelopt.plan import Plan
+
+    # Key computed before activations existed (commit 811b4a1): journals and studies stay valid.
+    plan = Plan((("conv1/quantize", QuantSpec(8)), ("fc/quantize", QuantSpec(4, GR, 32)), ("x/quantize", None)))
+    assert plan.key == "a081d47cf3724098"
+    assert Quantize().dump(QuantSpec(8)) == {"bits": 8, "granularity": "per_channel"}
+    assert Quantize().options() == {"bits": [8, 4], "granularity": ["per_channel", "group"], "group_size": 64}
+    w8a8 = Plan((("conv1/quantize", QuantSpec(8).with_activations(8)),))
+    assert w8a8.key != Plan((("conv1/quantize", QuantSpec(8)),)).key
+
+
+def test_plan_yaml_round_trip_with_activations(tmp_path):
+    import yaml
+
+    from modelopt.space import SearchSpace
+
+    space = SearchSpace(LAYERS, [Quantize(activations=(None, 8))])
+    doc = {"default": {"quantize": {"bits": 8, "granularity": "per_channel", "activations": 8}},
+           "layers": {"fc": {"quantize": {"bits": 4, "granularity": "group", "activations": None}}}}
+    plan = space.parse_plan(doc)
+    assert plan["wide/quantize"] == QuantSpec(8).with_activations(8)
+    assert plan["fc/quantize"] == QuantSpec(4)  # fan_in 64: one group is per-channel; float inputs
+    space.save_plan(plan, tmp_path / "plan.yaml")
+    text = (tmp_path / "plan.yaml").read_text()
+    assert yaml.safe_load(text)["default"]["quantize"]["activations"] == 8
+    assert space.load_plan(tmp_path / "plan.yaml") == plan
+    assert space.plan_from_flat(plan.to_flat()) == plan  # the journal's form
+
+
+@pytest.mark.parametrize("bad", [5, 4, 16, True, "int8"])
+def test_unsupported_activation_bits_are_one_line_config_errors(bad):
+    with pytest.raises(ConfigError) as exc:
+        Quantize().parse({"bits": 8, "activations": bad}, WIDE)
+    msg = str(exc.value)
+    assert f"activations {bad!r} not offered; valid: 8 or null" in msg and "wide" in msg and "\n" not in msg
+    with pytest.raises(ConfigError, match="activations .* not offered; valid: 8"):
+        Quantize(activations=(None, bad))
+
+
+def test_activation_options_are_recorded_only_when_used():
+    q = Quantize(activations=(None, 8), act_calibration="minmax", act_percentile=99.9, act_calibration_images=128)
+    opts = q.options()
+    assert opts["activations"] == [None, 8] and opts["act_calibration"] == "minmax"
+    assert opts["act_percentile"] == 99.9 and opts["act_calibration_images"] == 128
+    with pytest.raises(ConfigError, match="calibration 'mse' not offered; valid: minmax, percentile"):
+        Quantize(act_calibration="mse")
