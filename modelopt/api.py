@@ -19,14 +19,15 @@ from modelopt.evaluator import Evaluator, Metrics
 from modelopt.fidelity import Fidelity
 from modelopt.models import LoadedModel, load_model
 from modelopt.objective import Objective, Target
-from modelopt.plan_latency import LatencySpec, PlanLatency
 from modelopt.plan import Plan
-from modelopt.run.runner import CONFIG, RunResult, Runner
+from modelopt.plan_latency import LatencySpec, PlanLatency
+from modelopt.run.runner import CONFIG, Runner, RunResult
 from modelopt.search import STRATEGIES
 from modelopt.space import SearchSpace
 from modelopt.workload import Workload
 
-DEFAULT_COMPRESSORS = ("quantize",)
+# None: every registered compressor that can lower the run's objective on its model (`default_compressors`).
+DEFAULT_COMPRESSORS: Sequence[str] | None = None
 DEFAULT_RUNS_DIR = Path("runs")
 DEFAULT_FIDELITY: Fidelity | None = Fidelity()
 
@@ -45,14 +46,49 @@ def _data(data: DataLike, seed: int) -> Dataset:
     return data if isinstance(data, Dataset) else load_data(data, seed=seed)
 
 
+def default_compressors(objective: str = "size", model: nn.Module | None = None) -> list[str]:
+    """The registered compressors that can lower `objective` (and, given a model, can handle it).
+
+    Example:
+        >>> default_compressors("size"), default_compressors("macs")
+        (['prune', 'quantize'], ['early_exit', 'prune'])
+    """
+    names = []
+    for name in COMPRESSORS.names():
+        cls = COMPRESSORS.get(name)
+        if objective not in cls.reduces:
+            continue
+        if model is not None:
+            try:
+                cls.model_options(model)
+            except ConfigError:
+                continue  # e.g. early exit on a model it cannot cut into blocks
+        names.append(name)
+    return names
+
+
 def build_compressors(
-    names: Sequence[str] = DEFAULT_COMPRESSORS, options: Mapping[str, Mapping[str, Any]] | None = None
+    names: Sequence[str] | None = None, options: Mapping[str, Mapping[str, Any]] | None = None,
+    model: nn.Module | None = None,
 ) -> list[Compressor]:
-    """Instantiates compressors by registry name with per-compressor options."""
+    """Instantiates compressors by registry name with per-compressor options.
+
+    Args:
+        names: Registry names; None: quantize alone.
+        options: Per-compressor constructor options.
+        model: The model they will compress: options a compressor derives from it
+            (`Compressor.model_options`, e.g. early exit's candidate exits) fill in what
+            `options` leaves out.
+    """
     options = options or {}
     for name in options:
         COMPRESSORS.get(name)
-    return [COMPRESSORS.get(n)(**dict(options.get(n, {}))) for n in names]
+    out = []
+    for n in ("quantize",) if names is None else names:
+        cls = COMPRESSORS.get(n)
+        derived = cls.model_options(model) if model is not None else {}
+        out.append(cls(**{**derived, **dict(options.get(n, {}))}))
+    return out
 
 
 def build_workload(
@@ -88,7 +124,7 @@ def evaluate(
     split: str = "val",
     device: str = "auto",
     data_seed: int = 0,
-    compressors: Sequence[str] = DEFAULT_COMPRESSORS,
+    compressors: Sequence[str] | None = DEFAULT_COMPRESSORS,
     allow_pickle: bool = False,
 ) -> Metrics:
     """Scores one plan on one split.
@@ -101,7 +137,7 @@ def evaluate(
         split: calib, val, test, or all (val + test).
         device: auto, cpu, cuda or cuda:N.
         data_seed: the seed of the calib/val/test split.
-        compressors: which compressors a plan may use.
+        compressors: which compressors a plan may use (default: every registered one the model suits).
         allow_pickle: allow full unpickling of model files (trusted files only).
 
     Example:
@@ -109,7 +145,9 @@ def evaluate(
         >>> round(m.retention, 3), round(m.compression, 2)
     """
     wl = build_workload(model, data, weights=weights, device=device, data_seed=data_seed, allow_pickle=allow_pickle)
-    space = SearchSpace(wl.layers, build_compressors(compressors))
+    if compressors is None:  # a plan may use any compressor that can handle the model
+        compressors = sorted({n for t in ("size", "macs") for n in default_compressors(t, wl.model)})
+    space = SearchSpace(wl.layers, build_compressors(compressors, model=wl.model))
     return Evaluator(wl, space).evaluate(resolve_plan(plan, space), split=split)
 
 
@@ -151,7 +189,7 @@ def optimize(
     storage: str | None = None,
     bits: Sequence[int] = (8, 4),
     granularity: Sequence[str] = ("per_channel", "group"),
-    compressors: Sequence[str] = DEFAULT_COMPRESSORS,
+    compressors: Sequence[str] | None = DEFAULT_COMPRESSORS,
     data_seed: int = 0,
     allow_pickle: bool = False,
     progress: bool = True,
@@ -181,7 +219,9 @@ def optimize(
         storage: an Optuna storage URL (e.g. `sqlite:///studies.db`): every trial is written into a
             study there at the end, for optuna-dashboard (a failure warns; the run folder is kept).
         bits, granularity: the quantizer's menu.
-        compressors: which registered compressors contribute decisions.
+        compressors: which registered compressors contribute decisions; None: every registered one
+            that can lower `objective` on this model (`default_compressors`: quantize and prune
+            for size; early exit and prune for macs; all three for bitops and latency).
         data_seed: the seed of the calib/val/test split (fixed across search seeds).
         allow_pickle: allow full unpickling of model files (trusted files only).
         progress: show a progress bar.
@@ -204,8 +244,8 @@ def optimize(
 
         check_storage(storage)
     obj = Objective(objective, min_retention)
-    comp_options = {"quantize": {"bits": list(bits), "granularity": list(granularity)}}
-    comps = build_compressors(compressors, {k: v for k, v in comp_options.items() if k in compressors})
+    for name in compressors or ():  # a bad name is refused before the model loads
+        COMPRESSORS.get(name)
     if resume and out is None:
         out = latest_run_dir()
     if isinstance(model, Workload):  # reuse one resident workload across runs (sweeps)
@@ -213,6 +253,11 @@ def optimize(
     else:
         wl = build_workload(model, data, weights=weights, device=device, data_seed=data_seed,
                             allow_pickle=allow_pickle)
+    if compressors is None:
+        compressors = default_compressors(obj.target.value, wl.model)
+    comp_options = {"quantize": {"bits": list(bits), "granularity": list(granularity)}}
+    comps = build_compressors(compressors, {k: v for k, v in comp_options.items() if k in compressors},
+                              model=wl.model)
     space = SearchSpace(wl.layers, comps)
     run_dir = Path(out) if out is not None else default_run_dir(wl.name, strategy, seed)
     config = {

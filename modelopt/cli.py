@@ -89,7 +89,7 @@ def optimize(
     seed: Annotated[int, typer.Option(help="Seed of the search.")] = None,  # type: ignore[assignment]
     bits: Annotated[str, typer.Option(help="Weight bit widths offered, e.g. 8,4 or 8,4,3,2.")] = None,  # type: ignore[assignment]
     granularity: Annotated[str, typer.Option(help="Scale granularities: per_tensor, per_channel, group.")] = None,  # type: ignore[assignment]
-    compressors: Annotated[str, typer.Option(help="Compressors that contribute decisions, e.g. quantize,prune (see `modelopt list`).")] = None,  # type: ignore[assignment]
+    compressors: Annotated[str, typer.Option(help="Compressors that contribute decisions, e.g. quantize,prune,early_exit (see `modelopt list`); default: every registered one that can lower the objective.")] = None,  # type: ignore[assignment]
     device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu, cuda, cuda:N.")] = "auto",
     out_dir: Annotated[Path, typer.Option("--out", help="Run folder (default runs/<time>-<model>-<strategy>-s<seed>).")] = None,  # type: ignore[assignment]
     resume: Annotated[bool, typer.Option(help="Continue the run in --out (default: the latest under runs/).")] = False,
@@ -107,7 +107,7 @@ def optimize(
     settings: dict[str, Any] = dict(model="cifar10_resnet20", weights=None, data="cifar10-sample", strategy="mcts",
                                     budget=200.0, objective="size", min_retention=0.99, seed=0,
                                     bits=[8, 4], granularity=["per_channel", "group"],
-                                    compressors=list(api.DEFAULT_COMPRESSORS))
+                                    compressors=api.DEFAULT_COMPRESSORS)
     if resume:
         run_dir = out_dir or api.latest_run_dir()
         saved = api.saved_run_config(run_dir)
@@ -188,14 +188,14 @@ def evaluate(
     weights: Annotated[Path, typer.Option(help="Checkpoint (state dict) for --model.")] = None,  # type: ignore[assignment]
     data: Annotated[str, typer.Option(help="cifar10-sample, an .npz, an image folder or a CIFAR10 root.")] = "cifar10-sample",
     split: Annotated[str, typer.Option(help="calib, val, test, or all (val + test).")] = "val",
-    compressors: Annotated[str, typer.Option(help="Compressors the plan may use, e.g. quantize,prune.")] = None,  # type: ignore[assignment]
+    compressors: Annotated[str, typer.Option(help="Compressors the plan may use, e.g. quantize,prune (default: every registered one the model suits).")] = None,  # type: ignore[assignment]
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
     allow_pickle: Annotated[bool, typer.Option(help="Allow full unpickling of a model file (trusted files only).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
 ) -> None:
     """Score one plan on one split: accuracy, retention, agreement, size, compression, bitops."""
     _setup_logging(False)
-    names = _csv(compressors, str, "compressors") if compressors is not None else list(api.DEFAULT_COMPRESSORS)
+    names = _csv(compressors, str, "compressors") if compressors is not None else api.DEFAULT_COMPRESSORS
     m = api.evaluate(model, plan, data, weights=weights, split=split, device=device, allow_pickle=allow_pickle,
                      compressors=names)
     table = Table(title=f"{model} — {'float' if plan is None else plan} on {split} ({m.n_samples} images)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -13,6 +14,22 @@ import torch
 from torch import nn
 
 from modelopt.compressors._base import Storage
+from modelopt.compressors.activations import (
+    Calibration,
+    InputQParams,
+    fake_quantized_inputs,
+    input_ranges,
+)
+from modelopt.compressors.early_exit import EarlyExit
+from modelopt.early_exit.heads import ExitHead
+from modelopt.early_exit.runtime import (
+    ExitLayout,
+    ExitProbe,
+    decide,
+    exit_layout,
+    fit_heads,
+)
+from modelopt.early_exit.simulate import ExitPolicy
 from modelopt.errors import TrialError
 from modelopt.fidelity import Fidelity, max_correct
 from modelopt.layers import Layer
@@ -49,6 +66,9 @@ class Metrics:
     # Budget spent preparing the plan before scoring it (batch-norm re-estimation after pruning),
     # in full-evaluation equivalents; 0 when the preparation was cached. Trials are charged it.
     prep_cost: float = 0.0
+    # Early exit: the share of samples that left at an exit (None: the plan has no exit). With
+    # exits, macs and bitops are means over the samples, heads included (DESIGN.md).
+    exited: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (NaN becomes None)."""
@@ -93,6 +113,12 @@ class Evaluator:
         self._kept: dict[tuple[Any, ...], torch.Tensor | None] = {}
         self._norm_stats: dict[str, dict[str, torch.Tensor]] = {}  # plan key -> re-estimated statistics
         self._norm_ref: tuple[int, dict[str, tuple[torch.Tensor, torch.Tensor]]] | None = None
+        self._input_ranges: dict[Calibration, dict[str, tuple[float, float]]] = {}  # activation quantization
+        # Early exit: the decisions of EarlyExit compressors, and their heads (fitted when first needed).
+        self._exit_decisions = [d for d in space.decisions
+                                if isinstance(space.compressors[d.compressor], EarlyExit) and d.layer is not None]
+        self._exit_layout: ExitLayout | None = None
+        self._exit_heads: dict[str, ExitHead] | None = None
 
     # ---- static accounting ----------------------------------------------------------------
 
@@ -149,6 +175,9 @@ class Evaluator:
             if layer.channel_consumer is not None:
                 # Removed channels take their folded norm (scale, shift) and conv1's bias with them.
                 total -= (layer.out_channels - out) * 4 * (2 + int(layer.has_bias))
+        policy = self.exit_policy(plan)
+        if policy is not None:
+            total += self._exit_layout.head_bytes(policy)  # type: ignore[union-attr]
         return total + sum(self.storage(plan, layer).bytes for layer in self.workload.layers)
 
     def macs(self, plan: Plan) -> int:
@@ -161,9 +190,18 @@ class Evaluator:
             bits = min(bits, self.space.compressors[d.compressor].weight_bits(plan.get(d.name)))
         return bits
 
-    def bitops(self, plan: Plan) -> int:
-        return sum(self.stored_layer(plan, layer).macs * self.weight_bits(plan, layer.name) * 32
-                   for layer in self.workload.layers)
+    def activation_bits(self, plan: Plan, layer: str) -> int:
+        """Bits of the layer's input activations under the plan (32: float)."""
+        bits = 32
+        for d in self._layer_decisions[layer]:
+            bits = min(bits, self.space.compressors[d.compressor].activation_bits(plan.get(d.name)))
+        return bits
+
+    def bitops(self, plan: Plan, reach: dict[str, float] | None = None) -> int:
+        """Bit operations per sample; `reach`: the share of samples that run each layer (early exit)."""
+        return round(sum(self.stored_layer(plan, layer).macs * self.weight_bits(plan, layer.name)
+                         * self.activation_bits(plan, layer.name)
+                         * (1.0 if reach is None else reach[layer.name]) for layer in self.workload.layers))
 
     def float_bitops(self) -> int:
         return self.workload.macs * 32 * 32
@@ -184,6 +222,63 @@ class Evaluator:
                 # A choice that breaks the weight (non-finite) is as bad as losing it entirely.
                 feats.append(dataclasses.replace(f, error=err if math.isfinite(err) else 1.0))
             self.space.features[d.name] = tuple(feats)
+
+    # ---- early exit -----------------------------------------------------------------------
+
+    def exit_layout(self) -> ExitLayout | None:
+        """Where the space's candidate exits sit (None when no early_exit decision is offered)."""
+        if not self._exit_decisions:
+            return None
+        if self._exit_layout is None:
+            size = tuple(self.workload.split("val").x.shape[2:])
+            self._exit_layout = exit_layout(self.workload.model, size,  # type: ignore[arg-type]
+                                            [d.layer for d in self._exit_decisions],  # type: ignore[misc]
+                                            [x.name for x in self.workload.layers])
+        return self._exit_layout
+
+    def exit_policy(self, plan: Plan) -> ExitPolicy | None:
+        """The plan's active exits and thresholds; None when it has none."""
+        layout = self.exit_layout()
+        if layout is None:
+            return None
+        choices = {d.layer: plan.get(d.name) for d in self._exit_decisions}
+        if all(c is None for c in choices.values()):
+            return None
+        return layout.policy(choices)
+
+    def exit_heads(self) -> tuple[dict[str, ExitHead], float]:
+        """The fitted head of every candidate exit, and the budget fitting them cost now (0 once fitted).
+
+        Fitted once, on the float model: see `modelopt.early_exit.runtime`.
+        """
+        layout = self.exit_layout()
+        assert layout is not None, "the space offers no early exit"
+        if self._exit_heads is not None:
+            return self._exit_heads, 0.0
+        heads, images = fit_heads(layout, self.workload.split("calib").x, self.workload.split("val").x)
+        self._exit_heads = heads
+        return heads, images / len(self.workload.split("val"))
+
+    def _reach(self, plan: Plan, policy: ExitPolicy | None, exit_at: torch.Tensor | None) -> dict[str, float]:
+        """Per layer, the share of samples that ran it (1 without exits)."""
+        if policy is None or exit_at is None or not policy.exits:
+            return {layer.name: 1.0 for layer in self.workload.layers}
+        layout = self._exit_layout
+        assert layout is not None
+        n = max(1, int(exit_at.numel()))
+        # A sample leaving at exit j ran every block up to and including exit j's block.
+        last_block = torch.tensor([layout.block_index(e) for e in policy.exits] + [len(layout.backbone.blocks)],
+                                  device=exit_at.device)[exit_at]
+        return {x.name: float((last_block >= layout.block_of[x.name]).sum()) / n for x in self.workload.layers}
+
+    def _head_cost(self, policy: ExitPolicy | None, exit_at: torch.Tensor | None) -> float:
+        """Mean head MACs per sample: a sample evaluated every active head up to where it left."""
+        if policy is None or exit_at is None or not policy.exits:
+            return 0.0
+        layout = self._exit_layout
+        assert layout is not None
+        n = max(1, int(exit_at.numel()))
+        return sum(layout.head_macs(e) * float((exit_at >= j).sum()) / n for j, e in enumerate(policy.exits))
 
     # ---- evaluation -----------------------------------------------------------------------
 
@@ -237,7 +332,9 @@ class Evaluator:
 
         Weights; for structured pruning, the norm's scale and shift zeroed on removed channels
         (so the ReLU after it outputs exactly 0 there); after any pruning, every batch norm's
-        statistics re-estimated on calibration images (cached by plan key).
+        statistics re-estimated on calibration images (cached by plan key). The budget includes
+        calibrating activation ranges (`input_qparams`) the first time a plan needs them: that runs
+        the float model, so it happens here, before the plan's tensors are swapped in.
         """
         state = {f"{name}.weight": w for name, w in self.compressed_weights(plan).items()}
         for lname, (_, idx) in self.kept_channels(plan).items():
@@ -251,7 +348,45 @@ class Evaluator:
                 if t is not None:
                     state[f"{norm}.{attr}"] = t.data.masked_fill(drop.to(t.device), 0.0)
         stats, cost = self._recalibrated(plan, state)
-        return {**state, **stats}, cost
+        return {**state, **stats}, cost + self.input_qparams(plan)[1]
+
+    def activation_quant(self, plan: Plan) -> contextlib.AbstractContextManager[None]:
+        """Within the block, the plan's activation-quantized layers see their inputs quantize-dequantized.
+
+        Ranges are static (as a deployed integer model has them): calibrated on the float model,
+        once per `Calibration` (`input_qparams`), and shared by every plan. Enter it inside
+        `workload.state(...)` of `compressed_state(plan)`'s tensors, which calibrated them first.
+
+        Example:
+            >>> state, _ = ev.compressed_state(plan)
+            >>> with ev.workload.state(state), ev.activation_quant(plan):
+            ...     logits = ev.workload.logits(x)
+        """
+        qparams, _ = self.input_qparams(plan)
+        return fake_quantized_inputs(self.workload.modules, qparams) if qparams else contextlib.nullcontext()
+
+    def input_qparams(self, plan: Plan) -> tuple[dict[str, InputQParams], float]:
+        """Per activation-quantized layer of the plan, its input's quantization; and the budget
+        calibrating cost now: images / len(val) the first time a `Calibration` is needed, else 0.
+
+        One pass of the float model over the calib split's first `Calibration.images` images
+        measures every layer's input range; call it while the float model is resident.
+        """
+        bits: dict[str, tuple[int, Calibration]] = {}  # layer -> (input bits, how its range is measured)
+        for layer in self.workload.layers:
+            for d in self._layer_decisions[layer.name]:
+                comp = self.space.compressors[d.compressor]
+                b = comp.activation_bits(plan.get(d.name))
+                if b < 32 and (layer.name not in bits or b < bits[layer.name][0]):
+                    # A compressor offering activation bits says how to calibrate in `calibration`.
+                    bits[layer.name] = (b, getattr(comp, "calibration", Calibration()))
+        cost = 0.0
+        for calib in {c for _, c in bits.values()} - set(self._input_ranges):
+            x = self.workload.split("calib").x[: calib.images]
+            self._input_ranges[calib] = input_ranges(self.workload.model, self.workload.modules, x, calib,
+                                                     self.workload.batch_size)
+            cost += x.shape[0] / len(self.workload.split("val"))
+        return {n: InputQParams.from_range(*self._input_ranges[c][n], b) for n, (b, c) in bits.items()}, cost
 
     def _recalibrated(self, plan: Plan, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], float]:
         """Batch-norm statistics re-estimated for the plan, and the budget that cost (0 when cached).
@@ -327,6 +462,19 @@ class Evaluator:
 
         return remove_channels(model, {lname: idx for lname, (_, idx) in self.kept_channels(plan).items()})
 
+    def deployable(self, plan: Plan) -> nn.Module:
+        """The module the plan deploys as: `physical_model`, wrapped in an `EarlyExitNet` that really
+        returns at the first confident exit when the plan has exits (what latency is measured on)."""
+        model = self.physical_model(plan)
+        policy = self.exit_policy(plan)
+        if policy is None:
+            return model
+        from modelopt.early_exit import EarlyExitNet, split_backbone
+
+        heads, _ = self.exit_heads()
+        size = tuple(self.workload.split("val").x.shape[2:])
+        return EarlyExitNet(split_backbone(model, size), heads, policy).eval()  # type: ignore[arg-type]
+
     def evaluate(self, plan: Plan, split: str = "val", n: int | None = None) -> Metrics:
         """Scores `plan` on the first `n` samples of `split` (all when None).
 
@@ -339,10 +487,12 @@ class Evaluator:
         if key in self._results:
             return self._results[key]
         t0 = time.perf_counter()
-        state, prep = self.compressed_state(plan)
-        with self.workload.state(state):
-            pred = self._predict(plan, data.x[:n])
-        metrics = self._metrics(plan, split, pred, time.perf_counter() - t0, prep_cost=prep)
+        policy, prep = self._exit_setup(plan)  # heads are fitted on the float model, before the swap
+        state, cost = self.compressed_state(plan)
+        prep += cost
+        with self.workload.state(state), self.activation_quant(plan):
+            pred, exit_at = self._predict(plan, data.x[:n], policy)
+        metrics = self._metrics(plan, split, pred, time.perf_counter() - t0, prep_cost=prep, exit_at=exit_at)
         self._results[key] = metrics
         return metrics
 
@@ -361,19 +511,21 @@ class Evaluator:
         t0 = time.perf_counter()
         cuts = fidelity.cuts(len(data))
         base_right = data.base_correct
-        preds: list[torch.Tensor] = []
-        state, prep = self.compressed_state(plan)
-        with self.workload.state(state):
+        preds: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        policy, prep = self._exit_setup(plan)
+        state, cost = self.compressed_state(plan)
+        prep += cost
+        with self.workload.state(state), self.activation_quant(plan):
             start = 0
             for stop in cuts:
-                preds.append(self._predict(plan, data.x[start:stop]))
+                preds.append(self._predict(plan, data.x[start:stop], policy))
                 start = stop
                 if stop == len(data):
                     break
-                pred = torch.cat(preds)
+                pred, exit_at = _joined(preds)
                 if not finish:
                     return self._metrics(plan, "val", pred, time.perf_counter() - t0, stopped="dominated",
-                                         prep_cost=prep)
+                                         prep_cost=prep, exit_at=exit_at)
                 right = pred == data.y[:stop]
                 br, bw = base_right[:stop], ~base_right[:stop]
                 bound = max_correct(
@@ -385,26 +537,54 @@ class Evaluator:
                 )
                 if bound < min_retention * int(base_right.sum()):
                     return self._metrics(plan, "val", pred, time.perf_counter() - t0, stopped="infeasible",
-                                         prep_cost=prep)
-        metrics = self._metrics(plan, "val", torch.cat(preds), time.perf_counter() - t0, prep_cost=prep)
+                                         prep_cost=prep, exit_at=exit_at)
+        pred, exit_at = _joined(preds)
+        metrics = self._metrics(plan, "val", pred, time.perf_counter() - t0, prep_cost=prep, exit_at=exit_at)
         self._results[full] = metrics
         return metrics
 
-    def _predict(self, plan: Plan, x: torch.Tensor) -> torch.Tensor:
-        logits = self.workload.logits(x)
-        if not torch.isfinite(logits).all():
+    def _exit_setup(self, plan: Plan) -> tuple[ExitPolicy | None, float]:
+        """The plan's exit policy and the budget spent fitting heads for it (0 once fitted)."""
+        policy = self.exit_policy(plan)
+        if policy is None:
+            return None, 0.0
+        _, cost = self.exit_heads()
+        return policy, cost
+
+    def _predict(self, plan: Plan, x: torch.Tensor, policy: ExitPolicy | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Predictions for `x` and, with exits, the position in `policy.exits` each sample left at
+        (len(policy.exits): it ran the whole network)."""
+        if policy is None:
+            logits = self.workload.logits(x)
+            if not torch.isfinite(logits).all():
+                raise TrialError(f"plan {plan.key} gives non-finite outputs")
+            return logits.argmax(dim=1), None
+        heads, _ = self.exit_heads()
+        assert self._exit_layout is not None
+        with ExitProbe(self._exit_layout, heads, policy) as probe:
+            logits = self.workload.logits(x)
+        head_logits = probe.logits()
+        if not torch.isfinite(logits).all() or not all(torch.isfinite(t).all() for t in head_logits.values()):
             raise TrialError(f"plan {plan.key} gives non-finite outputs")
-        return logits.argmax(dim=1)
+        exit_at, pred = decide(head_logits, logits, heads, policy)
+        return pred, exit_at
 
     def _metrics(self, plan: Plan, split: str, pred: torch.Tensor, seconds: float, stopped: str | None = None,
-                 prep_cost: float = 0.0) -> Metrics:
-        """Metrics of predictions `pred` for the first len(pred) samples of `split`."""
+                 prep_cost: float = 0.0, exit_at: torch.Tensor | None = None) -> Metrics:
+        """Metrics of predictions `pred` for the first len(pred) samples of `split` (`exit_at`: where
+        each left, with exits: MACs and bitops are then means over the samples)."""
         data = self.workload.split(split)
         n = int(pred.shape[0])
         y, base = data.y[:n], data.base_pred[:n]
         acc = float((pred == y).float().mean())
         base_acc = float((base == y).float().mean())
         size = self.size_bytes(plan)
+        policy = self.exit_policy(plan) if exit_at is not None else None
+        reach = self._reach(plan, policy, exit_at)
+        head_macs = self._head_cost(policy, exit_at)
+        macs = round(sum(self.stored_layer(plan, x).macs * reach[x.name] for x in self.workload.layers) + head_macs)
+        exited = None if policy is None or exit_at is None else float((exit_at < len(policy.exits)).float().mean())
         return Metrics(
             split=split,
             n_samples=n,
@@ -415,11 +595,19 @@ class Evaluator:
             size_bytes=size,
             float_size_bytes=self.workload.float_size_bytes,
             compression=self.workload.float_size_bytes / size,
-            bitops=self.bitops(plan),
-            macs=self.macs(plan),
+            bitops=self.bitops(plan, reach) + round(head_macs * 32 * 32),
+            macs=macs,
             eval_seconds=seconds,
             float_bitops=self.float_bitops(),
             float_macs=self.workload.macs,
             stopped=stopped,
             prep_cost=prep_cost,
+            exited=exited,
         )
+
+
+def _joined(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Predictions (and exits, when any) of consecutive stages, concatenated."""
+    pred = torch.cat([p for p, _ in parts])
+    exits = [e for _, e in parts]
+    return pred, None if any(e is None for e in exits) else torch.cat(exits)  # type: ignore[misc]

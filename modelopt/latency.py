@@ -78,8 +78,13 @@ def torch_latency(
     threads: int = 1,
     warmup: int = 10,
     repeats: int = 50,
+    varying: bool = False,
 ) -> Latency:
     """Median latency of `model` on a batch of `batch_size` inputs shaped like `example`.
+
+    With `varying` (a model whose work depends on its input, such as early exit), one timed run
+    is a pass over every row of `example` in batches, and its figure is the mean time per batch:
+    the median over max(3, repeats // 10) passes of the latency averaged over the inputs.
 
     Args:
         model: the network (moved to `device` and put in eval mode).
@@ -101,7 +106,18 @@ def torch_latency(
     torch.set_num_threads(threads)
     try:
         with torch.inference_mode():
-            if dev.type == "cuda":
+            if varying:
+                rows = example.detach().to(dev, torch.float32)
+                batches = [rows[i : i + batch_size] for i in range(0, rows.shape[0] - batch_size + 1, batch_size)]
+
+                def one_pass() -> None:
+                    for b in batches:
+                        model(b)
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize(dev)
+
+                times = [t / len(batches) for t in _time(one_pass, 1, max(3, repeats // 10))]
+            elif dev.type == "cuda":
                 times = _cuda_times(model, x, warmup, repeats)
             else:
                 times = _time(lambda: model(x), warmup, repeats)

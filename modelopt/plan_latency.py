@@ -1,8 +1,9 @@
 """Measured latency of a plan, once per distinct plan, on a named backend.
 
-- ``torch``: the resident model with the plan's weights swapped in. Weight-only
-  quantization is simulated there (dequantized float weights, float kernels), so this
-  backend shows what pruning or early exit change, not integer kernels.
+- ``torch``: the module the plan deploys as (`Evaluator.deployable`: structurally pruned
+  channels physically removed, an `EarlyExitNet` that returns at the first confident exit).
+  Weight-only quantization is simulated there (dequantized float weights, float kernels), so
+  this backend shows what pruning or early exit change, not integer kernels.
 - ``onnxruntime``: the plan exported to ONNX with QuantizeLinear/DequantizeLinear
   (modelopt.export.onnx), run by ONNX Runtime's CPU integer kernels.
 
@@ -79,9 +80,14 @@ class PlanLatency:
         s, wl = self.spec, self.evaluator.workload
         x = wl.split("val").x
         if s.backend == "torch":
-            with wl.weights(self.evaluator.compressed_weights(plan)):
-                return torch_latency(wl.model, x, batch_size=s.batch_size, device=wl.device, threads=s.threads,
-                                     warmup=s.warmup, repeats=s.repeats)
+            # What the plan deploys as: structurally pruned channels removed, exits that really return.
+            model = self.evaluator.deployable(plan)
+            return torch_latency(model, x, batch_size=s.batch_size, device=wl.device, threads=s.threads,
+                                 warmup=s.warmup, repeats=s.repeats,
+                                 varying=self.evaluator.exit_policy(plan) is not None)
+        if self.evaluator.exit_policy(plan) is not None:
+            raise ConfigError("latency backend 'onnxruntime' cannot run early exit (the exported graph has no "
+                              "data-dependent return); use the torch backend for plans with exits")
         from modelopt.export.onnx import export_onnx
 
         with tempfile.TemporaryDirectory() as tmp:

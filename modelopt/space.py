@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from modelopt.compressors._base import Choice, Compressor
+from modelopt.compressors._registry import COMPRESSORS
 from modelopt.errors import ConfigError, LoadError, UnknownNameError
 from modelopt.layers import Layer
 from modelopt.plan import PLAN_VERSION, Decision, Plan, decision_name
@@ -96,9 +97,17 @@ class SearchSpace:
         """A plan from its hand-written form: `default` for every layer plus per-layer `layers` overrides."""
         if not isinstance(doc, Mapping):
             raise ConfigError(f"a plan must be a mapping with keys {', '.join(_TOP_KEYS)}; got {type(doc).__name__}")
+        top = {name: c for name, c in self.compressors.items() if c.parse_top(None, []) is not None}
         for key in doc:
-            if key not in _TOP_KEYS:
-                raise ConfigError(f"unknown plan key {key!r}; valid: {', '.join(_TOP_KEYS)}")
+            if key not in _TOP_KEYS and key not in top:
+                valid = (*_TOP_KEYS, *top)
+                if key in COMPRESSORS and COMPRESSORS.get(key).parse_top is not Compressor.parse_top:
+                    raise ConfigError(f"plan key {key!r} needs the {key!r} compressor, which this run does not "
+                                      f"use; enabled: {', '.join(self.compressors)}")
+                raise ConfigError(f"unknown plan key {key!r}; valid: {', '.join(valid)}")
+        # Model-level settings (early_exit: {exits, threshold}) as per-layer choices; `layers` overrides them.
+        from_top = {(lname, cname): c for cname in top if cname in doc
+                    for lname, c in (top[cname].parse_top(doc[cname], list(self.layers.values())) or {}).items()}
         version = doc.get("version", PLAN_VERSION)
         if version != PLAN_VERSION:
             raise ConfigError(f"plan version {version!r} is not supported; this modelopt reads version {PLAN_VERSION}")
@@ -119,6 +128,9 @@ class SearchSpace:
                     if raw is not None and cname in override:
                         raise ConfigError(f"layer {lname!r} cannot be compressed by {cname!r}")
                     continue
+                if (lname, cname) in from_top and cname not in override:
+                    choices[dname] = from_top[(lname, cname)]
+                    continue
                 choices[dname] = comp.parse(raw, layer)
         return self.plan(choices)
 
@@ -133,8 +145,13 @@ class SearchSpace:
     def dump_plan(self, plan: Plan) -> dict[str, Any]:
         """The hand-writable form: the most common choice per compressor as `default`, the rest per layer."""
         per_layer: dict[str, dict[str, Any]] = {lname: {} for lname in self.layers}
+        top: dict[str, Any] = {}
+        for cname, comp in self.compressors.items():
+            form = comp.dump_top({d.layer: plan.get(d.name) for d in self.decisions if d.compressor == cname})
+            if form is not None:
+                top[cname] = form
         for d in self.decisions:
-            if d.layer is not None:
+            if d.layer is not None and d.compressor not in top:
                 per_layer[d.layer][d.compressor] = self.compressors[d.compressor].dump(plan.get(d.name))
         default: dict[str, Any] = {}
         for cname in self.compressors:
@@ -148,7 +165,7 @@ class SearchSpace:
             diff = {c: v for c, v in entries.items() if v != default.get(c)}
             if diff:
                 layers[lname] = diff
-        return {"version": PLAN_VERSION, "default": default, "layers": layers}
+        return {"version": PLAN_VERSION, **top, "default": default, "layers": layers}
 
     def load_plan(self, path: str | Path) -> Plan:
         """Reads a plan YAML file (safe_load)."""

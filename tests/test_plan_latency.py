@@ -30,9 +30,10 @@ def test_unknown_backend_is_a_config_error():
 
 def test_latency_objective_measures_every_plan(resnet20_workload, tmp_path):
     result = api.optimize(resnet20_workload, strategy="random", budget=3, objective="latency", out=tmp_path / "r",
-                          progress=False, report=False, latency=QUICK)
+                          progress=False, report=False, latency=QUICK, compressors=["quantize"])
     for t in result.trials:
         m = t.metrics
+        assert m.stopped is None  # a plan stopped below the floor on part of val is not timed
         assert m.latency_ms > 0 and m.float_latency_ms > 0 and m.latency_backend == "torch/cpu/b8"
         if t.feasible:
             assert t.reward == pytest.approx(m.float_latency_ms / m.latency_ms)
@@ -40,7 +41,23 @@ def test_latency_objective_measures_every_plan(resnet20_workload, tmp_path):
 
 def test_final_pareto_set_gets_latency_by_default(resnet20_workload, tmp_path):
     result = api.optimize(resnet20_workload, strategy="random", budget=2, out=tmp_path / "r", progress=False,
-                          report=False, latency=QUICK)
+                          report=False, latency=QUICK, compressors=["quantize"])
     assert all(t.metrics.latency_ms is None for t in result.trials)  # not during a size search
     assert all(test is not None and test.latency_ms > 0 for _, test in result.pareto)
     assert result.summary["pareto"][0]["test"]["latency_backend"] == "torch/cpu/b8"
+
+
+def test_exit_plan_latency_times_the_module_that_stops_early(resnet20_workload):
+    """With exits, the torch backend times `EarlyExitNet` over every val image (its work depends on
+    the input); the speed itself is for benchmarks/early_exit.py to show, not a timed unit test."""
+    from modelopt.compressors import ExitChoice
+
+    ev = Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers,
+                                                  api.build_compressors(["early_exit"], model=resnet20_workload.model)))
+    plan = ev.space.plan({"layer1.2.conv2/early_exit": ExitChoice(0.5)})
+    lat = PlanLatency(ev, LatencySpec("torch", batch_size=1, warmup=1, repeats=30))
+    assert ev.evaluate(plan).exited > 0.5
+    assert type(ev.deployable(plan)).__name__ == "EarlyExitNet"
+    assert lat.measure(plan).repeats == 3 and lat.measure(plan).median_ms > 0  # passes over the split
+    with pytest.raises(ConfigError, match="cannot run early exit"):
+        PlanLatency(ev, LatencySpec("onnxruntime")).measure(plan)

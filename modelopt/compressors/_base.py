@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -64,6 +64,15 @@ class Compressor(ABC):
     # Where the compressor runs in a layer's chain, lowest first, whatever order users list them
     # in: pruning (10) runs before quantization (20), so the quantizer sees the pruned weight.
     order: ClassVar[int] = 50
+    # The objectives (modelopt.objective.Target values) this compressor can lower: by default the
+    # compressors a run uses are the registered ones that lower its objective (modelopt.api).
+    reduces: ClassVar[frozenset[str]] = frozenset({"size", "bitops", "latency"})
+
+    @classmethod
+    def model_options(cls, model: torch.nn.Module) -> dict[str, Any]:
+        """Options this compressor derives from the model when the user gives none (e.g. where
+        early exits may sit); raises ConfigError when it cannot handle the model at all."""
+        return {}
 
     @abstractmethod
     def menu(self, layer: Layer) -> tuple[Choice, ...]:
@@ -96,6 +105,15 @@ class Compressor(ABC):
         shaped = dataclasses.replace(layer, weight_shape=inner.shape)
         return Storage(inner.shape, None, 0, self.weight_bytes(shaped, choice))
 
+    def parse_top(self, raw: Any, layers: Sequence[Layer]) -> dict[str, Choice] | None:
+        """Choices per layer from a plan's top-level `<name>:` key, for compressors whose decisions
+        read better as one model-level setting (early exit); None: this compressor has no such form."""
+        return None
+
+    def dump_top(self, choices: Mapping[str, Choice]) -> Any:
+        """The top-level form of {layer: choice} (inverse of `parse_top`); None: write them per layer."""
+        return None
+
     def kept_channels(self, weight: torch.Tensor, choice: Choice) -> torch.Tensor | None:
         """Indices (ascending) of the output channels `choice` keeps, for choices that remove
         channels (structured pruning of a layer with `channel_consumer`); None otherwise."""
@@ -107,6 +125,14 @@ class Compressor(ABC):
 
     def weight_bits(self, choice: Choice) -> int:
         """Bits per weight that arithmetic runs at (for bitops); 32 when float."""
+        return 32
+
+    def activation_bits(self, choice: Choice) -> int:
+        """Bits of the layer's input activations under `choice` (for bitops); 32 when float.
+
+        A compressor offering quantized inputs says how the evaluator calibrates their ranges in a
+        `calibration` attribute (`modelopt.compressors.activations.Calibration`; default percentile).
+        """
         return 32
 
     def options(self) -> dict[str, Any]:

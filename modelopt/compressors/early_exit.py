@@ -6,29 +6,28 @@ leave the network early. To reuse the per-layer decision machinery (SearchSpace,
 plans, journals) unchanged, the decision is attached to the last layer of each candidate
 block: the decision on ``layer2.4.conv2`` says whether an exit sits after block ``layer2.4``
 and with which threshold. ``None`` (off) means no exit there; which exits are active is the set
-of layers whose choice is not None. A plan reads, in YAML::
+of layers whose choice is not None. A plan reads, in YAML (the top-level form, which plans are
+written in; the per-layer form ``layers: {layer2.4.conv2: {early_exit: {threshold: 0.95}}}``
+is read too)::
 
-    layers:
-      layer2.4.conv2: {early_exit: {threshold: 0.95}}
+    early_exit: {exits: [layer1.2, layer2.4], threshold: 0.95}
+    early_exit: {exits: {layer1.2: 0.98, layer2.4: 0.9}}     # a threshold per exit
 
-What the evaluator integration needs (not wired yet; `modelopt/evaluator.py` is unchanged):
+How the evaluator runs it (`modelopt.early_exit.runtime`, `Evaluator.exit_policy`):
 
-1. At workload set-up, once per model: `split_backbone(model)`, `exit_layers(backbone)` (build
-   this compressor with ``exits=`` those layer names), then `fit_exit_heads(...)` on the calib
-   split (plus any unlabeled fitting images), cached with the workload.
-2. Per split, once per set of weights: `extract_features` + `exit_table` (heads on every
-   candidate exit), so scoring a plan's exit part is a vectorised `simulate(table, policy)`.
-   Weight compression of the backbone changes the features: with quantized layers, the table
-   must be computed on the compressed model (cache it by the plan's weight-part key).
-3. `policy_from_plan(plan choices)` -> `ExitPolicy`; `simulate` gives the prediction of every
-   sample (for accuracy, retention, agreement) and `mean_macs` (DESIGN.md: the mean over
-   samples of the MACs up to where each left, heads included); bitops should use the same
-   per-sample MACs.
-4. Size: heads add `head_bytes` (float32) to size_bytes. `apply` leaves weights untouched and
+1. `model_options` offers every block's end but the last (`exit_layers(split_backbone(model))`);
+   the API passes them as ``exits=`` when the user names none.
+2. The first plan with an active exit makes the evaluator fit one head per candidate exit on the
+   float model (calib images, label-free; temperatures on val, label-free); the budget that
+   costs is charged to that plan, like batch-norm re-estimation.
+3. A plan's pass over the split runs the heads of its active exits on the plan's own
+   (compressed) block outputs: each sample's exit and prediction, hence accuracy, retention,
+   agreement, and mean MACs and bitops over the samples, heads included (DESIGN.md).
+4. Size: heads add their float32 bytes to size_bytes. `apply` leaves weights untouched and
    `stored` passes the layer's storage through, so a layer's other compressors (prune,
    quantize) keep owning its weight's bytes; `weight_bytes` (the layer's float32 bytes) is only
    what the plugin contract asks for when early exit is alone on the layer.
-5. Latency: `EarlyExitNet(backbone, heads, policy)` is the deployable module to time.
+5. Latency: `EarlyExitNet(backbone, heads, policy)` is the deployable module that stops early.
 """
 
 from __future__ import annotations
@@ -88,6 +87,14 @@ class EarlyExit(Compressor):
 
     name = "early_exit"
     order = 90  # after every weight transform; it changes none
+    reduces = frozenset({"macs", "bitops", "latency"})  # heads add bytes: never smaller
+
+    @classmethod
+    def model_options(cls, model: torch.nn.Module) -> dict[str, Any]:
+        """Every block's end but the last one's (an exit there saves nothing) is a candidate exit."""
+        from modelopt.early_exit.backbone import split_backbone
+
+        return {"exits": list(exit_layers(split_backbone(model)))[:-1]}
 
     def __init__(self, thresholds: Sequence[float] = DEFAULT_THRESHOLDS, exits: Sequence[str] = ("*",)) -> None:
         if not thresholds:
@@ -118,6 +125,45 @@ class EarlyExit(Compressor):
             return None
         assert isinstance(choice, ExitChoice)
         return {"threshold": choice.threshold}
+
+    def parse_top(self, raw: Any, layers: Sequence[Layer]) -> dict[str, Choice] | None:
+        """A plan's top-level form: ``early_exit: {exits: [layer1.2, layer2.1], threshold: 0.9}``, or
+        one threshold per exit: ``early_exit: {exits: {layer1.2: 0.97, layer2.1: 0.9}}``. An exit is
+        named by its block (``layer2.1``) or by the block's last layer (``layer2.1.conv2``)."""
+        if raw is None:
+            return {}
+        if not isinstance(raw, Mapping) or "exits" not in raw or not set(raw) <= {"exits", "threshold"}:
+            raise ConfigError(f"plan key 'early_exit' takes {{exits: [BLOCK, ...], threshold: T}} or "
+                              f"{{exits: {{BLOCK: T, ...}}}}; got {raw!r}")
+        exits, shared = raw["exits"], raw.get("threshold")
+        if isinstance(exits, Mapping):
+            if shared is not None:
+                raise ConfigError("plan key 'early_exit': give one threshold per exit or a shared 'threshold', not both")
+            wanted = dict(exits)
+        elif isinstance(exits, (list, tuple)):
+            if shared is None:
+                raise ConfigError("plan key 'early_exit' lists exits but no 'threshold'")
+            wanted = {name: shared for name in exits}
+        else:
+            raise ConfigError(f"plan key 'early_exit.exits' must be a list or a mapping of exits; got {exits!r}")
+        offered = {x.name.rsplit(".", 1)[0]: x.name for x in layers if self._offers(x)}
+        out: dict[str, Choice] = {}
+        for name, t in wanted.items():
+            layer = name if name in offered.values() else offered.get(str(name))
+            if layer is None:
+                raise ConfigError(f"no candidate exit {name!r}; valid: {', '.join(offered)}")
+            out[layer] = self.parse({"threshold": t}, next(x for x in layers if x.name == layer))
+        return out
+
+    def dump_top(self, choices: Mapping[str, Choice]) -> Any:
+        active = {layer.rsplit(".", 1)[0]: c.threshold for layer, c in choices.items()  # type: ignore[union-attr]
+                  if c is not None}
+        if not active:
+            return None
+        shared = set(active.values())
+        if len(shared) == 1:
+            return {"exits": list(active), "threshold": shared.pop()}
+        return {"exits": active}
 
     def apply(self, weight: torch.Tensor, choice: Choice) -> torch.Tensor:
         """Weights are untouched: the exit adds a head after the block, it does not change the layer."""

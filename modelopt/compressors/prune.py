@@ -195,6 +195,8 @@ class Prune(Compressor):
     name = "prune"
     order = 10  # before quantization
 
+    reduces = frozenset({"size", "bitops", "macs", "latency"})
+
     def __init__(
         self,
         sparsity: Sequence[float] = DEFAULT_SPARSITY,

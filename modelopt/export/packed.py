@@ -11,6 +11,8 @@ The file holds only tensors, ints and strings, so `torch.load(weights_only=True)
   to scale and shift per channel, biases and any other float tensor, back to back;
 - ``index``: zlib-compressed JSON naming what lies where (layer, spec, shape, kept values), in storage order,
   and the channels each structurally pruned block keeps (its modules are stored at that size);
+  for layers whose inputs are quantized (``activations: 8``), their input bits and uint8 zero
+  point (``a``), their float32 input scales following the other floats, in that order;
 - ``plan``: the plan (`SearchSpace.dump_plan`) as zlib-compressed JSON (`read_plan`; YAML in version 1), ``model``: JSON with the model's name and
   input normalisation, so `load` can rebuild zoo, torchvision and factory models by name.
 
@@ -32,6 +34,7 @@ import yaml
 from torch import nn
 
 from modelopt.compressors._base import sparse_index_bytes
+from modelopt.compressors.activations import InputQParams, install_input_quantizers
 from modelopt.compressors.prune import (
     Prune,
     PruneKind,
@@ -56,8 +59,8 @@ from modelopt.layers import compressible_modules
 from modelopt.plan import Plan
 
 FORMAT = "modelopt.packed"
-FORMAT_VERSION = 2  # 2: sparse and structurally pruned layers; version 1 files still load
-_READS = (1, 2)
+FORMAT_VERSION = 3  # 2: sparse and structurally pruned layers; 3: quantized inputs. Older files still load.
+_READS = (1, 2, 3)
 SUFFIX = ".pt"
 
 
@@ -171,6 +174,12 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
             if t is not None and t.is_floating_point():
                 floats.append(t.detach().float())
                 index["f"].append([full, "t", list(t.shape)])
+    # Quantized inputs: bits and zero point in the index, the float32 scale after the other floats
+    # (the 5 bytes `Quantize.weight_bytes` counts); `load` puts the same fake quantization back.
+    qparams, _ = evaluator.input_qparams(plan)
+    if qparams:
+        index["a"] = [[name, qp.bits, qp.zero_point] for name, qp in qparams.items()]
+        floats.append(torch.tensor([qp.scale for qp in qparams.values()], dtype=torch.float32))
     space = evaluator.space
     meta = {"name": wl.source.name, "mean": list(wl.source.mean), "std": list(wl.source.std),
             "input_size": None if wl.source.input_size is None else list(wl.source.input_size),
@@ -231,6 +240,8 @@ def load(path: str | Path, model: nn.Module | None = None) -> nn.Module:
     pruned weights are zero where the mask says so; structurally pruned blocks are rebuilt with
     their smaller conv1 / norm / conv2 (`remove_channels`); batch norms get their folded scale and
     shift (with zero mean, unit variance and eps 0), from re-estimated statistics after pruning.
+    Layers whose inputs the plan quantizes get forward pre-hooks that quantize-dequantize them
+    with the stored scale and zero point, as the evaluator did (`install_input_quantizers`).
 
     Args:
         path: a file written by `modelopt.export(..., format="modelopt")`.
@@ -307,6 +318,13 @@ def load(path: str | Path, model: nn.Module | None = None) -> nn.Module:
         n = math.prod(shape)
         t.data = floats[f_off : f_off + n].reshape(shape).to(t.dtype).clone()
         f_off += n
+    acts = index.get("a", [])
+    missing = [name for name, *_ in acts if name not in layers]
+    if missing:
+        raise LoadError(f"{str(path)!r}: layer {missing[0]!r} (quantized input) does not fit the model")
+    scales_a = floats[f_off : f_off + len(acts)].tolist()
+    install_input_quantizers(layers, {name: InputQParams(scale, int(zp), int(bits))
+                                      for (name, bits, zp), scale in zip(acts, scales_a)})
     for p in module.parameters():
         p.requires_grad_(False)
     return module

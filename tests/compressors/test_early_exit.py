@@ -78,3 +78,33 @@ def test_head_bytes():
     head = ExitHead(HeadSpec((1,), ()), torch.zeros(10, 64), torch.zeros(10))
     heads = {"layer3.0": head, "layer3.1": head}
     assert head_bytes(heads, ExitPolicy(("layer3.0", "layer3.1"), (0.9, float("inf")))) == (640 + 10 + 1) * 4
+
+
+def test_top_level_plan_form(r20):
+    """The issue's plan form: `early_exit: {exits: [NAME, ...], threshold: T}` at the top level,
+    or one threshold per exit; plans are written in it and read back equal."""
+    bb, layers = r20
+    space = SearchSpace(layers, [Quantize(bits=(8,)), EarlyExit(exits=tuple(exit_layers(bb)))])
+    shared = space.parse_plan(yaml.safe_load("early_exit: {exits: [layer1.2, layer2.1.conv2], threshold: 0.9}"))
+    assert shared.get("layer1.2.conv2/early_exit") == ExitChoice(0.9) == shared.get("layer2.1.conv2/early_exit")
+    assert sum(shared.get(d.name) is not None for d in space.decisions) == 2
+    assert space.dump_plan(shared)["early_exit"] == {"exits": ["layer1.2", "layer2.1"], "threshold": 0.9}
+    # `layers` overrides the top-level form for its layer.
+    mixed = space.parse_plan(yaml.safe_load("""
+    early_exit: {exits: [layer1.2, layer2.1], threshold: 0.9}
+    layers: {layer2.1.conv2: {early_exit: {threshold: 0.99}}}
+    """))
+    dumped = space.dump_plan(mixed)
+    assert dumped["early_exit"] == {"exits": {"layer1.2": 0.9, "layer2.1": 0.99}}
+    assert "early_exit" not in str(dumped["layers"]) and space.parse_plan(dumped) == mixed
+    assert "early_exit" not in space.dump_plan(space.plan())
+    for bad, match in [({"exits": ["layer9.9"], "threshold": 0.9}, "no candidate exit 'layer9.9'"),
+                       ({"exits": ["layer1.2"]}, "no 'threshold'"),
+                       ({"exits": {"layer1.2": 0.9}, "threshold": 0.9}, "not both"),
+                       ({"exits": ["layer1.2"], "threshold": 2}, "threshold"),
+                       (3, "plan key 'early_exit' takes")]:
+        with pytest.raises(ConfigError, match=match):
+            space.parse_plan({"early_exit": bad})
+    quant_only = SearchSpace(layers, [Quantize(bits=(8,))])
+    with pytest.raises(ConfigError, match="needs the 'early_exit' compressor"):
+        quant_only.parse_plan({"early_exit": {"exits": ["layer1.2"], "threshold": 0.9}})

@@ -98,3 +98,29 @@ def test_load_onto_a_skeleton_for_models_outside_the_zoo(tmp_path):
         torch.testing.assert_close(net(x), want, rtol=1e-4, atol=1e-4)
     with pytest.raises(LoadError, match="does not fit"):
         load(path, model=SmallNet(width=4))
+
+
+@pytest.mark.parametrize("weights", ({"bits": 8}, {"bits": 4, "granularity": "group"}))
+def test_quantized_inputs_are_stored_counted_and_reloaded(r20_evaluator, tmp_path, weights):
+    plan = r20_evaluator.space.parse_plan({"default": {"quantize": {**weights, "activations": 8}}})
+    wl = r20_evaluator.workload
+    path = export_packed(r20_evaluator, plan, tmp_path / "a8.pt")
+    size, accounted = os.path.getsize(path), r20_evaluator.size_bytes(plan)
+    assert accounted <= size <= 1.05 * accounted, (size, accounted)
+    weight_only = r20_evaluator.space.parse_plan({"default": {"quantize": weights}})
+    assert accounted == r20_evaluator.size_bytes(weight_only) + 5 * len(wl.layers)  # float32 scale + uint8 zero
+    net = load(path)
+    # The reloaded model quantizes each layer's input with exactly the evaluator's scale and zero point.
+    expected, _ = r20_evaluator.input_qparams(plan)
+    layers = compressible_modules(net)
+    got = {n: [h.qparams for h in m._forward_pre_hooks.values()] for n, m in layers.items()}
+    assert got == {n: [qp] for n, qp in expected.items()}
+    x = wl.split("val").x[:128]
+    with torch.inference_mode():
+        out = net(x)
+    state, _ = r20_evaluator.compressed_state(plan)
+    with wl.state(state), r20_evaluator.activation_quant(plan):
+        want = wl.logits(x)
+    # Folded norms round differently, which can move an input across a code boundary: close, same top-1.
+    assert (out.argmax(1) == want.argmax(1)).float().mean() >= 0.99
+    assert (out - want).abs().mean() < 0.01
