@@ -129,8 +129,10 @@ def run(depth: int, args: argparse.Namespace) -> None:
     val = extract_features(bb, val_x, SPEC, labels=wl.split("val").y)  # float32: what the module computes
     test = extract_features(bb, test_x, SPEC, labels=wl.split("test").y)
 
-    config = FitConfig(SPEC, l2=args.l2, seed=args.seed)
-    heads_file = cache / f"r{depth}_heads_jt{args.train_jpeg}_l2{args.l2:g}_s{args.seed}.pt"
+    spec = HeadSpec(SPEC.avg_grids, SPEC.max_grids, hidden=args.hidden)
+    config = FitConfig(spec, l2=args.l2, seed=args.seed)
+    tag = f"_h{args.hidden}" if args.hidden else ""
+    heads_file = cache / f"r{depth}_heads_jt{args.train_jpeg}_l2{args.l2:g}_s{args.seed}{tag}.pt"
     if heads_file.exists():  # saved by an earlier run: plain tensors, read with weights_only=True
         heads, _ = load_early_exit(heads_file)
         fit_s = float(torch.load(heads_file, weights_only=True)["fit_seconds"])
@@ -148,7 +150,7 @@ def run(depth: int, args: argparse.Namespace) -> None:
     test_table = exit_table(heads, test, bb)
     mt = simulate(test_table, policy)
 
-    print(f"  heads: {len(exits)} candidate exits, {SPEC}, label-free fit on {len(fit)} images: "
+    print(f"  heads: {len(exits)} candidate exits, {spec}, label-free fit on {len(fit)} images: "
           f"{fit_s:.1f} s (incl. temperatures on {len(calib)} held-out); thresholds chosen in {choose_s:.1f} s "
           f"(val floor {args.floor:.0%} on {args.criterion}, head cost {args.head_cost:.1%} of the network)")
     print(f"  exits used ({len(policy.exits)}): " + ", ".join(f"{e}@{t:.4f}" for e, t in zip(policy.exits, policy.thresholds)))
@@ -180,6 +182,7 @@ def main() -> None:
     ap.add_argument("--head-cost", type=float, default=0.0,
                     help="per-head overhead while choosing, as a share of the network's MACs (latency)")
     ap.add_argument("--l2", type=float, default=1e-2)
+    ap.add_argument("--hidden", type=int, default=0, help="units of a hidden ReLU layer in each head (0: linear)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)

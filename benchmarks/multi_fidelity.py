@@ -52,7 +52,8 @@ def main() -> None:
             runs: dict[str, RunResult] = {}
             for mode, fid in (("full", None), ("multi", fidelity)):
                 runs[mode] = optimize(wl, strategy=args.strategy, budget=args.budget, seed=seed,
-                                      bits=(8, 4, 3, 2), out=Path(tmp) / f"{mode}-{seed}", progress=False, fidelity=fid)
+                                      bits=(8, 4, 3, 2), compressors=["quantize"], out=Path(tmp) / f"{mode}-{seed}",
+                                      progress=False, fidelity=fid)
             target = runs["full"].best.metrics.compression if runs["full"].best else 1.0
             reach = {}
             for mode, r in runs.items():

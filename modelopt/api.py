@@ -190,6 +190,7 @@ def optimize(
     bits: Sequence[int] = (8, 4),
     granularity: Sequence[str] = ("per_channel", "group"),
     compressors: Sequence[str] | None = DEFAULT_COMPRESSORS,
+    activations: Sequence[int | None] | None = None,
     data_seed: int = 0,
     allow_pickle: bool = False,
     progress: bool = True,
@@ -219,6 +220,9 @@ def optimize(
         storage: an Optuna storage URL (e.g. `sqlite:///studies.db`): every trial is written into a
             study there at the end, for optuna-dashboard (a failure warns; the run folder is kept).
         bits, granularity: the quantizer's menu.
+        activations: input activation bits the quantizer offers per layer (None = float; 8 =
+            W8A8-style, calibrated on the calib split); default: (None, 8) when the objective is
+            bitops (the only one quantized activations lower here), else float only.
         compressors: which registered compressors contribute decisions; None: every registered one
             that can lower `objective` on this model (`default_compressors`: quantize and prune
             for size; early exit and prune for macs; all three for bitops and latency).
@@ -255,7 +259,11 @@ def optimize(
                             allow_pickle=allow_pickle)
     if compressors is None:
         compressors = default_compressors(obj.target.value, wl.model)
-    comp_options = {"quantize": {"bits": list(bits), "granularity": list(granularity)}}
+    if activations is None:
+        activations = (None, 8) if obj.target is Target.BITOPS else (None,)
+    comp_options: dict[str, dict[str, Any]] = {"quantize": {"bits": list(bits), "granularity": list(granularity)}}
+    if tuple(activations) != (None,):
+        comp_options["quantize"]["activations"] = list(activations)
     comps = build_compressors(compressors, {k: v for k, v in comp_options.items() if k in compressors},
                               model=wl.model)
     space = SearchSpace(wl.layers, comps)

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from modelopt import api
 from modelopt.errors import ConfigError, ModeloptError
+from modelopt.plan import Plan
 
 app = typer.Typer(
     name="modelopt",
@@ -66,6 +67,11 @@ def _csv(value: str, cast: Callable[[str], Any], what: str) -> list[Any]:
     return items
 
 
+def _activation_bits(value: str) -> int | None:
+    """`none` (float inputs) or a bit width, for --activations."""
+    return None if value.lower() in ("none", "null", "float") else int(value)
+
+
 def _emit_json(obj: dict[str, Any]) -> None:
     out.file.write(json.dumps(obj, default=str) + "\n")
     out.file.flush()
@@ -89,6 +95,8 @@ def optimize(
     seed: Annotated[int, typer.Option(help="Seed of the search.")] = None,  # type: ignore[assignment]
     bits: Annotated[str, typer.Option(help="Weight bit widths offered, e.g. 8,4 or 8,4,3,2.")] = None,  # type: ignore[assignment]
     granularity: Annotated[str, typer.Option(help="Scale granularities: per_tensor, per_channel, group.")] = None,  # type: ignore[assignment]
+    activations: Annotated[str, typer.Option(help="Input activation bits offered per layer: none (float), 8, or none,8 "
+                                             "(default: none,8 for --objective bitops, else none).")] = None,  # type: ignore[assignment]
     compressors: Annotated[str, typer.Option(help="Compressors that contribute decisions, e.g. quantize,prune,early_exit (see `modelopt list`); default: every registered one that can lower the objective.")] = None,  # type: ignore[assignment]
     device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu, cuda, cuda:N.")] = "auto",
     out_dir: Annotated[Path, typer.Option("--out", help="Run folder (default runs/<time>-<model>-<strategy>-s<seed>).")] = None,  # type: ignore[assignment]
@@ -113,7 +121,7 @@ def optimize(
         saved = api.saved_run_config(run_dir)
         settings.update({k: saved[k] for k in settings if k in saved and saved[k] is not None})
         q = saved.get("compressors", {}).get("quantize", {})
-        settings.update({k: q[k] for k in ("bits", "granularity") if k in q})
+        settings.update({k: q[k] for k in ("bits", "granularity", "activations") if k in q})
         if saved.get("compressors"):
             settings["compressors"] = list(saved["compressors"])
         out_dir = run_dir
@@ -124,11 +132,14 @@ def optimize(
         settings["granularity"] = _csv(granularity, str, "granularity")
     if compressors is not None:
         settings["compressors"] = _csv(compressors, str, "compressors")
+    if activations is not None:
+        settings["activations"] = _csv(activations, _activation_bits, "activations")
     result = api.optimize(
         settings["model"], settings["data"], weights=settings["weights"], strategy=settings["strategy"],
         budget=settings["budget"], objective=settings["objective"], min_retention=settings["min_retention"],
         seed=settings["seed"], device=device, out=out_dir, resume=resume, bits=settings["bits"],
         granularity=settings["granularity"], compressors=settings["compressors"], allow_pickle=allow_pickle,
+        activations=settings.get("activations"),
         progress=progress, storage=storage, latency=None if latency.lower() == "none" else latency,
     )
     _print_run(result)
@@ -151,31 +162,54 @@ def optimize(
         })
 
 
+def _fewer(reference: int, value: int) -> str:
+    """`reference / value` as a reduction factor ("1.52x"); "?" when unknown."""
+    return f"{reference / value:.2f}x" if reference and value else "?"
+
+
+def _plan_table(plan: Plan) -> Table:
+    """One row per layer, one column per compressor ("—": off)."""
+    rows: dict[str, dict[str, str]] = {}
+    for name, choice in plan.choices:
+        layer, _, comp = name.rpartition("/")
+        rows.setdefault(layer or name, {})[comp or name] = "—" if choice is None else str(choice)
+    comps = list(dict.fromkeys(c for r in rows.values() for c in r))
+    table = Table(title="Best plan per layer")
+    table.add_column("layer")
+    for c in comps:
+        table.add_column(c)
+    for layer, r in rows.items():
+        table.add_row(layer, *(r.get(c, "") for c in comps))
+    return table
+
+
 def _print_run(result: api.RunResult) -> None:
     s = result.summary
     if result.best is None:
         out.print(f"[yellow]No plan met the retention floor in {s['n_trials']} trials.[/] Run folder: {result.run_dir}")
         return
     val, test = result.best.metrics, result.best_test
-    table = Table(title=f"Best plan (trial {result.best.number} of {s['n_trials']})")
-    for col in ("", "top-1", "retention", "agree", "size", "ratio", "images"):
-        table.add_column(col, justify="right")
+    images = f"{val.n_samples} val" + ("" if test is None else f" / {test.n_samples} test")
+    table = Table(title=f"Best plan (trial {result.best.number} of {s['n_trials']}; {images} images)")
+    for col in ("", "top-1", "retain", "agree", "size", "÷size", "÷MACs", "÷bitops"):
+        table.add_column(col, justify="right", no_wrap=True)
     base = s["baseline"]
-    table.add_row("float val", f"{base['val']['accuracy']:.2%}", "100.00%", "100.00%",
-                  _fmt_bytes(val.float_size_bytes), "1.00x", str(base["val"]["n_samples"]))
-    for name, m in (("best val", val), ("best test", test)):
+    table.add_row("float", f"{base['val']['accuracy']:.2%}", "100.00%", "100.00%",
+                  _fmt_bytes(val.float_size_bytes), "1.00x", "1.00x", "1.00x")
+    for name, m in (("val", val), ("test", test)):
+        if m is None:
+            continue
         table.add_row(name, f"{m.accuracy:.2%}", f"{m.retention:.2%}", f"{m.agreement:.2%}",
-                      _fmt_bytes(m.size_bytes), f"{m.compression:.2f}x", str(m.n_samples))
+                      _fmt_bytes(m.size_bytes), f"{m.compression:.2f}x", _fewer(m.float_macs, m.macs),
+                      _fewer(m.float_bitops, m.bitops))
     out.print(table)
+    if test is not None and test.exited is not None:
+        out.print(f"Early exit: {val.exited:.1%} of val and {test.exited:.1%} of test images leave at an exit "
+                  "(MACs and bitops are means over the images)")
     if test is not None and test.latency_ms is not None:
         out.print(f"Latency ({test.latency_backend}): {test.latency_ms:.3f} ms vs float {test.float_latency_ms:.3f} ms "
                   f"({test.float_latency_ms / test.latency_ms:.2f}x)")
-    plan_table = Table(title="Best plan per layer")
-    plan_table.add_column("decision")
-    plan_table.add_column("choice")
-    for name, choice in result.best.plan.choices:
-        plan_table.add_row(name, "float" if choice is None else str(choice))
-    out.print(plan_table)
+    out.print(_plan_table(result.best.plan))
     out.print(f"Pareto front: {len(result.pareto)} plans (re-scored on test) — run folder: [bold]{result.run_dir}[/]")
     out.print(f"Best plan written to {result.run_dir / 'best_plan.yaml'}")
 

@@ -28,6 +28,7 @@ class ChoiceFeatures:
     bits: int  # weight bits arithmetic runs at (32 = float)
     macs: int  # the layer's multiply-accumulates per sample
     error: float  # relative squared weight error ||W - C(W)||^2 / ||W||^2 (an estimate until measured)
+    act_bits: int = 32  # bits of the layer's input activations (32 = float)
 
 
 class SearchSpace:
@@ -60,7 +61,7 @@ class SearchSpace:
         for c in d.choices:
             bits = comp.weight_bits(c)
             err = 0.0 if c is None else 4.0 ** -min(bits, 16)  # uniform-quantizer error scales as 4^-bits
-            out.append(ChoiceFeatures(comp.weight_bytes(layer, c), bits, layer.macs, err))
+            out.append(ChoiceFeatures(comp.weight_bytes(layer, c), bits, layer.macs, err, comp.activation_bits(c)))
         return tuple(out)
 
     def __len__(self) -> int:

@@ -29,7 +29,8 @@ def test_list():
 
 
 def test_optimize_json_last_line(tmp_path):
-    result = _run("optimize", "--budget", 4, "--out", tmp_path / "r", "--no-progress", "--json")
+    result = _run("optimize", "--budget", 4, "--compressors", "quantize", "--out", tmp_path / "r", "--no-progress",
+                  "--json")
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["n_trials"] == 4 and out["run_dir"] == str(tmp_path / "r")

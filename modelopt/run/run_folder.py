@@ -226,7 +226,8 @@ def save_layers(run_dir: str | Path, layers: Sequence[Layer]) -> Path:
     path = Path(run_dir) / LAYERS
     doc = {"version": LAYERS_VERSION, "layers": [
         {"name": layer.name, "kind": layer.kind.value, "weight_shape": list(layer.weight_shape), "macs": layer.macs,
-         "has_bias": layer.has_bias} for layer in layers]}
+         "has_bias": layer.has_bias, "channel_norm": layer.channel_norm, "channel_consumer": layer.channel_consumer}
+        for layer in layers]}
     path.write_text(json.dumps(doc, indent=1))
     return path
 
@@ -236,7 +237,8 @@ def _layers_from_file(path: Path) -> tuple[Layer, ...] | None:
     if doc is None or doc.get("version") != LAYERS_VERSION:
         return None
     return tuple(Layer(d["name"], LayerKind(d["kind"]), tuple(d["weight_shape"]), int(d.get("macs", 0)),
-                       bool(d.get("has_bias", False))) for d in doc["layers"])
+                       bool(d.get("has_bias", False)), d.get("channel_norm"), d.get("channel_consumer"))
+                 for d in doc["layers"])
 
 
 def _layers_from_model(config: dict[str, Any]) -> tuple[Layer, ...] | None:

@@ -77,6 +77,9 @@ def _check_started(sweep: Sweep, cells: Sequence[Cell]) -> None:
         quant = cfg.get("compressors", {}).get("quantize", {})
         have = {"objective": cfg.get("objective"), "min_retention": cfg.get("min_retention"),
                 "bits": quant.get("bits"), "granularity": quant.get("granularity")}
+        if sweep.compressors is not None:
+            want["compressors"] = sorted(sweep.compressors)
+            have["compressors"] = sorted(cfg.get("compressors", {}))
         for key, value in want.items():
             if have[key] != value:
                 raise ConfigError(
@@ -156,7 +159,7 @@ def run_sweep(
                         wl, strategy=cell.strategy, budget=sweep.budget, seed=cell.seed, out=cell.run_dir,
                         resume=cell.started, objective=sweep.objective,
                         min_retention=sweep.min_retention, bits=sweep.bits, granularity=sweep.granularity,
-                        weights=model.weights, progress=False,
+                        compressors=sweep.compressors, weights=model.weights, progress=False,
                     )
                 except Exception as exc:  # one broken cell must not stop the grid; its journal is kept
                     if isinstance(exc, ConfigError):

@@ -33,7 +33,8 @@ _DEFAULTS: dict[str, Any] = {  # `out` defaults to the sweep's name, beside the 
     "granularity": ["per_channel", "group"],
     "device": "auto",
 }
-_KEYS = (*_REQUIRED[:1], "out", *_REQUIRED[1:], "objective", "min_retention", "bits", "granularity", "device")
+_KEYS = (*_REQUIRED[:1], "out", *_REQUIRED[1:], "objective", "min_retention", "compressors", "bits", "granularity",
+         "device")
 _MODEL_KEYS = ("name", "model", "weights", "data")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -67,6 +68,7 @@ class Sweep:
     bits: tuple[int, ...] = (8, 4)
     granularity: tuple[str, ...] = ("per_channel", "group")
     device: str = "auto"
+    compressors: tuple[str, ...] | None = None  # None: the API's default for the objective
 
     @property
     def budget(self) -> float:
@@ -89,7 +91,7 @@ class Sweep:
             "models": [vars(m) for m in self.models], "strategies": list(self.strategies),
             "budgets": list(self.budgets), "seeds": list(self.seeds), "objective": self.objective,
             "min_retention": self.min_retention, "bits": list(self.bits), "granularity": list(self.granularity),
-            "device": self.device,
+            "device": self.device, "compressors": None if self.compressors is None else list(self.compressors),
         }
 
 
@@ -260,6 +262,15 @@ def load_sweep(path: str | Path) -> Sweep:
         nodes = f.items(n, "granularity", "[per_channel, group]")
         settings["granularity"] = [f.string(g, "granularity", "per_channel") for g in nodes]
     _check_quantizer(f, top, settings)
+    compressors = None
+    if (n := node("compressors")) is not None:
+        from modelopt.compressors import COMPRESSORS
+
+        nodes = f.items(n, "compressors", "[quantize, prune]")
+        compressors = tuple(f.string(c, "compressors", "quantize") for c in nodes)
+        for c, name_ in zip(nodes, compressors):
+            if name_ not in COMPRESSORS:
+                raise f.error(c, "compressors", f"unknown compressor {name_!r}; valid: {', '.join(COMPRESSORS.names())}")
     if (n := node("device")) is not None:
         settings["device"] = f.string(n, "device", "auto")
         from modelopt.workload import resolve_device
@@ -273,7 +284,7 @@ def load_sweep(path: str | Path) -> Sweep:
         path=path.resolve(), name=name, out=out.resolve(), models=tuple(models), strategies=tuple(strategies),
         budgets=tuple(sorted(budgets)), seeds=tuple(seeds), objective=settings["objective"],
         min_retention=settings["min_retention"], bits=tuple(settings["bits"]),
-        granularity=tuple(settings["granularity"]), device=settings["device"],
+        granularity=tuple(settings["granularity"]), device=settings["device"], compressors=compressors,
     )
 
 

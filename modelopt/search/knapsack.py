@@ -106,7 +106,7 @@ class KnapsackSearch(Strategy):
     Args:
         space: the decisions and their choices.
         objective: `size` is costed by the compressors' `weight_bytes`, `bitops` by MACs x
-            weight bits x 32; `macs` falls back to size (no compressor reports MACs per choice).
+            weight bits x activation bits; `macs` falls back to size (no compressor reports MACs per choice).
         seed: seeds the perturbations once the knapsack has nothing new to offer.
         bins: resolution of the DP's loss axis (per solve, over [0, L]).
 
@@ -159,10 +159,14 @@ class KnapsackSearch(Strategy):
         layer = self.space.layers[decs[0].layer]
         chosen = [(d, d.choices[j]) for d, j in zip(decs, opt)]
         if self.objective.target is Target.BITOPS:
-            bits = min([32, *(self.space.compressors[d.compressor].weight_bits(c) for d, c in chosen if c is not None)])
-            return float(layer.macs * bits * 32)
+            comps = [(self.space.compressors[d.compressor], c) for d, c in chosen if c is not None]
+            bits = min([32, *(comp.weight_bits(c) for comp, c in comps)])
+            act = min([32, *(comp.activation_bits(c) for comp, c in comps)])
+            return float(layer.macs * bits * act)
         # As the evaluator counts size: the last compressor to touch the weight stores it.
-        owner = next(((d, c) for d, c in reversed(chosen) if c is not None), None)
+        # (Early exit stores nothing of the weight: it never owns it.)
+        owner = next(((d, c) for d, c in reversed(chosen)
+                      if c is not None and "size" in self.space.compressors[d.compressor].reduces), None)
         if owner is None:
             return float(layer.params * 4)
         return float(self.space.compressors[owner[0].compressor].weight_bytes(layer, owner[1]))

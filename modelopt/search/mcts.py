@@ -146,7 +146,7 @@ class MCTS(Strategy):
 
     def _cost_of(self, f: Any) -> float:
         if self.objective.target is Target.BITOPS:
-            return float(f.macs * f.bits)
+            return float(f.macs * f.bits * f.act_bits)
         if self.objective.target is Target.MACS:
             return float(f.macs)
         return float(f.bytes)

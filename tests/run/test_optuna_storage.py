@@ -19,7 +19,7 @@ RUN = Path(__file__).resolve().parents[2] / "experiments" / "mcts_vs_baselines" 
 def test_an_mcts_run_is_exported_with_every_trial_and_reexport_adds_nothing(tmp_path, resnet20_workload):
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     result = modelopt.optimize(resnet20_workload, strategy="mcts", budget=1, seed=3, out=tmp_path / "r20",
-                               progress=False, storage=url)
+                               progress=False, storage=url, compressors=["quantize"])
     journal = [json.loads(line) for line in (tmp_path / "r20" / "trials.jsonl").read_text().splitlines()]
     assert (tmp_path / "r20" / "report.html").is_file()
     study = optuna.load_study(study_name="r20", storage=url)

@@ -27,11 +27,13 @@ def _journal(run_dir: Path) -> list[dict]:
 def test_run_writes_journal_best_plan_and_summary(tmp_path):
     result = modelopt.optimize(budget=6, out=tmp_path / "run", progress=False, seed=1)
     records = _journal(tmp_path / "run")
-    assert [r["number"] for r in records] == list(range(6))
-    assert len({r["plan_key"] for r in records}) == 6
-    assert result.budget_used == pytest.approx(6)
+    n = len(records)  # the default compressors prune too: a pruned plan costs more than one evaluation
+    assert n >= 2 and [r["number"] for r in records] == list(range(n))
+    assert len({r["plan_key"] for r in records}) == n
+    assert result.budget_used == pytest.approx(sum(r["cost"] for r in records)) and result.budget_used >= 6
+    assert result.budget_used - records[-1]["cost"] < 6  # it stopped once the budget was spent
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["n_trials"] == 6
+    assert summary["n_trials"] == n
     if result.best is not None:
         assert (tmp_path / "run" / "best_plan.yaml").exists()
         assert result.best_test.split == "test" and result.best_test.n_samples == 423
@@ -96,14 +98,14 @@ def test_resume_after_sigkill_loses_and_repeats_nothing(tmp_path):
     journal = run_dir / "trials.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline:
-        if journal.exists() and journal.read_text().count("\n") >= 6:
+        if journal.exists() and journal.read_text().count("\n") >= 4:
             break
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     before = journal.read_text().splitlines(keepends=True)
     before = [line for line in before if line.endswith("\n")]
-    assert 6 <= len(before) < 20, "the run must be killed half-way"
+    assert len(before) >= 4, "the run must be killed half-way"
 
     done = subprocess.run([*cmd[:4], "--resume", "--out", str(run_dir), "--no-progress", "--json"], env=env,
                           capture_output=True, text=True, timeout=300)
@@ -111,25 +113,31 @@ def test_resume_after_sigkill_loses_and_repeats_nothing(tmp_path):
     after = journal.read_text().splitlines(keepends=True)
     assert after[: len(before)] == before, "finished trials must survive unchanged"
     records = [json.loads(line) for line in after]
-    assert [r["number"] for r in records] == list(range(20))
-    assert len({r["plan_key"] for r in records}) == 20, "no plan is evaluated twice"
+    n = len(records)  # pruned plans cost more than one evaluation (batch-norm re-estimation)
+    assert n > len(before), "the resumed run went on"
+    assert [r["number"] for r in records] == list(range(n))
+    assert len({r["plan_key"] for r in records}) == n, "no plan is evaluated twice"
+    assert sum(r["cost"] for r in records) >= 20 - 1e-9
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["n_trials"] == 20
+    assert out["n_trials"] == n
 
     # The resumed run proposes what an uninterrupted run would have (the strategy state survived).
     straight = modelopt.optimize(budget=20, out=tmp_path / "straight", progress=False)
     assert [t.plan.key for t in straight.trials] == [r["plan_key"] for r in records]
+    assert len(before) < n
 
 
 def test_a_moved_run_folder_resumes_and_other_weights_are_refused(tmp_path, resnet20_workload):
     import shutil
 
-    modelopt.optimize(resnet20_workload, budget=2, out=tmp_path / "a", progress=False, strategy="random")
+    modelopt.optimize(resnet20_workload, budget=2, out=tmp_path / "a", progress=False, strategy="random",
+                      compressors=["quantize"])
     shutil.move(tmp_path / "a", tmp_path / "b")
     result = modelopt.optimize(resnet20_workload, budget=3, out=tmp_path / "b", progress=False, strategy="random",
-                               resume=True)
+                               resume=True, compressors=["quantize"])
     assert len(result.trials) == 3
     other = modelopt.build_workload("cifar10_resnet20", "cifar10-sample", device="cpu")
     other.model.linear.bias.data += 1.0  # different weights, same name and path
     with pytest.raises(ConfigError, match="model_sha256"):
-        modelopt.optimize(other, budget=4, out=tmp_path / "b", progress=False, strategy="random", resume=True)
+        modelopt.optimize(other, budget=4, out=tmp_path / "b", progress=False, strategy="random", resume=True,
+                          compressors=["quantize"])

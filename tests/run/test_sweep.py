@@ -137,7 +137,7 @@ def _csv(path: Path) -> list[dict[str, str]]:
 
 
 # A one-choice menu (int8 per-channel or float per layer) keeps quantization, the costly part, small.
-MINI = GOOD + "bits: [8]\ngranularity: [per_channel]\n"
+MINI = GOOD + "bits: [8]\ngranularity: [per_channel]\ncompressors: [quantize]\n"
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,7 @@ def mini(tmp_path_factory, resnet20_workload):
     sweep = load_sweep(path)
     partial = sweep.cell_dir("resnet20", "random", 1)
     modelopt.optimize(resnet20_workload, strategy="random", budget=1, out=partial, seed=1, bits=[8], granularity=["per_channel"],
-                      progress=False)
+                      progress=False, compressors=["quantize"])
     (partial / "summary.json").unlink()  # killed before it finished
     before = [c.status for c in sweep.cells()]
     first_trial = (partial / "trials.jsonl").read_bytes()
@@ -292,3 +292,18 @@ def test_only_runs_the_matching_cells_in_the_order_given(tmp_path, resnet20_work
     sweep = load_sweep(path)
     assert len(_journal(sweep.cell_dir("resnet20", "random", 1))) == 1
     assert not (sweep.cell_dir("resnet20", "random", 0) / "trials.jsonl").exists()
+
+
+def test_compressors_key_is_checked_by_name_and_against_started_cells(tmp_path, resnet20_workload):
+    import modelopt
+
+    with pytest.raises(ConfigError, match=r"line \d+, key 'compressors': unknown compressor 'quantise'"):
+        load_sweep(_write(tmp_path, GOOD + "compressors: [quantise]\n"))
+    path = _write(tmp_path, MINI)
+    sweep = load_sweep(path)
+    assert sweep.compressors == ("quantize",)
+    started = sweep.cell_dir("resnet20", "random", 0)
+    modelopt.optimize(resnet20_workload, strategy="random", budget=1, out=started, bits=[8],
+                      granularity=["per_channel"], progress=False, compressors=["prune", "quantize"])
+    with pytest.raises(ConfigError, match="compressors=\\['prune', 'quantize'\\]"):
+        run_sweep(path, progress=False, workloads={"resnet20": resnet20_workload})
