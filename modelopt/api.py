@@ -257,8 +257,14 @@ def optimize(
     else:
         wl = build_workload(model, data, weights=weights, device=device, data_seed=data_seed,
                             allow_pickle=allow_pickle)
+    onnx_timed = latency is not None and latency.backend == "onnxruntime"
     if compressors is None:
         compressors = default_compressors(obj.target.value, wl.model)
+        if onnx_timed:  # an ONNX graph cannot return early: exits could not be timed there
+            compressors = [c for c in compressors if c != "early_exit"]
+    elif onnx_timed and "early_exit" in compressors:
+        raise ConfigError("latency backend 'onnxruntime' cannot time early exits (an ONNX graph has no early "
+                          "return); use --latency torch, or leave early_exit out of --compressors")
     if activations is None:
         activations = (None, 8) if obj.target is Target.BITOPS else (None,)
     comp_options: dict[str, dict[str, Any]] = {"quantize": {"bits": list(bits), "granularity": list(granularity)}}

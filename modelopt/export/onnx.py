@@ -97,6 +97,9 @@ def export_onnx(
         >>> info = export_onnx(ev, space.uniform("quantize", QuantSpec(8)), "r20-int8.onnx")
         >>> run_onnx(info.path, x).argmax(1)
     """
+    if evaluator.exit_policy(plan) is not None:
+        raise ConfigError("a plan with early exits cannot be exported to ONNX (the graph has no data-dependent "
+                          "return); export it with format='modelopt', which `modelopt.load` rebuilds as EarlyExitNet")
     import onnx
     from onnx import helper, version_converter
 

@@ -35,6 +35,7 @@ from torch import nn
 
 from modelopt.compressors._base import sparse_index_bytes
 from modelopt.compressors.activations import InputQParams, install_input_quantizers
+from modelopt.compressors.early_exit import EarlyExit
 from modelopt.compressors.prune import (
     Prune,
     PruneKind,
@@ -59,8 +60,9 @@ from modelopt.layers import compressible_modules
 from modelopt.plan import Plan
 
 FORMAT = "modelopt.packed"
-FORMAT_VERSION = 3  # 2: sparse and structurally pruned layers; 3: quantized inputs. Older files still load.
-_READS = (1, 2, 3)
+FORMAT_VERSION = 4  # 2: sparse and structurally pruned layers; 3: quantized inputs; 4: early-exit heads.
+# Older files still load.
+_READS = (1, 2, 3, 4)
 SUFFIX = ".pt"
 
 
@@ -103,9 +105,11 @@ def _layer_forms(evaluator: Evaluator, plan: Plan) -> dict[str, tuple[Any, ...]]
                 spec = c
                 codes, scales = quantize(w, c, comp.clip_ratios)
                 w = dequantize(codes, scales, c).to(w.dtype)
+            elif isinstance(comp, EarlyExit):
+                continue  # an exit changes no weight; its head is written apart (index "e")
             else:
                 raise ConfigError(f"layer {layer.name!r} uses compressor {d.compressor!r}; the packed export "
-                                  "supports 'quantize' and 'prune'")
+                                  "supports 'quantize', 'prune' and 'early_exit'")
         out[layer.name] = (w, mask, spec, codes, scales)
     return out
 
@@ -115,7 +119,8 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
 
     Args:
         evaluator: the evaluator that scored the plan (its workload holds the model).
-        plan: the plan to export (quantize and prune decisions).
+        plan: the plan to export (quantize, prune and early-exit decisions; with exits, `load`
+            returns the `EarlyExitNet` that stops at the first confident exit).
         path: the file to write.
 
     Returns:
@@ -180,6 +185,18 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
     if qparams:
         index["a"] = [[name, qp.bits, qp.zero_point] for name, qp in qparams.items()]
         floats.append(torch.tensor([qp.scale for qp in qparams.values()], dtype=torch.float32))
+    # Early exits: each active head's tensors (float32, what size_bytes counts) after those.
+    policy = evaluator.exit_policy(plan)
+    if policy is not None:
+        heads, _ = evaluator.exit_heads()
+        index["e"] = []
+        for point, threshold in zip(policy.exits, policy.thresholds):
+            tensors = heads[point].state_dict()
+            names = [n for n in _HEAD_TENSORS if n in tensors]
+            spec = heads[point].spec
+            index["e"].append([point, threshold, list(spec.avg_grids), list(spec.max_grids), spec.hidden,
+                               [[n, list(tensors[n].shape)] for n in names]])
+            floats += [tensors[n].float().reshape(-1) for n in names]
     space = evaluator.space
     meta = {"name": wl.source.name, "mean": list(wl.source.mean), "std": list(wl.source.std),
             "input_size": None if wl.source.input_size is None else list(wl.source.input_size),
@@ -325,9 +342,38 @@ def load(path: str | Path, model: nn.Module | None = None) -> nn.Module:
     scales_a = floats[f_off : f_off + len(acts)].tolist()
     install_input_quantizers(layers, {name: InputQParams(scale, int(zp), int(bits))
                                       for (name, bits, zp), scale in zip(acts, scales_a)})
+    f_off += len(acts)
     for p in module.parameters():
         p.requires_grad_(False)
+    if index.get("e"):
+        return _with_exits(module, index["e"], floats[f_off:], meta, path)
     return module
+
+
+_HEAD_TENSORS = ("weight", "bias", "temperature", "hidden_weight", "hidden_bias")
+
+
+def _with_exits(module: nn.Module, entries: list[Any], floats: torch.Tensor, meta: dict[str, Any],
+                path: str | Path) -> nn.Module:
+    """The loaded model wrapped in the `EarlyExitNet` the plan's exits describe (heads from the file)."""
+    from modelopt.early_exit import EarlyExitNet, ExitHead, ExitPolicy, HeadSpec, split_backbone
+
+    heads, off = {}, 0
+    for point, _, avg, mx, hidden, shapes in entries:
+        t = {}
+        for name, shape in shapes:
+            n = math.prod(shape)
+            t[name] = floats[off : off + n].reshape(shape).clone()
+            off += n
+        heads[point] = ExitHead(HeadSpec(tuple(avg), tuple(mx), int(hidden)), t["weight"], t["bias"],
+                                t.get("hidden_weight"), t.get("hidden_bias"), t["temperature"])
+    size = meta.get("input_size") or [32, 32]
+    try:
+        backbone = split_backbone(module, (int(size[-2]), int(size[-1])))
+        policy = ExitPolicy(tuple(e[0] for e in entries), tuple(float(e[1]) for e in entries))
+        return EarlyExitNet(backbone, heads, policy).eval()
+    except ConfigError as exc:
+        raise LoadError(f"{str(path)!r}: its early exits do not fit the model: {exc}") from None
 
 
 def _n_scales(shape: list[int], spec: QuantSpec) -> int:

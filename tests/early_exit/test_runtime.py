@@ -107,3 +107,28 @@ def test_default_compressors_follow_the_objective(resnet20_workload):
     assert "early_exit" in default_compressors("bitops", resnet20_workload.model)
     # A model early exit cannot cut into blocks gets the others.
     assert default_compressors("latency", torchvision.models.resnet18()) == ["prune", "quantize"]
+
+
+def test_an_exit_plan_exports_and_loads_as_the_module_that_stops_early(ee, resnet20_workload, tmp_path):
+    from modelopt.export.packed import export_packed, load
+
+    q = {d.name: QuantSpec(8) for d in ee.space.decisions if d.compressor == "quantize"}
+    plan = ee.space.plan({**q, **_exits(ee, PLAN)})
+    m = ee.evaluate(plan)
+    path = export_packed(ee, plan, tmp_path / "ee.pt")
+    assert m.size_bytes <= path.stat().st_size <= 1.05 * m.size_bytes
+    net = load(path)
+    assert type(net).__name__ == "EarlyExitNet" and net.policy == ee.exit_policy(plan)
+    val = resnet20_workload.split("val")
+    with torch.inference_mode():
+        logits, exit_at = net.forward_with_exits(val.x.cpu())
+    assert float((logits.argmax(1) == val.y.cpu()).double().mean()) == pytest.approx(m.accuracy, abs=1e-6)
+    assert float((exit_at < len(net.policy.exits)).double().mean()) == pytest.approx(m.exited, abs=1e-6)
+
+
+def test_an_exit_plan_is_refused_by_the_onnx_export_in_one_line(ee, tmp_path):
+    pytest.importorskip("onnx")
+    from modelopt.export.onnx import export_onnx
+
+    with pytest.raises(ConfigError, match="early exits cannot be exported to ONNX"):
+        export_onnx(ee, ee.space.plan(_exits(ee, PLAN)), tmp_path / "x.onnx")
