@@ -69,11 +69,36 @@ def _granularity_cell(raw: Mapping[str, Any] | None) -> Cell:
     return Cell(label, _GRAN_LEVEL.get(gran, 0.5))
 
 
+def _activations_cell(raw: Mapping[str, Any] | None) -> Cell:
+    acts = None if raw is None else raw.get("activations")
+    return Cell("float", None) if acts is None else Cell(f"a{int(acts)}", 0.6)
+
+
 register_columns(
     "quantize",
     Column("bits", "quantize", "YlOrRd", _bits_cell),
     Column("scales", "quantize", "Blues", _granularity_cell),
+    Column("inputs", "quantize", "Oranges", _activations_cell),
 )
+
+
+def _prune_cell(raw: Mapping[str, Any] | None) -> Cell:
+    if raw is None:
+        return Cell("dense", None)
+    share = float(raw["sparsity"])
+    kind = "channels" if raw.get("kind") == "structured" else "sparse"
+    return Cell(f"{kind} {share:.0%}", share)
+
+
+def _exit_cell(raw: Mapping[str, Any] | None) -> Cell:
+    if raw is None:
+        return Cell("no exit", None)
+    t = float(raw["threshold"])
+    return Cell(f"exit ≥{t:g}", min(1.0, max(0.1, (1.0 - t) * 5)))  # lower thresholds exit more
+
+
+register_columns("prune", Column("pruned", "prune", "Purples", _prune_cell))
+register_columns("early_exit", Column("exit", "early_exit", "Greens", _exit_cell))
 
 
 def _generic_column(compressor: str) -> Column:

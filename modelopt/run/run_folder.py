@@ -236,6 +236,8 @@ def _layers_from_file(path: Path) -> tuple[Layer, ...] | None:
     doc = _read_json(path)
     if doc is None or doc.get("version") != LAYERS_VERSION:
         return None
+    if doc["layers"] and "channel_consumer" not in doc["layers"][0]:
+        return None  # written before structured pruning's fields: rebuild from the model instead
     return tuple(Layer(d["name"], LayerKind(d["kind"]), tuple(d["weight_shape"]), int(d.get("macs", 0)),
                        bool(d.get("has_bias", False)), d.get("channel_norm"), d.get("channel_consumer"))
                  for d in doc["layers"])
@@ -258,10 +260,14 @@ def _layers_from_model(config: dict[str, Any]) -> tuple[Layer, ...] | None:
     except Exception as exc:  # noqa: BLE001 -- a report without sizes beats no report
         log.info("layer table of %r unavailable: %s", source, exc)
         return None
+    from modelopt.layers import internal_channels
+
+    inner = internal_channels(module)
     layers = []
     for name, mod in compressible_modules(module).items():
         kind = LayerKind.LINEAR if mod.__class__.__name__ == "Linear" else LayerKind.CONV
-        layers.append(Layer(name, kind, tuple(mod.weight.shape), 0, mod.bias is not None))
+        norm, consumer = inner.get(name, (None, None))
+        layers.append(Layer(name, kind, tuple(mod.weight.shape), 0, mod.bias is not None, norm, consumer))
     return tuple(layers)
 
 
