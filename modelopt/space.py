@@ -61,7 +61,8 @@ class SearchSpace:
         for c in d.choices:
             bits = comp.weight_bits(c)
             err = 0.0 if c is None else 4.0 ** -min(bits, 16)  # uniform-quantizer error scales as 4^-bits
-            out.append(ChoiceFeatures(comp.weight_bytes(layer, c), bits, layer.macs, err, comp.activation_bits(c)))
+            out.append(ChoiceFeatures(comp.weight_bytes(layer, c) + comp.added_bytes(layer, c), bits, layer.macs, err,
+                                      comp.activation_bits(c)))
         return tuple(out)
 
     def __len__(self) -> int:

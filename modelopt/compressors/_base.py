@@ -114,6 +114,11 @@ class Compressor(ABC):
         """The top-level form of {layer: choice} (inverse of `parse_top`); None: write them per layer."""
         return None
 
+    def added_bytes(self, layer: Layer, choice: Choice) -> int:
+        """Bytes `choice` adds outside the layer's weight (an exit head), for strategies' cost
+        estimates; the evaluator's size_bytes counts them exactly."""
+        return 0
+
     def kept_channels(self, weight: torch.Tensor, choice: Choice) -> torch.Tensor | None:
         """Indices (ascending) of the output channels `choice` keeps, for choices that remove
         channels (structured pruning of a layer with `channel_consumer`); None otherwise."""

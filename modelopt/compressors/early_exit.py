@@ -94,14 +94,29 @@ class EarlyExit(Compressor):
         """Every block's end but the last one's (an exit there saves nothing) is a candidate exit."""
         from modelopt.early_exit.backbone import split_backbone
 
-        return {"exits": list(exit_layers(split_backbone(model)))[:-1]}
+        backbone = split_backbone(model)
+        return {"exits": list(exit_layers(backbone))[:-1],
+                "classes": int(backbone.tail.linear.out_features)}  # type: ignore[union-attr]
 
-    def __init__(self, thresholds: Sequence[float] = DEFAULT_THRESHOLDS, exits: Sequence[str] = ("*",)) -> None:
+    def __init__(self, thresholds: Sequence[float] = DEFAULT_THRESHOLDS, exits: Sequence[str] = ("*",),
+                 classes: int = 10) -> None:
         if not thresholds:
             raise ConfigError("early_exit needs at least one threshold")
         self.thresholds = tuple(sorted({float(t) for t in thresholds}))
         self._choices = tuple(ExitChoice(t) for t in self.thresholds)  # validates each
         self.exits = tuple(exits)
+        if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
+            raise ConfigError(f"early_exit: classes must be a positive integer, got {classes!r}")
+        self.classes = classes
+
+    def added_bytes(self, layer: Layer, choice: Choice) -> int:
+        """An active exit's head, float32 (the evaluator's head: multi-grid pooling + linear)."""
+        if choice is None:
+            return 0
+        from modelopt.early_exit.runtime import RuntimeConfig
+
+        d = RuntimeConfig().spec.features(layer.out_channels)
+        return (d * self.classes + self.classes + 1) * 4
 
     def _offers(self, layer: Layer) -> bool:
         return layer.kind is LayerKind.CONV and any(fnmatch.fnmatchcase(layer.name, p) for p in self.exits)
@@ -178,7 +193,7 @@ class EarlyExit(Compressor):
         return inner
 
     def options(self) -> dict[str, Any]:
-        return {"thresholds": list(self.thresholds), "exits": list(self.exits)}
+        return {"thresholds": list(self.thresholds), "exits": list(self.exits), "classes": self.classes}
 
 
 def exit_layers(backbone: Backbone) -> dict[str, str]:

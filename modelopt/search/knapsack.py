@@ -167,9 +167,10 @@ class KnapsackSearch(Strategy):
         # (Early exit stores nothing of the weight: it never owns it.)
         owner = next(((d, c) for d, c in reversed(chosen)
                       if c is not None and "size" in self.space.compressors[d.compressor].reduces), None)
+        added = sum(self.space.compressors[d.compressor].added_bytes(layer, c) for d, c in chosen if c is not None)
         if owner is None:
-            return float(layer.params * 4)
-        return float(self.space.compressors[owner[0].compressor].weight_bytes(layer, owner[1]))
+            return float(layer.params * 4 + added)
+        return float(self.space.compressors[owner[0].compressor].weight_bytes(layer, owner[1]) + added)
 
     def _option_losses(self) -> list[np.ndarray]:
         """Per group, each option's loss: the sum of its choices' (unmeasured counts as infinite)."""

@@ -132,3 +132,12 @@ def test_an_exit_plan_is_refused_by_the_onnx_export_in_one_line(ee, tmp_path):
 
     with pytest.raises(ConfigError, match="early exits cannot be exported to ONNX"):
         export_onnx(ee, ee.space.plan(_exits(ee, PLAN)), tmp_path / "x.onnx")
+
+
+def test_strategies_see_an_exit_cost_its_heads_bytes(ee):
+    """The search's per-choice cost estimate of an exit is the head the evaluator will count."""
+    plan = ee.space.plan(_exits(ee, {"layer2.1.conv2": 0.9}))
+    extra = ee.size_bytes(plan) - ee.size_bytes(ee.space.plan())
+    feats = dict(zip(ee.space.decision("layer2.1.conv2/early_exit").choices,
+                     ee.space.features["layer2.1.conv2/early_exit"]))
+    assert feats[ExitChoice(0.9)].bytes - feats[None].bytes == extra > 0
