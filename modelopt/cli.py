@@ -233,11 +233,13 @@ def evaluate(
     m = api.evaluate(model, plan, data, weights=weights, split=split, device=device, allow_pickle=allow_pickle,
                      compressors=names)
     table = Table(title=f"{model} — {'float' if plan is None else plan} on {split} ({m.n_samples} images)")
-    for col in ("top-1", "float top-1", "retention", "agree", "size", "ratio", "bitops"):
+    for col in ("top-1", "float top-1", "retention", "agree", "size", "ratio", "MACs", "bitops"):
         table.add_column(col, justify="right")
     table.add_row(f"{m.accuracy:.2%}", f"{m.baseline_accuracy:.2%}", f"{m.retention:.2%}", f"{m.agreement:.2%}",
-                  _fmt_bytes(m.size_bytes), f"{m.compression:.2f}x", f"{m.bitops:.3g}")
+                  _fmt_bytes(m.size_bytes), f"{m.compression:.2f}x", f"{m.macs / 1e6:.1f}M", f"{m.bitops:.3g}")
     out.print(table)
+    if m.exited is not None:
+        out.print(f"Early exit: {m.exited:.1%} of the images leave at an exit (MACs and bitops are means over them)")
     if json_out:
         _emit_json(m.to_dict())
 
