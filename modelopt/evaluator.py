@@ -119,6 +119,7 @@ class Evaluator:
                                 if isinstance(space.compressors[d.compressor], EarlyExit) and d.layer is not None]
         self._exit_layout: ExitLayout | None = None
         self._exit_heads: dict[str, ExitHead] | None = None
+        self._unpaid = 0.0  # budget spent outside any trial (exit priors), charged to the next one
 
     # ---- static accounting ----------------------------------------------------------------
 
@@ -221,6 +222,44 @@ class Evaluator:
                 err = float(((q - w) ** 2).sum()) / norm
                 # A choice that breaks the weight (non-finite) is as bad as losing it entirely.
                 feats.append(dataclasses.replace(f, error=err if math.isfinite(err) else 1.0))
+            self.space.features[d.name] = tuple(feats)
+        if self._exit_decisions:
+            self._exit_priors()
+
+    def _exit_priors(self) -> None:
+        """Per exit choice, what strategies may expect before trying it: the MACs it saves and an
+        accuracy-loss proxy, from the fitted heads on the float model over val (the share of images
+        that would leave there alone, and of those whose head disagrees with the full model).
+
+        The loss proxy is put on the weight-error scale the strategies' priors read (`error`):
+        sqrt(expected drop) / 0.5, the square root of the drop per unit of relative weight error
+        the MCTS starts from. Fitting the heads and this val pass are charged to the next trial.
+        """
+        heads, cost = self.exit_heads()
+        layout = self._exit_layout
+        assert layout is not None
+        points = tuple(p.name for p in layout.backbone.points if p.name in heads)
+        every = ExitPolicy(points, tuple(2.0 for _ in points))  # heads run, nobody leaves
+        val = self.workload.split("val")
+        with ExitProbe(layout, heads, every) as probe:
+            full = self.workload.logits(val.x).argmax(1)
+        logits = probe.logits()
+        self._unpaid += cost + 1.0
+        total = layout.backbone.total_macs
+        for d in self._exit_decisions:
+            point = layout.point_of[d.layer]  # type: ignore[index]
+            conf = heads[point].confidence(logits[point])
+            differs = logits[point].argmax(1) != full
+            after = total - layout.backbone.point(point).macs
+            feats = []
+            for c, f in zip(d.choices, self.space.features[d.name]):
+                if c is None:
+                    feats.append(f)
+                    continue
+                fire = conf >= c.threshold  # type: ignore[union-attr]
+                share, wrong = float(fire.double().mean()), float((fire & differs).double().mean())
+                saved = share * after - layout.head_macs(point)
+                feats.append(dataclasses.replace(f, macs=round(f.macs - saved), error=math.sqrt(0.9 * wrong) / 0.5))
             self.space.features[d.name] = tuple(feats)
 
     # ---- early exit -----------------------------------------------------------------------
@@ -488,6 +527,7 @@ class Evaluator:
             return self._results[key]
         t0 = time.perf_counter()
         policy, prep = self._exit_setup(plan)  # heads are fitted on the float model, before the swap
+        prep, self._unpaid = prep + self._unpaid, 0.0
         state, cost = self.compressed_state(plan)
         prep += cost
         with self.workload.state(state), self.activation_quant(plan):
@@ -513,6 +553,7 @@ class Evaluator:
         base_right = data.base_correct
         preds: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         policy, prep = self._exit_setup(plan)
+        prep, self._unpaid = prep + self._unpaid, 0.0
         state, cost = self.compressed_state(plan)
         prep += cost
         with self.workload.state(state), self.activation_quant(plan):

@@ -26,7 +26,7 @@ class ChoiceFeatures:
 
     bytes: int  # packed bytes of the layer's weight under this choice
     bits: int  # weight bits arithmetic runs at (32 = float)
-    macs: int  # the layer's multiply-accumulates per sample
+    macs: int  # the layer's multiply-accumulates per sample, less what the choice saves (an estimate)
     error: float  # relative squared weight error ||W - C(W)||^2 / ||W||^2 (an estimate until measured)
     act_bits: int = 32  # bits of the layer's input activations (32 = float)
 
@@ -61,8 +61,8 @@ class SearchSpace:
         for c in d.choices:
             bits = comp.weight_bits(c)
             err = 0.0 if c is None else 4.0 ** -min(bits, 16)  # uniform-quantizer error scales as 4^-bits
-            out.append(ChoiceFeatures(comp.weight_bytes(layer, c) + comp.added_bytes(layer, c), bits, layer.macs, err,
-                                      comp.activation_bits(c)))
+            out.append(ChoiceFeatures(comp.weight_bytes(layer, c) + comp.added_bytes(layer, c), bits,
+                                      layer.macs - comp.macs_saved(layer, c, self.layers), err, comp.activation_bits(c)))
         return tuple(out)
 
     def __len__(self) -> int:

@@ -119,6 +119,11 @@ class Compressor(ABC):
         estimates; the evaluator's size_bytes counts them exactly."""
         return 0
 
+    def macs_saved(self, layer: Layer, choice: Choice, layers: Mapping[str, Layer]) -> int:
+        """Multiply-accumulates per sample `choice` removes (from `layer` and the layers it feeds),
+        for strategies' cost estimates; the evaluator counts them exactly."""
+        return 0
+
     def kept_channels(self, weight: torch.Tensor, choice: Choice) -> torch.Tensor | None:
         """Indices (ascending) of the output channels `choice` keeps, for choices that remove
         channels (structured pruning of a layer with `channel_consumer`); None otherwise."""

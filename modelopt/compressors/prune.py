@@ -292,6 +292,14 @@ class Prune(Compressor):
             shape = (n_kept(shape[0], choice.sparsity), *shape[1:])
         return self.stored(layer, choice, Storage(shape)).bytes
 
+    def macs_saved(self, layer: Layer, choice: Choice, layers: Mapping[str, Layer]) -> int:
+        """Structured pruning removes its share of this layer's outputs and of its consumer's inputs."""
+        if not isinstance(choice, PruneSpec) or choice.kind is not PruneKind.STRUCTURED:
+            return 0
+        removed = 1.0 - n_kept(layer.out_channels, choice.sparsity) / layer.out_channels
+        consumer = layers.get(layer.channel_consumer or "")
+        return round(removed * (layer.macs + (consumer.macs if consumer is not None else 0)))
+
     def norm_calibration(self, choice: Choice) -> int:
         return 0 if choice is None else self.bn_samples
 

@@ -141,3 +141,23 @@ def test_strategies_see_an_exit_cost_its_heads_bytes(ee):
     feats = dict(zip(ee.space.decision("layer2.1.conv2/early_exit").choices,
                      ee.space.features["layer2.1.conv2/early_exit"]))
     assert feats[ExitChoice(0.9)].bytes - feats[None].bytes == extra > 0
+
+
+def test_exit_priors_give_strategies_mac_savings_and_a_loss_proxy(resnet20_workload):
+    wl = resnet20_workload
+    ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["early_exit", "prune"], model=wl.model)))
+    ev.measure_errors()
+    name = "layer1.2.conv2/early_exit"
+    feats = dict(zip(ev.space.decision(name).choices, ev.space.features[name]))
+    low, high = feats[ExitChoice(0.8)], feats[ExitChoice(0.995)]
+    assert low.macs < feats[None].macs and low.macs < high.macs  # lower thresholds: more leave, more saved
+    assert low.error > high.error >= 0  # (an exit nobody takes costs its head and loses nothing)
+    # The fit and the val pass are charged to the next trial, once.
+    first = ev.evaluate(ev.space.plan())
+    assert first.prep_cost == pytest.approx(ev.cost() * (2000 + 423) / 423 + 1.0)
+    assert Evaluator(wl, ev.space).evaluate(ev.space.plan()).prep_cost == 0.0
+    # A structured choice's MACs estimate is what the evaluator counts for it alone.
+    d = ev.space.decision("layer2.0.conv1/prune")
+    for c, f in zip(d.choices, ev.space.features[d.name]):
+        saved_by_plan = ev.macs(ev.space.plan()) - ev.macs(ev.space.plan({d.name: c}))
+        assert wl.layers[[x.name for x in wl.layers].index("layer2.0.conv1")].macs - f.macs == saved_by_plan
