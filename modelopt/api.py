@@ -151,6 +151,38 @@ def evaluate(
     return Evaluator(wl, space).evaluate(resolve_plan(plan, space), split=split)
 
 
+def load_exit_images(wl: Workload, path: str | Path, n: int = 10000, seed: int = 0) -> Any:
+    """A seeded subset of `n` images from an `.npz` (pixels or JPEG bytes), normalised for `wl`'s
+    model: extra unlabeled images that early-exit heads are fitted on. They must be images the
+    search never scores (e.g. the training set), never the val or test images.
+
+    Example:
+        >>> x = load_exit_images(wl, "../shared/data/cifar10/cifar10_jpeg_train.npz", 10000)
+    """
+    import numpy as np
+    import torch
+
+    from modelopt.early_exit.features import read_images
+
+    p = Path(path)
+    if not p.is_file():
+        raise LoadError(f"exit data {str(p)!r} is not a file; pass an .npz of images such as "
+                        "../shared/data/cifar10/cifar10_jpeg_train.npz")
+    if str(wl.data.source) in (str(path), str(p.resolve())):
+        raise ConfigError(f"exit data {str(p)!r} is the data the search scores; fitting heads on val or test "
+                          "images would leak them: pass other images (e.g. the training set)")
+    if not isinstance(n, int) or n < 1:
+        raise ConfigError(f"exit_images must be a positive number of images, got {n!r}")
+    try:
+        with np.load(p, allow_pickle=False) as f:
+            total = len(f["y"]) if "y" in f.files else len(f["x"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise LoadError(f"could not read {str(p)!r} as an .npz of images (x or jpeg + offsets): {exc}") from None
+    idx = np.sort(np.random.default_rng(seed).permutation(total)[: min(n, total)])
+    x, _ = read_images(p, idx)
+    return wl.prepare(torch.from_numpy(x))
+
+
 def default_run_dir(model_name: str, strategy: str, seed: int) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in model_name)[-40:]
@@ -191,6 +223,8 @@ def optimize(
     granularity: Sequence[str] = ("per_channel", "group"),
     compressors: Sequence[str] | None = DEFAULT_COMPRESSORS,
     activations: Sequence[int | None] | None = None,
+    exit_data: str | Path | None = None,
+    exit_images: int = 10000,
     data_seed: int = 0,
     allow_pickle: bool = False,
     progress: bool = True,
@@ -223,6 +257,8 @@ def optimize(
         activations: input activation bits the quantizer offers per layer (None = float; 8 =
             W8A8-style, calibrated on the calib split); default: (None, 8) when the objective is
             bitops (the only one quantized activations lower here), else float only.
+        exit_data, exit_images: an `.npz` of images the search never scores (e.g. the training
+            set) and how many of them (seeded subset) early-exit heads are also fitted on.
         compressors: which registered compressors contribute decisions; None: every registered one
             that can lower `objective` on this model (`default_compressors`: quantize and prune
             for size; early exit and prune for macs; all three for bitops and latency).
@@ -287,9 +323,13 @@ def optimize(
         "device": str(wl.device),
         "fidelity": None if fidelity is None else fidelity.to_dict(),
         "latency": None if latency is None else dataclasses.asdict(latency),
+        "exit_data": None if exit_data is None else {"path": str(exit_data), "images": exit_images},
         **wl.fingerprints(),
     }
-    evaluator = Evaluator(wl, space)
+    extra = None
+    if exit_data is not None and any(c.name == "early_exit" for c in comps):
+        extra = load_exit_images(wl, exit_data, exit_images)
+    evaluator = Evaluator(wl, space, exit_images=extra)
     evaluator.measure_errors()  # data-free priors for strategies that use them; costs no evaluation
     strat = STRATEGIES.get(strategy)(space, obj, seed=seed)
     if latency is None and obj.target is Target.LATENCY:

@@ -95,6 +95,9 @@ def optimize(
     seed: Annotated[int, typer.Option(help="Seed of the search.")] = None,  # type: ignore[assignment]
     bits: Annotated[str, typer.Option(help="Weight bit widths offered, e.g. 8,4 or 8,4,3,2.")] = None,  # type: ignore[assignment]
     granularity: Annotated[str, typer.Option(help="Scale granularities: per_tensor, per_channel, group.")] = None,  # type: ignore[assignment]
+    exit_data: Annotated[Path, typer.Option(help="An .npz of images the search never scores (e.g. "
+                                            "../shared/data/cifar10/cifar10_jpeg_train.npz): early-exit heads are also fitted on them.")] = None,  # type: ignore[assignment]
+    exit_images: Annotated[int, typer.Option(help="How many --exit-data images (a seeded subset).")] = 10000,
     activations: Annotated[str, typer.Option(help="Input activation bits offered per layer: none (float), 8, or none,8 "
                                              "(default: none,8 for --objective bitops, else none).")] = None,  # type: ignore[assignment]
     compressors: Annotated[str, typer.Option(help="Compressors that contribute decisions, e.g. quantize,prune,early_exit (see `modelopt list`); default: every registered one that can lower the objective.")] = None,  # type: ignore[assignment]
@@ -124,6 +127,8 @@ def optimize(
         settings.update({k: q[k] for k in ("bits", "granularity", "activations") if k in q})
         if saved.get("compressors"):
             settings["compressors"] = list(saved["compressors"])
+        if saved.get("exit_data") and exit_data is None:  # the heads are fitted on the same images again
+            exit_data, exit_images = Path(saved["exit_data"]["path"]), int(saved["exit_data"]["images"])
         out_dir = run_dir
     settings.update({k: v for k, v in given.items() if v is not None})
     if bits is not None:
@@ -139,7 +144,7 @@ def optimize(
         budget=settings["budget"], objective=settings["objective"], min_retention=settings["min_retention"],
         seed=settings["seed"], device=device, out=out_dir, resume=resume, bits=settings["bits"],
         granularity=settings["granularity"], compressors=settings["compressors"], allow_pickle=allow_pickle,
-        activations=settings.get("activations"),
+        activations=settings.get("activations"), exit_data=exit_data, exit_images=exit_images,
         progress=progress, storage=storage, latency=None if latency.lower() == "none" else latency,
     )
     _print_run(result)

@@ -92,8 +92,11 @@ class Evaluator:
         >>> ev.evaluate(space.uniform("quantize", QuantSpec(8)), split="val").retention
     """
 
-    def __init__(self, workload: Workload, space: SearchSpace) -> None:
+    def __init__(self, workload: Workload, space: SearchSpace, *, exit_images: torch.Tensor | None = None) -> None:
+        """`exit_images`: normalised images (never val or test) that early-exit heads are fitted on
+        besides the calib split; their feature pass is charged with the fit."""
         self.workload = workload
+        self._exit_images = exit_images
         self.space = space
         # Compressed tensors live on the workload, so runs that share it (a sweep) share them too.
         self._tensors: dict[tuple[Any, ...], torch.Tensor] = workload.tensor_cache
@@ -294,7 +297,8 @@ class Evaluator:
         assert layout is not None, "the space offers no early exit"
         if self._exit_heads is not None:
             return self._exit_heads, 0.0
-        heads, images = fit_heads(layout, self.workload.split("calib").x, self.workload.split("val").x)
+        heads, images = fit_heads(layout, self.workload.split("calib").x, self.workload.split("val").x,
+                                  extra=self._exit_images)
         self._exit_heads = heads
         return heads, images / len(self.workload.split("val"))
 

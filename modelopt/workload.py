@@ -86,6 +86,10 @@ class Workload:
 
     # ---- data -----------------------------------------------------------------------------
 
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 NHWC images (as data sources hold them) -> normalised float NCHW on the device."""
+        return self._prepare(x)
+
     def _prepare(self, x: torch.Tensor) -> torch.Tensor:
         if self.data.preprocessed:
             return x.to(self.device, torch.float32)

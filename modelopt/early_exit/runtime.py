@@ -120,14 +120,15 @@ def exit_layout(model: nn.Module, input_size: tuple[int, int], decisions: Sequen
     return ExitLayout(backbone, {d: ends[d] for d in decisions}, block_of, config.spec, classes)
 
 
-def fit_heads(layout: ExitLayout, calib: torch.Tensor, val: torch.Tensor, config: RuntimeConfig = RuntimeConfig()
-              ) -> tuple[dict[str, ExitHead], int]:
+def fit_heads(layout: ExitLayout, calib: torch.Tensor, val: torch.Tensor, config: RuntimeConfig = RuntimeConfig(),
+              extra: torch.Tensor | None = None) -> tuple[dict[str, ExitHead], int]:
     """Fits a head per candidate exit on the resident (float) model; also the images it ran.
 
     Args:
         layout: Where the exits sit.
         calib: Normalised calibration images: the heads are fitted on their features.
         val: Normalised val images: each head's temperature is fitted on them, without labels.
+        extra: More normalised images to fit on (unlabeled; never val or test images).
 
     Example:
         >>> heads, images = fit_heads(layout, wl.split("calib").x, wl.split("val").x)
@@ -141,6 +142,11 @@ def fit_heads(layout: ExitLayout, calib: torch.Tensor, val: torch.Tensor, config
         fit = Features(fit.spec, points, tuple(torch.cat([a, b]) for a, b in zip(fit.feats, mirrored.feats)),
                        torch.cat([fit.logits, mirrored.logits]), None)
         n *= 2
+    if extra is not None and len(extra):
+        more = extract_features(backbone, extra, config.spec, points)
+        fit = Features(fit.spec, points, tuple(torch.cat([a, b]) for a, b in zip(fit.feats, more.feats)),
+                       torch.cat([fit.logits, more.logits]), None)
+        n += int(extra.shape[0])
     held = extract_features(backbone, val, config.spec, points)
     heads = fit_exit_heads(fit, points, FitConfig(spec=config.spec, l2=config.l2), calibrate=held)
     return {e: _on(h, calib.device) for e, h in heads.items()}, n + int(val.shape[0])

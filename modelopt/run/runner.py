@@ -35,7 +35,7 @@ MAX_IDLE_ASKS = 2000  # consecutive already-seen plans before the space counts a
 # Settings that must match for a run folder to be resumed (the budget may grow). Model and data
 # are compared by content hash, not by path, so a run folder moved with its files still resumes.
 RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "compressors",
-               "data_seed", "fidelity")
+               "data_seed", "fidelity", "exit_data")
 
 
 @dataclass(frozen=True)

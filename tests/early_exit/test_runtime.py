@@ -3,9 +3,12 @@ deployable module (two independent implementations of the same rule), on the rea
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+import modelopt
 from modelopt.api import build_compressors, default_compressors
 from modelopt.compressors import EarlyExit, ExitChoice, QuantSpec
 from modelopt.early_exit import EarlyExitNet, exit_table, extract_features, simulate
@@ -161,3 +164,24 @@ def test_exit_priors_give_strategies_mac_savings_and_a_loss_proxy(resnet20_workl
     for c, f in zip(d.choices, ev.space.features[d.name]):
         saved_by_plan = ev.macs(ev.space.plan()) - ev.macs(ev.space.plan({d.name: c}))
         assert wl.layers[[x.name for x in wl.layers].index("layer2.0.conv1")].macs - f.macs == saved_by_plan
+
+
+def test_heads_can_fit_on_extra_unlabeled_images_which_are_charged(resnet20_workload, tmp_path):
+    import numpy as np
+
+    from modelopt.api import load_exit_images
+    from modelopt.errors import LoadError
+
+    wl = resnet20_workload
+    src = np.load(Path(modelopt.__file__).parent / "zoo" / "assets" / "cifar10_sample.npz")
+    np.savez(tmp_path / "extra.npz", x=src["calib_x"][:100], y=src["calib_y"][:100])
+    x = load_exit_images(wl, tmp_path / "extra.npz", 64)
+    assert x.shape == (64, 3, 32, 32) and x.dtype == torch.float32
+    space = SearchSpace(wl.layers, build_compressors(["early_exit"], model=wl.model))
+    ev = Evaluator(wl, space, exit_images=x)
+    _, cost = ev.exit_heads()
+    assert cost == pytest.approx((2000 + 64 + 423) / 423)
+    with pytest.raises(LoadError, match="is not a file"):
+        load_exit_images(wl, tmp_path / "missing.npz")
+    with pytest.raises(ConfigError, match="positive number"):
+        load_exit_images(wl, tmp_path / "extra.npz", 0)
