@@ -7,7 +7,6 @@ import copy
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,68 +19,17 @@ from modelopt.compressors.activations import (
     fake_quantized_inputs,
     input_ranges,
 )
-from modelopt.compressors.early_exit import EarlyExit
 from modelopt.early_exit.heads import ExitHead
-from modelopt.early_exit.runtime import (
-    ExitLayout,
-    ExitProbe,
-    decide,
-    exit_layout,
-    fit_heads,
-)
+from modelopt.early_exit.plan_exits import PlanExits
+from modelopt.early_exit.runtime import ExitLayout
 from modelopt.early_exit.simulate import ExitPolicy
 from modelopt.errors import TrialError
 from modelopt.fidelity import Fidelity, max_correct
 from modelopt.layers import Layer
+from modelopt.metrics import Metrics
 from modelopt.plan import Plan
 from modelopt.space import SearchSpace
 from modelopt.workload import Workload
-
-
-@dataclass(frozen=True)
-class Metrics:
-    """What one evaluation measured; every field means what DESIGN.md says."""
-
-    split: str
-    n_samples: int
-    accuracy: float
-    baseline_accuracy: float
-    retention: float
-    agreement: float
-    size_bytes: int
-    float_size_bytes: int
-    compression: float
-    bitops: int
-    macs: int
-    eval_seconds: float
-    float_bitops: int = 0  # the uncompressed model's, for reduction factors
-    float_macs: int = 0
-    latency_ms: float | None = None  # measured (modelopt.plan_latency), backend named in latency_backend
-    latency_backend: str | None = None
-    float_latency_ms: float | None = None  # the uncompressed model's, same backend
-    # Multi-fidelity: why scoring stopped on a subset ("infeasible": below the floor beyond
-    # doubt; "dominated": it cannot beat the best plan, so its retention only informs the
-    # search). None: scored on the whole split. A stopped plan is never feasible or best.
-    stopped: str | None = None
-    # Budget spent preparing the plan before scoring it (batch-norm re-estimation after pruning),
-    # in full-evaluation equivalents; 0 when the preparation was cached. Trials are charged it.
-    prep_cost: float = 0.0
-    # Early exit: the share of samples that left at an exit (None: the plan has no exit). With
-    # exits, macs and bitops are means over the samples, heads included (DESIGN.md).
-    exited: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready (NaN becomes None)."""
-        return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in dataclasses.asdict(self).items()}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Metrics:
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in d.items() if k in fields}
-        for k in ("accuracy", "baseline_accuracy", "retention", "agreement", "compression"):
-            if values.get(k) is None:
-                values[k] = math.nan
-        return cls(**values)
 
 
 class Evaluator:
@@ -96,7 +44,6 @@ class Evaluator:
         """`exit_images`: normalised images (never val or test) that early-exit heads are fitted on
         besides the calib split; their feature pass is charged with the fit."""
         self.workload = workload
-        self._exit_images = exit_images
         self.space = space
         # Compressed tensors live on the workload, so runs that share it (a sweep) share them too.
         self._tensors: dict[tuple[Any, ...], torch.Tensor] = workload.tensor_cache
@@ -117,12 +64,7 @@ class Evaluator:
         self._norm_stats: dict[str, dict[str, torch.Tensor]] = {}  # plan key -> re-estimated statistics
         self._norm_ref: tuple[int, dict[str, tuple[torch.Tensor, torch.Tensor]]] | None = None
         self._input_ranges: dict[Calibration, dict[str, tuple[float, float]]] = {}  # activation quantization
-        # Early exit: the decisions of EarlyExit compressors, and their heads (fitted when first needed).
-        self._exit_decisions = [d for d in space.decisions
-                                if isinstance(space.compressors[d.compressor], EarlyExit) and d.layer is not None]
-        self._exit_layout: ExitLayout | None = None
-        self._exit_heads: dict[str, ExitHead] | None = None
-        self._unpaid = 0.0  # budget spent outside any trial (exit priors), charged to the next one
+        self.exits = PlanExits(workload, space, exit_images)  # early exit's heads, priors and reach
 
     # ---- static accounting ----------------------------------------------------------------
 
@@ -179,9 +121,9 @@ class Evaluator:
             if layer.channel_consumer is not None:
                 # Removed channels take their folded norm (scale, shift) and conv1's bias with them.
                 total -= (layer.out_channels - out) * 4 * (2 + int(layer.has_bias))
-        policy = self.exit_policy(plan)
+        policy = self.exits.policy(plan)
         if policy is not None:
-            total += self._exit_layout.head_bytes(policy)  # type: ignore[union-attr]
+            total += self.exits.layout().head_bytes(policy)  # type: ignore[union-attr]
         return total + sum(self.storage(plan, layer).bytes for layer in self.workload.layers)
 
     def macs(self, plan: Plan) -> int:
@@ -226,102 +168,22 @@ class Evaluator:
                 # A choice that breaks the weight (non-finite) is as bad as losing it entirely.
                 feats.append(dataclasses.replace(f, error=err if math.isfinite(err) else 1.0))
             self.space.features[d.name] = tuple(feats)
-        if self._exit_decisions:
-            self._exit_priors()
+        if self.exits.decisions:
+            self.exits.priors()
 
-    def _exit_priors(self) -> None:
-        """Per exit choice, what strategies may expect before trying it: the MACs it saves and an
-        accuracy-loss proxy, from the fitted heads on the float model over val (the share of images
-        that would leave there alone, and of those whose head disagrees with the full model).
-
-        The loss proxy is put on the weight-error scale the strategies' priors read (`error`):
-        sqrt(expected drop) / 0.5, the square root of the drop per unit of relative weight error
-        the MCTS starts from. Fitting the heads and this val pass are charged to the next trial.
-        """
-        heads, cost = self.exit_heads()
-        layout = self._exit_layout
-        assert layout is not None
-        points = tuple(p.name for p in layout.backbone.points if p.name in heads)
-        every = ExitPolicy(points, tuple(2.0 for _ in points))  # heads run, nobody leaves
-        val = self.workload.split("val")
-        with ExitProbe(layout, heads, every) as probe:
-            full = self.workload.logits(val.x).argmax(1)
-        logits = probe.logits()
-        self._unpaid += cost + 1.0
-        total = layout.backbone.total_macs
-        for d in self._exit_decisions:
-            point = layout.point_of[d.layer]  # type: ignore[index]
-            conf = heads[point].confidence(logits[point])
-            differs = logits[point].argmax(1) != full
-            after = total - layout.backbone.point(point).macs
-            feats = []
-            for c, f in zip(d.choices, self.space.features[d.name]):
-                if c is None:
-                    feats.append(f)
-                    continue
-                fire = conf >= c.threshold  # type: ignore[union-attr]
-                share, wrong = float(fire.double().mean()), float((fire & differs).double().mean())
-                saved = share * after - layout.head_macs(point)
-                feats.append(dataclasses.replace(f, macs=round(f.macs - saved), error=math.sqrt(0.9 * wrong) / 0.5))
-            self.space.features[d.name] = tuple(feats)
-
-    # ---- early exit -----------------------------------------------------------------------
+    # ---- early exit (modelopt.early_exit.plan_exits) ---------------------------------------
 
     def exit_layout(self) -> ExitLayout | None:
         """Where the space's candidate exits sit (None when no early_exit decision is offered)."""
-        if not self._exit_decisions:
-            return None
-        if self._exit_layout is None:
-            size = tuple(self.workload.split("val").x.shape[2:])
-            self._exit_layout = exit_layout(self.workload.model, size,  # type: ignore[arg-type]
-                                            [d.layer for d in self._exit_decisions],  # type: ignore[misc]
-                                            [x.name for x in self.workload.layers])
-        return self._exit_layout
+        return self.exits.layout()
 
     def exit_policy(self, plan: Plan) -> ExitPolicy | None:
         """The plan's active exits and thresholds; None when it has none."""
-        layout = self.exit_layout()
-        if layout is None:
-            return None
-        choices = {d.layer: plan.get(d.name) for d in self._exit_decisions}
-        if all(c is None for c in choices.values()):
-            return None
-        return layout.policy(choices)
+        return self.exits.policy(plan)
 
     def exit_heads(self) -> tuple[dict[str, ExitHead], float]:
-        """The fitted head of every candidate exit, and the budget fitting them cost now (0 once fitted).
-
-        Fitted once, on the float model: see `modelopt.early_exit.runtime`.
-        """
-        layout = self.exit_layout()
-        assert layout is not None, "the space offers no early exit"
-        if self._exit_heads is not None:
-            return self._exit_heads, 0.0
-        heads, images = fit_heads(layout, self.workload.split("calib").x, self.workload.split("val").x,
-                                  extra=self._exit_images)
-        self._exit_heads = heads
-        return heads, images / len(self.workload.split("val"))
-
-    def _reach(self, plan: Plan, policy: ExitPolicy | None, exit_at: torch.Tensor | None) -> dict[str, float]:
-        """Per layer, the share of samples that ran it (1 without exits)."""
-        if policy is None or exit_at is None or not policy.exits:
-            return {layer.name: 1.0 for layer in self.workload.layers}
-        layout = self._exit_layout
-        assert layout is not None
-        n = max(1, int(exit_at.numel()))
-        # A sample leaving at exit j ran every block up to and including exit j's block.
-        last_block = torch.tensor([layout.block_index(e) for e in policy.exits] + [len(layout.backbone.blocks)],
-                                  device=exit_at.device)[exit_at]
-        return {x.name: float((last_block >= layout.block_of[x.name]).sum()) / n for x in self.workload.layers}
-
-    def _head_cost(self, policy: ExitPolicy | None, exit_at: torch.Tensor | None) -> float:
-        """Mean head MACs per sample: a sample evaluated every active head up to where it left."""
-        if policy is None or exit_at is None or not policy.exits:
-            return 0.0
-        layout = self._exit_layout
-        assert layout is not None
-        n = max(1, int(exit_at.numel()))
-        return sum(layout.head_macs(e) * float((exit_at >= j).sum()) / n for j, e in enumerate(policy.exits))
+        """The fitted head of every candidate exit, and the budget fitting them cost now (0 once fitted)."""
+        return self.exits.heads()
 
     # ---- evaluation -----------------------------------------------------------------------
 
@@ -530,13 +392,11 @@ class Evaluator:
         if key in self._results:
             return self._results[key]
         t0 = time.perf_counter()
-        policy, prep = self._exit_setup(plan)  # heads are fitted on the float model, before the swap
-        prep, self._unpaid = prep + self._unpaid, 0.0
-        state, cost = self.compressed_state(plan)
-        prep += cost
+        policy, state, prep = self._prepare(plan)
         with self.workload.state(state), self.activation_quant(plan):
             pred, exit_at = self._predict(plan, data.x[:n], policy)
-        metrics = self._metrics(plan, split, pred, time.perf_counter() - t0, prep_cost=prep, exit_at=exit_at)
+        metrics = self._metrics(plan, split, pred, time.perf_counter() - t0, prep_cost=prep, policy=policy,
+                                exit_at=exit_at)
         self._results[key] = metrics
         return metrics
 
@@ -556,10 +416,7 @@ class Evaluator:
         cuts = fidelity.cuts(len(data))
         base_right = data.base_correct
         preds: list[tuple[torch.Tensor, torch.Tensor | None]] = []
-        policy, prep = self._exit_setup(plan)
-        prep, self._unpaid = prep + self._unpaid, 0.0
-        state, cost = self.compressed_state(plan)
-        prep += cost
+        policy, state, prep = self._prepare(plan)
         with self.workload.state(state), self.activation_quant(plan):
             start = 0
             for stop in cuts:
@@ -570,7 +427,7 @@ class Evaluator:
                 pred, exit_at = _joined(preds)
                 if not finish:
                     return self._metrics(plan, "val", pred, time.perf_counter() - t0, stopped="dominated",
-                                         prep_cost=prep, exit_at=exit_at)
+                                         prep_cost=prep, policy=policy, exit_at=exit_at)
                 right = pred == data.y[:stop]
                 br, bw = base_right[:stop], ~base_right[:stop]
                 bound = max_correct(
@@ -582,41 +439,33 @@ class Evaluator:
                 )
                 if bound < min_retention * int(base_right.sum()):
                     return self._metrics(plan, "val", pred, time.perf_counter() - t0, stopped="infeasible",
-                                         prep_cost=prep, exit_at=exit_at)
+                                         prep_cost=prep, policy=policy, exit_at=exit_at)
         pred, exit_at = _joined(preds)
-        metrics = self._metrics(plan, "val", pred, time.perf_counter() - t0, prep_cost=prep, exit_at=exit_at)
+        metrics = self._metrics(plan, "val", pred, time.perf_counter() - t0, prep_cost=prep, policy=policy,
+                                exit_at=exit_at)
         self._results[full] = metrics
         return metrics
 
-    def _exit_setup(self, plan: Plan) -> tuple[ExitPolicy | None, float]:
-        """The plan's exit policy and the budget spent fitting heads for it (0 once fitted)."""
-        policy = self.exit_policy(plan)
-        if policy is None:
-            return None, 0.0
-        _, cost = self.exit_heads()
-        return policy, cost
+    def _prepare(self, plan: Plan) -> tuple[ExitPolicy | None, dict[str, torch.Tensor], float]:
+        """The plan's exit policy, the tensors it swaps in, and the budget its preparation cost
+        (exit heads are fitted on the float model, so before the swap)."""
+        policy, prep = self.exits.setup(plan)
+        state, cost = self.compressed_state(plan)
+        return policy, state, prep + cost
 
-    def _predict(self, plan: Plan, x: torch.Tensor, policy: ExitPolicy | None = None
+    def _predict(self, plan: Plan, x: torch.Tensor, policy: ExitPolicy | None
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Predictions for `x` and, with exits, the position in `policy.exits` each sample left at
-        (len(policy.exits): it ran the whole network)."""
-        if policy is None:
-            logits = self.workload.logits(x)
-            if not torch.isfinite(logits).all():
-                raise TrialError(f"plan {plan.key} gives non-finite outputs")
-            return logits.argmax(dim=1), None
-        heads, _ = self.exit_heads()
-        assert self._exit_layout is not None
-        with ExitProbe(self._exit_layout, heads, policy) as probe:
-            logits = self.workload.logits(x)
-        head_logits = probe.logits()
-        if not torch.isfinite(logits).all() or not all(torch.isfinite(t).all() for t in head_logits.values()):
+        """Predictions for `x` and, with exits, the position in `policy.exits` each sample left at."""
+        if policy is not None:
+            return self.exits.predict(plan, x, policy)
+        logits = self.workload.logits(x)
+        if not torch.isfinite(logits).all():
             raise TrialError(f"plan {plan.key} gives non-finite outputs")
-        exit_at, pred = decide(head_logits, logits, heads, policy)
-        return pred, exit_at
+        return logits.argmax(dim=1), None
 
     def _metrics(self, plan: Plan, split: str, pred: torch.Tensor, seconds: float, stopped: str | None = None,
-                 prep_cost: float = 0.0, exit_at: torch.Tensor | None = None) -> Metrics:
+                 prep_cost: float = 0.0, policy: ExitPolicy | None = None, exit_at: torch.Tensor | None = None
+                 ) -> Metrics:
         """Metrics of predictions `pred` for the first len(pred) samples of `split` (`exit_at`: where
         each left, with exits: MACs and bitops are then means over the samples)."""
         data = self.workload.split(split)
@@ -625,11 +474,12 @@ class Evaluator:
         acc = float((pred == y).float().mean())
         base_acc = float((base == y).float().mean())
         size = self.size_bytes(plan)
-        policy = self.exit_policy(plan) if exit_at is not None else None
-        reach = self._reach(plan, policy, exit_at)
-        head_macs = self._head_cost(policy, exit_at)
-        macs = round(sum(self.stored_layer(plan, x).macs * reach[x.name] for x in self.workload.layers) + head_macs)
-        exited = None if policy is None or exit_at is None else float((exit_at < len(policy.exits)).float().mean())
+        reach, head_macs, exited = None, 0.0, None
+        if policy is not None and exit_at is not None:
+            reach, head_macs = self.exits.reach(policy, exit_at), self.exits.head_macs(policy, exit_at)
+            exited = float((exit_at < len(policy.exits)).float().mean())
+        macs = round(sum(self.stored_layer(plan, x).macs * (1.0 if reach is None else reach[x.name])
+                         for x in self.workload.layers) + head_macs)
         return Metrics(
             split=split,
             n_samples=n,

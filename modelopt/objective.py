@@ -9,7 +9,7 @@ from enum import Enum
 from typing import TypeVar
 
 from modelopt.errors import ConfigError
-from modelopt.evaluator import Metrics
+from modelopt.metrics import Metrics
 
 
 class Target(str, Enum):

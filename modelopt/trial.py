@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from modelopt.evaluator import Metrics
+from modelopt.metrics import Metrics
 from modelopt.plan import Plan
 from modelopt.space import SearchSpace
 

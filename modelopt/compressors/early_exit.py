@@ -115,8 +115,7 @@ class EarlyExit(Compressor):
             return 0
         from modelopt.early_exit.runtime import RuntimeConfig
 
-        d = RuntimeConfig().spec.features(layer.out_channels)
-        return (d * self.classes + self.classes + 1) * 4
+        return RuntimeConfig().spec.params(layer.out_channels, self.classes) * 4
 
     def _offers(self, layer: Layer) -> bool:
         return layer.kind is LayerKind.CONV and any(fnmatch.fnmatchcase(layer.name, p) for p in self.exits)

@@ -46,6 +46,11 @@ class HeadSpec:
         """Length of the pooled vector for a feature map with `channels` channels."""
         return channels * sum(g * g for g in (*self.avg_grids, *self.max_grids))
 
+    def params(self, channels: int, classes: int) -> int:
+        """Parameters a fitted head stores: its layers' weights and biases, and the temperature."""
+        d, h, k = self.features(channels), self.hidden, classes
+        return (d * h + h + h * k + k + 1) if h else (d * k + k + 1)
+
     def macs(self, channels: int, classes: int) -> int:
         """Multiply-accumulates per sample of the head's linear layers (pooling is not counted,
         as batch norms, ReLUs and residual additions are not counted for the backbone)."""

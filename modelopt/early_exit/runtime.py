@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from modelopt.compressors.early_exit import exit_layers
 from modelopt.early_exit.backbone import Backbone, split_backbone
 from modelopt.early_exit.features import Features, extract_features
 from modelopt.early_exit.fit import FitConfig, fit_exit_heads
@@ -82,8 +83,7 @@ class ExitLayout:
 
     def head_params(self, point: str) -> int:
         """Parameters a fitted head stores (weights, biases, temperature)."""
-        d, h, k = self.spec.features(self.backbone.point(point).channels), self.spec.hidden, self.classes
-        return (d * h + h + h * k + k + 1) if h else (d * k + k + 1)
+        return self.spec.params(self.backbone.point(point).channels, self.classes)
 
     def head_macs(self, point: str) -> int:
         return self.spec.macs(self.backbone.point(point).channels, self.classes)
@@ -101,11 +101,7 @@ def exit_layout(model: nn.Module, input_size: tuple[int, int], decisions: Sequen
         ConfigError: the model cannot be cut into blocks, or a decision layer ends no block.
     """
     backbone = split_backbone(model, input_size)
-    ends = {}
-    for bname, block in backbone.blocks:
-        convs = [n for n, m in block.named_modules() if isinstance(m, nn.Conv2d)]
-        if convs:
-            ends[f"{bname}.{convs[-1]}"] = bname
+    ends = exit_layers(backbone)
     wrong = [d for d in decisions if d not in ends]
     if wrong:
         raise ConfigError(f"early_exit decisions on {wrong}, which end no block; valid: {sorted(ends)}")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from modelopt.errors import LoadError
-from modelopt.evaluator import Metrics
+from modelopt.metrics import Metrics
 from modelopt.layers import Layer, LayerKind
 from modelopt.objective import Objective
 from modelopt.plan import Plan

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from modelopt.evaluator import Metrics
+from modelopt.metrics import Metrics
 from modelopt.objective import Objective
 from modelopt.plan import Plan
 from modelopt.search._base import Strategy

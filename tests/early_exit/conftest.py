@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _threads import one_torch_thread
 
 
 @pytest.fixture(autouse=True, scope="package")
 def _one_thread():
-    # Small tensors on a shared 2-core box: one intra-op thread avoids OpenMP spin-wait slowdowns.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="package")

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from _threads import one_torch_thread
 from torch import nn
 
 from modelopt.api import build_compressors
@@ -21,11 +22,8 @@ FC = "linear"
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
-    # The box has 2 shared cores: OpenMP spin-waits make small ops far slower with 2+ threads.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

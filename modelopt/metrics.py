@@ -1,0 +1,56 @@
+"""What one evaluation measured: the record every trial, journal line and report reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Metrics"]
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """What one evaluation measured; every field means what DESIGN.md says."""
+
+    split: str
+    n_samples: int
+    accuracy: float
+    baseline_accuracy: float
+    retention: float
+    agreement: float
+    size_bytes: int
+    float_size_bytes: int
+    compression: float
+    bitops: int
+    macs: int
+    eval_seconds: float
+    float_bitops: int = 0  # the uncompressed model's, for reduction factors
+    float_macs: int = 0
+    latency_ms: float | None = None  # measured (modelopt.plan_latency), backend named in latency_backend
+    latency_backend: str | None = None
+    float_latency_ms: float | None = None  # the uncompressed model's, same backend
+    # Multi-fidelity: why scoring stopped on a subset ("infeasible": below the floor beyond
+    # doubt; "dominated": it cannot beat the best plan, so its retention only informs the
+    # search). None: scored on the whole split. A stopped plan is never feasible or best.
+    stopped: str | None = None
+    # Budget spent preparing the plan before scoring it (batch-norm re-estimation after pruning),
+    # in full-evaluation equivalents; 0 when the preparation was cached. Trials are charged it.
+    prep_cost: float = 0.0
+    # Early exit: the share of samples that left at an exit (None: the plan has no exit). With
+    # exits, macs and bitops are means over the samples, heads included (DESIGN.md).
+    exited: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (NaN becomes None)."""
+        return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Metrics:
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in d.items() if k in fields}
+        for k in ("accuracy", "baseline_accuracy", "retention", "agreement", "compression"):
+            if values.get(k) is None:
+                values[k] = math.nan
+        return cls(**values)
