@@ -28,6 +28,7 @@ from modelopt.fidelity import Fidelity, max_correct
 from modelopt.layers import Layer
 from modelopt.metrics import Metrics
 from modelopt.plan import Plan
+from modelopt.prep_costs import OneTimeCosts
 from modelopt.space import SearchSpace
 from modelopt.workload import Workload
 
@@ -64,7 +65,8 @@ class Evaluator:
         self._norm_stats: dict[str, dict[str, torch.Tensor]] = {}  # plan key -> re-estimated statistics
         self._norm_ref: tuple[int, dict[str, tuple[torch.Tensor, torch.Tensor]]] | None = None
         self._input_ranges: dict[Calibration, dict[str, tuple[float, float]]] = {}  # activation quantization
-        self.exits = PlanExits(workload, space, exit_images)  # early exit's heads, priors and reach
+        self.one_time = OneTimeCosts()  # reference passes, fits, calibrations: charged once per run
+        self.exits = PlanExits(workload, space, exit_images, self.one_time)  # early exit's heads, priors, reach
 
     # ---- static accounting ----------------------------------------------------------------
 
@@ -277,7 +279,19 @@ class Evaluator:
         One pass of the float model over the calib split's first `Calibration.images` images
         measures every layer's input range; call it while the float model is resident.
         """
-        bits: dict[str, tuple[int, Calibration]] = {}  # layer -> (input bits, how its range is measured)
+        bits = self._input_bits(plan)
+        cost = 0.0
+        for calib in {c for _, c in bits.values()}:
+            x = self.workload.split("calib").x[: calib.images]
+            if calib not in self._input_ranges:
+                self._input_ranges[calib] = input_ranges(self.workload.model, self.workload.modules, x, calib,
+                                                         self.workload.batch_size)
+            cost += self.one_time.charge(f"input_ranges:{calib}", x.shape[0] / len(self.workload.split("val")))
+        return {n: InputQParams.from_range(*self._input_ranges[c][n], b) for n, (b, c) in bits.items()}, cost
+
+    def _input_bits(self, plan: Plan) -> dict[str, tuple[int, Calibration]]:
+        """{layer: (input bits, how its range is measured)} for the plan's activation-quantized layers."""
+        bits: dict[str, tuple[int, Calibration]] = {}
         for layer in self.workload.layers:
             for d in self._layer_decisions[layer.name]:
                 comp = self.space.compressors[d.compressor]
@@ -285,13 +299,21 @@ class Evaluator:
                 if b < 32 and (layer.name not in bits or b < bits[layer.name][0]):
                     # A compressor offering activation bits says how to calibrate in `calibration`.
                     bits[layer.name] = (b, getattr(comp, "calibration", Calibration()))
-        cost = 0.0
-        for calib in {c for _, c in bits.values()} - set(self._input_ranges):
-            x = self.workload.split("calib").x[: calib.images]
-            self._input_ranges[calib] = input_ranges(self.workload.model, self.workload.modules, x, calib,
-                                                     self.workload.batch_size)
-            cost += x.shape[0] / len(self.workload.split("val"))
-        return {n: InputQParams.from_range(*self._input_ranges[c][n], b) for n, (b, c) in bits.items()}, cost
+        return bits
+
+    def _norm_images(self, plan: Plan) -> int:
+        """Calibration images the plan's batch-norm statistics are re-estimated on (0: none)."""
+        n = max((self.space.compressors[d.compressor].norm_calibration(plan.get(d.name))
+                 for d in self.space.decisions if d.layer is not None), default=0)
+        return min(n, len(self.workload.split("calib"))) if self._norms else 0
+
+    def mark_paid(self, plan: Plan) -> None:
+        """Records the one-time preparations `plan` needed as paid (a resumed run, for the trials
+        its journal holds): what the killed process charged is not charged again."""
+        keys = {f"input_ranges:{c}" for _, c in self._input_bits(plan).values()}
+        if n := self._norm_images(plan):
+            keys.add(f"norm_reference:{n}")
+        self.one_time.mark_paid(keys | self.exits.one_time_keys(plan))
 
     def _recalibrated(self, plan: Plan, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], float]:
         """Batch-norm statistics re-estimated for the plan, and the budget that cost (0 when cached).
@@ -304,9 +326,8 @@ class Evaluator:
         re-estimation, 97.3 % with AdaBN); the shift keeps that calibration and is the identity
         for an unpruned plan.
         """
-        n = max((self.space.compressors[d.compressor].norm_calibration(plan.get(d.name))
-                 for d in self.space.decisions if d.layer is not None), default=0)
-        if n == 0 or not self._norms:
+        n = self._norm_images(plan)
+        if n == 0:
             return {}, 0.0
         if plan.key in self._norm_stats:
             return self._norm_stats[plan.key], 0.0
@@ -314,7 +335,8 @@ class Evaluator:
         cost = x.shape[0] / len(self.workload.split("val"))
         if self._norm_ref is None or self._norm_ref[0] != x.shape[0]:
             self._norm_ref = (x.shape[0], self._norm_inputs(x, None))
-            cost *= 2  # the original model's pass, made once and charged to the first plan that needs it
+        # The original model's pass, made once and charged to the first plan of the run that needs it.
+        cost += self.one_time.charge(f"norm_reference:{x.shape[0]}", cost)
         stats: dict[str, torch.Tensor] = {}
         for name, m in self._norms.items():
             if m.track_running_stats:

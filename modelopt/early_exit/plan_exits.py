@@ -20,6 +20,7 @@ from modelopt.early_exit.runtime import (
 from modelopt.early_exit.simulate import ExitPolicy
 from modelopt.errors import TrialError
 from modelopt.plan import Plan
+from modelopt.prep_costs import OneTimeCosts
 from modelopt.space import SearchSpace
 from modelopt.workload import Workload
 
@@ -41,14 +42,17 @@ class PlanExits:
         >>> pred, exit_at = exits.predict(plan, x, policy)
     """
 
-    def __init__(self, workload: Workload, space: SearchSpace, extra_images: torch.Tensor | None = None) -> None:
+    def __init__(self, workload: Workload, space: SearchSpace, extra_images: torch.Tensor | None = None,
+                 one_time: OneTimeCosts | None = None) -> None:
         self.workload, self.space = workload, space
+        self.one_time = OneTimeCosts() if one_time is None else one_time
         self.decisions = [d for d in space.decisions
                           if isinstance(space.compressors[d.compressor], EarlyExit) and d.layer is not None]
         self._extra = extra_images
         self._layout: ExitLayout | None = None
         self._heads: dict[str, ExitHead] | None = None
-        self._unpaid = 0.0  # budget spent outside any trial (the priors), charged to the next one
+        self._fit_cost = 0.0
+        self._priors = False  # computed: their val pass is charged to the run's first trial
 
     def layout(self) -> ExitLayout | None:
         """Where the candidate exits sit (None when the space offers none)."""
@@ -80,15 +84,26 @@ class PlanExits:
             return self._heads, 0.0
         val = self.workload.split("val")
         self._heads, images = fit_heads(layout, self.workload.split("calib").x, val.x, extra=self._extra)
-        return self._heads, images / len(val)
+        self._fit_cost = images / len(val)
+        return self._heads, self._fit_cost
 
     def setup(self, plan: Plan) -> tuple[ExitPolicy | None, float]:
-        """The plan's policy and the budget to charge its trial: the fit, if this plan needs it
-        first, and whatever was spent outside any trial (the priors)."""
+        """The plan's policy and the budget to charge its trial: the heads' fit and the priors' val
+        pass, to the run's first trial that needs them (`OneTimeCosts`)."""
         policy = self.policy(plan)
-        cost = self.heads()[1] if policy is not None else 0.0
-        cost, self._unpaid = cost + self._unpaid, 0.0
+        if policy is not None:
+            self.heads()
+        cost = 0.0
+        for key in self.one_time_keys(plan):
+            cost += self.one_time.charge(key, self._fit_cost if key == "exit_heads" else 1.0)
         return policy, cost
+
+    def one_time_keys(self, plan: Plan) -> set[str]:
+        """The one-time preparations a trial of `plan` is charged for, when first."""
+        keys = {"exit_heads", "exit_priors"} if self._priors else set()
+        if self.policy(plan) is not None:
+            keys.add("exit_heads")
+        return keys
 
     def predict(self, plan: Plan, x: torch.Tensor, policy: ExitPolicy) -> tuple[torch.Tensor, torch.Tensor]:
         """Predictions for `x` with the plan's weights in place, and the position in `policy.exits`
@@ -129,7 +144,7 @@ class PlanExits:
         sqrt(expected drop) / 0.5, the square root of the drop per unit of relative weight error
         the MCTS starts from. Fitting the heads and this val pass are charged to the next trial.
         """
-        heads, cost = self.heads()
+        heads, _ = self.heads()
         layout = self._layout
         assert layout is not None
         points = tuple(p.name for p in layout.backbone.points if p.name in heads)
@@ -137,7 +152,7 @@ class PlanExits:
         with ExitProbe(layout, heads, every) as probe:
             full = self.workload.logits(self.workload.split("val").x).argmax(1)
         logits = probe.logits()
-        self._unpaid += cost + 1.0
+        self._priors = True
         total = layout.backbone.total_macs
         for d in self.decisions:
             point = layout.point_of[d.layer]  # type: ignore[index]

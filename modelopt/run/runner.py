@@ -119,6 +119,8 @@ class Runner:
                 )
             self._check_same_run(cfg_path)
             self.trials = [Trial.from_json(r, self.space) for r in self.journal.read()]
+            for trial in self.trials:  # what the killed process charged once is not charged again
+                self.evaluator.mark_paid(trial.plan)
             self._restore_strategy()
         write_json_atomic(cfg_path, {**self.config, "budget": self.budget, "version": __version__})
 

@@ -92,7 +92,7 @@ def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path):
 @pytest.mark.slow
 def test_resume_after_sigkill_loses_and_repeats_nothing(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "modelopt", "optimize", "--budget", "20", "--out", str(run_dir), "--no-progress"]
+    cmd = [sys.executable, "-m", "modelopt", "optimize", "--budget", "20", "--compressors", "quantize", "--out", str(run_dir), "--no-progress"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     journal = run_dir / "trials.jsonl"
@@ -122,7 +122,7 @@ def test_resume_after_sigkill_loses_and_repeats_nothing(tmp_path):
     assert out["n_trials"] == n
 
     # The resumed run proposes what an uninterrupted run would have (the strategy state survived).
-    straight = modelopt.optimize(budget=20, out=tmp_path / "straight", progress=False)
+    straight = modelopt.optimize(budget=20, compressors=["quantize"], out=tmp_path / "straight", progress=False)
     assert [t.plan.key for t in straight.trials] == [r["plan_key"] for r in records]
     assert len(before) < n
 

@@ -1,0 +1,35 @@
+"""Preparation a run pays for once: a reference pass, a head fit, a calibration.
+
+Each is charged to the first trial that needs it, by key. A resumed run marks as paid what its
+journal's trials needed (`Evaluator.mark_paid`), so it does not pay again for work the killed
+process already charged, and spends its budget exactly as the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["OneTimeCosts"]
+
+
+class OneTimeCosts:
+    """Which one-time preparations a run has been charged for.
+
+    Example:
+        >>> costs = OneTimeCosts()
+        >>> costs.charge("norm_reference:512", 1.21), costs.charge("norm_reference:512", 1.21)
+        (1.21, 0.0)
+    """
+
+    def __init__(self) -> None:
+        self._paid: set[str] = set()
+
+    def charge(self, key: str, cost: float) -> float:
+        """`cost` the first time `key` is charged in this run, 0 after (or once marked paid)."""
+        if key in self._paid:
+            return 0.0
+        self._paid.add(key)
+        return cost
+
+    def mark_paid(self, keys: Iterable[str]) -> None:
+        self._paid.update(keys)
