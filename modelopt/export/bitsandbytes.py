@@ -5,7 +5,7 @@ pruning, re-estimated batch norms and quantize-dequantized weights included) and
 ``nn.Linear`` the plan quantizes to 8 or 4 bits for a bitsandbytes module:
 
 - INT8 -> ``bnb.nn.Linear8bitLt`` (``has_fp16_weights=False``, ``threshold=0.0``: no fp16 outlier
-  path). Per-channel and per-tensor plans load *our* int8 codes as its ``CB`` and our float16
+  path; a subclass whose int8 state follows the model's ``.to(device)``). Per-channel and per-tensor plans load *our* int8 codes as its ``CB`` and our float16
   scales as its row statistics (``SCB = scale * 127``), so its weight is exactly the one the
   evaluator scored. bitsandbytes also quantizes each input row to int8 (absmax, via float16),
   which the QDQ evaluation does not: that is where the two differ. Group-wise scales do not fit
@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch import nn
@@ -225,8 +226,8 @@ def _pre_quantization_weight(
 def _int8_linear(
     bnb: ModuleType, linear: nn.Linear, pre: torch.Tensor, spec: QuantSpec, comp: Quantize
 ) -> tuple[nn.Module, str]:
-    new = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                              has_fp16_weights=False, threshold=0.0)
+    new = _linear8bitlt(bnb)(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                             has_fp16_weights=False, threshold=0.0)
     if linear.bias is not None:
         new.bias = nn.Parameter(linear.bias.detach().float().cpu().clone(), requires_grad=False)
     if spec.granularity is not Granularity.GROUP:
@@ -240,6 +241,45 @@ def _int8_linear(
     # One scale per row cannot hold group-wise scales: bitsandbytes quantizes the weight (on `.to`).
     new.weight = bnb.nn.Int8Params(pre.detach().float().cpu().clone(), requires_grad=False, has_fp16_weights=False)
     return new, "bitsandbytes"
+
+
+def _linear8bitlt(bnb: ModuleType) -> type[nn.Module]:
+    """bitsandbytes' Linear8bitLt whose int8 state moves with it (`Module.to` of a parent included).
+
+    A parent's ``.to(device)`` runs ``Module._apply``, which swaps each parameter's ``.data`` but
+    not the ``CB``/``SCB`` attributes bitsandbytes keeps on the weight (and, after the first call,
+    in ``state``), and never calls the child's own ``to``: a model built on the CPU and moved to
+    CUDA then fails with "Expected a cuda device, but got: cpu". This subclass applies the same
+    move to them.
+    """
+    cls = _CLASSES.get("Linear8bitLt")
+    if cls is None:
+
+        def _apply(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
+            bnb.nn.Linear8bitLt._apply(self, fn, recurse)
+            w = self.weight
+            for holder in (w, self.state):
+                if getattr(holder, "CB", None) is not None:
+                    holder.CB = w.data  # the codes are the weight's data (bitsandbytes aliases them)
+                scb = getattr(holder, "SCB", None)
+                if scb is not None:
+                    holder.SCB = fn(scb).to(scb.dtype)  # a device move; the statistics stay float32
+            return self
+
+        cls = type("Linear8bitLt", (bnb.nn.Linear8bitLt,), {"_apply": _apply, "__module__": __name__,
+                                                             "__doc__": _linear8bitlt.__doc__})
+        _CLASSES["Linear8bitLt"] = cls
+    return cls
+
+
+_CLASSES: dict[str, type[nn.Module]] = {}
+
+
+def __getattr__(name: str) -> Any:
+    # Pickle finds the subclass by name here, building it on first use (bitsandbytes stays lazy).
+    if name == "Linear8bitLt":
+        return _linear8bitlt(_bnb())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _4bit_linear(bnb: ModuleType, linear: nn.Linear, pre: torch.Tensor, quant_type: str, device: torch.device

@@ -64,6 +64,8 @@ FORMAT_VERSION = 4  # 2: sparse and structurally pruned layers; 3: quantized inp
 # Older files still load.
 _READS = (1, 2, 3, 4)
 SUFFIX = ".pt"
+# eps of every folded batch norm: positive (CUDA refuses 0) and a power of two (exact in float32).
+FOLDED_EPS = 2.0**-17
 
 
 def _spec_str(spec: QuantSpec) -> str:
@@ -256,7 +258,7 @@ def load(path: str | Path, model: nn.Module | None = None) -> nn.Module:
     Quantized weights are dequantized from their codes and scales exactly as the evaluator did;
     pruned weights are zero where the mask says so; structurally pruned blocks are rebuilt with
     their smaller conv1 / norm / conv2 (`remove_channels`); batch norms get their folded scale and
-    shift (with zero mean, unit variance and eps 0), from re-estimated statistics after pruning.
+    shift (zero mean, and variance plus a positive eps exactly 1), from re-estimated statistics after pruning.
     Layers whose inputs the plan quantizes get forward pre-hooks that quantize-dequantize them
     with the stored scale and zero point, as the evaluator did (`install_input_quantizers`).
 
@@ -385,16 +387,21 @@ def _n_scales(shape: list[int], spec: QuantSpec) -> int:
 
 
 def _set_affine(bn: nn.modules.batchnorm._BatchNorm, scale: torch.Tensor, shift: torch.Tensor) -> None:
-    """Makes `bn` compute x * scale + shift exactly: mean 0, variance 1, eps 0."""
+    """Makes `bn` compute x * scale + shift, with a positive eps (CUDA's batch norm refuses eps 0)."""
     assert bn.running_mean is not None and bn.running_var is not None
-    bn.eps = 0.0
     if bn.weight is not None and bn.bias is not None:
+        # Mean 0 and variance 1 - eps: with eps a power of two, 1 - eps and var + eps = 1 are exact
+        # in float32, so the norm multiplies by exactly rsqrt(1) = 1 on every device.
+        bn.eps = FOLDED_EPS
         bn.weight.data = scale.clone()
         bn.bias.data = shift.clone()
         bn.running_mean.data = torch.zeros_like(scale)
-        bn.running_var.data = torch.ones_like(scale)
-    else:  # no affine parameters: express the same map through the statistics
-        bn.running_var.data = 1.0 / scale**2
+        bn.running_var.data = torch.full_like(scale, 1.0 - FOLDED_EPS)
+    else:  # no affine parameters: express the same map through the statistics, var + eps = 1 / scale^2
+        inv = 1.0 / scale.double() ** 2
+        # eps far below every channel's 1 / scale^2 (to about float32's precision), so var stays positive.
+        bn.eps = min(FOLDED_EPS, 2.0 ** (math.floor(math.log2(float(inv.min()))) - 24))
+        bn.running_var.data = (inv - bn.eps).float()
         bn.running_mean.data = -shift / scale
 
 

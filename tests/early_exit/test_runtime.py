@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _norms import assert_norms_run_on_cuda
 
 import modelopt
 from modelopt.api import build_compressors, default_compressors
@@ -122,6 +123,7 @@ def test_an_exit_plan_exports_and_loads_as_the_module_that_stops_early(ee, resne
     assert m.size_bytes <= path.stat().st_size <= 1.05 * m.size_bytes
     net = load(path)
     assert type(net).__name__ == "EarlyExitNet" and net.policy == ee.exit_policy(plan)
+    assert_norms_run_on_cuda(net)
     val = resnet20_workload.split("val")
     with torch.inference_mode():
         logits, exit_at = net.forward_with_exits(val.x.cpu())

@@ -61,7 +61,7 @@ def test_int8_fc_becomes_linear8bitlt_with_our_codes(bnb, r20_evaluator, r20_pla
     plan = r20_plans["int8_per_channel"]
     model = to_bitsandbytes(r20_evaluator, plan)
     fc = getattr(model, FC)
-    assert type(fc) is bnb.nn.Linear8bitLt
+    assert isinstance(fc, bnb.nn.Linear8bitLt) and type(fc).__name__ == "Linear8bitLt"
     convs = [type(m) for m in model.modules() if isinstance(m, nn.Conv2d)]
     assert convs == [nn.Conv2d] * sum(x.kind.value == "conv" for x in r20_evaluator.workload.layers)
     x = r20_evaluator.workload.split("val").x[:64]
@@ -100,6 +100,55 @@ def test_int8_agrees_with_qdq(bnb, r20_evaluator, r20_plans):
     diff = (out - _qdq_logits(r20_evaluator, plan, x)).abs()
     assert (diff <= bound).all(), float((diff - bound).max())
     assert a.max_abs_logit_diff == pytest.approx(float(diff.max()), rel=1e-5)
+
+
+def _int8_tensors(fc) -> dict[str, torch.Tensor]:
+    """Every tensor an int8 module's forward reads: its weight, bias, and the codes and row
+    statistics bitsandbytes keeps on the weight (before the first call) or in `state` (after)."""
+    found = {"weight": fc.weight.data, "bias": fc.bias.data}
+    for holder, where in ((fc.weight, "weight"), (fc.state, "state")):
+        for name in ("CB", "SCB"):
+            if getattr(holder, name, None) is not None:
+                found[f"{where}.{name}"] = getattr(holder, name)
+    return found
+
+
+@pytest.mark.parametrize("called", (False, True), ids=("before_first_call", "after_first_call"))
+def test_int8_state_follows_the_models_move(bnb, r20_evaluator, r20_plans, called):
+    """`model.to(device)` runs `Module._apply(fn)` with fn = `t.to(device)`: each tensor is
+    replaced by fn's result. Every tensor the int8 fc reads must be one of those results, or it
+    stays behind on the old device ("Expected a cuda device, but got: cpu" on CUDA). On the CPU a
+    copying fn stands in for the move: a left-behind tensor is one fn never returned."""
+    x = r20_evaluator.workload.split("val").x[:32]
+    want = _run(to_bitsandbytes(r20_evaluator, r20_plans["int8_per_channel"]), x)
+    model = to_bitsandbytes(r20_evaluator, r20_plans["int8_per_channel"])
+    fc = getattr(model, FC)
+    if called:
+        _run(model, x)
+        assert "state.CB" in _int8_tensors(fc)
+    else:
+        assert "weight.CB" in _int8_tensors(fc) and "state.CB" not in _int8_tensors(fc)
+    moved: set[int] = set()
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        out = t.detach().clone()
+        moved.add(out.data_ptr())
+        return out
+
+    model._apply(move)
+    stale = [name for name, t in _int8_tensors(fc).items() if t.data_ptr() not in moved]
+    assert not stale, stale
+    assert torch.equal(_run(model, x), want)
+
+
+def test_int8_model_pickles(bnb, r20_evaluator, r20_plans):
+    import pickle
+
+    model = to_bitsandbytes(r20_evaluator, r20_plans["int8_per_channel"])
+    x = r20_evaluator.workload.split("val").x[:32]
+    again = pickle.loads(pickle.dumps(model))
+    assert type(getattr(again, FC)) is type(getattr(model, FC))
+    assert torch.equal(_run(again, x), _run(model, x))
 
 
 @pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
@@ -184,3 +233,21 @@ def test_on_cuda_agrees_with_qdq(bnb):
     assert int4.agreement >= 0.97, int4
     model = to_bitsandbytes(ev, ev.space.uniform("quantize", QuantSpec(8)))
     assert next(getattr(model, FC).parameters()).is_cuda
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_model_built_on_the_cpu_runs_after_to_cuda(bnb, r20_evaluator, r20_plans):
+    x = r20_evaluator.workload.split("val").x
+    for plan, name in ((r20_plans["int8_per_channel"], "Linear8bitLt"), (r20_plans["int4_per_channel"], "Linear4bit")):
+        model = to_bitsandbytes(r20_evaluator, plan)  # built on the CPU workload's device
+        on_cpu = _run(model, x)
+        model.to("cuda")
+        fc = getattr(model, FC)
+        assert type(fc).__name__ == name
+        if name == "Linear8bitLt":
+            assert all(t.is_cuda for t in _int8_tensors(fc).values())
+        on_cuda = _run(model, x.cuda()).cpu()
+        assert (on_cuda.argmax(1) == on_cpu.argmax(1)).float().mean() >= 0.99, name
+        model.to("cpu")  # and back
+        assert (_run(model, x).argmax(1) == on_cpu.argmax(1)).float().mean() >= 0.99, name

@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from _norms import assert_norms_run_on_cuda
 from typer.testing import CliRunner
 
 import modelopt
@@ -40,6 +41,7 @@ def test_export_best_and_trial(run_dir, r20_evaluator):
     plan = r20_evaluator.space.uniform("quantize", QuantSpec(4))
     assert os.path.getsize(path) <= 1.05 * r20_evaluator.size_bytes(plan)
     net = modelopt.load(path)
+    assert_norms_run_on_cuda(net)
     assert net.conv1.weight.unique().numel() <= 16 * 16  # 16 output channels x 16 int4 codes
     p8 = modelopt.export(run_dir, plan=1, out=run_dir / "t1.pt")
     assert os.path.getsize(p8) > 1.8 * os.path.getsize(path)  # trial 1 is the INT8 plan
@@ -83,6 +85,7 @@ def test_a_real_run_exports_and_reloads(tmp_path):
     path = result.run_dir / "model-best.pt"
     assert result.best.metrics.size_bytes <= os.path.getsize(path) <= 1.05 * result.best.metrics.size_bytes
     net = modelopt.load(path)
+    assert_norms_run_on_cuda(net)
     wl = modelopt.build_workload(device="cpu")
     x, y = wl.split("val").x, wl.split("val").y
     with torch.inference_mode():

@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from _norms import assert_norms_run_on_cuda
 from torch import nn
 
 from modelopt.api import build_compressors, build_workload
@@ -34,6 +35,7 @@ def test_reload_is_the_evaluated_model(r20_evaluator, r20_plans, tmp_path, name)
     wl = r20_evaluator.workload
     net = load(export_packed(r20_evaluator, plan, tmp_path / "m.pt"))  # rebuilt from the zoo by name
     assert net is not wl.model and not net.training
+    assert_norms_run_on_cuda(net)
     expected = r20_evaluator.compressed_weights(plan)
     layers = compressible_modules(net)
     assert set(expected) == set(layers)
@@ -91,6 +93,7 @@ def test_load_onto_a_skeleton_for_models_outside_the_zoo(tmp_path):
     with pytest.raises(LoadError, match="cannot be rebuilt by name"):
         load(path)
     net = load(path, model=SmallNet())
+    assert_norms_run_on_cuda(net)
     x = wl.split("val").x[:64]
     with wl.weights(ev.compressed_weights(plan)):
         want = wl.logits(x)
@@ -110,6 +113,7 @@ def test_quantized_inputs_are_stored_counted_and_reloaded(r20_evaluator, tmp_pat
     weight_only = r20_evaluator.space.parse_plan({"default": {"quantize": weights}})
     assert accounted == r20_evaluator.size_bytes(weight_only) + 5 * len(wl.layers)  # float32 scale + uint8 zero
     net = load(path)
+    assert_norms_run_on_cuda(net)
     # The reloaded model quantizes each layer's input with exactly the evaluator's scale and zero point.
     expected, _ = r20_evaluator.input_qparams(plan)
     layers = compressible_modules(net)
@@ -124,3 +128,33 @@ def test_quantized_inputs_are_stored_counted_and_reloaded(r20_evaluator, tmp_pat
     # Folded norms round differently, which can move an input across a code boundary: close, same top-1.
     assert (out.argmax(1) == want.argmax(1)).float().mean() >= 0.99
     assert (out - want).abs().mean() < 0.01
+
+
+@pytest.mark.parametrize("affine", (True, False))
+def test_folded_norms_keep_a_positive_eps_and_compute_the_fold(tmp_path, affine):
+    """CUDA's batch norm refuses eps 0, so the folded x * scale + shift is stored with a positive eps."""
+    torch.manual_seed(1)
+    src = SmallNet()
+    src.bn = nn.BatchNorm2d(8, affine=affine)
+    with torch.no_grad():
+        src.bn.running_mean.uniform_(-1, 1)
+        src.bn.running_var.uniform_(1e-3, 50)  # wide: scales from ~0.14 to ~30
+        if affine:
+            src.bn.weight.uniform_(-2, 2)
+            src.bn.bias.uniform_(-1, 1)
+    wl = build_workload(src.eval(), "cifar10-sample", device="cpu")
+    space = SearchSpace(wl.layers, build_compressors())
+    ev = Evaluator(wl, space)
+    net = load(export_packed(ev, space.plan(), tmp_path / "float.pt"), model=SmallNet())
+    assert_norms_run_on_cuda(net)
+    bn = src.bn
+    scale = torch.rsqrt(bn.running_var + bn.eps) * (bn.weight if affine else 1)
+    shift = (bn.bias if affine else 0) - bn.running_mean * scale
+    x = torch.randn(4, 8, 5, 5)
+    with torch.inference_mode():
+        want = x * scale[:, None, None] + shift[:, None, None]
+        got = net.bn(x)
+    if affine:  # variance + eps is exactly 1: the norm multiplies by the stored scale itself
+        assert torch.equal(net.bn.running_var + net.bn.eps, torch.ones(8))
+        assert torch.equal(net.bn.running_mean, torch.zeros(8))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

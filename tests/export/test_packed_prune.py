@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from _norms import assert_norms_run_on_cuda
 
 from modelopt.api import build_compressors
 from modelopt.evaluator import Evaluator
@@ -51,6 +52,7 @@ def test_file_is_size_bytes_and_reloads_the_evaluated_model(ev, tmp_path, name):
                  if k in payload)
     assert stored == accounted  # every accounted byte is a stored byte, and no more
     net = load(path)
+    assert_norms_run_on_cuda(net)
     layers = compressible_modules(net)
     kept = ev.kept_channels(plan)
     expected = ev.compressed_weights(plan)
