@@ -26,9 +26,33 @@ def _heads_and_policy(r20):
     heads = fit_exit_heads(calib, EXITS, FitConfig(HeadSpec((1, 2), (1,)), l2=1e-2))
     table = exit_table(heads, val, bb)
     # Thresholds at each exit's median confidence among the samples that reach it: all exits fire.
-    thr = [float(c.median()) for c in table.confidence]
-    thr[0] = float(table.confidence[0].quantile(0.9))
+    # Each threshold halfway between two samples' confidences, so none sits on one.
+    thr = [_between(c, 0.5) for c in table.confidence]
+    thr[0] = _between(table.confidence[0], 0.9)
     return bb, heads, table, ExitPolicy(tuple(EXITS), tuple(thr))
+
+
+def _between(conf: torch.Tensor, q: float) -> float:
+    c = conf.sort().values
+    k = int(q * (len(c) - 1))
+    return float((c[k] + c[k + 1]) / 2)
+
+
+# A confidence (or a top-2 logit gap) within TOL of its threshold (tie) may round to either side in
+# another kernel: batch 1 against batched, one CPU against another. TOL is far above that rounding
+# (~1e-7 for a float32 softmax) and far below the gaps between the samples' confidences.
+TOL = 1e-4
+
+
+def _fragile(table, policy, exit_at: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Samples whose exit or prediction float rounding may decide: a confidence near a threshold
+    it is compared with, or a near tie between the top two logits it returns."""
+    near = torch.zeros(len(exit_at), dtype=torch.bool)
+    for j, (name, thr) in enumerate(zip(policy.exits, policy.thresholds)):
+        reached = exit_at >= j
+        near |= reached & ((table.confidence[table.exits.index(name)] - thr).abs() < TOL)
+    top2 = logits.topk(2, dim=1).values
+    return near | (top2[:, 0] - top2[:, 1] < TOL)
 
 
 def test_batch1_and_batched_module_equal_the_evaluator(r20):
@@ -40,9 +64,13 @@ def test_batch1_and_batched_module_equal_the_evaluator(r20):
     with torch.inference_mode():
         one = torch.cat([net(x_val[i : i + 1]) for i in range(len(x_val))]).argmax(1)
         batched, where = net.forward_with_exits(x_val)
-    assert torch.equal(one, pred)
-    assert torch.equal(batched.argmax(1), pred)
-    assert torch.equal(where, exit_at)
+    # What is guaranteed: every sample that rounding cannot decide exits and predicts the same in
+    # all three; the thresholds sit between samples, so (almost) every sample is such a one.
+    sure = ~_fragile(table, policy, exit_at, batched)
+    assert int(sure.sum()) >= len(x_val) - 1, int((~sure).sum())
+    assert torch.equal(one[sure], pred[sure])
+    assert torch.equal(batched.argmax(1)[sure], pred[sure])
+    assert torch.equal(where[sure], exit_at[sure])
 
 
 def test_samples_that_never_exit_get_the_models_logits(r20):
