@@ -21,10 +21,11 @@ from modelopt.models import LoadedModel, load_model
 from modelopt.objective import Objective, Target
 from modelopt.plan import Plan
 from modelopt.plan_latency import LatencySpec, PlanLatency
+from modelopt.run.preflight import preflight
 from modelopt.run.runner import CONFIG, Runner, RunResult
 from modelopt.search import STRATEGIES
-from modelopt.space import SearchSpace
-from modelopt.workload import Workload
+from modelopt.space import SearchSpace, read_plan_file
+from modelopt.workload import Workload, check_split
 
 # None: every registered compressor that can lower the run's objective on its model (`default_compressors`).
 DEFAULT_COMPRESSORS: Sequence[str] | None = None
@@ -144,6 +145,9 @@ def evaluate(
         >>> m = modelopt.evaluate("cifar10_resnet20", {"default": {"quantize": {"bits": 8}}}, split="test")
         >>> round(m.retention, 3), round(m.compression, 2)
     """
+    check_split(split)  # what needs no model is checked before it loads
+    if isinstance(plan, (str, Path)):
+        read_plan_file(plan)
     wl = build_workload(model, data, weights=weights, device=device, data_seed=data_seed, allow_pickle=allow_pickle)
     if compressors is None:  # a plan may use any compressor that can handle the model
         compressors = sorted({n for t in ("size", "macs") for n in default_compressors(t, wl.model)})
@@ -173,11 +177,13 @@ def load_exit_images(wl: Workload, path: str | Path, n: int = 10000, seed: int =
                           "images would leak them: pass other images (e.g. the training set)")
     if not isinstance(n, int) or n < 1:
         raise ConfigError(f"exit_images must be a positive number of images, got {n!r}")
-    try:
-        with np.load(p, allow_pickle=False) as f:
-            total = len(f["y"]) if "y" in f.files else len(f["x"])
-    except (OSError, ValueError, KeyError) as exc:
-        raise LoadError(f"could not read {str(p)!r} as an .npz of images (x or jpeg + offsets): {exc}") from None
+    from modelopt.data_readers import NpzArchive
+
+    with NpzArchive(p) as f:
+        if "y" not in f.files and "x" not in f.files:
+            raise LoadError(f"{str(p)!r} has arrays {sorted(f.files)}; expected an .npz of images (x, or jpeg + "
+                            "offsets, with y)")
+        total = len(f["y"]) if "y" in f.files else len(f["x"])
     idx = np.sort(np.random.default_rng(seed).permutation(total)[: min(n, total)])
     x, _ = read_images(p, idx)
     return wl.prepare(torch.from_numpy(x))
@@ -201,7 +207,14 @@ def saved_run_config(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / CONFIG
     if not path.is_file():
         raise LoadError(f"{str(run_dir)!r} is not a modelopt run folder (no {CONFIG})")
-    return json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise LoadError(f"{str(path)!r} is not readable as a run's settings ({exc}); it is not a modelopt run "
+                        "folder, or its run.json was damaged") from None
+    if not isinstance(config, dict):
+        raise LoadError(f"{str(path)!r} holds no run settings; it is not a modelopt run folder")
+    return config
 
 
 def optimize(
@@ -288,6 +301,7 @@ def optimize(
         COMPRESSORS.get(name)
     if resume and out is None:
         out = latest_run_dir()
+    preflight(budget, out)  # a bad budget or an unwritable or busy --out fails before the model loads
     if isinstance(model, Workload):  # reuse one resident workload across runs (sweeps)
         wl = model
     else:

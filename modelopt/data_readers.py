@@ -9,6 +9,8 @@ from __future__ import annotations
 import io
 import logging
 import pickle
+import zipfile
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -58,15 +60,61 @@ def _check_labels(y: np.ndarray, n: int, where: str) -> np.ndarray:
     return y.astype(np.int64)
 
 
+class NpzArchive:
+    """An .npz archive opened without unpickling. Its errors name the file and what is wrong, never
+    numpy's advice to load it unsafely (modelopt does not unpickle data).
+
+    Example:
+        >>> with NpzArchive("data.npz") as f:
+        ...     x, y = f["x"], f["y"]
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.where = repr(str(path))
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(4)
+        except OSError as e:
+            raise LoadError(f"could not read {self.where}: {e.strerror or e}") from None
+        if head[:2] != b"PK":  # every .npz is a zip archive
+            kind = "a single .npy array" if head.startswith(b"\x93NUM") else "not a zip archive"
+            raise LoadError(f"{self.where} is not an .npz archive ({kind}); write one with "
+                            "numpy.savez(path, x=images, y=labels)")
+        try:
+            self._f = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, zipfile.BadZipFile) as e:
+            raise LoadError(f"could not read {self.where} as an .npz archive: {e}") from None
+
+    @property
+    def files(self) -> list[str]:
+        return list(self._f.files)
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        try:
+            return self._f[key]
+        except ValueError as e:
+            if "allow_pickle" in str(e):
+                raise LoadError(f"array {key!r} in {self.where} holds Python objects; modelopt reads only numeric "
+                                "arrays (object arrays would need unpickling)") from None
+            raise LoadError(f"array {key!r} in {self.where} is damaged: {e}") from None
+        except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+            raise LoadError(f"array {key!r} in {self.where} is damaged: {e}") from None
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> NpzArchive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def _read_npz(
     path: Path, max_samples: int | None, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     where = repr(str(path))
-    try:
-        f = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise LoadError(f"could not read {where} as an .npz archive: {e}") from None
-    with f:
+    with NpzArchive(path) as f:
         keys = set(f.files)
         if {"x", "y"} <= keys:
             y = f["y"]

@@ -34,5 +34,9 @@ class UnknownNameError(ConfigError):
         super().__init__(f"unknown {kind} {name!r}{near}; valid: {shown}")
 
 
+class StorageError(ModeloptError):
+    """A file could not be written (a full disk, a read-only folder); what was written before stays valid."""
+
+
 class TrialError(ModeloptError):
     """A trial could not be evaluated (crash or non-finite output); the run records it and goes on."""

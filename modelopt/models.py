@@ -163,11 +163,18 @@ def _looks_like_path(source: str) -> bool:
 def _read(path: Path, allow_pickle: bool) -> Any:
     if not path.is_file():
         raise LoadError(f"no such model or weights file: {str(path)!r}")
+    if not _torch_save_format(path):  # random bytes, text: torch's own message would advise unpickling
+        raise LoadError(f"cannot read {str(path)!r} as a PyTorch checkpoint: it is neither a torch.save zip "
+                        "archive nor a pickle (a truncated download, or another kind of file?)")
     try:
         return torch.load(path, map_location="cpu", weights_only=not allow_pickle)
     except pickle.UnpicklingError as exc:
-        if allow_pickle or "weights_only" not in str(exc).lower().replace(" ", "_"):
-            raise LoadError(f"cannot read {str(path)!r} as a PyTorch checkpoint: {_first_line(exc)}") from exc
+        text = str(exc)
+        if allow_pickle or not ("Unsupported global" in text or "can still be loaded" in text):
+            # Not an object the safe loader refused: a damaged file. Torch's text says to retry unsafely.
+            raise LoadError(f"cannot read {str(path)!r} as a PyTorch checkpoint: it is damaged or not one "
+                            f"({_first_line(exc) if allow_pickle else 'the safe loader found no valid pickle'})"
+                            ) from None
         raise LoadError(
             f"{str(path)!r} holds a pickled Python object (e.g. a whole nn.Module), not only tensors; "
             "unpickling can run arbitrary code, so pass --allow-pickle (allow_pickle=True) only if you trust it"
@@ -314,6 +321,16 @@ def _ready(loaded: LoadedModel) -> LoadedModel:
 def _few(items: list[str], n: int = 3) -> str:
     more = f" (+{len(items) - n} more)" if len(items) > n else ""
     return ", ".join(items[:n]) + more
+
+
+def _torch_save_format(path: Path) -> bool:
+    """Whether the file starts as torch.save writes: a zip archive, or a pickle (protocol 2-5)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError as exc:
+        raise LoadError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    return head == b"PK" or (len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5)
 
 
 def _first_line(exc: BaseException) -> str:

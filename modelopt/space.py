@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from modelopt._files import write_atomic
 from modelopt.compressors._base import Choice, Compressor
 from modelopt.compressors._registry import COMPRESSORS
 from modelopt.errors import ConfigError, LoadError, UnknownNameError
@@ -171,21 +172,10 @@ class SearchSpace:
 
     def load_plan(self, path: str | Path) -> Plan:
         """Reads a plan YAML file (safe_load)."""
-        path = Path(path)
-        if not path.exists():
-            raise LoadError(f"plan file {str(path)!r} does not exist")
-        if not path.is_file():
-            raise LoadError(f"plan file {str(path)!r} is a folder; pass a YAML file")
-        try:
-            doc = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"plan file {str(path)!r} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-        return self.parse_plan(doc if doc is not None else {})
+        return self.parse_plan(read_plan_file(path))
 
     def save_plan(self, plan: Plan, path: str | Path) -> None:
-        Path(path).write_text(yaml.safe_dump(self.dump_plan(plan), sort_keys=False))
+        write_atomic(path, yaml.safe_dump(self.dump_plan(plan), sort_keys=False))
 
     def plan_from_flat(self, flat: Mapping[str, Any]) -> Plan:
         """Inverse of `Plan.to_flat` (the journal's form)."""
@@ -213,3 +203,31 @@ def _freeze(v: Any) -> Any:
 
 def _thaw(v: Any) -> Any:
     return dict(v) if isinstance(v, tuple) else v
+
+
+def read_plan_file(path: str | Path) -> dict[str, Any]:
+    """A plan YAML file's document (safe_load), checked as far as it can be without the model.
+
+    Raises:
+        LoadError: the file does not exist or is a folder.
+        ConfigError: it is not valid YAML, or not a mapping.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise LoadError(f"plan file {str(path)!r} does not exist")
+    if not path.is_file():
+        raise LoadError(f"plan file {str(path)!r} is a folder; pass a YAML file")
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"plan file {str(path)!r} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    except (UnicodeDecodeError, OSError) as exc:
+        raise LoadError(f"cannot read plan file {str(path)!r} as text: {exc}") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"plan file {str(path)!r} holds a {type(doc).__name__}, not a plan (a mapping with "
+                          "'default' and 'layers')")
+    return doc

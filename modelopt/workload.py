@@ -18,6 +18,12 @@ from modelopt.models import LoadedModel
 SPLITS = ("calib", "val", "test", "all")
 
 
+def check_split(name: str) -> None:
+    """Raises ConfigError unless `name` is a split a workload has (checkable before any loading)."""
+    if name not in SPLITS:
+        raise ConfigError(f"unknown split {name!r}; valid: {', '.join(SPLITS)}")
+
+
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """'auto' is CUDA when present, else the CPU; an unavailable device is a clear error."""
     if str(device) == "auto":
@@ -143,8 +149,7 @@ class Workload:
         if name == "all":
             v, t = self.splits["val"], self.splits["test"]
             return SplitData(torch.cat([v.x, t.x]), torch.cat([v.y, t.y]), torch.cat([v.base_pred, t.base_pred]))
-        if name not in self.splits:
-            raise ConfigError(f"unknown split {name!r}; valid: {', '.join(SPLITS)}")
+        check_split(name)
         return self.splits[name]
 
     def baseline_accuracy(self, split: str = "val") -> float:

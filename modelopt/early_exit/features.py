@@ -79,11 +79,9 @@ def read_images(path: str | Path, indices: Sequence[int] | np.ndarray | None = N
     Example:
         >>> x, y = read_images("../shared/data/cifar10/cifar10_jpeg_test.npz", range(846, 1846))
     """
-    try:
-        f = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise LoadError(f"could not read {str(path)!r} as an .npz archive: {e}") from None
-    with f:
+    from modelopt.data_readers import NpzArchive
+
+    with NpzArchive(path) as f:
         y = f["y"]
         idx = np.arange(len(y)) if indices is None else np.asarray(indices, dtype=np.int64)
         if "x" in f.files:

@@ -18,7 +18,7 @@ from modelopt.compressors.quantize import Quantize, QuantSpec, quantize
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluator import Evaluator
 from modelopt.plan import Plan
-from modelopt.space import SearchSpace
+from modelopt.space import SearchSpace, read_plan_file
 from modelopt.workload import Workload
 
 PlanRef = str | int | Path | Plan | Mapping[str, Any]
@@ -108,9 +108,11 @@ def _check_plan_ref(plan: PlanRef, run_dir: Path) -> None:
     if isinstance(plan, int) and not isinstance(plan, bool) or isinstance(plan, str) and plan.isdigit():
         _trial_record(int(plan), run_dir)
     elif plan == "best":
-        _best_path(run_dir)
-    elif isinstance(plan, (str, Path)) and not Path(plan).is_file():
-        raise LoadError(f"plan file {str(plan)!r} does not exist; pass 'best', a trial number or a plan YAML file")
+        read_plan_file(_best_path(run_dir))
+    elif isinstance(plan, (str, Path)):
+        if not Path(plan).is_file():
+            raise LoadError(f"plan file {str(plan)!r} does not exist; pass 'best', a trial number or a plan YAML file")
+        read_plan_file(plan)
 
 
 def _plan(plan: PlanRef, space: SearchSpace, run_dir: Path | None) -> tuple[Plan, str]:

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from modelopt._files import write_atomic
+
 __all__ = ["Block", "Figure", "Heading", "Markdown", "Paragraph", "ReportPaths", "Table", "render_html",
            "render_markdown", "write_document"]
 
@@ -207,9 +209,10 @@ def write_document(out_dir: Path, blocks: Sequence[Block], title: str) -> Report
     for b in blocks:
         if isinstance(b, Figure):
             path = img_dir / f"{b.name}.png"
-            path.write_bytes(b.png)
+            write_atomic(path, b.png, durable=False)
             images.append(path)
     md, page = out_dir / REPORT_MD, out_dir / REPORT_HTML
-    md.write_text(render_markdown(blocks, IMAGES), encoding="utf-8")
-    page.write_text(render_html(blocks, title), encoding="utf-8")
+    # Atomic: a reader (or a report written at the same time) sees a whole page, never half of one.
+    write_atomic(md, render_markdown(blocks, IMAGES), durable=False)
+    write_atomic(page, render_html(blocks, title), durable=False)
     return ReportPaths(md, page, tuple(images))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
-from modelopt.errors import LoadError
+from modelopt._files import write_json_atomic
+from modelopt.errors import LoadError, StorageError
 
 
 class Journal:
@@ -46,26 +48,35 @@ class Journal:
         return records
 
     def append(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        """Appends one line, fsynced. If the write fails (a full disk), the partial line is cut off
+        again, so the journal holds exactly the trials before it.
+
+        Raises:
+            ValueError: `record` holds a NaN or an infinity; nothing is written.
+            StorageError: the line could not be written.
+        """
+        line = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode("utf-8")
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise StorageError(f"cannot write the journal {str(self.path)!r}: {exc.strerror or exc}") from None
+        start = os.fstat(fd).st_size  # one writer (the run folder's lock): where this line begins
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+                os.fsync(fd)
+            n = len(self.read())
+            raise StorageError(
+                f"cannot append to the journal {str(self.path)!r}: {exc.strerror or exc}; it keeps the {n} "
+                "trials before this one: free space and rerun with --resume"
+            ) from None
+        finally:
+            os.close(fd)
 
 
-def write_json_atomic(path: str | Path, obj: Any, *, durable: bool = True) -> None:
-    """Writes JSON so a reader sees the old file or the new one, never half of one.
-
-    `durable=False` skips fsync: the file still survives a killed process (the kernel has
-    it), only not a power cut; for state that the journal can rebuild.
-    """
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        # One dumps + write: json.dump streams small chunks and costs ~10x more (search overhead).
-        f.write(json.dumps(obj, indent=None if not durable else 1, separators=None if durable else (",", ":"),
-                           allow_nan=False))
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+__all__ = ["Journal", "write_json_atomic"]

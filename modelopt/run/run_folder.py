@@ -20,6 +20,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from modelopt._files import write_atomic
 from modelopt.errors import LoadError
 from modelopt.metrics import Metrics
 from modelopt.layers import Layer, LayerKind
@@ -228,7 +229,7 @@ def save_layers(run_dir: str | Path, layers: Sequence[Layer]) -> Path:
         {"name": layer.name, "kind": layer.kind.value, "weight_shape": list(layer.weight_shape), "macs": layer.macs,
          "has_bias": layer.has_bias, "channel_norm": layer.channel_norm, "channel_consumer": layer.channel_consumer}
         for layer in layers]}
-    path.write_text(json.dumps(doc, indent=1))
+    write_atomic(path, json.dumps(doc, indent=1))
     return path
 
 

@@ -21,6 +21,7 @@ from modelopt.objective import Objective, Target, best_of, pareto_front
 from modelopt.plan import Plan
 from modelopt.plan_latency import PlanLatency
 from modelopt.run.journal import Journal, write_json_atomic
+from modelopt.run.lock import lock_run_folder
 from modelopt.search._base import Strategy
 from modelopt.trial import Trial, TrialStatus
 
@@ -85,8 +86,8 @@ class Runner:
         fidelity: Fidelity | None = None,
         latency: PlanLatency | None = None,
     ) -> None:
-        if budget <= 0:
-            raise ConfigError(f"budget must be positive, got {budget!r}")
+        if not 0 < budget < math.inf:
+            raise ConfigError(f"budget must be a positive number, got {budget!r}")
         self.evaluator, self.strategy, self.objective = evaluator, strategy, objective
         self.space = evaluator.space
         self.budget = float(budget)
@@ -108,6 +109,7 @@ class Runner:
     def _open(self) -> None:
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise ConfigError(f"run folder {str(self.run_dir)!r} is a file; pass a folder to --out")
+        self._lock = lock_run_folder(self.run_dir)  # held while this runner lives: one writer per folder
         self.run_dir.mkdir(parents=True, exist_ok=True)
         cfg_path = self.run_dir / CONFIG
         if self.journal.exists() or cfg_path.exists():

@@ -1,0 +1,57 @@
+"""What can be checked about a run before its model and data load (which takes seconds to minutes):
+the budget, and whether the run folder can be written and is free. The runner checks the same
+things again when it opens the folder; this only makes a bad option fail at once."""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import tempfile
+from pathlib import Path
+
+from modelopt.errors import ConfigError, StorageError
+from modelopt.run.lock import check_unlocked
+
+
+def check_budget(budget: float) -> None:
+    """Raises ConfigError unless `budget` is a positive finite number."""
+    if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not 0 < budget < math.inf:
+        raise ConfigError(f"budget must be a positive number of full evaluations, got {budget!r}")
+
+
+def check_run_folder(out: str | Path | None) -> None:
+    """Raises if `out` cannot hold a run: a file, not writable, or locked by another process.
+
+    A folder that does not exist yet is checked through its nearest existing parent.
+    """
+    if out is None:
+        return
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"run folder {str(path)!r} is a file; pass a folder to --out")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:  # a real write (os.access says yes to root even where the file system says no)
+        if not existing.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        where = "" if existing == path else f" (in {str(existing)!r})"
+        raise StorageError(f"cannot write to run folder {str(path)!r}{where}: {exc.strerror or exc}; "
+                           "pass a writable --out") from None
+    check_unlocked(path)
+
+
+def preflight(budget: float, out: str | Path | None) -> None:
+    """`check_budget` and `check_run_folder`: a run's settings that need no model.
+
+    Example:
+        >>> preflight(float("nan"), "runs/r20")
+        Traceback (most recent call last):
+        ConfigError: budget must be a positive number of full evaluations, got nan
+    """
+    check_budget(budget)
+    check_run_folder(out)

@@ -1,0 +1,106 @@
+"""Bad input that needs no model fails before the model and data load: one line, exit 2, no file left."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import modelopt.api
+from modelopt.cli import app
+from modelopt.run.lock import lock_run_folder
+from modelopt.testing.cli import assert_one_line_error
+
+runner = CliRunner()
+
+
+def _run(*args):
+    return runner.invoke(app, list(map(str, args)))
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Loading the model fails the test: each case below must be refused before it."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model and data were loaded before the bad input was refused")
+
+    monkeypatch.setattr(modelopt.api, "build_workload", refuse)
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf", "-inf", "0", "-3"])
+def test_a_budget_that_is_not_a_positive_number(tmp_path, no_loading, budget):
+    assert_one_line_error(_run("optimize", "--budget", budget, "--out", tmp_path / "r"),
+                          "budget must be a positive number", budget.lstrip("-") if budget != "0" else "0")
+    assert os.listdir(tmp_path) == []  # no folder, no run.json.tmp
+
+
+def test_an_unwritable_out(tmp_path, no_loading):
+    if Path("/proc/self").is_dir():  # refuses files even to root
+        assert_one_line_error(_run("optimize", "--out", "/proc/modelopt/run"), "cannot write to run folder",
+                              "/proc/modelopt/run")
+    if os.geteuid() != 0:  # root writes into a read-only-mode folder anyway (and so would the run)
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+        try:
+            assert_one_line_error(_run("optimize", "--out", ro / "run"), "cannot write to run folder", str(ro))
+        finally:
+            ro.chmod(0o755)
+    (tmp_path / "file").write_text("x")
+    assert_one_line_error(_run("optimize", "--out", tmp_path / "file"), "is a file; pass a folder to --out")
+
+
+def test_a_busy_out(tmp_path, no_loading):
+    with lock_run_folder(tmp_path / "r"):
+        assert_one_line_error(_run("optimize", "--out", tmp_path / "r"), f"run folder '{tmp_path / 'r'}' is in use")
+
+
+def test_evaluate_checks_split_and_plan_file_first(tmp_path, no_loading):
+    assert_one_line_error(_run("evaluate", "--split", "valid"), "unknown split 'valid'", "calib, val")
+    assert_one_line_error(_run("evaluate", "--plan", tmp_path / "none.yaml"), "none.yaml", "does not exist")
+    (tmp_path / "bad.yaml").write_text("default: [unclosed\n")
+    assert_one_line_error(_run("evaluate", "--plan", tmp_path / "bad.yaml"), "bad.yaml", "not valid YAML")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    assert_one_line_error(_run("evaluate", "--plan", tmp_path / "list.yaml"), "list.yaml", "not a plan")
+    (tmp_path / "bin.yaml").write_bytes(os.urandom(64) + b"\xff\xfe")
+    result = _run("evaluate", "--plan", tmp_path / "bin.yaml")
+    assert_one_line_error(result, "bin.yaml")
+
+
+def test_resume_and_export_check_the_run_folder_first(tmp_path, no_loading):
+    (tmp_path / "damaged").mkdir()
+    (tmp_path / "damaged" / "run.json").write_bytes(b"\x00garbage")
+    for args in (("optimize", "--resume", "--out"), ("export",)):
+        assert_one_line_error(_run(*args, tmp_path / "damaged"), "damaged", "run.json")
+        assert_one_line_error(_run(*args, tmp_path / "nothing"), "nothing", "not a modelopt run folder")
+
+
+def test_random_bytes_as_weights_never_advise_unpickling(tmp_path):
+    path = tmp_path / "w.pt"
+    for content in (os.urandom(4096), b"", b"not a checkpoint\n", b"\x00" * 64):
+        path.write_bytes(content)
+        result = _run("evaluate", "--weights", path)
+        assert_one_line_error(result, "w.pt", "neither a torch.save zip archive nor a pickle")
+        assert "pickle" not in result.stderr.replace("nor a pickle", "")
+    torch.save(torch.nn.ReLU(), path)  # a real pickled object: that one is told about --allow-pickle
+    assert_one_line_error(_run("evaluate", "--weights", path), "pickled Python object", "--allow-pickle")
+
+
+def test_an_npz_that_is_not_one_never_repeats_numpys_unsafe_hint(tmp_path):
+    path = tmp_path / "d.npz"
+    cases = {"not a zip archive": b"hello\n", "a single .npy array": None, "holds Python objects": None}
+    for needle in cases:
+        if needle == "not a zip archive":
+            path.write_bytes(b"hello\n")
+        elif needle == "a single .npy array":
+            with open(path, "wb") as f:
+                np.save(f, np.zeros(3))
+        else:
+            np.savez(path, x=np.array([{"a": 1}] * 4, dtype=object), y=np.arange(4))
+        result = _run("evaluate", "--data", path)
+        assert_one_line_error(result, "d.npz", needle)
+        assert "unsafely" not in result.stderr and "allow_pickle" not in result.stderr
