@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from modelopt.compressors import COMPRESSORS, Compressor
+from modelopt.confidence import DEFAULT_CONFIDENCE
 from modelopt.data import Dataset, load_data
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluator import Evaluator, Metrics
@@ -226,6 +227,7 @@ def optimize(
     budget: float = 200,
     objective: str = "size",
     min_retention: float = 0.99,
+    confidence: float = DEFAULT_CONFIDENCE,
     seed: int = 0,
     device: str = "auto",
     out: str | Path | None = None,
@@ -258,7 +260,9 @@ def optimize(
         strategy: a registered strategy name (see `modelopt list`).
         budget: full-evaluation equivalents (one trial on the whole val split costs 1).
         objective: size, bitops or macs.
-        min_retention: floor on val accuracy / float val accuracy.
+        min_retention: floor on accuracy / float accuracy, on images the search never saw.
+        confidence: a plan counts as meeting the floor when a one-sided lower bound on its
+            retention at this confidence does (`modelopt.confidence`); 0: the point estimate.
         seed: the search's seed.
         device: auto, cpu, cuda or cuda:N.
         out: the run folder (default: runs/<time>-<model>-<strategy>-s<seed>).
@@ -296,7 +300,7 @@ def optimize(
         from modelopt.run.optuna_storage import check_storage
 
         check_storage(storage)
-    obj = Objective(objective, min_retention)
+    obj = Objective(objective, min_retention, confidence)
     for name in compressors or ():  # a bad name is refused before the model loads
         COMPRESSORS.get(name)
     if resume and out is None:
@@ -333,6 +337,7 @@ def optimize(
         "seed": seed,
         "objective": obj.target.value,
         "min_retention": min_retention,
+        "confidence": obj.confidence,
         "compressors": {c.name: c.options() for c in comps},
         "device": str(wl.device),
         "fidelity": None if fidelity is None else fidelity.to_dict(),

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from modelopt import api
 from modelopt.errors import ConfigError, ModeloptError
+from modelopt.metrics import Metrics
 from modelopt.plan import Plan
 
 app = typer.Typer(
@@ -91,7 +92,9 @@ def optimize(
     budget: Annotated[float, typer.Option(help="Budget in full evaluations of the val split.")] = None,  # type: ignore[assignment]
     objective: Annotated[str, typer.Option(help="What to minimise: size, bitops, macs or latency (measured).")] = None,  # type: ignore[assignment]
     latency: Annotated[str, typer.Option(help="Latency backend: torch, onnxruntime (INT8 QDQ export) or none; measured for the final Pareto set, or every plan with --objective latency.")] = "torch",
-    min_retention: Annotated[float, typer.Option(help="Floor on val accuracy relative to float.")] = None,  # type: ignore[assignment]
+    min_retention: Annotated[float, typer.Option(help="Floor on accuracy relative to float, on images the search never saw.")] = None,  # type: ignore[assignment]
+    confidence: Annotated[float, typer.Option(help="A plan meets the floor when a one-sided lower bound on its retention at this "
+                                          "confidence does (default 0.95); 0: the point estimate.")] = None,  # type: ignore[assignment]
     seed: Annotated[int, typer.Option(help="Seed of the search.")] = None,  # type: ignore[assignment]
     bits: Annotated[str, typer.Option(help="Weight bit widths offered, e.g. 8,4 or 8,4,3,2.")] = None,  # type: ignore[assignment]
     granularity: Annotated[str, typer.Option(help="Scale granularities: per_tensor, per_channel, group.")] = None,  # type: ignore[assignment]
@@ -114,9 +117,10 @@ def optimize(
     """Search for the smallest plan above the retention floor; with no options, ResNet-20 on bundled CIFAR-10."""
     _setup_logging(verbose)
     given = dict(model=model, weights=weights, data=data, strategy=strategy, budget=budget, objective=objective,
-                 min_retention=min_retention, seed=seed)
+                 min_retention=min_retention, confidence=confidence, seed=seed)
     settings: dict[str, Any] = dict(model="cifar10_resnet20", weights=None, data="cifar10-sample", strategy="mcts",
-                                    budget=200.0, objective="size", min_retention=0.99, seed=0,
+                                    budget=200.0, objective="size", min_retention=0.99,
+                                    confidence=api.DEFAULT_CONFIDENCE, seed=0,
                                     bits=[8, 4], granularity=["per_channel", "group"],
                                     compressors=api.DEFAULT_COMPRESSORS)
     if resume:
@@ -142,7 +146,7 @@ def optimize(
     result = api.optimize(
         settings["model"], settings["data"], weights=settings["weights"], strategy=settings["strategy"],
         budget=settings["budget"], objective=settings["objective"], min_retention=settings["min_retention"],
-        seed=settings["seed"], device=device, out=out_dir, resume=resume, bits=settings["bits"],
+        confidence=settings["confidence"], seed=settings["seed"], device=device, out=out_dir, resume=resume, bits=settings["bits"],
         granularity=settings["granularity"], compressors=settings["compressors"], allow_pickle=allow_pickle,
         activations=settings.get("activations"), exit_data=exit_data, exit_images=exit_images,
         progress=progress, storage=storage, latency=None if latency.lower() == "none" else latency,
@@ -162,8 +166,10 @@ def optimize(
             "budget_used": s["budget_used"],
             "baseline": s["baseline"],
             "best_plan": None if best is None else best["plan"],
-            "best_val": None if best is None else best["val"],
             "best_test": None if best is None else best["test"],
+            "best_confirm": None if best is None else best["confirm"],
+            "best_val": None if best is None else best["val"],
+            "confirmed": None if best is None else best["confirmed"],
         })
 
 
@@ -190,30 +196,59 @@ def _plan_table(plan: Plan) -> Table:
 
 def _print_run(result: api.RunResult) -> None:
     s = result.summary
+    conf = float(s["objective"].get("confidence") or 0.0)
+    floor = float(s["objective"]["min_retention"])
+    confirmation = s.get("confirmation") or {}
     if result.best is None:
-        out.print(f"[yellow]No plan met the retention floor in {s['n_trials']} trials.[/] Run folder: {result.run_dir}")
+        out.print(f"[yellow]No plan was {'confirmed' if confirmation.get('split') else 'certified'} at the "
+                  f"{floor:.1%} floor in {s['n_trials']} trials.[/] Run folder: {result.run_dir}")
+        ceiling = confirmation.get("ceiling")
+        if ceiling is not None and ceiling < floor:
+            out.print(f"The confirm split is too small to certify the floor: a plan that agrees with the float model "
+                      f"on all {s['baseline']['confirm']['n_samples']} of its images is certified only at "
+                      f"{ceiling:.2%} (confidence {conf:g}). Pass more data, or --confidence 0 for point estimates.")
+        if result.search_best is not None:
+            m = result.search_best.metrics
+            out.print(f"The search's best on val (a search-time estimate, not confirmed): trial "
+                      f"{result.search_best.number}, {m.compression:.2f}x at {m.retention:.2%} val retention.")
         return
-    val, test = result.best.metrics, result.best_test
-    images = f"{val.n_samples} val" + ("" if test is None else f" / {test.n_samples} test")
-    table = Table(title=f"Best plan (trial {result.best.number} of {s['n_trials']}; {images} images)")
-    for col in ("", "top-1", "retain", "agree", "size", "÷size", "÷MACs", "÷bitops"):
+    val, test, conf_m = result.best.metrics, result.best_test, result.best_confirm
+    if s["best"].get("confirmed"):
+        status = "confirmed on images that did not select it"
+    elif confirmation.get("split") is None:
+        status = "certified on val, NOT confirmed (the data have no confirm split)"
+    else:
+        status = "certified on val, NOT confirmed (the confirm split is too small to certify the floor)"
+    table = Table(title=f"Best plan (trial {result.best.number} of {s['n_trials']}), {status}; "
+                        f"retention [bounds at confidence {conf:g}]")
+    for col in ("images", "n", "top-1", "retention", f"bounds ({conf:g})", "agree", "÷size"):
         table.add_column(col, justify="right", no_wrap=True)
     base = s["baseline"]
-    table.add_row("float", f"{base['val']['accuracy']:.2%}", "100.00%", "100.00%",
-                  _fmt_bytes(val.float_size_bytes), "1.00x", "1.00x", "1.00x")
-    for name, m in (("val", val), ("test", test)):
+    table.add_row("float (test)", str(base["test"]["n_samples"]), f"{base['test']['accuracy']:.2%}", "100.00%", "",
+                  "100.00%", "1.00x")
+    rows = (("test (held out)", test), ("confirm", conf_m), ("val (search estimate)", val))
+    for name, m in rows:
         if m is None:
             continue
-        table.add_row(name, f"{m.accuracy:.2%}", f"{m.retention:.2%}", f"{m.agreement:.2%}",
-                      _fmt_bytes(m.size_bytes), f"{m.compression:.2f}x", _fewer(m.float_macs, m.macs),
-                      _fewer(m.float_bitops, m.bitops))
+        lo, hi = m.retention_bounds(conf)
+        bounds = "" if conf <= 0 else f"[{lo:.1%}, {hi:.1%}]"
+        table.add_row(name, str(m.n_samples), f"{m.accuracy:.2%}", f"{m.retention:.2%}", bounds, f"{m.agreement:.2%}",
+                      f"{m.compression:.2f}x")
     out.print(table)
+    ref = test or val
+    out.print(f"Size {_fmt_bytes(ref.size_bytes)} (float {_fmt_bytes(ref.float_size_bytes)}); "
+              f"{_fewer(ref.float_macs, ref.macs)} fewer MACs, {_fewer(ref.float_bitops, ref.bitops)} fewer bitops",
+              highlight=False)
     if test is not None and test.exited is not None:
-        out.print(f"Early exit: {val.exited:.1%} of val and {test.exited:.1%} of test images leave at an exit "
+        out.print(f"Early exit: {test.exited:.1%} of test and {val.exited:.1%} of val images leave at an exit "
                   "(MACs and bitops are means over the images)")
     if test is not None and test.latency_ms is not None:
         out.print(f"Latency ({test.latency_backend}): {test.latency_ms:.3f} ms vs float {test.float_latency_ms:.3f} ms "
                   f"({test.float_latency_ms / test.latency_ms:.2f}x)")
+    sb = result.search_best
+    if sb is not None and sb.plan.key != result.best.plan.key:
+        out.print(f"The search's own pick on val, trial {sb.number} ({sb.metrics.compression:.2f}x), was not confirmed; "
+                  f"the best plan is the smallest of {confirmation.get('confirmed', 0)} finalists confirmed in turn.")
     out.print(_plan_table(result.best.plan))
     out.print(f"Pareto front: {len(result.pareto)} plans (re-scored on test) — run folder: [bold]{result.run_dir}[/]")
     out.print(f"Best plan written to {result.run_dir / 'best_plan.yaml'}")

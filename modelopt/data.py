@@ -3,7 +3,8 @@
 `load_data` turns whatever the user has (the bundled CIFAR-10 sample, an `.npz`, a torchvision
 CIFAR10 root, an image folder, a `DataLoader`) into a frozen `Dataset` of three splits:
 `calib` feeds calibration and fitting (activation ranges, exit heads), `val` scores trials
-during the search, `test` is held out for the final report. Each split is in seeded shuffled
+during the search, `confirm` re-scores the search's finalists (the images that select a plan are
+not the ones that vouch for it), `test` is held out for the final report. Each split is in seeded shuffled
 order, so any prefix of it is a random sample (the evaluator's low-fidelity runs use prefixes).
 """
 
@@ -31,8 +32,11 @@ from modelopt.data_readers import (
 __all__ = ["Dataset", "Split", "SPLIT_NAMES", "list_data_sources", "load_data"]
 
 
-SPLIT_NAMES = ("calib", "val", "test", "all")
+SPLIT_NAMES = ("calib", "val", "confirm", "test", "all")
 SAMPLE_PATH = Path(__file__).parent / "zoo" / "assets" / "cifar10_sample.npz"
+DEFAULT_VAL_FRACTION = 0.2
+DEFAULT_CONFIRM_FRACTION = 0.2
+SAMPLE_VAL_FRACTION = 0.4  # the bundled sample, which has no confirm split by default: val 423 / test 423
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: tensors have no truth value; identity hash is what caches want
@@ -70,6 +74,8 @@ class Dataset:
         calib: Calibration / fitting data.
         val: Scores trials during the search.
         test: Held out for the final report.
+        confirm: Re-scores the search's finalists before any claim (None: the source has none;
+            the run then reports its best plan as unconfirmed).
         preprocessed: True when x is float NCHW already preprocessed (a user DataLoader);
             otherwise x is uint8 NHWC RGB.
         num_classes: Max label + 1 over all splits.
@@ -83,25 +89,28 @@ class Dataset:
     preprocessed: bool
     num_classes: int
     seed: int
+    confirm: Split | None = None
 
     def split(self, name: str) -> Split:
         """Return a split by name.
 
         Args:
-            name: "calib", "val", "test", or "all" (val and test together, in source order).
+            name: "calib", "val", "confirm", "test", or "all" (val and test together, in source order).
 
         Returns:
             The split.
 
         Raises:
-            ConfigError: `name` is not one of `SPLIT_NAMES`.
+            ConfigError: `name` is not one of `SPLIT_NAMES`, or is "confirm" and the dataset has none.
 
         Example:
             >>> load_data().split("all").x.shape
             torch.Size([846, 32, 32, 3])
         """
-        if name in ("calib", "val", "test"):
-            return getattr(self, name)
+        if name == "confirm" and self.confirm is None:
+            raise ConfigError(f"data {self.source!r} has no confirm split; load it with confirm_fraction > 0")
+        if name in ("calib", "val", "confirm", "test"):
+            return getattr(self, name)  # type: ignore[no-any-return]
         if name != "all":
             raise ConfigError(f"unknown split {name!r}; valid: {', '.join(SPLIT_NAMES)}")
         x = torch.cat([self.val.x, self.test.x])
@@ -135,7 +144,8 @@ def load_data(
     *,
     seed: int = 0,
     calib_fraction: float = 0.2,
-    val_fraction: float = 0.4,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    confirm_fraction: float = DEFAULT_CONFIRM_FRACTION,
     max_samples: int | None = None,
 ) -> Dataset:
     """Load a data source and split it into calib / val / test by a seeded permutation.
@@ -152,8 +162,12 @@ def load_data(
         seed: Chooses the subset and the split; the same seed always gives the same split.
         calib_fraction: Share of the samples for calib. For "cifar10-sample" calib is the
             bundled 1,000 training images and this only matters with `max_samples`.
-        val_fraction: Share for val; test gets the rest. For "cifar10-sample" the 846 test
-            images are cut val : test in the ratio val_fraction : (1 - both fractions).
+        val_fraction: Share for val (scored by the search).
+        confirm_fraction: Share for confirm (re-scores the search's finalists); test gets the
+            rest. For "cifar10-sample" the 846 test images are cut val : confirm : test in the
+            ratio val_fraction : confirm_fraction : (1 - all three); with the default fractions
+            the sample has no confirm split (too few images to certify a 99 % floor there) and
+            its test images are cut 423 val / 423 test.
         max_samples: If given, first keep a seeded subset of this many samples in total
             (only those are decoded).
 
@@ -167,11 +181,11 @@ def load_data(
 
     Example:
         >>> data = load_data("cifar10-sample", seed=0)
-        >>> len(data.calib), len(data.val), len(data.test)
-        (1000, 423, 423)
+        >>> len(data.calib), len(data.val), len(data.test), data.confirm is None
+        (1000, 423, 423, True)
     """
-    _check_options(seed, calib_fraction, val_fraction, max_samples)
-    opts = dict(seed=seed, calib_fraction=calib_fraction, val_fraction=val_fraction)
+    _check_options(seed, calib_fraction, val_fraction, confirm_fraction, max_samples)
+    opts = dict(seed=seed, calib_fraction=calib_fraction, val_fraction=val_fraction, confirm_fraction=confirm_fraction)
     if isinstance(source, DataLoader):
         x, y = _read_loader(source)
         keep = torch.from_numpy(_subset(len(y), max_samples, seed))
@@ -210,7 +224,7 @@ def load_data(
 
 @SOURCES.register("cifar10-sample")
 def _cifar10_sample(
-    *, seed: int, calib_fraction: float, val_fraction: float, max_samples: int | None
+    *, seed: int, calib_fraction: float, val_fraction: float, confirm_fraction: float, max_samples: int | None
 ) -> Dataset:
     with np.load(SAMPLE_PATH) as f:
         cx, cy, tx, ty = (torch.from_numpy(f[k]) for k in ("calib_x", "calib_y", "test_x", "test_y"))
@@ -220,11 +234,17 @@ def _cifar10_sample(
         n_calib = min(len(cy), round(max_samples * calib_fraction))
         c_keep = _subset(len(cy), n_calib, seed)
         t_keep = _subset(len(ty), min(len(ty), max_samples - n_calib), seed)
-    share = val_fraction / (1.0 - calib_fraction)
-    n_val = round(len(t_keep) * share)
-    _check_counts("cifar10-sample", len(t_keep), len(c_keep), n_val, len(t_keep) - n_val, calib_fraction)
+    # The sample's 846 test images are too few for a confirm split that could certify a 99 % floor
+    # (212 images cap a plan that agrees everywhere at 98.2 % at 95 % confidence), so by default they
+    # are cut val : test only, and the run's best is certified on val, reported as unconfirmed.
+    confirm_fraction = 0.0 if confirm_fraction == DEFAULT_CONFIRM_FRACTION else confirm_fraction
+    val_fraction = SAMPLE_VAL_FRACTION if val_fraction == DEFAULT_VAL_FRACTION else val_fraction
+    n_val = round(len(t_keep) * val_fraction / (1.0 - calib_fraction))
+    n_conf = round(len(t_keep) * confirm_fraction / (1.0 - calib_fraction))
+    _check_counts("cifar10-sample", len(t_keep), len(c_keep), n_val, len(t_keep) - n_val - n_conf, calib_fraction)
     perm = t_keep[_permutation(len(t_keep), seed)]
-    v, t, c = (torch.from_numpy(i) for i in (perm[:n_val], perm[n_val:], c_keep))
+    v, f, t, c = (torch.from_numpy(i) for i in (perm[:n_val], perm[n_val : n_val + n_conf], perm[n_val + n_conf :],
+                                                c_keep))
     return Dataset(
         source="cifar10-sample",
         calib=Split("calib", cx[c], cy[c], c),
@@ -233,20 +253,24 @@ def _cifar10_sample(
         preprocessed=False,
         num_classes=int(max(cy.max(), ty.max())) + 1,
         seed=seed,
+        confirm=Split("confirm", tx[f], ty[f], f) if n_conf > 0 else None,
     )
 
 
-def _check_options(seed: int, calib_fraction: float, val_fraction: float, max_samples: int | None) -> None:
+def _check_options(seed: int, calib_fraction: float, val_fraction: float, confirm_fraction: float,
+                   max_samples: int | None) -> None:
     if not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer; got {seed!r}")
     if not 0.0 <= calib_fraction < 1.0:
         raise ConfigError(f"calib_fraction must be in [0, 1); got {calib_fraction!r}")
     if not 0.0 < val_fraction < 1.0:
         raise ConfigError(f"val_fraction must be in (0, 1); got {val_fraction!r}")
-    if calib_fraction + val_fraction >= 1.0:
+    if not 0.0 <= confirm_fraction < 1.0:
+        raise ConfigError(f"confirm_fraction must be in [0, 1); got {confirm_fraction!r}")
+    if calib_fraction + val_fraction + confirm_fraction >= 1.0:
         raise ConfigError(
-            f"calib_fraction + val_fraction must be < 1 to leave a test split; "
-            f"got {calib_fraction} + {val_fraction} = {calib_fraction + val_fraction:g}"
+            f"calib_fraction + val_fraction + confirm_fraction must be < 1 to leave a test split; got "
+            f"{calib_fraction} + {val_fraction} + {confirm_fraction} = {calib_fraction + val_fraction + confirm_fraction:g}"
         )
     if max_samples is not None and (not isinstance(max_samples, int) or max_samples < 1):
         raise ConfigError(f"max_samples must be a positive integer or None; got {max_samples!r}")
@@ -271,13 +295,17 @@ def _split_pool(
     seed: int,
     calib_fraction: float,
     val_fraction: float,
+    confirm_fraction: float,
 ) -> Dataset:
     n = len(y)
-    n_calib, n_val = round(n * calib_fraction), round(n * val_fraction)
-    _check_counts(source, n, n_calib, n_val, n - n_calib - n_val, calib_fraction)
+    n_calib, n_val, n_conf = round(n * calib_fraction), round(n * val_fraction), round(n * confirm_fraction)
+    _check_counts(source, n, n_calib, n_val, n - n_calib - n_val - n_conf, calib_fraction)
     perm = torch.from_numpy(_permutation(n, seed))
-    parts = {"calib": perm[:n_calib], "val": perm[n_calib : n_calib + n_val], "test": perm[n_calib + n_val :]}
+    a, b, c = n_calib, n_calib + n_val, n_calib + n_val + n_conf
+    parts = {"calib": perm[:a], "val": perm[a:b], "confirm": perm[b:c], "test": perm[c:]}
     splits = {k: Split(k, x[i], y[i], index[i]) for k, i in parts.items()}
+    confirm = splits.pop("confirm") if n_conf > 0 else None
+    splits.pop("confirm", None)
     return Dataset(
-        source=source, **splits, preprocessed=preprocessed, num_classes=int(y.max()) + 1, seed=seed
+        source=source, **splits, preprocessed=preprocessed, num_classes=int(y.max()) + 1, seed=seed, confirm=confirm
     )

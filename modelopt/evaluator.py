@@ -24,7 +24,8 @@ from modelopt.early_exit.plan_exits import PlanExits
 from modelopt.early_exit.runtime import ExitLayout
 from modelopt.early_exit.simulate import ExitPolicy
 from modelopt.errors import TrialError
-from modelopt.fidelity import Fidelity, max_correct
+from modelopt.confidence import PairedCounts
+from modelopt.fidelity import Fidelity, best_case, max_correct
 from modelopt.layers import Layer
 from modelopt.metrics import Metrics
 from modelopt.plan import Plan
@@ -422,11 +423,15 @@ class Evaluator:
         self._results[key] = metrics
         return metrics
 
-    def evaluate_staged(self, plan: Plan, min_retention: float, fidelity: Fidelity, *, finish: bool = True) -> Metrics:
+    def evaluate_staged(self, plan: Plan, min_retention: float, fidelity: Fidelity, *, finish: bool = True,
+                        confidence: float = 0.0) -> Metrics:
         """Scores `plan` on the val split in stages, stopping once the rest cannot matter.
 
         After each stage of `fidelity`, the plan stops if an upper confidence bound on its
-        retention over the whole split is below `min_retention` (see `modelopt.fidelity`).
+        retention over the whole split is below `min_retention` (see `modelopt.fidelity`), or,
+        with `confidence` > 0, if even the best case for the rest of the split (no further
+        loss, gains at their optimistic rate) leaves its lower retention bound at `confidence`
+        under the floor: it could not be certified feasible (`modelopt.fidelity.best_case`).
         With `finish=False` (the plan cannot beat the best one found, whatever its accuracy)
         it stops after the first stage: its retention there only informs the search.
         """
@@ -459,7 +464,11 @@ class Evaluator:
                     base_right_rest=int(base_right[stop:].sum()), base_wrong_rest=int((~base_right[stop:]).sum()),
                     delta=fidelity.delta,
                 )
-                if bound < min_retention * int(base_right.sum()):
+                stage = PairedCounts(stop, int(br.sum()), int((br & ~right).sum()), int((bw & right).sum()))
+                hopeless = confidence > 0 and best_case(
+                    stage, int(base_right[stop:].sum()), int((~base_right[stop:]).sum()), fidelity.delta
+                ).retention_lower(confidence) < min_retention
+                if hopeless or bound < min_retention * int(base_right.sum()):
                     return self._metrics(plan, "val", pred, time.perf_counter() - t0, stopped="infeasible",
                                          prep_cost=prep, policy=policy, exit_at=exit_at)
         pred, exit_at = _joined(preds)
@@ -493,8 +502,9 @@ class Evaluator:
         data = self.workload.split(split)
         n = int(pred.shape[0])
         y, base = data.y[:n], data.base_pred[:n]
-        acc = float((pred == y).float().mean())
-        base_acc = float((base == y).float().mean())
+        right, base_right = pred == y, base == y
+        acc = float(right.float().mean())
+        base_acc = float(base_right.float().mean())
         size = self.size_bytes(plan)
         reach, head_macs, exited = None, 0.0, None
         if policy is not None and exit_at is not None:
@@ -520,6 +530,9 @@ class Evaluator:
             stopped=stopped,
             prep_cost=prep_cost,
             exited=exited,
+            base_right=int(base_right.sum()),
+            lost=int((base_right & ~right).sum()),
+            gained=int((right & ~base_right).sum()),
         )
 
 

@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from modelopt.confidence import PairedCounts
 from modelopt.errors import ConfigError
 
 DEFAULT_STAGES = (0.25, 0.5)
@@ -113,3 +114,17 @@ def max_correct(plan_correct: int, base_right: int, lost: int, base_wrong: int, 
     loss_lo = binom_lower(lost, base_right, delta / 2)
     gain_hi = binom_upper(gained, base_wrong, delta / 2)
     return plan_correct + base_right_rest * (1.0 - loss_lo) + base_wrong_rest * gain_hi
+
+
+def best_case(stage: PairedCounts, base_right_rest: int, base_wrong_rest: int, delta: float) -> PairedCounts:
+    """The paired counts over the whole split in the best case, at level 1 - delta, for the rest.
+
+    The images scored so far keep their losses; on the rest the plan loses nothing more and
+    gains on the float model's wrong answers at the Clopper-Pearson upper bound of its gain
+    rate so far. A plan whose retention bound misses the floor even with these counts will,
+    with probability at least 1 - delta, not be certified feasible on the whole split.
+    """
+    gain_hi = binom_upper(stage.gained, stage.n - stage.base_right, delta)
+    gains = math.floor(base_wrong_rest * gain_hi)
+    return PairedCounts(stage.n + base_right_rest + base_wrong_rest, stage.base_right + base_right_rest,
+                        stage.lost, stage.gained + gains)

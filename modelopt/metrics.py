@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from modelopt.confidence import PairedCounts
+
 __all__ = ["Metrics"]
 
 
@@ -41,6 +43,26 @@ class Metrics:
     # Early exit: the share of samples that left at an exit (None: the plan has no exit). With
     # exits, macs and bitops are means over the samples, heads included (DESIGN.md).
     exited: float | None = None
+    # Paired with the float model on the same images (modelopt.confidence): images the float model
+    # gets right, and those only it (lost) or only the plan (gained) gets right. They carry all the
+    # uncertainty of the accuracy drop. None in records written before they were kept.
+    base_right: int | None = None
+    lost: int | None = None
+    gained: int | None = None
+
+    def counts(self) -> PairedCounts | None:
+        """The paired counts, or None for a record that lacks them."""
+        if self.base_right is None or self.lost is None or self.gained is None:
+            return None
+        return PairedCounts(self.n_samples, self.base_right, self.lost, self.gained)
+
+    def retention_bounds(self, confidence: float) -> tuple[float, float]:
+        """One-sided (lower, upper) bounds on retention at `confidence`; the point estimate when
+        `confidence` is 0 or the record has no paired counts."""
+        c = self.counts()
+        if c is None or confidence <= 0.0:
+            return self.retention, self.retention
+        return c.retention_bounds(confidence)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (NaN becomes None)."""

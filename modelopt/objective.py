@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
 
+from modelopt.confidence import DEFAULT_CONFIDENCE, check_confidence
 from modelopt.errors import ConfigError
 from modelopt.metrics import Metrics
 
@@ -21,18 +22,22 @@ class Target(str, Enum):
 
 @dataclass(frozen=True)
 class Objective:
-    """Minimise `target` subject to retention >= `min_retention`.
+    """Minimise `target` subject to retention >= `min_retention`, with confidence `confidence`.
 
-    The reward is the reduction factor on the target (float value / plan value)
-    when feasible, always >= 0 for a plan no larger than float; an infeasible plan
-    scores retention - min_retention - 1, below every feasible one.
+    A plan meets the floor when a one-sided lower confidence bound on its retention (from the
+    images where it and the float model disagree, `modelopt.confidence`) is at or above the
+    floor; `confidence=0` uses the point estimate. The reward is the reduction factor on the
+    target (float value / plan value) when the plan meets the floor, always >= 0 for a plan no
+    larger than float; otherwise it scores retention_lower - min_retention - 1, below every
+    plan that meets it.
 
     Example:
-        >>> Objective("size", min_retention=0.99).reward(metrics)
+        >>> Objective("size", min_retention=0.99, confidence=0.95).reward(metrics)
     """
 
     target: Target = Target.SIZE
     min_retention: float = 0.99
+    confidence: float = DEFAULT_CONFIDENCE
 
     def __post_init__(self) -> None:
         try:
@@ -40,8 +45,10 @@ class Objective:
         except ValueError:
             valid = ", ".join(t.value for t in Target)
             raise ConfigError(f"unknown objective {self.target!r}; valid: {valid}") from None
-        if not 0.0 <= self.min_retention <= 1.5:
-            raise ConfigError(f"min_retention must be a fraction like 0.99, got {self.min_retention!r}")
+        if not isinstance(self.min_retention, (int, float)) or not 0.0 <= self.min_retention <= 1.0:
+            raise ConfigError(f"min_retention must be a fraction in [0, 1] like 0.99 (a compressed model cannot "
+                              f"be certified above its float accuracy), got {self.min_retention!r}")
+        object.__setattr__(self, "confidence", check_confidence(self.confidence))
 
     def value(self, m: Metrics) -> float:
         if self.target is Target.LATENCY:
@@ -54,9 +61,14 @@ class Objective:
                Target.MACS: m.float_macs or m.macs, Target.LATENCY: m.float_latency_ms or math.nan}
         return float(ref[self.target])
 
+    def retention_lower(self, m: Metrics) -> float:
+        """Retention that holds with probability `confidence` on images like the scored ones."""
+        return m.retention_bounds(self.confidence)[0]
+
     def meets_floor(self, m: Metrics) -> bool:
-        """Retention at or above the floor, on whatever samples `m` was scored."""
-        return not math.isnan(m.retention) and m.retention >= self.min_retention
+        """The retention bound at or above the floor, on whatever samples `m` was scored."""
+        r = self.retention_lower(m)
+        return not math.isnan(r) and r >= self.min_retention - 1e-12
 
     def feasible(self, m: Metrics) -> bool:
         """Meets the floor on the whole split: a plan scored only on a subset never counts."""
@@ -66,23 +78,28 @@ class Objective:
         """What strategies maximise; for a plan scored on a subset, its estimate from that subset."""
         if self.meets_floor(m):
             return self.reference(m) / max(self.value(m), 1e-12)
-        r = 0.0 if math.isnan(m.retention) else m.retention
-        return r - self.min_retention - 1.0
+        r = self.retention_lower(m)
+        return (0.0 if math.isnan(r) else r) - self.min_retention - 1.0
 
 
 T = TypeVar("T")
 
 
 def pareto_front(items: Iterable[T], key: Callable[[T], Metrics], objective: Objective) -> list[T]:
-    """Items not dominated in (higher retention, lower target value), by ascending target value."""
+    """Items not dominated in (higher retention bound, lower target value), by ascending target value.
+
+    Retention is the objective's lower confidence bound (the point estimate at confidence 0).
+    """
     # NaN retention is never on the front, and left in the sort it can misorder equal-size items.
     # Plans scored only on a subset (multi-fidelity) are left out: their retention is an estimate.
-    pts = sorted((it for it in items if not math.isnan(key(it).retention) and key(it).stopped is None),
-                 key=lambda it: (objective.value(key(it)), -key(it).retention))
+    items = list(items)
+    lower = {id(it): objective.retention_lower(key(it)) for it in items if key(it).stopped is None}
+    pts = sorted((it for it in items if id(it) in lower and not math.isnan(lower[id(it)])),
+                 key=lambda it: (objective.value(key(it)), -lower[id(it)]))
     front: list[T] = []
     best_ret = -math.inf
     for it in pts:
-        r = key(it).retention
+        r = lower[id(it)]
         if r > best_ret:
             front.append(it)
             best_ret = r
@@ -94,4 +111,4 @@ def best_of(items: Sequence[T], key: Callable[[T], Metrics], objective: Objectiv
     feasible = [it for it in items if objective.feasible(key(it))]
     if not feasible:
         return None
-    return max(feasible, key=lambda it: (objective.reward(key(it)), key(it).retention))
+    return max(feasible, key=lambda it: (objective.reward(key(it)), objective.retention_lower(key(it))))

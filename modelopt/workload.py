@@ -15,7 +15,7 @@ from modelopt.errors import ConfigError, LoadError
 from modelopt.layers import Layer, compressible_modules, discover_layers
 from modelopt.models import LoadedModel
 
-SPLITS = ("calib", "val", "test", "all")
+SPLITS = ("calib", "val", "confirm", "test", "all")
 
 
 def check_split(name: str) -> None:
@@ -78,7 +78,8 @@ class Workload:
         self.original: dict[str, torch.Tensor] = {n: m.weight.data for n, m in self.modules.items()}
         # (layer, compressors, choices) -> compressed weight on the device; filled by evaluators.
         self.tensor_cache: dict[tuple[object, ...], torch.Tensor] = {}
-        splits = {name: self._prepare(data.split(name).x) for name in ("calib", "val", "test")}
+        names = ("calib", "val", "test") + (("confirm",) if data.confirm is not None else ())
+        splits = {name: self._prepare(data.split(name).x) for name in names}
         self._check_fits(splits["val"])
         self.layers: tuple[Layer, ...] = discover_layers(self.model, splits["val"][:1])
         self.splits: dict[str, SplitData] = {}
@@ -139,7 +140,7 @@ class Workload:
             model.update(name.encode())
             model.update(t.detach().cpu().contiguous().numpy().tobytes())
         data = hashlib.sha256()
-        for split in ("val", "test"):
+        for split in ("val", "test") + (("confirm",) if self.data.confirm is not None else ()):
             src = self.data.split(split)
             data.update(src.x.cpu().contiguous().numpy().tobytes())
             data.update(src.y.cpu().contiguous().numpy().tobytes())
@@ -150,6 +151,8 @@ class Workload:
             v, t = self.splits["val"], self.splits["test"]
             return SplitData(torch.cat([v.x, t.x]), torch.cat([v.y, t.y]), torch.cat([v.base_pred, t.base_pred]))
         check_split(name)
+        if name not in self.splits:  # "confirm" of a source loaded without one
+            raise ConfigError(f"data {self.data.source!r} has no confirm split; load it with confirm_fraction > 0")
         return self.splits[name]
 
     def baseline_accuracy(self, split: str = "val") -> float:

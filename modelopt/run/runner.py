@@ -17,9 +17,10 @@ from modelopt._version import __version__
 from modelopt.errors import ConfigError, ModeloptError
 from modelopt.evaluator import Evaluator, Metrics
 from modelopt.fidelity import Fidelity
-from modelopt.objective import Objective, Target, best_of, pareto_front
+from modelopt.objective import Objective, Target, best_of
 from modelopt.plan import Plan
 from modelopt.plan_latency import PlanLatency
+from modelopt.run.confirm import Confirmation, certifiable_retention, confirm, finalists
 from modelopt.run.journal import Journal, write_json_atomic
 from modelopt.run.lock import lock_run_folder
 from modelopt.search._base import Strategy
@@ -30,18 +31,22 @@ STATE = "strategy_state.json"
 CONFIG = "run.json"
 SUMMARY = "summary.json"
 BEST_PLAN = "best_plan.yaml"
-MAX_RESCORED = 16  # Pareto plans re-scored on test (spread along the front)
 MAX_IDLE_ASKS = 2000  # consecutive already-seen plans before the space counts as exhausted
 
 # Settings that must match for a run folder to be resumed (the budget may grow). Model and data
 # are compared by content hash, not by path, so a run folder moved with its files still resumes.
-RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "compressors",
-               "data_seed", "fidelity", "exit_data")
+RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "confidence",
+               "compressors", "data_seed", "fidelity", "exit_data")
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """What a finished run found; `pareto` pairs each front trial with its test metrics."""
+    """What a finished run found.
+
+    `best` is the smallest plan confirmed on the confirm split (the search's best, unconfirmed,
+    when the data have no confirm split); `best_test` its held-out test metrics, the headline;
+    `pareto` pairs each front trial (by the val retention bound) with its test metrics.
+    """
 
     run_dir: Path
     trials: tuple[Trial, ...]
@@ -50,6 +55,9 @@ class RunResult:
     pareto: tuple[tuple[Trial, Metrics | None], ...]
     budget_used: float
     summary: dict[str, Any]
+    best_confirm: Metrics | None = None  # the best plan's metrics on the confirm split
+    search_best: Trial | None = None  # the search's pick on val (a search-time estimate)
+    confirmation: Confirmation | None = None
 
 
 class Runner:
@@ -185,7 +193,7 @@ class Runner:
             else:
                 finish = not (self.fidelity.dominated and self._cannot_improve(plan))
                 metrics = self.evaluator.evaluate_staged(plan, self.objective.min_retention, self.fidelity,
-                                                         finish=finish)
+                                                         finish=finish, confidence=self.objective.confidence)
             cost = self.evaluator.trial_cost(metrics)  # images scored + any preparation (BN re-estimation)
             if self.objective.target is Target.LATENCY and metrics.stopped is None:
                 metrics = self._with_latency(metrics, plan)
@@ -228,6 +236,7 @@ class Runner:
         """Runs the search to its budget, then re-scores the best and Pareto plans on test."""
         t_start = time.perf_counter()
         self._open()
+        self._warn_if_too_small()
         seen = {t.plan.key: t for t in self.trials}
         idle = 0
         # Progress is budget spent (full val evaluations), which multi-fidelity makes differ from trials.
@@ -255,16 +264,36 @@ class Runner:
         search_wall = time.perf_counter() - t_start
         return self._finish(search_wall)
 
+    def _warn_if_too_small(self) -> None:
+        """Says so when val (or confirm) is too small to certify the floor even for a perfect plan."""
+        if self.objective.confidence <= 0:
+            return
+        floor = self.objective.min_retention
+        for split in ("val", "confirm"):
+            if split not in self.evaluator.workload.splits:
+                continue
+            ceiling = certifiable_retention(self.evaluator, split, self.objective.confidence)
+            if ceiling < floor - 1e-12:
+                n = len(self.evaluator.workload.split(split))
+                self.console.print(
+                    f"[yellow]warning:[/] the {split} split ({n} images) is too small to certify the {floor:.1%} "
+                    f"floor: a plan that agrees with the float model on all of them is certified only at "
+                    f"{ceiling:.2%} (confidence {self.objective.confidence:g}). "
+                    + ("No plan can be feasible: pass more data, a lower --min-retention, or --confidence 0 for "
+                       "point estimates." if split == "val" else
+                       "The best plan will be certified on val only and reported as unconfirmed."),
+                    highlight=False, soft_wrap=True)
+
     # ---- the end: re-score on test, write the run folder ----------------------------------
 
     def _finish(self, search_wall: float) -> RunResult:
-        ok = [t for t in self.trials if t.ok]
-        best = best_of(ok, lambda t: t.metrics, self.objective)
-        front = pareto_front(ok, lambda t: t.metrics, self.objective)
-        if len(front) > MAX_RESCORED:
-            idx = sorted({round(i * (len(front) - 1) / (MAX_RESCORED - 1)) for i in range(MAX_RESCORED)})
-            front = [front[i] for i in idx]
-        to_score = {t.plan.key: t for t in ([best] if best else []) + front}
+        final = finalists(self.trials, self.objective)
+        search_best, front = final.search_best, list(final.front)
+        confirmation = confirm(self.evaluator, self.objective, list(final.candidates))
+        # With a confirm split the reported best is the smallest plan it confirmed; without one (or
+        # with one too small to certify the floor), the search's best on the val bound, unconfirmed.
+        best = confirmation.best if confirmation.usable else search_best
+        to_score = {t.plan.key: t for t in ([best] if best else []) + ([search_best] if search_best else []) + front}
         test_metrics = {key: self.evaluator.evaluate(t.plan, split="test") for key, t in to_score.items()}
         if self.latency is not None:  # measured once per distinct plan, for the final set only
             test_metrics = {key: self._with_latency(m, to_score[key].plan) for key, m in test_metrics.items()}
@@ -272,35 +301,60 @@ class Runner:
         pareto = tuple((t, test_metrics.get(t.plan.key)) for t in front)
         if best is not None:
             self.space.save_plan(best.plan, self.run_dir / BEST_PLAN)
-        summary = self._summary(best, best_test, pareto, search_wall)
+        summary = self._summary(best, search_best, confirmation, test_metrics, pareto, search_wall)
         write_json_atomic(self.run_dir / SUMMARY, summary)
-        return RunResult(self.run_dir, tuple(self.trials), best, best_test, pareto, self.spent, summary)
+        confirmed = {t.plan.key: m for t, m in confirmation.finalists}
+        return RunResult(self.run_dir, tuple(self.trials), best, best_test, pareto, self.spent, summary,
+                         best_confirm=confirmed.get(best.plan.key) if best else None, search_best=search_best,
+                         confirmation=confirmation)
 
     def _summary(
-        self, best: Trial | None, best_test: Metrics | None, pareto: tuple[tuple[Trial, Metrics | None], ...],
-        search_wall: float,
+        self, best: Trial | None, search_best: Trial | None, confirmation: Confirmation,
+        test: dict[str, Metrics], pareto: tuple[tuple[Trial, Metrics | None], ...], search_wall: float,
     ) -> dict[str, Any]:
         wl = self.evaluator.workload
+        confirmed = {t.plan.key: m for t, m in confirmation.finalists}
+        conf = self.objective.confidence
 
-        def entry(t: Trial, test: Metrics | None) -> dict[str, Any]:
+        def metrics(m: Metrics | None) -> dict[str, Any] | None:
+            if m is None:
+                return None
+            lo, hi = m.retention_bounds(conf)
+            return {**m.to_dict(), "retention_lower": lo, "retention_upper": hi}
+
+        def entry(t: Trial) -> dict[str, Any]:
             return {"trial": t.number, "plan_key": t.plan.key, "plan": self.space.dump_plan(t.plan),
-                    "val": t.metrics.to_dict(), "test": None if test is None else test.to_dict()}
+                    "test": metrics(test.get(t.plan.key)), "confirm": metrics(confirmed.get(t.plan.key)),
+                    "val": metrics(t.metrics)}
 
+        splits = ("val", "confirm", "test") if "confirm" in wl.splits else ("val", "test")
         return {
             "version": __version__,
             "run_dir": str(self.run_dir),
             "config": self.config,
-            "objective": {"target": self.objective.target.value, "min_retention": self.objective.min_retention},
+            "objective": {"target": self.objective.target.value, "min_retention": self.objective.min_retention,
+                          "confidence": conf},
             "budget": self.budget,
             "budget_used": self.spent,
             "n_trials": len(self.trials),
             "n_failed": sum(not t.ok for t in self.trials),
             "n_feasible": sum(t.feasible for t in self.trials),
-            "baseline": {s: {"accuracy": wl.baseline_accuracy(s), "n_samples": len(wl.split(s))} for s in ("val", "test")},
+            "baseline": {s: {"accuracy": wl.baseline_accuracy(s), "n_samples": len(wl.split(s))} for s in splits},
             "float_size_bytes": wl.float_size_bytes,
             "device": str(wl.device),
-            "best": None if best is None else entry(best, best_test),
-            "pareto": [entry(t, m) for t, m in pareto],
+            # The reported best: confirmed on images that did not select it (when the data have a
+            # confirm split); `search_best` is the search's own pick on val, a search-time estimate.
+            "best": None if best is None else {**entry(best), "confirmed": confirmation.usable},
+            "search_best": None if search_best is None else entry(search_best),
+            "confirmation": {
+                "split": confirmation.split,
+                "usable": confirmation.usable,
+                "ceiling": confirmation.ceiling,
+                "confirmed": confirmation.confirmed,
+                "finalists": [{"trial": t.number, "plan_key": t.plan.key, "confirmed": i < confirmation.confirmed,
+                               "confirm": metrics(m)} for i, (t, m) in enumerate(confirmation.finalists)],
+            },
+            "pareto": [entry(t) for t, _ in pareto],
             "search_wall_seconds": search_wall,
             "eval_seconds_this_session": self.eval_seconds,
         }

@@ -68,7 +68,7 @@ class SweepResult:
 
 def _check_started(sweep: Sweep, cells: Sequence[Cell]) -> None:
     """A cell already on disk must have been run with this file's settings, or the table would mix runs."""
-    want = {"objective": sweep.objective, "min_retention": sweep.min_retention,
+    want = {"objective": sweep.objective, "min_retention": sweep.min_retention, "confidence": sweep.confidence,
             "bits": list(dict.fromkeys(sweep.bits)), "granularity": list(dict.fromkeys(sweep.granularity))}
     for cell in cells:
         cfg = _read_json(cell.run_dir / CONFIG)
@@ -76,6 +76,7 @@ def _check_started(sweep: Sweep, cells: Sequence[Cell]) -> None:
             continue
         quant = cfg.get("compressors", {}).get("quantize", {})
         have = {"objective": cfg.get("objective"), "min_retention": cfg.get("min_retention"),
+                "confidence": cfg.get("confidence", 0.0),
                 "bits": quant.get("bits"), "granularity": quant.get("granularity")}
         if sweep.compressors is not None:
             want["compressors"] = sorted(sweep.compressors)
@@ -158,7 +159,7 @@ def run_sweep(
                     result = optimize(
                         wl, strategy=cell.strategy, budget=sweep.budget, seed=cell.seed, out=cell.run_dir,
                         resume=cell.started, objective=sweep.objective,
-                        min_retention=sweep.min_retention, bits=sweep.bits, granularity=sweep.granularity,
+                        min_retention=sweep.min_retention, confidence=sweep.confidence, bits=sweep.bits, granularity=sweep.granularity,
                         compressors=sweep.compressors, weights=model.weights, progress=False,
                     )
                 except Exception as exc:  # one broken cell must not stop the grid; its journal is kept

@@ -29,12 +29,13 @@ _REQUIRED = ("name", "models", "strategies", "budgets", "seeds")
 _DEFAULTS: dict[str, Any] = {  # `out` defaults to the sweep's name, beside the sweep file
     "objective": "size",
     "min_retention": 0.99,
+    "confidence": 0.95,
     "bits": [8, 4],
     "granularity": ["per_channel", "group"],
     "device": "auto",
 }
-_KEYS = (*_REQUIRED[:1], "out", *_REQUIRED[1:], "objective", "min_retention", "compressors", "bits", "granularity",
-         "device")
+_KEYS = (*_REQUIRED[:1], "out", *_REQUIRED[1:], "objective", "min_retention", "confidence", "compressors", "bits",
+         "granularity", "device")
 _MODEL_KEYS = ("name", "model", "weights", "data")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -65,6 +66,7 @@ class Sweep:
     seeds: tuple[int, ...]
     objective: str = "size"
     min_retention: float = 0.99
+    confidence: float = 0.95  # a plan meets the floor when its retention bound at this confidence does
     bits: tuple[int, ...] = (8, 4)
     granularity: tuple[str, ...] = ("per_channel", "group")
     device: str = "auto"
@@ -90,7 +92,7 @@ class Sweep:
             "version": 1, "modelopt": __version__, "path": str(self.path), "name": self.name, "out": str(self.out),
             "models": [vars(m) for m in self.models], "strategies": list(self.strategies),
             "budgets": list(self.budgets), "seeds": list(self.seeds), "objective": self.objective,
-            "min_retention": self.min_retention, "bits": list(self.bits), "granularity": list(self.granularity),
+            "min_retention": self.min_retention, "confidence": self.confidence, "bits": list(self.bits), "granularity": list(self.granularity),
             "device": self.device, "compressors": None if self.compressors is None else list(self.compressors),
         }
 
@@ -249,9 +251,14 @@ def load_sweep(path: str | Path) -> Sweep:
                           + ", ".join(t.value for t in Target))
     if (n := node("min_retention")) is not None:
         v = f.value(n, "min_retention")
-        if not _is_number(v) or not 0.0 <= v <= 1.5:
+        if not _is_number(v) or not 0.0 <= v <= 1.0:
             raise f.error(n, "min_retention", f"expected a fraction of the float accuracy like 0.99; got {v!r}")
         settings["min_retention"] = float(v)
+    if (n := node("confidence")) is not None:
+        v = f.value(n, "confidence")
+        if not _is_number(v) or not 0.0 <= v < 1.0:
+            raise f.error(n, "confidence", f"expected a confidence in [0, 1) like 0.95 (0: point estimates); got {v!r}")
+        settings["confidence"] = float(v)
     if (n := node("bits")) is not None:
         nodes = f.items(n, "bits", "[8, 4]")
         settings["bits"] = [f.value(b, "bits") for b in nodes]
@@ -283,7 +290,7 @@ def load_sweep(path: str | Path) -> Sweep:
     return Sweep(
         path=path.resolve(), name=name, out=out.resolve(), models=tuple(models), strategies=tuple(strategies),
         budgets=tuple(sorted(budgets)), seeds=tuple(seeds), objective=settings["objective"],
-        min_retention=settings["min_retention"], bits=tuple(settings["bits"]),
+        min_retention=settings["min_retention"], confidence=settings["confidence"], bits=tuple(settings["bits"]),
         granularity=tuple(settings["granularity"]), device=settings["device"], compressors=compressors,
     )
 

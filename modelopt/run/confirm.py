@@ -1,0 +1,116 @@
+"""Confirmation: the images that select a plan are not the images that vouch for it.
+
+The search scores hundreds of plans on val and keeps the best; near the floor the winner is
+partly the plan whose val images were kindest (the winner's curse). So before any claim the
+finalists (the val-feasible plans of the Pareto front, the best among them) are re-scored on the
+confirm split, which the search never saw, and a plan is *confirmed* when its retention bound
+there clears the floor.
+
+Finalists are tested in a fixed sequence, from the largest (the safest) down to the smallest,
+and the sequence stops at the first plan that fails. Fixed-sequence testing keeps the chance of
+confirming any plan that is in truth below the floor within 1 - confidence without a
+correction for the number of finalists (each claim is tested at the full level only if every
+safer claim before it held), and the reported best is the smallest plan confirmed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from modelopt.confidence import PairedCounts
+from modelopt.evaluator import Evaluator
+from modelopt.metrics import Metrics
+from modelopt.objective import Objective, best_of, pareto_front
+from modelopt.trial import Trial
+
+__all__ = ["Confirmation", "Finalists", "confirm", "certifiable_retention", "finalists"]
+
+SPLIT = "confirm"
+MAX_RESCORED = 16  # Pareto plans re-scored on confirm and test (spread along the front)
+
+
+@dataclass(frozen=True)
+class Finalists:
+    """The search's own pick on val, its Pareto front (by the val retention bound, at most
+    `MAX_RESCORED` plans spread along it), and the plans among them that go to confirmation."""
+
+    search_best: Trial | None
+    front: tuple[Trial, ...]
+    candidates: tuple[Trial, ...]
+
+
+def finalists(trials: list[Trial], objective: Objective) -> Finalists:
+    """What a finished search hands to confirmation: its best and its front's val-feasible plans."""
+    ok = [t for t in trials if t.ok]
+    best = best_of(ok, lambda t: t.metrics, objective)
+    front = pareto_front(ok, lambda t: t.metrics, objective)
+    if len(front) > MAX_RESCORED:
+        idx = sorted({round(i * (len(front) - 1) / (MAX_RESCORED - 1)) for i in range(MAX_RESCORED)})
+        front = [front[i] for i in idx]
+    feasible = [t for t in ([best] if best else []) + front
+                if t.metrics is not None and objective.feasible(t.metrics)]
+    return Finalists(best, tuple(front), tuple(feasible))
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """What the confirm split said about the search's finalists.
+
+    Attributes:
+        split: the split that vouched ("confirm"), or None when the data have none (the best
+            plan is then the search's, unconfirmed).
+        finalists: each finalist and its confirm metrics, in the order tested (largest first).
+        confirmed: how many finalists, from the first, were confirmed before the first failure.
+        best: the smallest confirmed plan (None when none was, or when there is no confirm split).
+        ceiling: the retention bound a plan that agrees with the float model on every confirm
+            image would get: below the floor, the split is too small to confirm anything, and
+            nothing was re-scored (the run then reports its best as certified on val only).
+    """
+
+    split: str | None
+    finalists: tuple[tuple[Trial, Metrics], ...]
+    confirmed: int
+    best: Trial | None
+    ceiling: float | None
+    floor: float = 0.0
+
+    @property
+    def usable(self) -> bool:
+        """Whether the confirm split exists and is large enough to confirm a plan at the floor."""
+        return self.split is not None and self.ceiling is not None and self.ceiling >= self.floor - 1e-12
+
+
+def certifiable_retention(evaluator: Evaluator, split: str, confidence: float) -> float:
+    """The retention bound of a plan that agrees with the float model on every image of `split`:
+    the most that split can certify at `confidence`."""
+    data = evaluator.workload.split(split)
+    return PairedCounts(len(data), int(data.base_correct.sum()), 0, 0).retention_lower(confidence)
+
+
+def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial]) -> Confirmation:
+    """Re-scores `finalists` on the confirm split and confirms them in a fixed sequence.
+
+    Args:
+        evaluator: scores plans (its workload must hold a confirm split, else nothing is re-scored).
+        objective: the floor, the confidence, and the target that orders the finalists.
+        finalists: val-feasible plans (any order; duplicates by plan key are dropped).
+
+    Example:
+        >>> c = confirm(ev, Objective("size", 0.99, 0.95), finalists)
+        >>> c.best.number if c.best else None
+    """
+    if SPLIT not in evaluator.workload.splits:
+        return Confirmation(None, (), 0, None, None, objective.min_retention)
+    ceiling = certifiable_retention(evaluator, SPLIT, objective.confidence)
+    if ceiling < objective.min_retention - 1e-12:
+        return Confirmation(SPLIT, (), 0, None, ceiling, objective.min_retention)
+    unique = list({t.plan.key: t for t in finalists if t.metrics is not None}.values())
+    order = sorted(unique, key=lambda t: (-objective.value(t.metrics), -objective.retention_lower(t.metrics)))  # type: ignore[arg-type]
+    scored: list[tuple[Trial, Metrics]] = []
+    for t in order:  # the sequence stops at the first failure: nothing after it could be claimed
+        scored.append((t, evaluator.evaluate(t.plan, split=SPLIT)))
+        if not objective.meets_floor(scored[-1][1]):
+            break
+    confirmed = sum(objective.meets_floor(m) for _, m in scored)
+    best = scored[confirmed - 1][0] if confirmed else None
+    return Confirmation(SPLIT, tuple(scored), confirmed, best, ceiling, objective.min_retention)
