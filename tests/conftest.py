@@ -21,3 +21,57 @@ def resnet20_workload():
     from modelopt.api import build_workload
 
     return build_workload("cifar10_resnet20", "cifar10-sample", device="cpu")
+
+
+# ---- small real runs that report, export and storage tests read (built once per session) ----
+
+
+@pytest.fixture(scope="session")
+def small_data(tmp_path_factory) -> Path:
+    """The bundled sample's 846 CIFAR-10 test images as an .npz (split 20/40/40 % calib/val/test): fast trials."""
+    import numpy as np
+
+    from modelopt.data import SAMPLE_PATH
+
+    path = tmp_path_factory.mktemp("small_data") / "cifar10_846.npz"
+    with np.load(SAMPLE_PATH) as f:
+        np.savez(path, x=f["test_x"], y=f["test_y"])
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_workload(small_data):
+    from modelopt.api import build_workload
+
+    return build_workload("cifar10_resnet20", str(small_data), device="cpu")
+
+
+# The floor the small runs search under: low enough that a few hundred val images certify plans.
+SMALL_FLOOR = 0.9
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory, small_workload) -> Path:
+    """A finished MCTS run (quantize, budget 14) of ResNet-20 on `small_data`, as `modelopt optimize`
+    leaves it (journal, summary, best plan, layer table). Read-only: copy what a test changes."""
+    import modelopt
+
+    out = tmp_path_factory.mktemp("small_run") / "run"
+    modelopt.optimize(small_workload, strategy="mcts", budget=14, min_retention=SMALL_FLOOR, seed=0, out=out,
+                      progress=False, compressors=["quantize"], report=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def small_sweep(tmp_path_factory, small_workload) -> Path:
+    """A finished sweep (random and MCTS, seeds 0 and 1, budget 4) on `small_workload`: its folder
+    holds sweep.json, table.md and runs/resnet20/<strategy>/seed<k>/. Read-only."""
+    from modelopt.run.sweep import run_sweep
+
+    root = tmp_path_factory.mktemp("small_sweep")
+    (root / "small.yaml").write_text(
+        "name: small\nout: small\nmodels:\n  - name: resnet20\n    model: cifar10_resnet20\n"
+        f"strategies: [random, mcts]\nbudgets: [4]\nseeds: [0, 1]\nmin_retention: {SMALL_FLOOR}\n"
+        "compressors: [quantize]\ndevice: cpu\n")
+    run_sweep(root / "small.yaml", progress=False, workloads={"resnet20": small_workload})
+    return root / "small"

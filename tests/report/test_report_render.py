@@ -11,16 +11,15 @@ import pytest
 from modelopt.report import write_report
 
 CHROMIUM = Path("/usr/bin/chromium")
-RUN = Path(__file__).resolve().parents[2] / "experiments" / "mcts_vs_baselines" / "runs" / "resnet20" / "mcts" / "seed0"
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium (apt-get install chromium)")
-def test_report_html_renders_in_headless_chromium(tmp_path):
+def test_report_html_renders_in_headless_chromium(tmp_path, small_run):
     import numpy as np
     from PIL import Image
 
     run = tmp_path / "run"
-    shutil.copytree(RUN, run, ignore=shutil.ignore_patterns("strategy_state.json"))
+    shutil.copytree(small_run, run, ignore=shutil.ignore_patterns("strategy_state.json", "report*"))
     page = write_report(run).html
     shot = tmp_path / "shot.png"
     cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

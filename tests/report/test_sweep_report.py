@@ -1,7 +1,9 @@
-"""The sweep report from a copy of the committed sweep's folders: curves per strategy, table.md inside."""
+"""The sweep report from a copy of a real small sweep's folders (built once per session): curves per
+strategy, table.md inside."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import statistics
@@ -13,17 +15,16 @@ from modelopt.errors import LoadError
 from modelopt.report import write_sweep_report
 from modelopt.run.run_folder import read_run
 
-SWEEP = Path(__file__).resolve().parents[2] / "experiments" / "mcts_vs_baselines"
 
-
-def _copy_sweep(tmp_path: Path, strategies=("random", "mcts"), seeds=(0, 1)) -> Path:
+def _copy_sweep(sweep: Path, tmp_path: Path, strategies=("random", "mcts"), seeds=(0, 1)) -> Path:
+    """The sweep's tables and, per cell, its settings and journal only: runs not finished."""
     out = tmp_path / "sweep"
     out.mkdir()
     for name in ("sweep.json", "table.md"):
-        shutil.copy(SWEEP / name, out)
+        shutil.copy(sweep / name, out)
     for strategy in strategies:
         for k in seeds:
-            src = SWEEP / "runs" / "resnet20" / strategy / f"seed{k}"
+            src = sweep / "runs" / "resnet20" / strategy / f"seed{k}"
             dst = out / "runs" / "resnet20" / strategy / f"seed{k}"
             dst.mkdir(parents=True)
             for name in ("run.json", "trials.jsonl"):
@@ -31,8 +32,8 @@ def _copy_sweep(tmp_path: Path, strategies=("random", "mcts"), seeds=(0, 1)) -> 
     return out
 
 
-def test_sweep_report_has_a_curve_per_model_and_the_table(tmp_path):
-    out = _copy_sweep(tmp_path)
+def test_sweep_report_has_a_curve_per_model_and_the_table(tmp_path, small_sweep):
+    out = _copy_sweep(small_sweep, tmp_path)
     paths = write_sweep_report(out)
     html, md = paths.html.read_text(), paths.markdown.read_text()
     assert [p.name for p in paths.images] == ["sweep_resnet20.png"]
@@ -43,14 +44,15 @@ def test_sweep_report_has_a_curve_per_model_and_the_table(tmp_path):
     assert set(rows) == {"random", "mcts"}
     bests = [read_run(out / "runs" / "resnet20" / "mcts" / f"seed{k}", with_layers=False).best for k in (0, 1)]
     median = statistics.median(b.metrics.compression for b in bests)
-    assert rows["mcts"].startswith(f"| mcts | 2 | 0 | 200 | {median:.2f}× |")  # 2 seeds, none finished (no summary)
+    budget = max(json.loads((out / "sweep.json").read_text())["budgets"])
+    assert rows["mcts"].startswith(f"| mcts | 2 | 0 | {budget:g} | {median:.2f}× |")  # 2 seeds, none finished
     # table.md is included, its headings nested under the report's section.
-    assert "### Sweep `mcts_vs_baselines`" in md and "<h3>Sweep <code>mcts_vs_baselines</code></h3>" in html
+    assert "### Sweep `small`" in md and "<h3>Sweep <code>small</code></h3>" in html
     assert "Budget needed to reach random" in html and "<table>" in html
 
 
-def test_a_seed_not_started_is_left_out_and_an_empty_folder_refused(tmp_path):
-    out = _copy_sweep(tmp_path, strategies=("mcts",), seeds=(0,))
+def test_a_seed_not_started_is_left_out_and_an_empty_folder_refused(tmp_path, small_sweep):
+    out = _copy_sweep(small_sweep, tmp_path, strategies=("mcts",), seeds=(0,))
     md = write_sweep_report(out).markdown.read_text()
     assert "| mcts | 1 |" in md
     with pytest.raises(LoadError, match="holds no sweep run folders"):
