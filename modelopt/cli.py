@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -42,11 +43,20 @@ def _friendly(fn: F) -> F:
         except ModeloptError as exc:
             err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            err.print("[yellow]interrupted[/]: finished trials are in the journal; rerun with --resume to continue")
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (`_Terminated`) from a scheduler or `kill`
+            what = "terminated" if isinstance(exc, _Terminated) else "interrupted"
+            err.print(f"[yellow]{what}[/]: finished trials are in the journal; rerun with --resume to continue")
+            raise typer.Exit(143 if isinstance(exc, _Terminated) else 130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is so it unwinds as Ctrl-C does (temporary files removed)."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -393,5 +403,6 @@ def export_(
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, _on_sigterm)
     app(prog_name="modelopt")
     sys.exit(0)

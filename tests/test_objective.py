@@ -195,3 +195,62 @@ def test_best_of_is_none_when_nothing_is_feasible():
     obj = Objective("size", 0.99)
     assert best_of(items(["tiny", "small", "mid", "failed"]), lambda it: it[1], obj) is None
     assert best_of([], lambda it: it, obj) is None
+
+
+# ---- the confidence bound (issue 11) ----------------------------------------------------------
+
+
+def paired(n: int, base_right: int, lost: int, gained: int, size: int = 250_000) -> Metrics:
+    """Metrics of a plan with these paired counts against the float model on n images."""
+    acc, base = (base_right - lost + gained) / n, base_right / n
+    return Metrics(split="val", n_samples=n, accuracy=acc, baseline_accuracy=base, retention=acc / base,
+                   agreement=1.0 - (lost + gained) / n, size_bytes=size, float_size_bytes=FLOAT_BYTES,
+                   compression=FLOAT_BYTES / size, bitops=MACS * 4 * 32, macs=MACS, eval_seconds=0.1,
+                   base_right=base_right, lost=lost, gained=gained)
+
+
+def test_a_near_floor_plan_lucky_on_val_is_no_longer_feasible():
+    """423 val images, 389 right for the float model: losing 4 and gaining 1 is 99.23 % retention,
+    over the floor as a point estimate, but the drop's upper bound puts retention near 98 %."""
+    lucky = paired(423, 389, lost=4, gained=1)
+    assert lucky.retention == pytest.approx(386 / 389) and lucky.retention > 0.99
+    assert Objective("size", 0.99, confidence=0.0).feasible(lucky)
+    strict = Objective("size", 0.99, confidence=0.95)
+    assert not strict.feasible(lucky)
+    assert strict.reward(lucky) < 0  # strategies see it miss the floor too
+    assert strict.retention_lower(lucky) < 0.985
+
+
+def test_a_plan_that_agrees_on_thousands_of_images_is_certified():
+    strict = Objective("size", 0.99, confidence=0.95)
+    assert strict.feasible(paired(4000, 3300, lost=10, gained=8))
+    assert not strict.feasible(paired(400, 330, lost=1, gained=0))  # the same rates on a tenth of the images
+
+
+def test_confidence_zero_reproduces_the_point_estimate_rule():
+    """Every decision of `confidence=0` is the old rule: retention >= floor, not stopped."""
+    rng = random.Random(0)
+    zero = Objective("size", 0.99, confidence=0.0)
+    for _ in range(500):
+        n = rng.randint(50, 2000)
+        right = rng.randint(n // 2, n)
+        lost, gained = rng.randint(0, min(30, right)), rng.randint(0, min(30, n - right))
+        m = paired(n, right, lost, gained, size=rng.choice(SIZES))
+        assert zero.feasible(m) == (m.retention >= 0.99)
+        assert zero.retention_lower(m) == m.retention
+
+
+def test_the_pareto_front_and_best_use_the_bound():
+    strict = Objective("size", 0.99, confidence=0.95)
+    small_lucky = ("lucky", paired(423, 389, 4, 1, size=100_000))
+    big_safe = ("safe", paired(423, 389, 0, 0, size=300_000))
+    front = pareto_front([small_lucky, big_safe], lambda it: it[1], strict)
+    assert [n for n, _ in front] == ["lucky", "safe"]  # both on the front, by their bounds
+    assert best_of([small_lucky, big_safe], lambda it: it[1], strict)[0] == "safe"
+    assert best_of([small_lucky, big_safe], lambda it: it[1], Objective("size", 0.99, 0.0))[0] == "lucky"
+
+
+@pytest.mark.parametrize("bad", [1.01, 1.5, -0.1])
+def test_a_floor_above_what_any_plan_can_certify_is_one_clear_error(bad):
+    with pytest.raises(ConfigError, match="min_retention"):
+        Objective("size", bad)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from modelopt._version import __version__
 from modelopt.layers import Layer
+from modelopt.metrics import Metrics
 from modelopt.objective import pareto_front
 from modelopt.report import plots
 from modelopt.report.document import (
@@ -45,6 +46,12 @@ def _kib(n: float | None) -> str:
     return "–" if n is None else f"{n / 1024:,.1f} KiB"
 
 
+def _bounded(run: RunFolder, m: Metrics) -> str:
+    """Retention and its bounds at the run's confidence: "99.10% [98.2%, 99.9%]"."""
+    lo, hi = m.retention_bounds(run.objective.confidence)
+    return _fpct(m.retention) if lo == hi or math.isnan(lo) else f"{_fpct(m.retention)} [{lo:.1%}, {hi:.1%}]"
+
+
 def _what(run: RunFolder) -> str:
     t = run.objective.target.value
     return "compression" if t == "size" else f"{t} reduction"
@@ -63,7 +70,9 @@ def _summary_table(run: RunFolder) -> Table:
         ("model", f"`{cfg.get('model', '?')}`{weights}"),
         ("data", f"`{cfg.get('data', '?')}` (split seed {cfg.get('data_seed', 0)})"),
         ("strategy", f"`{cfg.get('strategy', '?')}`, seed {cfg.get('seed', 0)}"),
-        ("objective", f"minimise {run.objective.target.value} with val retention ≥ {run.objective.min_retention:.2%}"),
+        ("objective", f"minimise {run.objective.target.value} with retention ≥ {run.objective.min_retention:.2%}"
+                      + (f" at confidence {run.objective.confidence:g} (a one-sided bound on the drop)"
+                         if run.objective.confidence > 0 else " (point estimates)")),
         ("budget used", f"{run.spent:.4g} of {run.budget:g} full val evaluations"),
         ("trials", _trial_counts(run)),
     ]
@@ -74,9 +83,8 @@ def _summary_table(run: RunFolder) -> Table:
     m0 = next((r.metrics for r in run.records if r.metrics is not None), None)
     if s is not None:
         base = s["baseline"]
-        val, test = base["val"], base["test"]
-        rows.append(("float top-1", (f"{val['accuracy']:.2%} val ({val['n_samples']} images), "
-                                     f"{test['accuracy']:.2%} test ({test['n_samples']} images)")))
+        rows.append(("float top-1", ", ".join(f"{base[k]['accuracy']:.2%} {k} ({base[k]['n_samples']} images)"
+                                              for k in ("test", "confirm", "val") if k in base)))
     elif m0 is not None:
         rows.append(("float top-1", f"{m0.baseline_accuracy:.2%} val ({m0.n_samples} images); test: when the run ends"))
     rows.append(("float size", _kib(run.float_size_bytes)))
@@ -85,15 +93,23 @@ def _summary_table(run: RunFolder) -> Table:
     else:
         m = best.metrics
         assert m is not None
-        test = run.test_by_key.get(best.plan_key)
+        test, conf = run.test_by_key.get(best.plan_key), run.confirm_by_key.get(best.plan_key)
+        status = ("confirmed on the confirm split" if run.confirmed else
+                  "certified on val only (not confirmed)" if run.done else "so far, on val")
         rows += [
-            ("best plan", f"trial {best.number} (key `{best.plan_key}`): {plan_mix(best.plan)}"),
-            (f"best {_what(run)}", f"{_fx(run.reduction(m))} val" + (f", {_fx(run.reduction(test))} test" if test else "")),
+            ("best plan", f"trial {best.number} (key `{best.plan_key}`), {status}: {plan_mix(best.plan)}"),
+            (f"best {_what(run)}", f"{_fx(run.reduction(test or m))}"),
             ("best size", f"{_kib(m.size_bytes)} (float {_kib(m.float_size_bytes)})"),
-            ("best retention", f"{_fpct(m.retention)} val, " + (f"{_fpct(test.retention)} test" if test else
-                                                                "test: re-scored when the run ends")),
-            ("best agreement", f"{_fpct(m.agreement)} val" + (f", {_fpct(test.agreement)} test" if test else "")),
+            ("best retention", "; ".join(f"{_bounded(run, x)} {name}" for name, x in
+                                         (("test (held out)", test), ("confirm", conf),
+                                          ("val (search-time estimate)", m)) if x is not None)),
+            ("best agreement", ", ".join(f"{_fpct(x.agreement)} {name}" for name, x in
+                                         (("test", test), ("confirm", conf), ("val", m)) if x is not None)),
         ]
+        sb = run.search_best
+        if run.done and sb is not None and sb.plan_key != best.plan_key and sb.metrics is not None:
+            rows.append(("search's own pick", f"trial {sb.number}, {_fx(run.reduction(sb.metrics))} at "
+                                               f"{_bounded(run, sb.metrics)} val: not confirmed"))
     return Table(("", "value"), tuple(rows), "ll")
 
 
@@ -105,12 +121,12 @@ def _front_table(run: RunFolder, front: Sequence[Record]) -> Table:
     for r in front:
         m = r.metrics
         assert m is not None
-        test = run.test_by_key.get(r.plan_key)
-        rows.append((str(r.number), _kib(m.size_bytes), _fx(run.reduction(m)), _fpct(m.retention),
-                     "–" if test is None else _fpct(test.retention), "yes" if run.objective.feasible(m) else "no",
-                     plan_mix(r.plan)))
-    return Table(("trial", "size", _what(run), "val retention", "test retention", "feasible", "plan"),
-                 tuple(rows), "rrrrrll")
+        test, conf = run.test_by_key.get(r.plan_key), run.confirm_by_key.get(r.plan_key)
+        rows.append((str(r.number), _kib(m.size_bytes), _fx(run.reduction(m)),
+                     "–" if test is None else _bounded(run, test), "–" if conf is None else _bounded(run, conf),
+                     _bounded(run, m), "yes" if run.objective.feasible(m) else "no", plan_mix(r.plan)))
+    return Table(("trial", "size", _what(run), "test retention", "confirm retention", "val retention (search)",
+                  "feasible on val", "plan"), tuple(rows), "rrrrrrll")
 
 
 def _top_table(run: RunFolder) -> Table | None:
@@ -124,10 +140,11 @@ def _top_table(run: RunFolder) -> Table | None:
         m = r.metrics
         assert m is not None
         test = run.test_by_key.get(r.plan_key)
-        rows.append((str(rank), str(r.number), _fx(run.reduction(m)), _kib(m.size_bytes), _fpct(m.retention),
-                     _fpct(m.agreement), "–" if test is None else _fpct(test.retention), plan_mix(r.plan)))
-    return Table(("#", "trial", _what(run), "size", "val retention", "val agreement", "test retention", "plan"),
-                 tuple(rows), "rrrrrrrl")
+        rows.append((str(rank), str(r.number), _fx(run.reduction(m)), _kib(m.size_bytes),
+                     "–" if test is None else _fpct(test.retention), _bounded(run, m), _fpct(m.agreement),
+                     plan_mix(r.plan)))
+    return Table(("#", "trial", _what(run), "size", "test retention", "val retention (search)", "val agreement",
+                  "plan"), tuple(rows), "rrrrrrrl")
 
 
 def _layer_blocks(run: RunFolder, best: Record) -> list[Block]:

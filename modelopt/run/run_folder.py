@@ -103,15 +103,32 @@ class RunFolder:
         return self.objective.reference(m) / max(self.objective.value(m), 1e-12)
 
     @cached_property
-    def best(self) -> Record | None:
-        """The feasible trial with the highest reward (ties: higher retention; first wins): the runner's choice."""
+    def search_best(self) -> Record | None:
+        """The val-feasible trial with the highest reward (ties: higher retention bound; first wins): the
+        search's own pick, a search-time estimate."""
         best, key = None, None
         for r in self.records:
             if r.metrics is not None and r.feasible and self.objective.feasible(r.metrics):
-                k = (self.objective.reward(r.metrics), r.metrics.retention)
+                k = (self.objective.reward(r.metrics), self.objective.retention_lower(r.metrics))
                 if key is None or k > key:
                     best, key = r, k
         return best
+
+    @cached_property
+    def best(self) -> Record | None:
+        """The plan the run reports: once it has finished, the one summary.json names (confirmed on the
+        confirm split when the data have one); while it runs, the search's pick so far."""
+        if self.summary is None:
+            return self.search_best
+        entry = self.summary.get("best")
+        if not entry:
+            return None
+        return next((r for r in self.records if r.plan_key == entry["plan_key"]), None)
+
+    @property
+    def confirmed(self) -> bool:
+        """Whether the reported best was confirmed on images that did not select it."""
+        return bool(self.summary and (self.summary.get("best") or {}).get("confirmed"))
 
     def best_so_far(self) -> list[tuple[float, float | None]]:
         """(cumulative cost, best feasible reduction so far or None) after each trial."""
@@ -130,10 +147,18 @@ class RunFolder:
         out: dict[str, Metrics] = {}
         if self.summary is None:
             return out
-        for entry in [self.summary.get("best"), *self.summary.get("pareto", [])]:
+        for entry in [self.summary.get("best"), self.summary.get("search_best"), *self.summary.get("pareto", [])]:
             if entry and entry.get("test"):
                 out[entry["plan_key"]] = Metrics.from_dict(entry["test"])
         return out
+
+    @cached_property
+    def confirm_by_key(self) -> dict[str, Metrics]:
+        """Confirm-split re-scores from summary.json (the finalists confirmation tested), by plan key."""
+        if self.summary is None:
+            return {}
+        finalists = (self.summary.get("confirmation") or {}).get("finalists", [])
+        return {f["plan_key"]: Metrics.from_dict(f["confirm"]) for f in finalists if f.get("confirm")}
 
     @cached_property
     def space(self) -> SearchSpace | None:

@@ -111,6 +111,7 @@ class Runner:
         self.journal = Journal(self.run_dir / JOURNAL)
         self.trials: list[Trial] = []
         self.eval_seconds = 0.0
+        self._check_certifiable()
 
     # ---- set-up and resume ----------------------------------------------------------------
 
@@ -234,9 +235,15 @@ class Runner:
 
     def run(self) -> RunResult:
         """Runs the search to its budget, then re-scores the best and Pareto plans on test."""
+        try:
+            return self._run()
+        finally:  # the folder is free again however the run ends, even if this runner lives on
+            if getattr(self, "_lock", None) is not None:
+                self._lock.release()
+
+    def _run(self) -> RunResult:
         t_start = time.perf_counter()
         self._open()
-        self._warn_if_too_small()
         seen = {t.plan.key: t for t in self.trials}
         idle = 0
         # Progress is budget spent (full val evaluations), which multi-fidelity makes differ from trials.
@@ -264,25 +271,27 @@ class Runner:
         search_wall = time.perf_counter() - t_start
         return self._finish(search_wall)
 
-    def _warn_if_too_small(self) -> None:
-        """Says so when val (or confirm) is too small to certify the floor even for a perfect plan."""
+    def _check_certifiable(self) -> None:
+        """A val split too small to certify the floor even for a plan that agrees with the float model on
+        every image makes the search pointless: refused in one line. A confirm split that small is said."""
         if self.objective.confidence <= 0:
             return
-        floor = self.objective.min_retention
+        floor, conf = self.objective.min_retention, self.objective.confidence
         for split in ("val", "confirm"):
             if split not in self.evaluator.workload.splits:
                 continue
-            ceiling = certifiable_retention(self.evaluator, split, self.objective.confidence)
-            if ceiling < floor - 1e-12:
-                n = len(self.evaluator.workload.split(split))
-                self.console.print(
-                    f"[yellow]warning:[/] the {split} split ({n} images) is too small to certify the {floor:.1%} "
-                    f"floor: a plan that agrees with the float model on all of them is certified only at "
-                    f"{ceiling:.2%} (confidence {self.objective.confidence:g}). "
-                    + ("No plan can be feasible: pass more data, a lower --min-retention, or --confidence 0 for "
-                       "point estimates." if split == "val" else
-                       "The best plan will be certified on val only and reported as unconfirmed."),
-                    highlight=False, soft_wrap=True)
+            ceiling = certifiable_retention(self.evaluator, split, conf)
+            if ceiling >= floor - 1e-12:
+                continue
+            n = len(self.evaluator.workload.split(split))
+            said = (f"the {split} split ({n} images) is too small to certify a {floor:.1%} retention floor: a plan "
+                    f"that agrees with the float model on all of them is certified only at {ceiling:.2%} "
+                    f"(confidence {conf:g})")
+            if split == "val":
+                raise ConfigError(f"{said}; pass more data, a lower --min-retention, or --confidence 0 for point "
+                                  "estimates")
+            self.console.print(f"[yellow]warning:[/] {said}; the best plan will be certified on val only and "
+                               "reported as unconfirmed", highlight=False, soft_wrap=True)
 
     # ---- the end: re-score on test, write the run folder ----------------------------------
 

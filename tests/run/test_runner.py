@@ -141,3 +141,49 @@ def test_a_moved_run_folder_resumes_and_other_weights_are_refused(tmp_path, resn
     with pytest.raises(ConfigError, match="model_sha256"):
         modelopt.optimize(other, budget=4, out=tmp_path / "b", progress=False, strategy="random", resume=True,
                           compressors=["quantize"])
+
+
+# ---- confidence and confirmation (issue 11) ------------------------------------------------------
+
+
+def test_confidence_zero_runs_on_point_estimates(tmp_path, resnet20_workload):
+    """--confidence 0 is today's rule: a plan is feasible when its val retention meets the floor."""
+    result = modelopt.optimize(resnet20_workload, budget=4, seed=1, out=tmp_path / "r", progress=False, report=False,
+                               compressors=["quantize"], confidence=0.0, min_retention=0.99)
+    assert result.summary["objective"]["confidence"] == 0.0
+    for t in result.trials:
+        if t.ok:
+            assert t.feasible == (t.metrics.stopped is None and t.metrics.retention >= 0.99)
+    assert result.summary["best"] is None or result.summary["best"]["confirmed"] is False  # no confirm split
+
+
+def test_the_summary_leads_with_test_and_bounds(tmp_path, resnet20_workload):
+    result = modelopt.optimize(resnet20_workload, budget=4, seed=0, out=tmp_path / "r", progress=False, report=False,
+                               compressors=["quantize"], min_retention=0.97)
+    best = result.summary["best"]
+    assert best is not None and list(best)[:6] == ["trial", "plan_key", "plan", "test", "confirm", "val"]
+    lo, hi = best["test"]["retention_lower"], best["test"]["retention_upper"]
+    assert lo < best["test"]["retention"] < hi
+    assert best["val"]["retention_lower"] >= 0.97  # feasible means the val bound clears the floor
+    assert best["confirmed"] is False and result.summary["confirmation"]["split"] is None
+
+
+def test_a_val_split_too_small_to_certify_the_floor_is_refused_before_the_search(tmp_path, small_workload):
+    with pytest.raises(ConfigError, match=r"val split \(169 images\) is too small to certify a 99.0% retention floor"):
+        modelopt.optimize(small_workload, budget=4, out=tmp_path / "r", progress=False, report=False,
+                          compressors=["quantize"], min_retention=0.99)
+    assert not (tmp_path / "r").exists()  # nothing was written
+
+
+def test_a_run_with_a_confirm_split_reports_only_what_confirmation_held(tmp_path, small_workload):
+    result = modelopt.optimize(small_workload, budget=6, seed=0, out=tmp_path / "r", progress=False, report=False,
+                               compressors=["quantize"], min_retention=0.9)
+    conf = result.summary["confirmation"]
+    assert conf["split"] == "confirm" and conf["usable"]
+    if result.best is not None:
+        assert result.summary["best"]["confirmed"] is True
+        assert result.best_confirm is not None and result.best_confirm.split == "confirm"
+        lo = result.summary["best"]["confirm"]["retention_lower"]
+        assert lo >= 0.9  # confirmed: the confirm split's bound clears the floor
+        tested = [f["plan_key"] for f in conf["finalists"]]
+        assert result.best.plan.key in tested

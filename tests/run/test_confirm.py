@@ -1,0 +1,71 @@
+"""Confirmation: finalists re-scored on the confirm split, confirmed in a fixed sequence."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from modelopt.compressors.quantize import Granularity, QuantSpec
+from modelopt.evaluator import Evaluator
+from modelopt.objective import Objective
+from modelopt.run.confirm import certifiable_retention, confirm, finalists
+from modelopt.space import SearchSpace
+from modelopt.trial import Trial, TrialStatus
+
+
+@pytest.fixture(scope="module")
+def evaluator(small_workload):
+    from modelopt.api import build_compressors
+
+    comps = build_compressors(["quantize"], {"quantize": {"bits": [8, 4, 2], "granularity": ["per_channel"]}})
+    return Evaluator(small_workload, SearchSpace(small_workload.layers, comps))
+
+
+def _trial(ev: Evaluator, number: int, bits: int, objective: Objective) -> Trial:
+    plan = ev.space.uniform("quantize", QuantSpec(bits, Granularity.PER_CHANNEL))
+    m = ev.evaluate(plan, "val")
+    return Trial(number, plan, TrialStatus.COMPLETE, m, objective.reward(m), objective.feasible(m), 1.0, 0.0,
+                 "test", 0, "test")
+
+
+def test_the_smallest_plan_confirmed_in_turn_is_the_best_and_the_sequence_stops_at_a_failure(evaluator):
+    obj = Objective("size", 0.9, 0.95)
+    int8, int4, int2 = (_trial(evaluator, i, b, obj) for i, b in enumerate((8, 4, 2)))
+    c = confirm(evaluator, obj, [int2, int8, int4])  # any order in: tested largest first
+    assert c.usable and c.split == "confirm"
+    assert [t.number for t, _ in c.finalists][:2] == [0, 1]
+    confirm_int2 = evaluator.evaluate(int2.plan, "confirm")
+    assert not obj.meets_floor(confirm_int2)  # INT2 everywhere collapses
+    assert c.best is int4 and c.confirmed == 2
+    assert len(c.finalists) == 3  # int2 was scored, failed, and ended the sequence
+    # A failure ends the sequence: a plan after it is not claimed even when it would pass.
+    c2 = confirm(evaluator, obj, [int8, dataclasses.replace(int2, plan=int2.plan, number=5), int4])
+    assert c2.best is int4
+
+
+def test_a_confirm_split_too_small_to_certify_the_floor_confirms_nothing_and_says_so(evaluator):
+    obj = Objective("size", 0.99, 0.95)
+    ceiling = certifiable_retention(evaluator, "confirm", 0.95)
+    n = len(evaluator.workload.split("confirm"))
+    assert n < 300 and ceiling < 0.99  # ~170 images: a perfect plan is certified only near 98 %
+    c = confirm(evaluator, obj, [_trial(evaluator, 0, 8, obj)])
+    assert not c.usable and c.finalists == () and c.best is None and c.ceiling == pytest.approx(ceiling)
+
+
+def test_without_a_confirm_split_nothing_is_confirmed(resnet20_workload):
+    from modelopt.api import build_compressors
+
+    ev = Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, build_compressors(["quantize"])))
+    obj = Objective("size", 0.9, 0.95)
+    c = confirm(ev, obj, [_trial(ev, 0, 8, obj)])
+    assert c.split is None and not c.usable and c.best is None
+
+
+def test_finalists_are_the_val_feasible_plans_of_the_front(evaluator):
+    obj = Objective("size", 0.9, 0.95)
+    trials = [_trial(evaluator, i, b, obj) for i, b in enumerate((8, 4, 2))]
+    f = finalists(trials, obj)
+    assert f.search_best is trials[1]  # INT4: the smallest val-feasible plan
+    assert {t.number for t in f.candidates} == {0, 1}
+    assert all(obj.feasible(t.metrics) for t in f.candidates)
