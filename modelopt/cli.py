@@ -271,7 +271,7 @@ def evaluate(
     model: Annotated[str, typer.Option(help="Zoo name, torchvision:NAME, pkg.module:factory, or a saved module file.")] = "cifar10_resnet20",
     weights: Annotated[Path, typer.Option(help="Checkpoint (state dict) for --model.")] = None,  # type: ignore[assignment]
     data: Annotated[str, typer.Option(help="cifar10-sample, an .npz, an image folder or a CIFAR10 root.")] = "cifar10-sample",
-    split: Annotated[str, typer.Option(help="calib, val, test, or all (val + test).")] = "val",
+    split: Annotated[str, typer.Option(help="calib, val, confirm (data with a confirm split), test, or all (val + test).")] = "val",
     compressors: Annotated[str, typer.Option(help="Compressors the plan may use, e.g. quantize,prune (default: every registered one the model suits).")] = None,  # type: ignore[assignment]
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
     allow_pickle: Annotated[bool, typer.Option(help="Allow full unpickling of a model file (trusted files only).")] = False,

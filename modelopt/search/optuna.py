@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import optuna
 
 STATE_VERSION = 1
-VIOLATION_ATTR = "retention_violation"  # min_retention - retention; <= 0 is feasible
+VIOLATION_ATTR = "retention_violation"  # min_retention - retention bound; <= 0 is feasible
 
 
 def _import_optuna() -> Any:
@@ -268,8 +268,9 @@ class OptunaNSGA2(_OptunaSearch):
         m = trial.metrics
         if trial.reward is None or m is None or math.isnan(m.retention):
             return None
-        return [float(m.retention), self.objective.value(m)]
+        return [float(self.objective.retention_lower(m)), self.objective.value(m)]
 
     def _violation(self, trial: Trial) -> float | None:
+        """The floor minus the retention bound at the objective's confidence (what feasibility uses)."""
         assert trial.metrics is not None
-        return self.objective.min_retention - float(trial.metrics.retention)
+        return self.objective.min_retention - float(self.objective.retention_lower(trial.metrics))
