@@ -1,0 +1,235 @@
+"""Faults injected into real small runs (ResNet-20 on 846 bundled images): each is recorded as a failed
+trial or stops the run with one clear error; either way the journal stays valid and --resume goes on.
+
+| fault                                  | expected                                                  |
+| -------------------------------------- | --------------------------------------------------------- |
+| a compressor raises                    | failed trial with the error; the search goes on           |
+| a plan gives NaN logits                | failed trial ("non-finite"); the search goes on           |
+| CUDA out of memory (simulated)         | failed trial naming OutOfMemoryError; the search goes on  |
+| ENOSPC while appending to the journal  | run stops, one line (exit 2); journal keeps earlier trials|
+| SIGINT / SIGTERM mid-trial             | exit 130 / 143, one line; journal valid                   |
+| a second process on the same --out     | refused by the lock, one line naming the folder (exit 2)  |
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import modelopt
+import modelopt.run.journal
+from modelopt.cli import app
+from modelopt.compressors import COMPRESSORS, Compressor
+from modelopt.errors import StorageError
+from modelopt.evaluator import Evaluator
+from modelopt.run.journal import Journal
+from modelopt.run.lock import RunFolderBusy
+from modelopt.testing.cli import assert_one_line_error
+
+REPO = Path(__file__).resolve().parents[2]
+# A floor that val's few hundred images can certify (a higher one is refused before the search).
+FLOOR = 0.9
+QUANT = dict(strategy="random", compressors=["quantize"], bits=[8, 4], granularity=["per_channel"], progress=False,
+             min_retention=FLOOR, latency=None)  # no latency timing of the final plans: seconds per test
+
+
+def _valid_journal(run_dir: Path) -> list[dict]:
+    """Every line whole JSON, numbered 0..n-1, no plan twice; reading it changes nothing."""
+    path = run_dir / "trials.jsonl"
+    raw = path.read_bytes()
+    assert raw == b"" or raw.endswith(b"\n"), "a torn last line"
+    records = [json.loads(line) for line in raw.decode().splitlines()]
+    assert [r["number"] for r in records] == list(range(len(records)))
+    assert len({r["plan_key"] for r in records}) == len(records)
+    assert Journal(path).read() == records and path.read_bytes() == raw
+    return records
+
+
+class _Faulty(Compressor):
+    """On the fc layer, choice "fault" does `FAULT` (raise, or NaN weights) once `armed`; None leaves it alone."""
+
+    name = "faulty"
+    FAULT: BaseException | str = "nan"
+    armed = True
+    choice = "fault"  # one per test: the shared workload caches compressed weights by choice
+
+    def menu(self, layer):
+        return (None, self.choice) if layer.name == "linear" else (None,)
+
+    def parse(self, raw, layer):
+        return raw
+
+    def dump(self, choice):
+        return choice
+
+    def apply(self, weight, choice):
+        if choice is None or not self.armed:
+            return weight
+        if isinstance(self.FAULT, BaseException):
+            raise self.FAULT
+        return torch.full_like(weight, float("nan"))
+
+    def weight_bytes(self, layer, choice):
+        return layer.params * 4
+
+
+@pytest.fixture
+def faulty(monkeypatch):
+    """The faulty compressor, registered; it fails only in trials, not in the data-free pre-pass of
+    per-choice errors (`Evaluator.measure_errors`; a fault there: the xfail test below)."""
+    real = Evaluator.measure_errors
+
+    def measure_then_arm(self):
+        _Faulty.armed = False
+        real(self)
+        _Faulty.armed = True
+
+    monkeypatch.setattr(Evaluator, "measure_errors", measure_then_arm)
+    COMPRESSORS.register("faulty")(_Faulty)
+    try:
+        yield _Faulty
+    finally:
+        COMPRESSORS._items.pop("faulty")
+        _Faulty.FAULT, _Faulty.armed, _Faulty.choice = "nan", True, "fault"
+
+
+@pytest.mark.parametrize("fault,needle", [
+    (RuntimeError("boom in apply"), "RuntimeError: boom in apply"),
+    ("nan", "non-finite"),
+    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "OutOfMemoryError: CUDA out of memory"),
+], ids=["compressor_raises", "nan_logits", "cuda_oom"])
+def test_a_failing_plan_is_recorded_and_the_run_resumes(tmp_path, small_workload, faulty, fault, needle):
+    faulty.FAULT, faulty.choice = fault, f"fault-{needle}"
+    run = tmp_path / "run"
+    opts = dict(QUANT, compressors=["quantize", "faulty"], report=False)
+    first = modelopt.optimize(small_workload, budget=6, out=run, **opts)
+    records = _valid_journal(run)
+    failed = [r for r in records if r["status"] == "failed"]
+    assert failed and all(r["plan"]["linear/faulty"] == faulty.choice for r in failed)
+    assert all(needle in r["error"] for r in failed), failed[0]["error"]
+    assert any(r["status"] == "complete" for r in records)  # the search went on past the failures
+    assert first.summary["n_failed"] == len(failed)
+    again = modelopt.optimize(small_workload, budget=9, out=run, resume=True, **opts)
+    after = _valid_journal(run)
+    assert after[: len(records)] == records and len(after) > len(records)
+    assert len(again.trials) == len(after)
+    print(f"\n{fault!r}: {len(failed)} of {len(records)} trials failed ({failed[0]['error'][:80]}); resumed to {len(after)}")
+
+
+@pytest.mark.xfail(strict=True, reason="Evaluator.measure_errors (the per-choice error pre-pass, before trial 0) lets "
+                   "a compressor's exception end the run with a traceback; it should record the choice as broken")
+def test_a_compressor_that_raises_in_the_pre_pass_does_not_end_the_run(tmp_path, small_workload):
+    COMPRESSORS.register("faulty")(_Faulty)
+    _Faulty.FAULT, _Faulty.choice = RuntimeError("boom in apply"), "fault-pre-pass"
+    try:
+        modelopt.optimize(small_workload, budget=4, out=tmp_path / "run", report=False,
+                          **dict(QUANT, compressors=["quantize", "faulty"]))
+    finally:
+        COMPRESSORS._items.pop("faulty")
+        _Faulty.FAULT, _Faulty.choice = "nan", "fault"
+    assert any(r["status"] == "failed" for r in _valid_journal(tmp_path / "run"))
+
+
+def test_a_full_disk_stops_the_run_in_one_line_and_resume_continues(tmp_path, small_data, small_workload, monkeypatch):
+    run = tmp_path / "run"
+    real_write, calls = os.write, {"n": 0}
+
+    def write(fd, data):  # the 4th journal line: half of it reaches the disk, then ENOSPC
+        calls["n"] += 1
+        if calls["n"] == 4:
+            real_write(fd, bytes(data[: len(data) // 2]))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(modelopt.run.journal.os, "write", write)
+    with pytest.raises(StorageError) as info:
+        modelopt.optimize(small_workload, budget=8, out=run, report=False, **QUANT)
+    msg = str(info.value)
+    print(f"\nENOSPC: {msg}")
+    assert "No space left on device" in msg and "keeps the 3 trials" in msg and "--resume" in msg
+    assert len(_valid_journal(run)) == 3  # the half line was cut off again
+    assert not list(run.glob("*.tmp")) and not list(run.glob(".*.tmp"))
+    monkeypatch.setattr(modelopt.run.journal.os, "write", real_write)
+    done = modelopt.optimize(small_workload, budget=8, out=run, resume=True, report=False, **QUANT)
+    assert len(_valid_journal(run)) == len(done.trials) > 3
+    # From the command line the same fault is one line and exit code 2.
+    calls["n"] = 0
+    monkeypatch.setattr(modelopt.run.journal.os, "write", write)
+    result = CliRunner().invoke(app, ["optimize", "--data", str(small_data), "--budget", "8", "--strategy", "random",
+                                      "--compressors", "quantize", "--min-retention", str(FLOOR), "--latency", "none",
+                                      "--out", str(tmp_path / "cli"), "--no-progress"])
+    assert_one_line_error(result, "cannot append to the journal", "No space left on device")
+    assert len(_valid_journal(tmp_path / "cli")) == 3
+
+
+def _start(run: Path, data: Path, budget: int = 200) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "modelopt", "optimize", "--data", str(data), "--budget", str(budget),
+           "--strategy", "random", "--compressors", "quantize", "--bits", "8,4", "--granularity", "per_channel",
+           "--min-retention", str(FLOOR), "--latency", "none", "--out", str(run), "--no-progress"]
+    # One intra-op thread: on a busy 2-core box torch's thread pool makes this run ~5x slower.
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_trials(run: Path, n: int, proc: subprocess.Popen) -> None:
+    journal, deadline = run / "trials.jsonl", time.time() + 120
+    while not (journal.exists() and journal.read_bytes().count(b"\n") >= n):
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.time() < deadline, "the run did not start"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+                         ids=["sigint", "sigterm"])
+def test_a_signal_mid_trial_leaves_a_valid_journal_that_resumes(tmp_path, small_data, small_workload, sig, code, word):
+    run = tmp_path / "run"
+    proc = _start(run, small_data)
+    _wait_for_trials(run, 2, proc)
+    time.sleep(0.1)  # into the next trial's evaluation
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    lines = [line for line in err.splitlines() if line.strip()]
+    print(f"\n{sig.name}: exit {proc.returncode}, stderr {lines}")
+    assert proc.returncode == code and "Traceback" not in err
+    assert len(lines) == 1 and lines[0].startswith(word) and "--resume" in lines[0]
+    before = _valid_journal(run)
+    assert not list(run.glob("*.tmp")) and not list(run.glob(".*.tmp"))
+    budget = len(before) + 3  # (quantize-only trials on the whole split cost 1 at most)
+    modelopt.optimize(small_workload, budget=budget, out=run, resume=True, report=False, **QUANT)
+    after = _valid_journal(run)
+    assert after[: len(before)] == before and len(after) > len(before)
+
+
+def test_a_second_process_on_the_same_out_is_refused_by_the_lock(tmp_path, small_data, small_workload, monkeypatch):
+    run = tmp_path / "run"
+    proc = _start(run, small_data)
+    try:
+        _wait_for_trials(run, 1, proc)
+        cli = CliRunner()
+        for extra in ([], ["--resume"]):  # a fresh start and a resume while the first runs
+            result = cli.invoke(app, ["optimize", "--out", str(run), "--budget", "3", "--no-progress", *extra])
+            assert_one_line_error(result, f"run folder '{run}' is in use by another modelopt process (pid {proc.pid})")
+            print(f"\nsecond process {extra}: {result.stderr.strip()}")
+        # Past the early check (two starting at once), the runner's own lock refuses it.
+        monkeypatch.setattr(modelopt.api, "preflight", lambda *a, **k: None)
+        with pytest.raises(RunFolderBusy, match="is in use"):
+            modelopt.optimize(small_workload, budget=300, out=run, resume=True, report=False, **QUANT)
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    before = _valid_journal(run)
+    monkeypatch.undo()
+    modelopt.optimize(small_workload, budget=len(before) + 2, out=run, resume=True, report=False, **QUANT)
+    after = _valid_journal(run)
+    assert after[: len(before)] == before and len(after) > len(before)
