@@ -36,7 +36,7 @@ SPLIT_NAMES = ("calib", "val", "confirm", "test", "all")
 SAMPLE_PATH = Path(__file__).parent / "zoo" / "assets" / "cifar10_sample.npz"
 DEFAULT_VAL_FRACTION = 0.2
 DEFAULT_CONFIRM_FRACTION = 0.2
-SAMPLE_VAL_FRACTION = 0.4  # the bundled sample, which has no confirm split by default: val 423 / test 423
+SAMPLE_VAL_FRACTION = 0.4  # the bundled sample's test images: val 423 / test 423 (it confirms on its own images)
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: tensors have no truth value; identity hash is what caches want
@@ -166,8 +166,8 @@ def load_data(
         confirm_fraction: Share for confirm (re-scores the search's finalists); test gets the
             rest. For "cifar10-sample" the 846 test images are cut val : confirm : test in the
             ratio val_fraction : confirm_fraction : (1 - all three); with the default fractions
-            the sample has no confirm split (too few images to certify a 99 % floor there) and
-            its test images are cut 423 val / 423 test.
+            its test images are cut 423 val / 423 test and it confirms on its own 1,000
+            training images that the search never scores (see `modelopt.zoo.make_sample`).
         max_samples: If given, first keep a seeded subset of this many samples in total
             (only those are decoded).
 
@@ -181,8 +181,8 @@ def load_data(
 
     Example:
         >>> data = load_data("cifar10-sample", seed=0)
-        >>> len(data.calib), len(data.val), len(data.test), data.confirm is None
-        (1000, 423, 423, True)
+        >>> len(data.calib), len(data.val), len(data.confirm), len(data.test)
+        (1000, 423, 1000, 423)
     """
     _check_options(seed, calib_fraction, val_fraction, confirm_fraction, max_samples)
     opts = dict(seed=seed, calib_fraction=calib_fraction, val_fraction=val_fraction, confirm_fraction=confirm_fraction)
@@ -228,6 +228,7 @@ def _cifar10_sample(
 ) -> Dataset:
     with np.load(SAMPLE_PATH) as f:
         cx, cy, tx, ty = (torch.from_numpy(f[k]) for k in ("calib_x", "calib_y", "test_x", "test_y"))
+        fx, fy = (torch.from_numpy(f[k]) for k in ("confirm_x", "confirm_y"))
     c_keep = np.arange(len(cy))
     t_keep = np.arange(len(ty))
     if max_samples is not None:
@@ -236,8 +237,11 @@ def _cifar10_sample(
         t_keep = _subset(len(ty), min(len(ty), max_samples - n_calib), seed)
     # The sample's 846 test images are too few for a confirm split that could certify a 99 % floor
     # (212 images cap a plan that agrees everywhere at 98.2 % at 95 % confidence), so by default they
-    # are cut val : test only, and the run's best is certified on val, reported as unconfirmed.
-    confirm_fraction = 0.0 if confirm_fraction == DEFAULT_CONFIRM_FRACTION else confirm_fraction
+    # are cut val : test only, and the sample's own 1,000 confirmation images (training images the
+    # search never scores, see zoo/make_sample.py) confirm. A confirm_fraction other than the
+    # default cuts confirm from the test images instead.
+    own_confirm = confirm_fraction == DEFAULT_CONFIRM_FRACTION
+    confirm_fraction = 0.0 if own_confirm else confirm_fraction
     val_fraction = SAMPLE_VAL_FRACTION if val_fraction == DEFAULT_VAL_FRACTION else val_fraction
     n_val = round(len(t_keep) * val_fraction / (1.0 - calib_fraction))
     n_conf = round(len(t_keep) * confirm_fraction / (1.0 - calib_fraction))
@@ -253,7 +257,8 @@ def _cifar10_sample(
         preprocessed=False,
         num_classes=int(max(cy.max(), ty.max())) + 1,
         seed=seed,
-        confirm=Split("confirm", tx[f], ty[f], f) if n_conf > 0 else None,
+        confirm=Split("confirm", fx, fy, torch.arange(len(fy))) if own_confirm else
+        Split("confirm", tx[f], ty[f], f) if n_conf > 0 else None,
     )
 
 

@@ -29,10 +29,11 @@ def exact() -> tuple[np.ndarray, np.ndarray]:
 
 
 def assert_partition(data: Dataset, n: int, x: np.ndarray, y: np.ndarray) -> None:
-    """The three splits are disjoint, cover positions 0..n-1, and carry the source's samples."""
-    idx = torch.cat([data.calib.index, data.val.index, data.test.index]).numpy()
+    """The splits are disjoint, cover positions 0..n-1, and carry the source's samples."""
+    splits = [data.calib, data.val, data.test] + ([data.confirm] if data.confirm is not None else [])
+    idx = torch.cat([s.index for s in splits]).numpy()
     assert sorted(idx.tolist()) == list(range(n))
-    for s in (data.calib, data.val, data.test):
+    for s in splits:
         np.testing.assert_array_equal(s.x.numpy(), x[s.index.numpy()])
         np.testing.assert_array_equal(s.y.numpy(), y[s.index.numpy()])
         assert s.y.dtype == torch.int64
@@ -44,7 +45,7 @@ def assert_partition(data: Dataset, n: int, x: np.ndarray, y: np.ndarray) -> Non
 def test_bundled_sample_sizes_and_partition() -> None:
     data = load_data()
     assert list_data_sources() == ["cifar10-sample"]
-    assert (len(data.calib), len(data.val), len(data.test)) == (1000, 423, 423)
+    assert (len(data.calib), len(data.val), len(data.confirm), len(data.test)) == (1000, 423, 1000, 423)
     assert data.source == "cifar10-sample" and data.num_classes == 10 and not data.preprocessed
     assert data.val.x.dtype == torch.uint8 and tuple(data.val.x.shape[1:]) == (32, 32, 3)
     with np.load(SAMPLE_PATH) as f:
@@ -73,14 +74,16 @@ def test_split_is_seeded() -> None:
 def test_bundled_sample_max_samples_and_fractions() -> None:
     data = load_data(max_samples=100)
     assert (len(data.calib), len(data.val), len(data.test)) == (20, 40, 40)
-    data = load_data(calib_fraction=0.2, val_fraction=0.6)
-    assert (len(data.calib), len(data.val), len(data.test)) == (1000, 634, 212)
+    data = load_data(calib_fraction=0.2, val_fraction=0.6, confirm_fraction=0.0)
+    assert (len(data.calib), len(data.val), len(data.test)) == (1000, 634, 212) and data.confirm is None
+    data = load_data(val_fraction=0.3, confirm_fraction=0.1)  # confirm cut from the test images instead
+    assert (len(data.calib), len(data.val), len(data.confirm), len(data.test)) == (1000, 317, 106, 423)
 
 
 def test_unknown_split_name() -> None:
-    with pytest.raises(ConfigError, match="'train'.*calib, val, test, all"):
+    with pytest.raises(ConfigError, match="'train'.*calib, val, confirm, test, all"):
         load_data().split("train")
-    assert SPLIT_NAMES == ("calib", "val", "test", "all")
+    assert SPLIT_NAMES == ("calib", "val", "confirm", "test", "all")
 
 
 # --- file and folder sources, from real images ---
@@ -91,13 +94,13 @@ def test_npz(tmp_path: Path, exact: tuple[np.ndarray, np.ndarray]) -> None:
     x, y = exact[0][:100], exact[1][:100]
     np.savez(tmp_path / "d.npz", x=x, y=y.astype(np.int32))
     data = load_data(tmp_path / "d.npz", seed=3)
-    assert (len(data.calib), len(data.val), len(data.test)) == (20, 40, 40)
+    assert (len(data.calib), len(data.val), len(data.confirm), len(data.test)) == (20, 20, 20, 40)
     assert data.source == str(tmp_path / "d.npz") and data.num_classes == int(y.max()) + 1
     assert_partition(data, 100, x, y)
     again = load_data(str(tmp_path / "d.npz"), seed=3)
     assert torch.equal(data.test.index, again.test.index)
     small = load_data(tmp_path / "d.npz", max_samples=50)
-    assert len(small.calib) + len(small.val) + len(small.test) == 50
+    assert len(small.calib) + len(small.val) + len(small.confirm) + len(small.test) == 50
     for s in (small.calib, small.val, small.test):
         np.testing.assert_array_equal(s.x.numpy(), x[s.index.numpy()])
 
@@ -106,10 +109,10 @@ def test_npz(tmp_path: Path, exact: tuple[np.ndarray, np.ndarray]) -> None:
 def test_jpeg_npz_max_samples() -> None:
     path = CIFAR / "cifar10_jpeg_test.npz"
     data = load_data(path, max_samples=300, seed=0)
-    assert (len(data.calib), len(data.val), len(data.test)) == (60, 120, 120)
+    assert (len(data.calib), len(data.val), len(data.confirm), len(data.test)) == (60, 60, 60, 120)
     with np.load(path) as f:
         jpeg, offsets, y = f["jpeg"], f["offsets"], f["y"]
-    idx = torch.cat([data.calib.index, data.val.index, data.test.index]).numpy()
+    idx = torch.cat([data.calib.index, data.val.index, data.confirm.index, data.test.index]).numpy()
     assert len(set(idx.tolist())) == 300 and idx.max() < 10_000
     assert idx.max() > 846  # a subset of the whole file, not its head
     s = data.val
@@ -143,7 +146,7 @@ def test_cifar10_root(tmp_path: Path, exact: tuple[np.ndarray, np.ndarray], lega
     x, y = exact[0][:80], exact[1][:80]
     write_cifar_root(tmp_path, x, y, legacy)
     data = load_data(tmp_path)
-    assert (len(data.calib), len(data.val), len(data.test)) == (16, 32, 32)
+    assert (len(data.calib), len(data.val), len(data.confirm), len(data.test)) == (16, 16, 16, 32)
     assert_partition(data, 80, x, y)
     also = load_data(tmp_path / "cifar-10-batches-py")
     assert torch.equal(also.val.x, data.val.x)
@@ -175,7 +178,7 @@ def test_image_folder(tmp_path: Path, exact: tuple[np.ndarray, np.ndarray]) -> N
     present = sorted({CLASSES[v] for v in y})
     data = load_data(tmp_path, seed=5)
     assert data.num_classes == len(present)
-    idx = torch.cat([data.calib.index, data.val.index, data.test.index])
+    idx = torch.cat([data.calib.index, data.val.index, data.confirm.index, data.test.index])
     assert sorted(idx.tolist()) == list(range(60))
     # Files are listed class by class (sorted), so labels are positions in the sorted class list.
     order = sorted(range(60), key=lambda i: (CLASSES[y[i]], f"{i:03d}"))
@@ -197,7 +200,7 @@ def test_image_folder_mixed_sizes(tmp_path: Path, caplog: pytest.LogCaptureFixtu
         data = load_data(tmp_path)
     assert "1 of 11 images" in caplog.text and "resized" in caplog.text
     assert tuple(data.split("all").x.shape[1:]) == (8, 8, 3)
-    assert len(data.calib) + len(data.val) + len(data.test) == 11
+    assert len(data.calib) + len(data.val) + len(data.confirm) + len(data.test) == 11
 
 
 def test_dataloader() -> None:
@@ -207,7 +210,7 @@ def test_dataloader() -> None:
     data = load_data(DataLoader(TensorDataset(x, y), batch_size=16))
     assert data.preprocessed and data.num_classes == 7
     assert data.source == "DataLoader(TensorDataset)"
-    assert (len(data.calib), len(data.val), len(data.test)) == (10, 20, 20)
+    assert (len(data.calib), len(data.val), len(data.confirm), len(data.test)) == (10, 10, 10, 20)
     assert data.val.x.dtype == torch.float32
     assert_partition(data, 50, x.numpy(), y.numpy())
 
@@ -284,7 +287,7 @@ def test_bad_options(kwargs: dict, match: str) -> None:
 
 def test_too_few_samples(tmp_path: Path) -> None:
     np.savez(tmp_path / "d.npz", x=np.zeros((2, 8, 8, 3), np.uint8), y=np.zeros(2, np.int64))
-    with pytest.raises(ConfigError, match="too few samples.*2 give calib=0, val=1, test=1"):
+    with pytest.raises(ConfigError, match="too few samples.*2 give calib=0, val=0, test=2"):
         load_data(tmp_path / "d.npz")
     assert len(load_data(tmp_path / "d.npz", calib_fraction=0.0, val_fraction=0.5).test) == 1
     with pytest.raises(ConfigError, match="too few samples"):

@@ -6,25 +6,30 @@ finalists (the val-feasible plans of the Pareto front, the best among them) are 
 confirm split, which the search never saw, and a plan is *confirmed* when its retention bound
 there clears the floor.
 
-Finalists are tested in a fixed sequence, from the largest (the safest) down to the smallest,
-and the sequence stops at the first plan that fails. Fixed-sequence testing keeps the chance of
-confirming any plan that is in truth below the floor within 1 - confidence without a
-correction for the number of finalists (each claim is tested at the full level only if every
-safer claim before it held), and the reported best is the smallest plan confirmed.
+Finalists are tested in a fixed sequence, safest first (by their val agreement with the float
+model, then size), and the sequence stops at the first plan that fails. Fixed-sequence testing
+keeps the chance of confirming any plan that is in truth below the floor within 1 - confidence
+without a correction for the number of finalists (each claim is tested at the full level only if
+every safer claim before it held; the order is fixed from val alone), and the reported best is
+the smallest plan confirmed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import TypeVar
 
 from modelopt.confidence import PairedCounts
 from modelopt.evaluator import Evaluator
+from modelopt.fidelity import binom_upper
 from modelopt.metrics import Metrics
 from modelopt.objective import Objective, best_of, pareto_front
 from modelopt.trial import Trial
 
 __all__ = ["Confirmation", "Finalists", "confirm", "certifiable_retention", "finalists"]
 
+T = TypeVar("T")
 SPLIT = "confirm"
 MAX_RESCORED = 16  # Pareto plans re-scored on confirm and test (spread along the front)
 
@@ -39,17 +44,37 @@ class Finalists:
     candidates: tuple[Trial, ...]
 
 
+def _spread(items: list[T], k: int) -> list[T]:
+    """At most k items spread evenly along the list (its ends kept)."""
+    if len(items) <= k:
+        return items
+    return [items[i] for i in sorted({round(i * (len(items) - 1) / (k - 1)) for i in range(k)})]
+
+
 def finalists(trials: list[Trial], objective: Objective) -> Finalists:
-    """What a finished search hands to confirmation: its best and its front's val-feasible plans."""
+    """What a finished search hands to confirmation: its best, and the val-feasible plans of two fronts.
+
+    The retention front (size against the val retention bound) holds the plans val rates best; the
+    agreement front (size against the val agreement bound, the share of images whose prediction the
+    plan keeps) holds those that change fewest predictions. A plan whose val retention rests on
+    gains (images it fixes that the float model got wrong) offsetting losses is often lucky on a few
+    hundred images; one that changes few predictions carries over to new images, so both go on.
+    """
     ok = [t for t in trials if t.ok]
     best = best_of(ok, lambda t: t.metrics, objective)
-    front = pareto_front(ok, lambda t: t.metrics, objective)
-    if len(front) > MAX_RESCORED:
-        idx = sorted({round(i * (len(front) - 1) / (MAX_RESCORED - 1)) for i in range(MAX_RESCORED)})
-        front = [front[i] for i in idx]
-    feasible = [t for t in ([best] if best else []) + front
+    front = _spread(pareto_front(ok, lambda t: t.metrics, objective), MAX_RESCORED)
+    agree = _spread(pareto_front(ok, lambda t: _as_agreement(t.metrics, objective.confidence),  # type: ignore[arg-type]
+                                 Objective(objective.target, 0.0, 0.0)), MAX_RESCORED)
+    feasible = [t for t in ([best] if best else []) + front + agree
                 if t.metrics is not None and objective.feasible(t.metrics)]
-    return Finalists(best, tuple(front), tuple(feasible))
+    return Finalists(best, tuple(front), tuple(dict.fromkeys(feasible)))
+
+
+def _as_agreement(m: Metrics, confidence: float) -> Metrics:
+    """`m` with its retention replaced by a lower bound on its agreement (for the agreement front)."""
+    changed = round((1.0 - m.agreement) * m.n_samples)
+    low = 1.0 - binom_upper(changed, m.n_samples, 1.0 - confidence) if confidence > 0 else m.agreement
+    return dataclasses.replace(m, retention=low, base_right=None, lost=None, gained=None)
 
 
 @dataclass(frozen=True)
@@ -59,7 +84,7 @@ class Confirmation:
     Attributes:
         split: the split that vouched ("confirm"), or None when the data have none (the best
             plan is then the search's, unconfirmed).
-        finalists: each finalist and its confirm metrics, in the order tested (largest first).
+        finalists: each finalist and its confirm metrics, in the order tested (safest first).
         confirmed: how many finalists, from the first, were confirmed before the first failure.
         best: the smallest confirmed plan (None when none was, or when there is no confirm split).
         ceiling: the retention bound a plan that agrees with the float model on every confirm
@@ -105,12 +130,16 @@ def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial]) 
     if ceiling < objective.min_retention - 1e-12:
         return Confirmation(SPLIT, (), 0, None, ceiling, objective.min_retention)
     unique = list({t.plan.key: t for t in finalists if t.metrics is not None}.values())
-    order = sorted(unique, key=lambda t: (-objective.value(t.metrics), -objective.retention_lower(t.metrics)))  # type: ignore[arg-type]
+    # Safest first: the order is fixed from val alone (most agreement with the float model first,
+    # then the larger plan), so the confirm split's verdicts cannot reorder it.
+    order = sorted(unique, key=lambda t: (-_as_agreement(t.metrics, objective.confidence).retention,  # type: ignore[arg-type]
+                                          -objective.value(t.metrics)))  # type: ignore[arg-type]
     scored: list[tuple[Trial, Metrics]] = []
     for t in order:  # the sequence stops at the first failure: nothing after it could be claimed
         scored.append((t, evaluator.evaluate(t.plan, split=SPLIT)))
         if not objective.meets_floor(scored[-1][1]):
             break
     confirmed = sum(objective.meets_floor(m) for _, m in scored)
-    best = scored[confirmed - 1][0] if confirmed else None
+    held = [t for t, _ in scored[:confirmed]]
+    best = min(held, key=lambda t: (objective.value(t.metrics), -objective.retention_lower(t.metrics))) if held else None  # type: ignore[arg-type]
     return Confirmation(SPLIT, tuple(scored), confirmed, best, ceiling, objective.min_retention)

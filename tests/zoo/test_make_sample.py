@@ -12,12 +12,13 @@ CIFAR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "cifar1
 
 
 def test_bundled_sample_is_small_and_well_formed() -> None:
-    assert SAMPLE_PATH.stat().st_size < 7_000_000
+    assert SAMPLE_PATH.stat().st_size < 8 * 2**20  # kept under 8 MiB
     with np.load(SAMPLE_PATH) as f:
-        assert sorted(f.files) == ["calib_x", "calib_y", "test_x", "test_y"]
+        assert sorted(f.files) == ["calib_x", "calib_y", "confirm_x", "confirm_y", "test_x", "test_y"]
         assert f["test_x"].shape == (846, 32, 32, 3) and f["calib_x"].shape == (1000, 32, 32, 3)
-        assert f["test_x"].dtype == f["calib_x"].dtype == np.uint8
-        assert f["test_y"].dtype == f["calib_y"].dtype == np.int64
+        assert f["confirm_x"].shape == (1000, 32, 32, 3)
+        assert f["test_x"].dtype == f["calib_x"].dtype == f["confirm_x"].dtype == np.uint8
+        assert f["test_y"].dtype == f["calib_y"].dtype == f["confirm_y"].dtype == np.int64
 
 
 @pytest.mark.skipif(not CIFAR.is_dir(), reason=f"needs real CIFAR-10 files in {CIFAR}")
@@ -31,6 +32,10 @@ def test_bundled_sample_holds_the_documented_images(tmp_path: Path) -> None:
         idx = np.concatenate([b * 932 + np.arange(200) for b in range(5)])
         np.testing.assert_array_equal(f["calib_x"], train_x[idx])
         np.testing.assert_array_equal(f["calib_y"], train_y[idx])
+        # Confirmation: the next 200 of each batch, disjoint from calib.
+        conf = np.concatenate([b * 932 + 200 + np.arange(200) for b in range(5)])
+        np.testing.assert_array_equal(f["confirm_x"], train_x[conf])
+        np.testing.assert_array_equal(f["confirm_y"], train_y[conf])
     rebuilt = build(CIFAR, tmp_path / "s.npz")
     with np.load(rebuilt) as a, np.load(SAMPLE_PATH) as b:
         for k in b.files:
