@@ -228,6 +228,7 @@ def optimize(
     objective: str = "size",
     min_retention: float = 0.99,
     confidence: float = DEFAULT_CONFIDENCE,
+    count_gains: bool = False,
     seed: int = 0,
     device: str = "auto",
     out: str | Path | None = None,
@@ -263,6 +264,8 @@ def optimize(
         min_retention: floor on accuracy / float accuracy, on images the search never saw.
         confidence: a plan counts as meeting the floor when a one-sided lower bound on its
             retention at this confidence does (`modelopt.confidence`); 0: the point estimate.
+        count_gains: let images a plan fixes offset those it breaks in that bound (off: only the
+            breaks count; gains on a few hundred images are mostly luck a search harvests).
         seed: the search's seed.
         device: auto, cpu, cuda or cuda:N.
         out: the run folder (default: runs/<time>-<model>-<strategy>-s<seed>).
@@ -300,7 +303,7 @@ def optimize(
         from modelopt.run.optuna_storage import check_storage
 
         check_storage(storage)
-    obj = Objective(objective, min_retention, confidence)
+    obj = Objective(objective, min_retention, confidence, count_gains)
     for name in compressors or ():  # a bad name is refused before the model loads
         COMPRESSORS.get(name)
     if resume and out is None:
@@ -338,6 +341,7 @@ def optimize(
         "objective": obj.target.value,
         "min_retention": min_retention,
         "confidence": obj.confidence,
+        "count_gains": obj.count_gains,
         "compressors": {c.name: c.options() for c in comps},
         "device": str(wl.device),
         "fidelity": None if fidelity is None else fidelity.to_dict(),

@@ -105,6 +105,8 @@ def optimize(
     min_retention: Annotated[float, typer.Option(help="Floor on accuracy relative to float, on images the search never saw.")] = None,  # type: ignore[assignment]
     confidence: Annotated[float, typer.Option(help="A plan meets the floor when a one-sided lower bound on its retention at this "
                                           "confidence does (default 0.95); 0: the point estimate.")] = None,  # type: ignore[assignment]
+    count_gains: Annotated[bool, typer.Option("--count-gains", help="Let images a plan fixes offset images it breaks in that "
+                                              "bound (default: only breaks count; gains on few images are mostly luck).")] = False,
     seed: Annotated[int, typer.Option(help="Seed of the search.")] = None,  # type: ignore[assignment]
     bits: Annotated[str, typer.Option(help="Weight bit widths offered, e.g. 8,4 or 8,4,3,2.")] = None,  # type: ignore[assignment]
     granularity: Annotated[str, typer.Option(help="Scale granularities: per_tensor, per_channel, group.")] = None,  # type: ignore[assignment]
@@ -127,10 +129,10 @@ def optimize(
     """Search for the smallest plan above the retention floor; with no options, ResNet-20 on bundled CIFAR-10."""
     _setup_logging(verbose)
     given = dict(model=model, weights=weights, data=data, strategy=strategy, budget=budget, objective=objective,
-                 min_retention=min_retention, confidence=confidence, seed=seed)
+                 min_retention=min_retention, confidence=confidence, count_gains=count_gains or None, seed=seed)
     settings: dict[str, Any] = dict(model="cifar10_resnet20", weights=None, data="cifar10-sample", strategy="mcts",
                                     budget=200.0, objective="size", min_retention=0.99,
-                                    confidence=api.DEFAULT_CONFIDENCE, seed=0,
+                                    confidence=api.DEFAULT_CONFIDENCE, count_gains=False, seed=0,
                                     bits=[8, 4], granularity=["per_channel", "group"],
                                     compressors=api.DEFAULT_COMPRESSORS)
     if resume:
@@ -156,7 +158,7 @@ def optimize(
     result = api.optimize(
         settings["model"], settings["data"], weights=settings["weights"], strategy=settings["strategy"],
         budget=settings["budget"], objective=settings["objective"], min_retention=settings["min_retention"],
-        confidence=settings["confidence"], seed=settings["seed"], device=device, out=out_dir, resume=resume, bits=settings["bits"],
+        confidence=settings["confidence"], count_gains=settings["count_gains"], seed=settings["seed"], device=device, out=out_dir, resume=resume, bits=settings["bits"],
         granularity=settings["granularity"], compressors=settings["compressors"], allow_pickle=allow_pickle,
         activations=settings.get("activations"), exit_data=exit_data, exit_images=exit_images,
         progress=progress, storage=storage, latency=None if latency.lower() == "none" else latency,

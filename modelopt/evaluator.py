@@ -166,7 +166,11 @@ class Evaluator:
                     feats.append(dataclasses.replace(f, error=0.0))
                     continue
                 plan = self.space.plan({d.name: c})
-                q = self.compressed_weights(plan)[d.layer].float()  # type: ignore[index]
+                try:
+                    q = self.compressed_weights(plan)[d.layer].float()  # type: ignore[index]
+                except Exception:  # noqa: BLE001 - a choice that crashes is a broken choice; trials record why
+                    feats.append(dataclasses.replace(f, error=1.0))
+                    continue
                 err = float(((q - w) ** 2).sum()) / norm
                 # A choice that breaks the weight (non-finite) is as bad as losing it entirely.
                 feats.append(dataclasses.replace(f, error=err if math.isfinite(err) else 1.0))
@@ -424,7 +428,7 @@ class Evaluator:
         return metrics
 
     def evaluate_staged(self, plan: Plan, min_retention: float, fidelity: Fidelity, *, finish: bool = True,
-                        confidence: float = 0.0) -> Metrics:
+                        confidence: float = 0.0, count_gains: bool = True) -> Metrics:
         """Scores `plan` on the val split in stages, stopping once the rest cannot matter.
 
         After each stage of `fidelity`, the plan stops if an upper confidence bound on its
@@ -464,7 +468,8 @@ class Evaluator:
                     base_right_rest=int(base_right[stop:].sum()), base_wrong_rest=int((~base_right[stop:]).sum()),
                     delta=fidelity.delta,
                 )
-                stage = PairedCounts(stop, int(br.sum()), int((br & ~right).sum()), int((bw & right).sum()))
+                stage = PairedCounts(stop, int(br.sum()), int((br & ~right).sum()),
+                                     int((bw & right).sum()) if count_gains else 0)
                 hopeless = confidence > 0 and best_case(
                     stage, int(base_right[stop:].sum()), int((~base_right[stop:]).sum()), fidelity.delta
                 ).retention_lower(confidence) < min_retention

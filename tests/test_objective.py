@@ -254,3 +254,13 @@ def test_the_pareto_front_and_best_use_the_bound():
 def test_a_floor_above_what_any_plan_can_certify_is_one_clear_error(bad):
     with pytest.raises(ConfigError, match="min_retention"):
         Objective("size", bad)
+
+
+def test_gains_offset_losses_only_when_asked():
+    """A plan that breaks 6 answers and fixes 10 on 423 images: its two-count bound clears 99 %
+    (it looks better than float), but by default only the breaks count, and 6 of them do not."""
+    lucky = paired(423, 389, lost=6, gained=10)
+    assert lucky.retention > 1.0
+    assert Objective("size", 0.99, 0.95, count_gains=True).feasible(lucky)
+    assert not Objective("size", 0.99, 0.95).feasible(lucky)
+    assert Objective("size", 0.99, 0.95).feasible(paired(423, 389, lost=0, gained=3))

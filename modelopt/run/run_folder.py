@@ -81,7 +81,8 @@ class RunFolder:
     @cached_property
     def objective(self) -> Objective:
         return Objective(self.config.get("objective", "size"), float(self.config.get("min_retention", 0.99)),
-                         float(self.config.get("confidence") or 0.0))  # older runs: point estimates
+                         float(self.config.get("confidence") or 0.0),
+                         bool(self.config.get("count_gains", False)))  # older runs: point estimates
 
     @property
     def budget(self) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 import traceback
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from modelopt.trial import Trial, TrialStatus
 
 JOURNAL = "trials.jsonl"
 STATE = "strategy_state.json"
+STATE_NEXT = "strategy_state.next.json"  # the state after the trial being journaled
 CONFIG = "run.json"
 SUMMARY = "summary.json"
 BEST_PLAN = "best_plan.yaml"
@@ -36,7 +38,7 @@ MAX_IDLE_ASKS = 2000  # consecutive already-seen plans before the space counts a
 # Settings that must match for a run folder to be resumed (the budget may grow). Model and data
 # are compared by content hash, not by path, so a run folder moved with its files still resumes.
 RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "confidence",
-               "compressors", "data_seed", "fidelity", "exit_data")
+               "count_gains", "compressors", "data_seed", "fidelity", "exit_data")
 
 
 @dataclass(frozen=True)
@@ -151,13 +153,15 @@ class Runner:
     def _restore_strategy(self) -> None:
         import json
 
-        state_path = self.run_dir / STATE
         told = 0
-        if state_path.exists():
-            state = json.loads(state_path.read_text())
-            if state.get("n_trials", 0) <= len(self.trials):
+        # The next state first: a kill after a trial's journal line left it for exactly that trial.
+        for name, fits in ((STATE_NEXT, len(self.trials).__eq__), (STATE, len(self.trials).__ge__)):
+            path = self.run_dir / name
+            state = json.loads(path.read_text()) if path.exists() else None
+            if state is not None and fits(state.get("n_trials", 0)):
                 self.strategy.load_state_dict(state["strategy"])
                 told = state["n_trials"]
+                break
         for trial in self.trials[told:]:
             self.strategy.tell(trial)
 
@@ -194,7 +198,8 @@ class Runner:
             else:
                 finish = not (self.fidelity.dominated and self._cannot_improve(plan))
                 metrics = self.evaluator.evaluate_staged(plan, self.objective.min_retention, self.fidelity,
-                                                         finish=finish, confidence=self.objective.confidence)
+                                                         finish=finish, confidence=self.objective.confidence,
+                                                         count_gains=self.objective.count_gains)
             cost = self.evaluator.trial_cost(metrics)  # images scored + any preparation (BN re-estimation)
             if self.objective.target is Target.LATENCY and metrics.stopped is None:
                 metrics = self._with_latency(metrics, plan)
@@ -219,12 +224,16 @@ class Runner:
                                    float_latency_ms=self.latency.reference().median_ms)
 
     def _record(self, trial: Trial) -> None:
-        self.journal.append(trial.to_json())
         self.trials.append(trial)
         self.strategy.tell(trial)
+        # The state after this trial is written before its journal line and moved into place after it,
+        # so a kill between the two leaves the state that matches the journal: replaying `tell` on an
+        # older state would skip what `ask` changed, and the resumed search would propose other plans.
         # Not fsynced: after a power cut an older state plus the journal's later trials rebuild it.
-        write_json_atomic(self.run_dir / STATE, {"n_trials": len(self.trials), "strategy": self.strategy.state_dict()},
-                          durable=False)
+        state = {"n_trials": len(self.trials), "strategy": self.strategy.state_dict()}
+        write_json_atomic(self.run_dir / STATE_NEXT, state, durable=False)
+        self.journal.append(trial.to_json())
+        os.replace(self.run_dir / STATE_NEXT, self.run_dir / STATE)
 
     def _best_text(self) -> str:
         best = best_of([t for t in self.trials if t.ok], lambda t: t.metrics, self.objective)
@@ -329,7 +338,8 @@ class Runner:
             if m is None:
                 return None
             lo, hi = m.retention_bounds(conf)
-            return {**m.to_dict(), "retention_lower": lo, "retention_upper": hi}
+            return {**m.to_dict(), "retention_lower": lo, "retention_upper": hi,
+                    "retention_certified": self.objective.retention_lower(m)}
 
         def entry(t: Trial) -> dict[str, Any]:
             return {"trial": t.number, "plan_key": t.plan.key, "plan": self.space.dump_plan(t.plan),
@@ -342,7 +352,7 @@ class Runner:
             "run_dir": str(self.run_dir),
             "config": self.config,
             "objective": {"target": self.objective.target.value, "min_retention": self.objective.min_retention,
-                          "confidence": conf},
+                          "confidence": conf, "count_gains": self.objective.count_gains},
             "budget": self.budget,
             "budget_used": self.spent,
             "n_trials": len(self.trials),

@@ -109,7 +109,8 @@ def _read_cell(run_dir: Path, seed: int) -> _Seed | None:
     if config is None:
         return None
     obj = Objective(config.get("objective", "size"), float(config.get("min_retention", 0.99)),
-                    float(config.get("confidence") or 0.0))  # older runs: point estimates
+                    float(config.get("confidence") or 0.0),
+                         bool(config.get("count_gains", False)))  # older runs: point estimates
     trace: list[tuple[float, dict[str, Any] | None]] = []
     records: list[tuple[float, dict[str, Any]]] = []
     cum, best, best_key = 0.0, None, None

@@ -58,8 +58,15 @@ def test_finished_run_report_is_self_contained_and_shows_the_summary(copy_run):
     assert len(srcs) == 3 and all(s.startswith("data:image/png;base64,") for s in srcs)
     assert not re.search(r'(src|href)="(https?:|//|file:)', html)
     # The numbers the summary table shows are the run's own.
-    assert f"{best['val']['compression']:.2f}× val" in html
-    assert f"{best['val']['retention']:.2%} val, {best['test']['retention']:.2%} test" in html
+    assert f"best compression | {best['test']['compression']:.2f}×" in md
+    # Retention leads with test, then confirm, then val (a search-time estimate), each with its bounds.
+    t, c, v = best["test"], best["confirm"], best["val"]
+    lead = f"{t['retention']:.2%} [{t['retention_lower']:.1%}, {t['retention_upper']:.1%}] test (held out)"
+    assert lead in md
+    assert md.index("test (held out)") < md.index("val (search-time estimate)")
+    if c is not None:
+        assert f"{c['retention']:.2%} [{c['retention_lower']:.1%}, {c['retention_upper']:.1%}] confirm" in md
+    assert f"{v['retention']:.2%} [{v['retention_lower']:.1%}" in md
     assert f"trial {best['trial']} (key <code>{best['plan_key']}</code>)" in html
     assert f"budget used | {summary['budget_used']:.4g} of {summary['budget']:g} full val evaluations" in md
     # Markdown links the same figures, written beside it.
