@@ -54,6 +54,7 @@ DP_BINS = 160
 MAX_ROLLOUT_TRIES = 16
 PRIOR_ROLLOUTS = 12  # rollouts whose choices at a node form its children's prior
 PRIOR_MIX = 0.75  # share of the rollout policy in a prior (the rest: data-free saving vs loss)
+MIN_MARGIN = 0.2  # the rollouts' allowed loss shrinks to this share of the floor's after misses
 
 
 @dataclass
@@ -397,7 +398,9 @@ class MCTS(Strategy):
         self.records.append(_Record(idx, retention, value, self._weight(trial)))
         if retention is not None:
             # Aim rollouts at the floor: about half land feasible (one measurement is noisy there).
-            self.margin = float(np.clip(self.margin * (1.03 if trial.meets_floor else 0.97), 0.5, 1.3))
+            # Down to a fifth of the floor's loss: a confidence bound that counts only broken answers
+            # can demand plans that break almost none, and the rollouts must be able to aim there.
+            self.margin = float(np.clip(self.margin * (1.04 if trial.meets_floor else 0.95), MIN_MARGIN, 1.3))
         self._fit()
 
     # ---- state ----------------------------------------------------------------------------
