@@ -23,6 +23,7 @@ from modelopt.objective import Objective, Target
 from modelopt.plan import Plan
 from modelopt.plan_latency import LatencySpec, PlanLatency
 from modelopt.run.preflight import preflight
+from modelopt.run.confirm import check_certifiable
 from modelopt.run.runner import CONFIG, Runner, RunResult
 from modelopt.search import STRATEGIES
 from modelopt.space import SearchSpace, read_plan_file
@@ -353,6 +354,7 @@ def optimize(
     if exit_data is not None and any(c.name == "early_exit" for c in comps):
         extra = load_exit_images(wl, exit_data, exit_images)
     evaluator = Evaluator(wl, space, exit_images=extra)
+    check_certifiable(evaluator, obj)  # a val split too small to certify the floor: refused before any work
     evaluator.measure_errors()  # data-free priors for strategies that use them; costs no evaluation
     strat = STRATEGIES.get(strategy)(space, obj, seed=seed)
     if latency is None and obj.target is Target.LATENCY:

@@ -20,14 +20,17 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TypeVar
 
+from rich.console import Console
+
 from modelopt.confidence import PairedCounts
+from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator
 from modelopt.fidelity import binom_upper
 from modelopt.metrics import Metrics
 from modelopt.objective import Objective, best_of, pareto_front
 from modelopt.trial import Trial
 
-__all__ = ["Confirmation", "Finalists", "confirm", "certifiable_retention", "finalists"]
+__all__ = ["Confirmation", "Finalists", "certifiable_retention", "check_certifiable", "confirm", "finalists"]
 
 T = TypeVar("T")
 SPLIT = "confirm"
@@ -110,6 +113,29 @@ def certifiable_retention(evaluator: Evaluator, split: str, confidence: float) -
     the most that split can certify at `confidence`."""
     data = evaluator.workload.split(split)
     return PairedCounts(len(data), int(data.base_correct.sum()), 0, 0).retention_lower(confidence)
+
+
+def check_certifiable(evaluator: Evaluator, objective: Objective, console: Console | None = None) -> None:
+    """Refuses, in one line, a val split too small to certify the floor even for a plan that agrees
+    with the float model on every image (the search would be pointless); says so for confirm."""
+    if objective.confidence <= 0:
+        return
+    floor, conf = objective.min_retention, objective.confidence
+    for split in ("val", SPLIT):
+        if split not in evaluator.workload.splits:
+            continue
+        ceiling = certifiable_retention(evaluator, split, conf)
+        if ceiling >= floor - 1e-12:
+            continue
+        n = len(evaluator.workload.split(split))
+        said = (f"the {split} split ({n} images) is too small to certify a {floor:.1%} retention floor: a plan "
+                f"that agrees with the float model on all of them is certified only at {ceiling:.2%} "
+                f"(confidence {conf:g})")
+        if split == "val":
+            raise ConfigError(f"{said}; pass more data, a lower --min-retention, or --confidence 0 for point estimates")
+        if console is not None:
+            console.print(f"[yellow]warning:[/] {said}; the best plan will be certified on val only and reported "
+                          "as unconfirmed", highlight=False, soft_wrap=True)
 
 
 def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial]) -> Confirmation:

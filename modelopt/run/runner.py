@@ -21,7 +21,7 @@ from modelopt.fidelity import Fidelity
 from modelopt.objective import Objective, Target, best_of
 from modelopt.plan import Plan
 from modelopt.plan_latency import PlanLatency
-from modelopt.run.confirm import Confirmation, certifiable_retention, confirm, finalists
+from modelopt.run.confirm import Confirmation, check_certifiable, confirm, finalists
 from modelopt.run.journal import Journal, write_json_atomic
 from modelopt.run.lock import lock_run_folder
 from modelopt.search._base import Strategy
@@ -113,7 +113,7 @@ class Runner:
         self.journal = Journal(self.run_dir / JOURNAL)
         self.trials: list[Trial] = []
         self.eval_seconds = 0.0
-        self._check_certifiable()
+        check_certifiable(evaluator, objective, self.console)
 
     # ---- set-up and resume ----------------------------------------------------------------
 
@@ -279,28 +279,6 @@ class Runner:
                 bar.update(task, completed=self.spent, best=self._best_text(), trials=len(self.trials))
         search_wall = time.perf_counter() - t_start
         return self._finish(search_wall)
-
-    def _check_certifiable(self) -> None:
-        """A val split too small to certify the floor even for a plan that agrees with the float model on
-        every image makes the search pointless: refused in one line. A confirm split that small is said."""
-        if self.objective.confidence <= 0:
-            return
-        floor, conf = self.objective.min_retention, self.objective.confidence
-        for split in ("val", "confirm"):
-            if split not in self.evaluator.workload.splits:
-                continue
-            ceiling = certifiable_retention(self.evaluator, split, conf)
-            if ceiling >= floor - 1e-12:
-                continue
-            n = len(self.evaluator.workload.split(split))
-            said = (f"the {split} split ({n} images) is too small to certify a {floor:.1%} retention floor: a plan "
-                    f"that agrees with the float model on all of them is certified only at {ceiling:.2%} "
-                    f"(confidence {conf:g})")
-            if split == "val":
-                raise ConfigError(f"{said}; pass more data, a lower --min-retention, or --confidence 0 for point "
-                                  "estimates")
-            self.console.print(f"[yellow]warning:[/] {said}; the best plan will be certified on val only and "
-                               "reported as unconfirmed", highlight=False, soft_wrap=True)
 
     # ---- the end: re-score on test, write the run folder ----------------------------------
 
