@@ -248,27 +248,37 @@ main()
 """
 
 
-@pytest.mark.parametrize("compressors", ["prune,quantize", "early_exit,prune,quantize"])
-def test_a_kill_right_after_a_journal_line_resumes_as_the_uninterrupted_run(tmp_path, small_data, small_workload,
-                                                                          compressors):
+def _timeless(records: list[dict]) -> list[dict]:
+    """Journal records without their wall-clock fields (all else is a function of the seed)."""
+    drop = lambda d, keys: {k: v for k, v in d.items() if k not in keys}  # noqa: E731
+    return [{**drop(r, ("seconds",)), "metrics": r["metrics"] and drop(r["metrics"], ("eval_seconds",))}
+            for r in records]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compressors,budget", [("prune,quantize", 6), ("early_exit,prune,quantize", 10)])
+def test_a_kill_right_after_a_journal_line_resumes_as_the_uninterrupted_run(tmp_path, small_data, compressors, budget):
     """The one window where a kill used to change the search: after a trial's journal line, before the
     strategy's state after it. A resumed MCTS then replayed `tell` on the state from before that
-    trial's `ask` and proposed other plans (seen with pruning in the space)."""
-    args = ["optimize", "--data", str(small_data), "--budget", "8", "--compressors", compressors,
+    trial's `ask` and proposed other plans (seen with pruning in the space). Both runs are fresh
+    processes, so no cache of this one (the session's workload) can make them differ."""
+    # (Fitting the exit heads costs several evaluations: that run needs a larger budget for 3+ trials.)
+    args = ["optimize", "--data", str(small_data), "--budget", str(budget), "--compressors", compressors,
             "--min-retention", str(FLOOR), "--latency", "none", "--no-progress"]
-    run = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "KILL_AFTER": "1"}
     script = tmp_path / "die_after_journal.py"
     script.write_text(_KILL_AFTER_JOURNAL)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "KILL_AFTER": "2"}
-    died = subprocess.run([sys.executable, str(script), *args, "--out", str(run)], env=env, capture_output=True,
-                          text=True, timeout=300)
+
+    def run(*cmd: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *cmd], env=env, capture_output=True, text=True, timeout=600)
+
+    straight = run("-m", "modelopt", *args, "--out", str(tmp_path / "straight"))
+    assert straight.returncode == 0, straight.stderr
+    died = run(str(script), *args, "--out", str(tmp_path / "killed"))
     assert died.returncode == 9, died.stderr
-    assert len(_valid_journal(run)) == 3
-    resumed = subprocess.run([sys.executable, "-m", "modelopt", *args, "--out", str(run), "--resume"], env=env,
-                             capture_output=True, text=True, timeout=300)
+    assert len(_valid_journal(tmp_path / "killed")) == 2
+    resumed = run("-m", "modelopt", *args, "--out", str(tmp_path / "killed"), "--resume")
     assert resumed.returncode == 0, resumed.stderr
-    straight = modelopt.optimize(small_workload, budget=8, compressors=compressors.split(","), min_retention=FLOOR,
-                                 latency=None, out=tmp_path / "straight", progress=False, report=False)
-    records = _valid_journal(run)
-    assert [r["plan_key"] for r in records] == [t.plan.key for t in straight.trials]
-    assert [r["reward"] for r in records] == pytest.approx([t.reward for t in straight.trials])
+    want = _timeless(_valid_journal(tmp_path / "straight"))
+    assert len(want) > 2, "the kill must land before the run's end"
+    assert _timeless(_valid_journal(tmp_path / "killed")) == want
