@@ -86,6 +86,22 @@ class SearchSpace:
             self.decision(name)
         return Plan(tuple((d.name, choices.get(d.name)) for d in self.decisions))
 
+    def anchor(self, max_error: float = 1e-3) -> Plan:
+        """The safest compressed plan: every layer at its most accurate lower-bit weight choice whose
+        relative weight error is at most `max_error` (INT8 in practice), every other decision off.
+
+        Example:
+            >>> space.anchor()  # int8 per-channel (or group) on every layer
+        """
+        chosen = {}
+        for d in self.decisions:
+            feats = self.features[d.name]
+            ok = [(f.error, f.act_bits != 32, f.bytes, i) for i, (c, f) in enumerate(zip(d.choices, feats))
+                  if c is not None and f.bits < 32 and f.error <= max_error]
+            if ok:
+                chosen[d.name] = d.choices[min(ok)[3]]
+        return self.plan(chosen)
+
     def uniform(self, compressor: str, choice: Choice) -> Plan:
         """The plan giving every layer the same `choice` of `compressor` (canonicalised per layer)."""
         comp = self.compressors[compressor]

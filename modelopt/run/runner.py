@@ -262,6 +262,14 @@ class Runner:
         with Progress(*columns, console=self.console, disable=not self.progress, transient=False) as bar:
             task = bar.add_task(f"{self.strategy.name} search", total=self.budget, completed=self.spent,
                                 best=self._best_text(), trials=len(self.trials))
+            if not self.trials and self.objective.confidence > 0 and len(self.space):
+                # Trial 0 is the anchor, the safest compressed plan (modelopt.space.SearchSpace.anchor):
+                # under a confidence bound few plans can be certified, and this one usually can; every
+                # strategy is told it like its own trials, and confirmation has a safe plan to fall back on.
+                trial = self._evaluate(self.space.anchor())
+                self._record(trial)
+                seen[trial.plan.key] = trial
+                bar.update(task, completed=self.spent, best=self._best_text(), trials=len(self.trials))
             while self.spent < self.budget - 1e-9:
                 plan = self.strategy.ask(1)[0]
                 if plan.key in seen:
