@@ -101,7 +101,7 @@ def test_report_of_a_run_in_progress_leaves_the_journal_alone(copy_run, small_ru
     budget = json.loads((run / "run.json").read_text())["budget"]
     assert "in progress or stopped" in html and f"{n} trials" in html
     assert f"budget used</td><td>{spent:.4g} of {budget:g}" in html.replace('<td class="num">', "<td>")
-    assert "test: re-scored when the run ends" in html or "none above the floor yet" in html
+    assert "when the run ends" in html or "none above the floor yet" in html
     assert not (run / "summary.json").exists()
 
 
