@@ -53,10 +53,15 @@ def test_a_confirm_split_too_small_to_certify_the_floor_confirms_nothing_and_say
     assert not c.usable and c.finalists == () and c.best is None and c.ceiling == pytest.approx(ceiling)
 
 
-def test_without_a_confirm_split_nothing_is_confirmed(resnet20_workload):
+def test_without_a_confirm_split_nothing_is_confirmed():
     from modelopt.api import build_compressors
+    from modelopt.data import load_data
+    from modelopt.models import load_model
+    from modelopt.workload import Workload
 
-    ev = Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, build_compressors(["quantize"])))
+    wl = Workload(load_model("cifar10_resnet20"), load_data(confirm_fraction=0.0), device="cpu")
+    assert "confirm" not in wl.splits
+    ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize"])))
     obj = Objective("size", 0.9, 0.95)
     c = confirm(ev, obj, [_trial(ev, 0, 8, obj)])
     assert c.split is None and not c.usable and c.best is None

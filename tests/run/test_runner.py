@@ -154,7 +154,7 @@ def test_confidence_zero_runs_on_point_estimates(tmp_path, resnet20_workload):
     for t in result.trials:
         if t.ok:
             assert t.feasible == (t.metrics.stopped is None and t.metrics.retention >= 0.99)
-    assert result.summary["best"] is None or result.summary["best"]["confirmed"] is False  # no confirm split
+    assert result.summary["confirmation"]["split"] == "confirm"  # the bundled sample's own confirm images
 
 
 def test_the_summary_leads_with_test_and_bounds(tmp_path, resnet20_workload):
@@ -165,7 +165,10 @@ def test_the_summary_leads_with_test_and_bounds(tmp_path, resnet20_workload):
     lo, hi = best["test"]["retention_lower"], best["test"]["retention_upper"]
     assert lo < best["test"]["retention"] < hi
     assert best["val"]["retention_lower"] >= 0.97  # feasible means the val bound clears the floor
-    assert best["confirmed"] is False and result.summary["confirmation"]["split"] is None
+    assert result.summary["confirmation"]["split"] == "confirm"
+    assert best["confirmed"] is True and best["confirm"]["retention_certified"] >= 0.97
+    assert result.trials[0].plan == result.trials[0].plan.__class__(tuple(result.trials[0].plan.choices))
+    assert all(c is not None for n, c in result.trials[0].plan.choices if n.endswith("/quantize"))  # the anchor
 
 
 def test_a_val_split_too_small_to_certify_the_floor_is_refused_before_the_search(tmp_path, small_workload):
