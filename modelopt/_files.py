@@ -7,11 +7,13 @@ An `OSError` (a full disk, a read-only folder) becomes a `StorageError` naming t
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from modelopt.errors import StorageError
 
@@ -54,6 +56,21 @@ def write_atomic(path: str | Path, data: str | bytes, *, durable: bool = True) -
             os.unlink(tmp)
         raise
     return path
+
+
+def save_atomic(path: str | Path, save: Callable[[IO[bytes]], object], *, durable: bool = True) -> Path:
+    """Runs a writer that takes a file object (`torch.save`, `onnx.save`) into memory, then `write_atomic`s
+    its bytes: a failed or interrupted save leaves `path` as it was.
+
+    Raises:
+        StorageError: the file could not be written; `path` keeps its old content.
+
+    Example:
+        >>> save_atomic(path, lambda f: torch.save(payload, f))
+    """
+    buf = io.BytesIO()
+    save(buf)
+    return write_atomic(path, buf.getvalue(), durable=durable)
 
 
 def write_json_atomic(path: str | Path, obj: Any, *, durable: bool = True) -> None:

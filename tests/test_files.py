@@ -64,3 +64,18 @@ def test_nan_is_refused_before_anything_is_written(tmp_path):
     with pytest.raises(ValueError):
         write_json_atomic(tmp_path / "run.json", {"budget": float("nan")})
     assert os.listdir(tmp_path) == []
+
+
+def test_save_atomic_writes_what_the_writer_wrote_or_leaves_the_old_file(tmp_path):
+    from modelopt._files import save_atomic
+
+    path = save_atomic(tmp_path / "model.pt", lambda f: f.write(b"old"))
+    assert path.read_bytes() == b"old"
+
+    def crashes(f):
+        f.write(b"half")
+        raise RuntimeError("the writer failed")
+
+    with pytest.raises(RuntimeError, match="the writer failed"):
+        save_atomic(path, crashes)
+    assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["model.pt"]

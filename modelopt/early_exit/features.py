@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from modelopt._files import save_atomic
 from modelopt.early_exit.backbone import Backbone
 from modelopt.early_exit.heads import HeadSpec, pool_features
 from modelopt.errors import LoadError
@@ -164,5 +165,6 @@ def cached_features(path: str | Path, make: Callable[[], Features] | None) -> Fe
              points=",".join(f.points), logits=f.logits,
              labels=f.labels if f.labels is not None else torch.empty(0, dtype=torch.int64))
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(d, path)
+    # Atomic: a killed pass leaves no half file that a later call would load. Not fsynced: a cache.
+    save_atomic(path, lambda buf: torch.save(d, buf), durable=False)
     return f

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from modelopt._files import save_atomic
 from modelopt.compressors.quantize import Granularity
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator
@@ -177,7 +178,7 @@ def export_onnx(
     onnx.checker.check_model(model)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, path)
+    save_atomic(path, lambda f: onnx.save(model, f))  # never half a model on a failed write
     return OnnxExport(path, OPSET, counts["int8"], counts["int4"], counts["float"], tuple(widened),
                       len(qparams), calibration if activations else None)
 

@@ -220,7 +220,8 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
         payload["masks"] = torch.from_numpy(np.concatenate(masks))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(payload, path)
+    from modelopt._files import save_atomic  # a failed or killed export leaves the old file, never half a zip
+    save_atomic(path, lambda f: torch.save(payload, f))
     return path
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 
+from modelopt._files import write_atomic
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator, Metrics
 from modelopt.objective import Objective
@@ -233,7 +234,7 @@ def make_table(
         rows.extend(model_rows)
         sections.append(_md_model(model, cells, bs, model_rows, scorer))
     markdown = "\n\n".join(sections) + "\n"
-    (out / TABLE_MD).write_text(markdown, encoding="utf-8")
+    write_atomic(out / TABLE_MD, markdown)
     _write_csv(out / TABLE_CSV, rows)
     _write_csv(out / SEEDS_CSV, seed_rows)
     return rows
@@ -321,7 +322,7 @@ def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     writer.writeheader()
     for row in rows:
         writer.writerow({k: _csv_value(row.get(k)) for k in fields})
-    path.write_text(buf.getvalue(), encoding="utf-8")
+    write_atomic(path, buf.getvalue())
 
 
 def _csv_value(v: Any) -> Any:

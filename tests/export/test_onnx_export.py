@@ -86,3 +86,21 @@ def test_percentile_calibration_clips_the_tails():
     assert (lo, hi) == (0.0, 50.0)
     _, hi_p = calibrate(model, ["y"], [x], "percentile", percentile=99.9)["y"]
     assert 2.0 < hi_p < 5.0
+
+
+def test_a_failed_write_leaves_the_old_onnx_file_whole(r20_evaluator, r20_plans, tmp_path, monkeypatch):
+    import os
+
+    from modelopt.errors import StorageError
+
+    path = export_onnx(r20_evaluator, r20_plans["int8_per_channel"], tmp_path / "m.onnx", activations=False).path
+    old = path.read_bytes()
+
+    def full_disk(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(StorageError, match="cannot write .*m.onnx"):
+        export_onnx(r20_evaluator, r20_plans["int4_group"], path, activations=False)
+    assert path.read_bytes() == old and os.listdir(tmp_path) == ["m.onnx"]
+    onnx.checker.check_model(onnx.load(path))

@@ -11,7 +11,7 @@ from torch import nn
 
 from modelopt.api import build_compressors, build_workload
 from modelopt.compressors import QuantSpec
-from modelopt.errors import LoadError
+from modelopt.errors import LoadError, StorageError
 from modelopt.evaluator import Evaluator
 from modelopt.export import export_packed, load
 from modelopt.layers import compressible_modules
@@ -158,3 +158,18 @@ def test_folded_norms_keep_a_positive_eps_and_compute_the_fold(tmp_path, affine)
         assert torch.equal(net.bn.running_var + net.bn.eps, torch.ones(8))
         assert torch.equal(net.bn.running_mean, torch.zeros(8))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_failed_write_leaves_the_old_checkpoint_whole(r20_evaluator, r20_plans, tmp_path, monkeypatch):
+    path = export_packed(r20_evaluator, r20_plans["int8_per_channel"], tmp_path / "m.pt")
+    old = path.read_bytes()
+
+    def full_disk(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(StorageError, match="cannot write .*m.pt.*No space left"):
+        export_packed(r20_evaluator, r20_plans["int4_group"], path)
+    assert path.read_bytes() == old and os.listdir(tmp_path) == ["m.pt"]  # no half zip, no temporary
+    monkeypatch.undo()
+    assert load(path) is not None
