@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import gc
 import os
 import time
 import traceback
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -192,6 +194,8 @@ class Runner:
         cost = self.evaluator.cost("val")  # a failed trial is charged in full
         common = dict(number=len(self.trials), plan=plan, strategy=self.strategy.name,
                       seed=self.strategy.seed, version=__version__)
+        failed: Trial | None = None
+        out_of_memory = False
         try:
             if self.fidelity is None:
                 metrics = self.evaluator.evaluate(plan, split="val")
@@ -210,10 +214,15 @@ class Runner:
             msg = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ModeloptError) else str(exc)
             if not isinstance(exc, ModeloptError):
                 msg += " | " + traceback.format_exc(limit=3).strip().splitlines()[-1]
-            return Trial(status=TrialStatus.FAILED, metrics=None, reward=None, feasible=False, cost=cost,
-                         seconds=time.perf_counter() - t0, error=msg, **common)
+            failed = Trial(status=TrialStatus.FAILED, metrics=None, reward=None, feasible=False, cost=cost,
+                           seconds=time.perf_counter() - t0, error=msg, **common)
+            out_of_memory = isinstance(exc, torch.cuda.OutOfMemoryError)
         finally:
             self.eval_seconds += time.perf_counter() - t0
+        if failed is not None:
+            if out_of_memory:  # here, past the except clause: its traceback no longer holds the trial's tensors
+                free_cuda_memory()
+            return failed
         return Trial(status=TrialStatus.COMPLETE, metrics=metrics, reward=reward, cost=cost,
                      feasible=self.objective.feasible(metrics), seconds=time.perf_counter() - t0, **common)
 
@@ -363,3 +372,11 @@ class Runner:
             "search_wall_seconds": search_wall,
             "eval_seconds_this_session": self.eval_seconds,
         }
+
+
+def free_cuda_memory() -> None:
+    """Frees what a trial that ran out of CUDA memory left behind, so the next plan does not meet a full
+    or fragmented pool: collects the failed trial's unreachable tensors, then hands the caching
+    allocator's unused blocks back to the device. A no-op where CUDA was never initialised."""
+    gc.collect()
+    torch.cuda.empty_cache()

@@ -31,12 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from modelopt.errors import ConfigError
 from modelopt.run.journal import write_json_atomic
-from modelopt.run.runner import CONFIG
+from modelopt.run.runner import CONFIG, RunResult, free_cuda_memory
 from modelopt.workload import Workload
 
 from modelopt.run.sweep_file import Cell, Sweep, SweepModel, cell_status, load_sweep
@@ -155,6 +156,8 @@ def run_sweep(
             for cell in mine:
                 bar.update(task, description=f"{cell.model}/{cell.strategy}/seed{cell.seed}"
                            + (f" (resuming at {cell.spent:g})" if cell.started else ""))
+                result: RunResult | None = None
+                out_of_memory = False
                 try:
                     result = optimize(
                         wl, strategy=cell.strategy, budget=sweep.budget, seed=cell.seed, out=cell.run_dir,
@@ -167,6 +170,10 @@ def run_sweep(
                         raise
                     bar.console.print(f"[red]{cell.model}/{cell.strategy}/seed{cell.seed} failed:[/] "
                                       f"{type(exc).__name__}: {exc}; rerun the sweep to retry it", highlight=False)
+                    out_of_memory = isinstance(exc, torch.cuda.OutOfMemoryError)
+                if result is None:
+                    if out_of_memory:  # past the except clause, whose traceback held the cell's tensors
+                        free_cuda_memory()
                     bar.advance(task)
                     continue
                 ran.append(cell)

@@ -5,7 +5,8 @@ trial or stops the run with one clear error; either way the journal stays valid 
 | -------------------------------------- | --------------------------------------------------------- |
 | a compressor raises                    | failed trial with the error; the search goes on           |
 | a plan gives NaN logits                | failed trial ("non-finite"); the search goes on           |
-| CUDA out of memory (simulated)         | failed trial naming OutOfMemoryError; the search goes on  |
+| CUDA out of memory (simulated)         | failed trial naming OutOfMemoryError; CUDA's cache freed; |
+|                                        | the search goes on                                        |
 | ENOSPC while appending to the journal  | run stops, one line (exit 2); journal keeps earlier trials|
 | SIGINT / SIGTERM mid-trial             | exit 130 / 143, one line; journal valid                   |
 | a second process on the same --out     | refused by the lock, one line naming the folder (exit 2)  |
@@ -108,9 +109,16 @@ def faulty(monkeypatch):
     ("nan", "non-finite"),
     (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "OutOfMemoryError: CUDA out of memory"),
 ], ids=["compressor_raises", "nan_logits", "cuda_oom"])
-def test_a_failing_plan_is_recorded_and_the_run_resumes(tmp_path, small_workload, faulty, fault, needle):
+def test_a_failing_plan_is_recorded_and_the_run_resumes(tmp_path, small_workload, faulty, fault, needle, monkeypatch):
     faulty.FAULT, faulty.choice = fault, f"fault-{needle}"
     run = tmp_path / "run"
+    freed: list[int] = []  # at each torch.cuda.empty_cache(), how many trials the journal held
+
+    def empty_cache():
+        journal = run / "trials.jsonl"
+        freed.append(len(journal.read_bytes().splitlines()) if journal.exists() else 0)
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
     opts = dict(QUANT, compressors=["quantize", "faulty"], report=False)
     first = modelopt.optimize(small_workload, budget=6, out=run, **opts)
     records = _valid_journal(run)
@@ -123,6 +131,9 @@ def test_a_failing_plan_is_recorded_and_the_run_resumes(tmp_path, small_workload
     after = _valid_journal(run)
     assert after[: len(records)] == records and len(after) > len(records)
     assert len(again.trials) == len(after)
+    # Out of memory frees CUDA's cache after that trial, before the next is journaled; other faults do not.
+    oom = [r["number"] for r in after if r["status"] == "failed"] if isinstance(fault, torch.cuda.OutOfMemoryError) else []
+    assert freed == oom
     print(f"\n{fault!r}: {len(failed)} of {len(records)} trials failed ({failed[0]['error'][:80]}); resumed to {len(after)}")
 
 

@@ -307,3 +307,25 @@ def test_compressors_key_is_checked_by_name_and_against_started_cells(tmp_path, 
                       granularity=["per_channel"], progress=False, compressors=["prune", "quantize"])
     with pytest.raises(ConfigError, match="compressors=\\['prune', 'quantize'\\]"):
         run_sweep(path, progress=False, workloads={"resnet20": resnet20_workload})
+
+
+def test_a_cell_out_of_cuda_memory_frees_the_cache_and_the_grid_goes_on(tmp_path, resnet20_workload, monkeypatch):
+    import torch
+
+    import modelopt.api
+
+    real = modelopt.api.optimize
+    calls: list[str] = []
+
+    def optimize(wl, **kw):
+        calls.append(f"seed{kw['seed']}")
+        if kw["seed"] == 0:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(wl, **kw)
+
+    monkeypatch.setattr(modelopt.api, "optimize", optimize)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    path = _write(tmp_path, MINI.replace("budgets: [2, 3]", "budgets: [1]"))
+    result = run_sweep(path, progress=False, workloads={"resnet20": resnet20_workload})
+    assert calls == ["seed0", "empty_cache", "seed1"]  # freed before the next cell starts
+    assert [(c.strategy, c.seed) for c in result.ran] == [("random", 1)]
