@@ -110,6 +110,8 @@ def optimize(
     seed: Annotated[int, typer.Option(help="Seed of the search.")] = None,  # type: ignore[assignment]
     bits: Annotated[str, typer.Option(help="Weight bit widths offered, e.g. 8,4 or 8,4,3,2.")] = None,  # type: ignore[assignment]
     granularity: Annotated[str, typer.Option(help="Scale granularities: per_tensor, per_channel, group.")] = None,  # type: ignore[assignment]
+    rounding: Annotated[str, typer.Option(help="How codes are picked: gptq (calibrated on the calib split), nearest, "
+                                          "or gptq,nearest to let the search choose (default gptq).")] = None,  # type: ignore[assignment]
     exit_data: Annotated[Path, typer.Option(help="An .npz of images the search never scores (e.g. "
                                             "../shared/data/cifar10/cifar10_jpeg_train.npz): early-exit heads are also fitted on them.")] = None,  # type: ignore[assignment]
     exit_images: Annotated[int, typer.Option(help="How many --exit-data images (a seeded subset).")] = 10000,
@@ -134,13 +136,14 @@ def optimize(
                                     budget=200.0, objective="size", min_retention=0.99,
                                     confidence=api.DEFAULT_CONFIDENCE, count_gains=False, seed=0,
                                     bits=[8, 4], granularity=["per_channel", "group"],
-                                    compressors=api.DEFAULT_COMPRESSORS)
+                                    rounding=list(api.DEFAULT_ROUNDING), compressors=api.DEFAULT_COMPRESSORS)
     if resume:
         run_dir = out_dir or api.latest_run_dir()
         saved = api.saved_run_config(run_dir)
         settings.update({k: saved[k] for k in settings if k in saved and saved[k] is not None})
         q = saved.get("compressors", {}).get("quantize", {})
         settings.update({k: q[k] for k in ("bits", "granularity", "activations") if k in q})
+        settings["rounding"] = q.get("rounding", ["nearest"])  # a record without it predates gptq
         if saved.get("compressors"):
             settings["compressors"] = list(saved["compressors"])
         if saved.get("exit_data") and exit_data is None:  # the heads are fitted on the same images again
@@ -151,6 +154,8 @@ def optimize(
         settings["bits"] = _csv(bits, int, "bits")
     if granularity is not None:
         settings["granularity"] = _csv(granularity, str, "granularity")
+    if rounding is not None:
+        settings["rounding"] = _csv(rounding, str, "rounding")
     if compressors is not None:
         settings["compressors"] = _csv(compressors, str, "compressors")
     if activations is not None:
@@ -159,7 +164,8 @@ def optimize(
         settings["model"], settings["data"], weights=settings["weights"], strategy=settings["strategy"],
         budget=settings["budget"], objective=settings["objective"], min_retention=settings["min_retention"],
         confidence=settings["confidence"], count_gains=settings["count_gains"], seed=settings["seed"], device=device, out=out_dir, resume=resume, bits=settings["bits"],
-        granularity=settings["granularity"], compressors=settings["compressors"], allow_pickle=allow_pickle,
+        granularity=settings["granularity"], rounding=settings["rounding"], compressors=settings["compressors"],
+        allow_pickle=allow_pickle,
         activations=settings.get("activations"), exit_data=exit_data, exit_images=exit_images,
         progress=progress, storage=storage, latency=None if latency.lower() == "none" else latency,
     )
@@ -275,6 +281,7 @@ def evaluate(
     data: Annotated[str, typer.Option(help="cifar10-sample, an .npz, an image folder or a CIFAR10 root.")] = "cifar10-sample",
     split: Annotated[str, typer.Option(help="calib, val, confirm (data with a confirm split), test, or all (val + test).")] = "val",
     compressors: Annotated[str, typer.Option(help="Compressors the plan may use, e.g. quantize,prune (default: every registered one the model suits).")] = None,  # type: ignore[assignment]
+    rounding: Annotated[str, typer.Option(help="Rounding of plan entries that name none: gptq or nearest.")] = "gptq",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
     allow_pickle: Annotated[bool, typer.Option(help="Allow full unpickling of a model file (trusted files only).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
@@ -283,7 +290,7 @@ def evaluate(
     _setup_logging(False)
     names = _csv(compressors, str, "compressors") if compressors is not None else api.DEFAULT_COMPRESSORS
     m = api.evaluate(model, plan, data, weights=weights, split=split, device=device, allow_pickle=allow_pickle,
-                     compressors=names)
+                     compressors=names, rounding=_csv(rounding, str, "rounding"))
     table = Table(title=f"{model} — {'float' if plan is None else plan} on {split} ({m.n_samples} images)")
     for col in ("top-1", "float top-1", "retention", "agree", "size", "ratio", "MACs", "bitops"):
         table.add_column(col, justify="right")

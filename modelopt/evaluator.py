@@ -19,6 +19,7 @@ from modelopt.compressors.activations import (
     fake_quantized_inputs,
     input_ranges,
 )
+from modelopt.compressors.gptq import LayerInputs, input_columns, input_hessians
 from modelopt.early_exit.heads import ExitHead
 from modelopt.early_exit.plan_exits import PlanExits
 from modelopt.early_exit.runtime import ExitLayout
@@ -156,10 +157,21 @@ class Evaluator:
         return self.workload.macs * 32 * 32
 
     def measure_errors(self) -> None:
-        """Replaces the space's estimated per-choice weight errors by measured ones (no data needed)."""
+        """Replaces the space's estimated per-choice errors by measured ones: each choice's relative
+        error on the layer's output, |(Q - W) X|^2 / |W X|^2 over calib inputs X, when the space has
+        calibrated choices (their inputs are measured anyway); else the weight's, |Q - W|^2 / |W|^2."""
+        images = max((n for d in self.space.decisions for c in d.choices
+                      if (n := self.space.compressors[d.compressor].input_images(c))), default=0)
         for d in self.space.decisions:
             w = self.workload.original[d.layer].float()  # type: ignore[index]
-            norm = float((w**2).sum()) or 1.0
+            inputs = self.layer_inputs(d.layer, images) if images else None  # type: ignore[arg-type]
+            h = None if inputs is None else inputs.hessian.to(w.device, torch.float32)
+
+            def energy(e: torch.Tensor, h: torch.Tensor | None = h) -> float:
+                e = e.reshape(e.shape[0], -1)
+                return float((e**2).sum()) if h is None else float(((e @ h) * e).sum())
+
+            norm = energy(w) or 1.0
             feats = []
             for c, f in zip(d.choices, self.space.features[d.name]):
                 if c is None:
@@ -171,7 +183,7 @@ class Evaluator:
                 except Exception:  # noqa: BLE001 - a choice that crashes is a broken choice; trials record why
                     feats.append(dataclasses.replace(f, error=1.0))
                     continue
-                err = float(((q - w) ** 2).sum()) / norm
+                err = energy(q - w) / norm
                 # A choice that breaks the weight (non-finite) is as bad as losing it entirely.
                 feats.append(dataclasses.replace(f, error=err if math.isfinite(err) else 1.0))
             self.space.features[d.name] = tuple(feats)
@@ -231,13 +243,47 @@ class Evaluator:
         w = orig if own is None and prod is None else orig[rows[:, None], cols[None, :]]
         for d in self._layer_decisions[lname]:
             c = plan.get(d.name)
-            if c is not None and (own is None or d.name != own[0]):  # slicing already applied that one
-                w = self.space.compressors[d.compressor].apply(w, c)
+            if c is None or (own is not None and d.name == own[0]):  # slicing already applied that one
+                continue
+            comp = self.space.compressors[d.compressor]
+            if n := comp.input_images(c):
+                w = comp.apply_calibrated(w, c, self.layer_inputs(lname, n, None if prod is None else cols))
+            else:
+                w = comp.apply(w, c)
         if own is None and prod is None:
             return w
         full = torch.zeros_like(orig)
         full[rows[:, None], cols[None, :]] = w
         return full
+
+    def layer_inputs(self, lname: str, images: int, kept_inputs: torch.Tensor | None = None) -> LayerInputs | None:
+        """Second moments of `lname`'s inputs in the float model over the first `images` calib images
+        (None for a layer they are not measured on, a grouped conv); `kept_inputs`: only those input
+        channels' columns (structured pruning removed the others). Measured once per image count for
+        every layer (`gptq.input_hessians`), shared by runs on the workload; charged by `input_cost`.
+        """
+        x = self.workload.split("calib").x[:images]
+        cache = self.workload.input_cache
+        if x.shape[0] not in cache:
+            with self.workload.weights(self.workload.original):
+                cache[x.shape[0]] = input_hessians(self.workload.model, self.workload.modules, x,
+                                                   self.workload.batch_size)
+        inputs = cache[x.shape[0]].get(lname)
+        if inputs is None or kept_inputs is None:
+            return inputs
+        return inputs.select(input_columns(kept_inputs, self.workload.original[lname][0, 0].numel()))
+
+    def _input_images(self, plan: Plan) -> set[int]:
+        """Calibration image counts whose layer inputs the plan's choices need (GPTQ)."""
+        calib = len(self.workload.split("calib"))
+        return {min(n, calib) for d in self.space.decisions if d.layer is not None
+                if (n := self.space.compressors[d.compressor].input_images(plan.get(d.name)))}
+
+    def input_cost(self, plan: Plan) -> float:
+        """Budget the plan's calibrated choices cost now: the float pass measuring layer inputs, charged
+        to the first plan of the run that needs it (images / len(val)), then 0."""
+        val = len(self.workload.split("val"))
+        return sum(self.one_time.charge(f"layer_inputs:{n}", n / val) for n in self._input_images(plan))
 
     def compressed_state(self, plan: Plan) -> tuple[dict[str, torch.Tensor], float]:
         """Every tensor the plan changes, by state_dict name, and the budget spent preparing them.
@@ -260,7 +306,7 @@ class Evaluator:
                 if t is not None:
                     state[f"{norm}.{attr}"] = t.data.masked_fill(drop.to(t.device), 0.0)
         stats, cost = self._recalibrated(plan, state)
-        return {**state, **stats}, cost + self.input_qparams(plan)[1]
+        return {**state, **stats}, cost + self.input_qparams(plan)[1] + self.input_cost(plan)
 
     def activation_quant(self, plan: Plan) -> contextlib.AbstractContextManager[None]:
         """Within the block, the plan's activation-quantized layers see their inputs quantize-dequantized.
@@ -316,6 +362,7 @@ class Evaluator:
         """Records the one-time preparations `plan` needed as paid (a resumed run, for the trials
         its journal holds): what the killed process charged is not charged again."""
         keys = {f"input_ranges:{c}" for _, c in self._input_bits(plan).values()}
+        keys |= {f"layer_inputs:{n}" for n in self._input_images(plan)}
         if n := self._norm_images(plan):
             keys.add(f"norm_reference:{n}")
         self.one_time.mark_paid(keys | self.exits.one_time_keys(plan))

@@ -29,14 +29,16 @@ def decision_name(layer: str, compressor: str) -> str:
     return f"{layer}/{compressor}"
 
 
-def jsonable(choice: Choice) -> Any:
-    """A JSON-ready form of a choice (frozen dataclasses of scalars and str enums)."""
+def jsonable(choice: Choice, *, for_key: bool = False) -> Any:
+    """A JSON-ready form of a choice (frozen dataclasses of scalars and str enums); `for_key`: the
+    form `Plan.key` hashes (fields marked ``omit_default`` left out at their default)."""
     if choice is None or isinstance(choice, (bool, int, float, str)):
         return choice.value if isinstance(choice, Enum) else choice
     if dataclasses.is_dataclass(choice):
-        return {f.name: jsonable(getattr(choice, f.name)) for f in dataclasses.fields(choice)}
+        return {f.name: jsonable(getattr(choice, f.name), for_key=for_key) for f in dataclasses.fields(choice)
+                if not (for_key and f.metadata.get("key") == "omit_default" and getattr(choice, f.name) == f.default)}
     if isinstance(choice, tuple):
-        return [jsonable(c) for c in choice]
+        return [jsonable(c, for_key=for_key) for c in choice]
     raise TypeError(f"choice {choice!r} is not JSON-serialisable")
 
 
@@ -66,8 +68,13 @@ class Plan:
 
     @cached_property
     def key(self) -> str:
-        """A stable 16-hex-digit key: equal plans have equal keys across processes and versions."""
-        blob = json.dumps(sorted(self.to_flat().items()), sort_keys=True, separators=(",", ":"))
+        """A stable 16-hex-digit key: equal plans have equal keys across processes and versions.
+
+        A choice field added later with `metadata={"key": "omit_default"}` is left out of the key
+        while it holds its default, so plans saved before it existed keep their keys.
+        """
+        flat = {name: jsonable(c, for_key=True) for name, c in self.choices}
+        blob = json.dumps(sorted(flat.items()), sort_keys=True, separators=(",", ":"))
         return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
     def __repr__(self) -> str:

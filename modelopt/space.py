@@ -28,7 +28,7 @@ class ChoiceFeatures:
     bytes: int  # packed bytes of the layer's weight under this choice
     bits: int  # weight bits arithmetic runs at (32 = float)
     macs: int  # the layer's multiply-accumulates per sample, less what the choice saves (an estimate)
-    error: float  # relative squared weight error ||W - C(W)||^2 / ||W||^2 (an estimate until measured)
+    error: float  # relative squared error of the weight, or of the layer's output (Evaluator.measure_errors)
     act_bits: int = 32  # bits of the layer's input activations (32 = float)
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from modelopt.compressors.gptq import LayerInputs
 from modelopt.data import Dataset
 from modelopt.errors import ConfigError, LoadError
 from modelopt.layers import Layer, compressible_modules, discover_layers
@@ -78,6 +79,8 @@ class Workload:
         self.original: dict[str, torch.Tensor] = {n: m.weight.data for n, m in self.modules.items()}
         # (layer, compressors, choices) -> compressed weight on the device; filled by evaluators.
         self.tensor_cache: dict[tuple[object, ...], torch.Tensor] = {}
+        # calib images -> each layer's input second moments on them (GPTQ); filled by evaluators.
+        self.input_cache: dict[int, dict[str, LayerInputs]] = {}
         names = ("calib", "val", "test") + (("confirm",) if data.confirm is not None else ())
         splits = {name: self._prepare(data.split(name).x) for name in names}
         self._check_fits(splits["val"])

@@ -80,11 +80,18 @@ def test_to_flat_is_json_and_keeps_order():
     assert list(flat) == ["conv1/quantize", "layer1.0.conv1/quantize", "fc/quantize"]
     assert json.loads(json.dumps(flat, allow_nan=False)) == flat
     assert flat == {
-        "conv1/quantize": {"bits": 8, "granularity": "per_channel", "group_size": 64},
-        "layer1.0.conv1/quantize": {"bits": 4, "granularity": "group", "group_size": 64},
+        "conv1/quantize": {"bits": 8, "granularity": "per_channel", "group_size": 64, "rounding": "nearest"},
+        "layer1.0.conv1/quantize": {"bits": 4, "granularity": "group", "group_size": 64, "rounding": "nearest"},
         "fc/quantize": None,
     }
     assert type(flat["conv1/quantize"]["granularity"]) is str  # the enum's value, not the enum
+
+
+def test_journals_name_the_rounding_but_nearest_keeps_the_old_key():
+    gptq = make(layer1=QuantSpec(4, GR, 64).with_rounding("gptq"))
+    assert gptq.to_flat()["layer1.0.conv1/quantize"]["rounding"] == "gptq"
+    assert gptq.key != make().key  # a calibrated plan is another plan
+    assert make().key == "e3a0438bcbc67f42"  # pinned before rounding existed
 
 
 def test_repr_names_key_and_active_count():
@@ -101,7 +108,9 @@ class _Nested:
 def test_jsonable_handles_scalars_tuples_and_nested_dataclasses():
     assert jsonable(None) is None and jsonable(3) == 3 and jsonable(0.5) == 0.5 and jsonable(True) is True
     assert jsonable("x") == "x" and jsonable(GR) == "group"
-    assert jsonable((1, QuantSpec(2))) == [1, {"bits": 2, "granularity": "per_channel", "group_size": 64}]
+    assert jsonable((1, QuantSpec(2))) == [1, {"bits": 2, "granularity": "per_channel", "group_size": 64,
+                                               "rounding": "nearest"}]
+    assert jsonable(QuantSpec(2), for_key=True) == {"bits": 2, "granularity": "per_channel", "group_size": 64}
     assert jsonable(_Nested(0.9, (1, 2), GR)) == {"threshold": 0.9, "heads": [1, 2], "gran": "group"}
 
 

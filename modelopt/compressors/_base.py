@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from modelopt.compressors.gptq import LayerInputs
 from modelopt.layers import Layer
 
 Choice = Hashable  # None means "this compressor leaves the layer alone"
@@ -89,6 +90,15 @@ class Compressor(ABC):
     @abstractmethod
     def apply(self, weight: torch.Tensor, choice: Choice) -> torch.Tensor:
         """The weight the evaluator runs with (e.g. quantize-dequantize), same shape and dtype."""
+
+    def input_images(self, choice: Choice) -> int:
+        """Calibration images whose inputs to the layer `choice` needs (`apply_calibrated`); 0: none."""
+        return 0
+
+    def apply_calibrated(self, weight: torch.Tensor, choice: Choice, inputs: LayerInputs | None) -> torch.Tensor:
+        """`apply` given the second moments of the layer's inputs on `input_images(choice)` calib
+        images (None where the evaluator has none, e.g. a grouped conv); default: `apply`."""
+        return self.apply(weight, choice)
 
     @abstractmethod
     def weight_bytes(self, layer: Layer, choice: Choice) -> int:

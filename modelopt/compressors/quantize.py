@@ -14,10 +14,11 @@ bitops at 8 activation bits; the layer then also stores its input's scale and ze
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -27,6 +28,7 @@ import torch
 from modelopt.compressors._base import Choice, Compressor, Storage
 from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors.activations import QPARAM_BYTES, Calibration
+from modelopt.compressors.gptq import LayerInputs, gptq_round
 from modelopt.errors import ConfigError
 from modelopt.layers import Layer
 
@@ -57,6 +59,14 @@ class Granularity(str, Enum):
     GROUP = "group"
 
 
+class Rounding(str, Enum):
+    """How codes are picked once scales are fixed: each weight alone (nearest), or with the
+    layer's calibration inputs (gptq: second-order error feedback, `modelopt.compressors.gptq`)."""
+
+    NEAREST = "nearest"
+    GPTQ = "gptq"
+
+
 @dataclass(frozen=True)
 class QuantSpec:
     """How one layer's weight is quantized; its input activations stay float (see `ActQuantSpec`)."""
@@ -64,6 +74,8 @@ class QuantSpec:
     bits: int
     granularity: Granularity = Granularity.PER_CHANNEL
     group_size: int = 64
+    # Left out of `Plan.key` when nearest, so plans saved before rounding existed keep their keys.
+    rounding: Rounding = field(default=Rounding.NEAREST, metadata={"key": "omit_default"})
 
     @property
     def activations(self) -> int | None:
@@ -75,15 +87,20 @@ class QuantSpec:
 
         Example:
             >>> QuantSpec(8).with_activations(8)
-            ActQuantSpec(bits=8, granularity=<Granularity.PER_CHANNEL: 'per_channel'>, group_size=64, activations=8)
+            ActQuantSpec(bits=8, granularity=<Granularity.PER_CHANNEL: 'per_channel'>, group_size=64, rounding=<Rounding.NEAREST: 'nearest'>, activations=8)
         """
         if bits is None:
-            return QuantSpec(self.bits, self.granularity, self.group_size)
-        return ActQuantSpec(self.bits, self.granularity, self.group_size, bits)
+            return QuantSpec(self.bits, self.granularity, self.group_size, self.rounding)
+        return ActQuantSpec(self.bits, self.granularity, self.group_size, self.rounding, bits)
+
+    def with_rounding(self, rounding: Rounding) -> QuantSpec:
+        """This quantization with codes picked by `rounding`."""
+        return dataclasses.replace(self, rounding=Rounding(rounding))
 
     def __str__(self) -> str:
         tail = f"g{self.group_size}" if self.granularity is Granularity.GROUP else self.granularity.value
-        return f"int{self.bits}/{tail}" + ("" if self.activations is None else f"/a{self.activations}")
+        return (f"int{self.bits}/{tail}" + ("" if self.activations is None else f"/a{self.activations}")
+                + ("" if self.rounding is Rounding.NEAREST else f"/{self.rounding.value}"))
 
 
 @dataclass(frozen=True)
@@ -148,18 +165,33 @@ def search_scales(units: torch.Tensor, bits: int, ratios: Sequence[float] | None
 
 
 def quantize(
-    weight: torch.Tensor, spec: QuantSpec, ratios: Sequence[float] | None = None
+    weight: torch.Tensor, spec: QuantSpec, ratios: Sequence[float] | None = None, inputs: LayerInputs | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Integer codes (int8 tensor, same shape as `weight`) and float16 scales (one per unit).
 
     `ratios`: the clipping ratios searched (default CLIP_RATIOS; (1.0,) is plain max-scaling).
+    `inputs`: the layer's calibration inputs; with them a GPTQ spec picks its codes by GPTQ
+    (scales are the same either way). Without them every spec rounds to nearest.
     """
     units = _units(weight, spec)
     scales = search_scales(units, spec.bits, ratios)
     qmin, qmax = _code_range(spec.bits)
-    codes = torch.clamp(torch.round(units / scales.unsqueeze(1)), qmin, qmax)
-    codes = codes.reshape(weight.shape[0], -1)[:, : weight[0].numel()].reshape(weight.shape)
+    if spec.rounding is Rounding.GPTQ and inputs is not None:
+        codes = gptq_round(weight, _per_weight(scales, spec, weight), qmin, qmax, inputs)
+    else:
+        codes = torch.clamp(torch.round(units / scales.unsqueeze(1)), qmin, qmax)
+        codes = codes.reshape(weight.shape[0], -1)[:, : weight[0].numel()].reshape(weight.shape)
     return codes.to(torch.int8), scales.to(SCALE_DTYPE)
+
+
+def _per_weight(scales: torch.Tensor, spec: QuantSpec, weight: torch.Tensor) -> torch.Tensor:
+    """Each weight's scale, as the weight flattened per output channel (rows x fan-in)."""
+    rows, k = weight.shape[0], weight[0].numel()
+    if spec.granularity is Granularity.PER_TENSOR:
+        return scales.reshape(1, 1).expand(rows, k)
+    if spec.granularity is Granularity.PER_CHANNEL:
+        return scales.reshape(rows, 1).expand(rows, k)
+    return scales.reshape(rows, -1).repeat_interleave(spec.group_size, dim=1)[:, :k]
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
@@ -212,9 +244,13 @@ class Quantize(Compressor):
         act_calibration: how input ranges are calibrated: ``percentile`` or ``minmax``.
         act_percentile: the tail percentile ``percentile`` calibration keeps, in (50, 100].
         act_calibration_images: calibration images the ranges are measured on.
+        rounding: how codes are picked, offered to the search (nearest, gptq); a plan entry
+            without `rounding` takes the first offered.
+        calib_images: calibration images GPTQ's input second moments are measured on.
 
     Example:
         >>> q = Quantize(bits=(8, 4), granularity=("per_channel", "group"))
+        >>> calibrated = Quantize(bits=(4, 3, 2), rounding=("gptq",))
         >>> w8a8 = Quantize(bits=(8,), activations=(None, 8), act_calibration="minmax")
     """
 
@@ -231,6 +267,8 @@ class Quantize(Compressor):
         act_calibration: str = "percentile",
         act_percentile: float = 99.99,
         act_calibration_images: int = 256,
+        rounding: Sequence[str | Rounding] = (Rounding.NEAREST,),
+        calib_images: int = 256,
     ) -> None:
         if not clip_ratios or any(not 0 < float(r) <= 1 for r in clip_ratios):
             raise ConfigError(f"quantize: clip_ratios must be fractions in (0, 1], got {clip_ratios!r}")
@@ -247,12 +285,21 @@ class Quantize(Compressor):
         if not self.activations:
             raise ConfigError("quantize: activations must offer at least one of 8 or null (float)")
         self.calibration = Calibration(act_calibration, float(act_percentile), int(act_calibration_images))  # type: ignore[arg-type]
+        self.rounding = tuple(dict.fromkeys(_rounding(r) for r in rounding))
+        if not self.rounding:
+            raise ConfigError("quantize: rounding must offer at least one of nearest, gptq")
+        if isinstance(calib_images, bool) or not isinstance(calib_images, int) or calib_images < 1:
+            raise ConfigError(f"quantize: calib_images must be a positive integer, got {calib_images!r}")
+        self.calib_images = calib_images
 
     def options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {"bits": list(self.bits), "granularity": [g.value for g in self.granularity],
                                 "group_size": self.group_size}
         if self.clip_ratios != CLIP_RATIOS:
             opts["clip_ratios"] = list(self.clip_ratios)
+        # Only when set, like activations: records from before rounding existed mean nearest.
+        if self.rounding != (Rounding.NEAREST,) or self.calib_images != 256:
+            opts.update(rounding=[r.value for r in self.rounding], calib_images=self.calib_images)
         # Only when set: a default quantizer's options (run records, resume checks) stay as they were.
         if self.activations != (None,) or self.calibration != Calibration():
             opts.update(activations=list(self.activations), act_calibration=self.calibration.method.value,
@@ -263,15 +310,15 @@ class Quantize(Compressor):
     def _canonical(self, spec: QuantSpec, layer: Layer) -> QuantSpec:
         # One group covering a whole channel is per-channel quantization: same math, same bytes.
         if spec.granularity is Granularity.GROUP and layer.fan_in <= spec.group_size:
-            return QuantSpec(spec.bits, Granularity.PER_CHANNEL).with_activations(spec.activations)
+            return QuantSpec(spec.bits, Granularity.PER_CHANNEL, rounding=spec.rounding).with_activations(spec.activations)
         if spec.granularity is not Granularity.GROUP:
-            return QuantSpec(spec.bits, spec.granularity).with_activations(spec.activations)
+            return QuantSpec(spec.bits, spec.granularity, rounding=spec.rounding).with_activations(spec.activations)
         return spec
 
     def menu(self, layer: Layer) -> tuple[Choice, ...]:
         specs = (
-            self._canonical(QuantSpec(b, g, self.group_size).with_activations(a), layer)
-            for b, g, a in itertools.product(self.bits, self.granularity, self.activations)
+            self._canonical(QuantSpec(b, g, self.group_size, r).with_activations(a), layer)
+            for b, g, r, a in itertools.product(self.bits, self.granularity, self.rounding, self.activations)
         )
         return (None, *dict.fromkeys(specs))
 
@@ -280,10 +327,10 @@ class Quantize(Compressor):
             return None
         if not isinstance(raw, Mapping):
             raise ConfigError(f"quantize for {layer.name}: expected a mapping like {{bits: 4}} or null, got {raw!r}")
-        unknown = set(raw) - {"bits", "granularity", "group_size", "activations"}
+        unknown = set(raw) - {"bits", "granularity", "group_size", "activations", "rounding"}
         if unknown:
             raise ConfigError(f"quantize for {layer.name}: unknown key {min(unknown)!r}; "
-                              "valid: bits, granularity, group_size, activations")
+                              "valid: bits, granularity, group_size, activations, rounding")
         bits = raw.get("bits")
         if bits is None:
             raise ConfigError(f"quantize for {layer.name}: 'bits' is required (one of {', '.join(map(str, SUPPORTED_BITS))})")
@@ -299,7 +346,11 @@ class Quantize(Compressor):
             acts = _activation_bits(raw.get("activations"))
         except ConfigError as exc:
             raise ConfigError(f"quantize for {layer.name}: {str(exc).removeprefix('quantize: ')}") from None
-        return self._canonical(QuantSpec(int(bits), gran, group_size).with_activations(acts), layer)
+        try:
+            rounding = _rounding(raw.get("rounding", self.rounding[0]))
+        except ConfigError as exc:
+            raise ConfigError(f"quantize for {layer.name}: {str(exc).removeprefix('quantize: ')}") from None
+        return self._canonical(QuantSpec(int(bits), gran, group_size, rounding).with_activations(acts), layer)
 
     def dump(self, choice: Choice) -> dict[str, Any] | None:
         if choice is None:
@@ -313,14 +364,32 @@ class Quantize(Compressor):
         # explicit, as plan files merge each layer's entry over the default's.
         if choice.activations is not None or self.activations != (None,):
             out["activations"] = choice.activations
+        # Likewise rounding: a plan entry without it takes the quantizer's first offered rounding.
+        if choice.rounding is not Rounding.NEAREST or self.rounding != (Rounding.NEAREST,):
+            out["rounding"] = choice.rounding.value
         return out
 
     def apply(self, weight: torch.Tensor, choice: Choice) -> torch.Tensor:
+        return self.apply_calibrated(weight, choice, None)
+
+    def input_images(self, choice: Choice) -> int:
+        return self.calib_images if isinstance(choice, QuantSpec) and choice.rounding is Rounding.GPTQ else 0
+
+    def apply_calibrated(self, weight: torch.Tensor, choice: Choice, inputs: LayerInputs | None) -> torch.Tensor:
         if choice is None:
             return weight
+        codes, scales = self.encode(weight, choice, inputs)
         assert isinstance(choice, QuantSpec)
-        codes, scales = quantize(weight, choice, self.clip_ratios)
         return dequantize(codes, scales, choice).to(weight.dtype)
+
+    def encode(self, weight: torch.Tensor, choice: Choice, inputs: LayerInputs | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The codes and float16 scales `choice` stores for `weight` (what `apply` dequantizes).
+
+        `inputs`: the layer's calibration inputs (`Evaluator.layer_inputs`), used by GPTQ choices.
+        """
+        assert isinstance(choice, QuantSpec)
+        return quantize(weight, choice, self.clip_ratios, inputs)
 
     def weight_bytes(self, layer: Layer, choice: Choice) -> int:
         if choice is None:
@@ -355,6 +424,19 @@ def _activation_bits(value: object) -> int | None:
         valid = ", ".join(map(str, SUPPORTED_ACTIVATION_BITS))
         raise ConfigError(f"quantize: activations {value!r} not offered; valid: {valid} or null (float)")
     return int(value)  # type: ignore[call-overload]
+
+
+def parse_rounding(values: Sequence[object]) -> tuple[Rounding, ...]:
+    """Rounding names as `Rounding`s; raises ConfigError naming a bad one and the valid ones."""
+    return tuple(_rounding(v) for v in values)
+
+
+def _rounding(value: object) -> Rounding:
+    try:
+        return Rounding(value)
+    except ValueError:
+        valid = ", ".join(r.value for r in Rounding)
+        raise ConfigError(f"quantize: rounding {value!r} not offered; valid: {valid}") from None
 
 
 def _granularity(value: object) -> Granularity:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from modelopt.compressors.quantize import Quantize, QuantSpec, quantize
+from modelopt.compressors.quantize import Quantize, QuantSpec
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluator import Evaluator
 from modelopt.plan import Plan
@@ -183,7 +183,8 @@ def quantized_weights(evaluator: Evaluator, plan: Plan) -> dict[str, QuantizedWe
             out[layer.name] = None
             continue
         assert isinstance(spec, QuantSpec)
-        # The same call on the same tensor as Quantize.apply, so the codes are what was scored.
-        codes, scales = quantize(evaluator.workload.original[layer.name], spec, comp.clip_ratios)
+        # The same call on the same tensor and inputs as the evaluator's, so the codes are what was scored.
+        inputs = evaluator.layer_inputs(layer.name, n) if (n := comp.input_images(spec)) else None
+        codes, scales = comp.encode(evaluator.workload.original[layer.name], spec, inputs)
         out[layer.name] = QuantizedWeight(layer.name, spec, codes.cpu(), scales.cpu())
     return out

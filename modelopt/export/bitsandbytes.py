@@ -32,13 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from modelopt.compressors.quantize import (
-    Granularity,
-    Quantize,
-    QuantSpec,
-    dequantize,
-    quantize,
-)
+from modelopt.compressors.gptq import LayerInputs
+from modelopt.compressors.quantize import Granularity, Quantize, QuantSpec, dequantize
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator
 from modelopt.layers import Layer, LayerKind
@@ -180,7 +175,8 @@ def _convert(evaluator: Evaluator, plan: Plan, quant_type: str) -> tuple[nn.Modu
         assert isinstance(linear, nn.Linear)
         pre = _pre_quantization_weight(evaluator, plan, layer, decision, tuple(linear.weight.shape))
         if spec.bits == 8:
-            new, codes = _int8_linear(bnb, linear, pre, spec, comp)
+            inputs = evaluator.layer_inputs(layer.name, n) if (n := comp.input_images(spec)) else None
+            new, codes = _int8_linear(bnb, linear, pre, spec, comp, inputs)
             kind = "Linear8bitLt"
         else:
             new, codes = _4bit_linear(bnb, linear, pre, quant_type, device), "bitsandbytes"
@@ -224,7 +220,8 @@ def _pre_quantization_weight(
 
 
 def _int8_linear(
-    bnb: ModuleType, linear: nn.Linear, pre: torch.Tensor, spec: QuantSpec, comp: Quantize
+    bnb: ModuleType, linear: nn.Linear, pre: torch.Tensor, spec: QuantSpec, comp: Quantize,
+    inputs: LayerInputs | None = None,
 ) -> tuple[nn.Module, str]:
     new = _linear8bitlt(bnb)(linear.in_features, linear.out_features, bias=linear.bias is not None,
                              has_fp16_weights=False, threshold=0.0)
@@ -232,7 +229,7 @@ def _int8_linear(
         new.bias = nn.Parameter(linear.bias.detach().float().cpu().clone(), requires_grad=False)
     if spec.granularity is not Granularity.GROUP:
         # The same call on the same tensor as Quantize.apply, so these are the codes that were scored.
-        codes, scales = quantize(pre, spec, comp.clip_ratios)
+        codes, scales = comp.encode(pre, spec, inputs)
         if torch.equal(dequantize(codes, scales, spec).to(linear.weight.dtype), linear.weight.data):
             codes = codes.cpu().contiguous()
             scb = (scales.float().cpu() * 127.0).expand(linear.out_features).contiguous()

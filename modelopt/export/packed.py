@@ -51,7 +51,6 @@ from modelopt.compressors.quantize import (
     QuantSpec,
     dequantize,
     pack_codes,
-    quantize,
     unpack_codes,
 )
 from modelopt.errors import ConfigError, LoadError
@@ -105,7 +104,9 @@ def _layer_forms(evaluator: Evaluator, plan: Plan) -> dict[str, tuple[Any, ...]]
                     w = comp.apply(w, c)
             elif isinstance(comp, Quantize) and isinstance(c, QuantSpec):
                 spec = c
-                codes, scales = quantize(w, c, comp.clip_ratios)
+                cols = None if prod is None else prod[1]
+                inputs = evaluator.layer_inputs(layer.name, n, cols) if (n := comp.input_images(c)) else None
+                codes, scales = comp.encode(w, c, inputs)
                 w = dequantize(codes, scales, c).to(w.dtype)
             elif isinstance(comp, EarlyExit):
                 continue  # an exit changes no weight; its head is written apart (index "e")

@@ -15,6 +15,7 @@ objective: size                 # size | bitops | macs
 min_retention: 0.99
 bits: [8, 4]
 granularity: [per_channel, group]
+rounding: [gptq]                # optional: gptq | nearest, or both for the search to choose
 device: auto                    # optional
 ```
 
@@ -70,7 +71,8 @@ class SweepResult:
 def _check_started(sweep: Sweep, cells: Sequence[Cell]) -> None:
     """A cell already on disk must have been run with this file's settings, or the table would mix runs."""
     want = {"objective": sweep.objective, "min_retention": sweep.min_retention, "confidence": sweep.confidence,
-            "bits": list(dict.fromkeys(sweep.bits)), "granularity": list(dict.fromkeys(sweep.granularity))}
+            "bits": list(dict.fromkeys(sweep.bits)), "granularity": list(dict.fromkeys(sweep.granularity)),
+            "rounding": list(dict.fromkeys(sweep.rounding))}
     for cell in cells:
         cfg = _read_json(cell.run_dir / CONFIG)
         if cfg is None:
@@ -78,7 +80,8 @@ def _check_started(sweep: Sweep, cells: Sequence[Cell]) -> None:
         quant = cfg.get("compressors", {}).get("quantize", {})
         have = {"objective": cfg.get("objective"), "min_retention": cfg.get("min_retention"),
                 "confidence": cfg.get("confidence", 0.0),
-                "bits": quant.get("bits"), "granularity": quant.get("granularity")}
+                "bits": quant.get("bits"), "granularity": quant.get("granularity"),
+                "rounding": quant.get("rounding", ["nearest"])}  # a record without it predates gptq
         if sweep.compressors is not None:
             want["compressors"] = sorted(sweep.compressors)
             have["compressors"] = sorted(cfg.get("compressors", {}))
@@ -163,6 +166,7 @@ def run_sweep(
                         wl, strategy=cell.strategy, budget=sweep.budget, seed=cell.seed, out=cell.run_dir,
                         resume=cell.started, objective=sweep.objective,
                         min_retention=sweep.min_retention, confidence=sweep.confidence, bits=sweep.bits, granularity=sweep.granularity,
+                        rounding=sweep.rounding,
                         compressors=sweep.compressors, weights=model.weights, progress=False,
                     )
                 except Exception as exc:  # one broken cell must not stop the grid; its journal is kept

@@ -32,10 +32,11 @@ _DEFAULTS: dict[str, Any] = {  # `out` defaults to the sweep's name, beside the 
     "confidence": 0.95,
     "bits": [8, 4],
     "granularity": ["per_channel", "group"],
+    "rounding": ["gptq"],
     "device": "auto",
 }
 _KEYS = (*_REQUIRED[:1], "out", *_REQUIRED[1:], "objective", "min_retention", "confidence", "compressors", "bits",
-         "granularity", "device")
+         "granularity", "rounding", "device")
 _MODEL_KEYS = ("name", "model", "weights", "data")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -69,6 +70,7 @@ class Sweep:
     confidence: float = 0.95  # a plan meets the floor when its retention bound at this confidence does
     bits: tuple[int, ...] = (8, 4)
     granularity: tuple[str, ...] = ("per_channel", "group")
+    rounding: tuple[str, ...] = ("gptq",)
     device: str = "auto"
     compressors: tuple[str, ...] | None = None  # None: the API's default for the objective
 
@@ -93,7 +95,7 @@ class Sweep:
             "models": [vars(m) for m in self.models], "strategies": list(self.strategies),
             "budgets": list(self.budgets), "seeds": list(self.seeds), "objective": self.objective,
             "min_retention": self.min_retention, "confidence": self.confidence, "bits": list(self.bits), "granularity": list(self.granularity),
-            "device": self.device, "compressors": None if self.compressors is None else list(self.compressors),
+            "rounding": list(self.rounding), "device": self.device, "compressors": None if self.compressors is None else list(self.compressors),
         }
 
 
@@ -268,6 +270,9 @@ def load_sweep(path: str | Path) -> Sweep:
     if (n := node("granularity")) is not None:
         nodes = f.items(n, "granularity", "[per_channel, group]")
         settings["granularity"] = [f.string(g, "granularity", "per_channel") for g in nodes]
+    if (n := node("rounding")) is not None:
+        nodes = f.items(n, "rounding", "[gptq]")
+        settings["rounding"] = [f.string(r, "rounding", "gptq") for r in nodes]
     _check_quantizer(f, top, settings)
     compressors = None
     if (n := node("compressors")) is not None:
@@ -291,7 +296,8 @@ def load_sweep(path: str | Path) -> Sweep:
         path=path.resolve(), name=name, out=out.resolve(), models=tuple(models), strategies=tuple(strategies),
         budgets=tuple(sorted(budgets)), seeds=tuple(seeds), objective=settings["objective"],
         min_retention=settings["min_retention"], confidence=settings["confidence"], bits=tuple(settings["bits"]),
-        granularity=tuple(settings["granularity"]), device=settings["device"], compressors=compressors,
+        granularity=tuple(settings["granularity"]), rounding=tuple(settings["rounding"]), device=settings["device"],
+        compressors=compressors,
     )
 
 
@@ -299,9 +305,10 @@ def _check_quantizer(f: _File, top: Mapping[str, tuple[yaml.Node, yaml.Node]], s
     from modelopt.api import build_compressors
 
     try:
-        build_compressors(["quantize"], {"quantize": {"bits": settings["bits"], "granularity": settings["granularity"]}})
+        build_compressors(["quantize"], {"quantize": {"bits": settings["bits"], "granularity": settings["granularity"],
+                                                      "rounding": settings["rounding"]}})
     except ConfigError as exc:
-        key = "granularity" if "granularity" in str(exc) else "bits"
+        key = next((k for k in ("granularity", "rounding") if k in str(exc)), "bits")
         raise f.error(top[key][1] if key in top else None, key, str(exc)) from None
 
 
