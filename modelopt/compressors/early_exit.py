@@ -132,7 +132,10 @@ class EarlyExit(Compressor):
             raise ConfigError(f"early_exit on {layer.name!r} takes {{threshold: T}} with T in (0, 1]; got {raw!r}")
         if not self._offers(layer):
             raise ConfigError(f"layer {layer.name!r} does not end a candidate exit block; candidates: {self.exits}")
-        return ExitChoice(float(raw["threshold"]) if not isinstance(raw["threshold"], bool) else raw["threshold"])
+        t = raw["threshold"]
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 1:  # before float(): "0.9", 10**400
+            raise ConfigError(f"early_exit threshold on {layer.name!r} must be a number in (0, 1]; got {t!r}")
+        return ExitChoice(float(t))
 
     def dump(self, choice: Choice) -> dict[str, Any] | None:
         if choice is None:
@@ -150,6 +153,9 @@ class EarlyExit(Compressor):
             raise ConfigError(f"plan key 'early_exit' takes {{exits: [BLOCK, ...], threshold: T}} or "
                               f"{{exits: {{BLOCK: T, ...}}}}; got {raw!r}")
         exits, shared = raw["exits"], raw.get("threshold")
+        if isinstance(exits, (Mapping, list, tuple)) and not all(isinstance(name, str) for name in exits):
+            name = next(name for name in exits if not isinstance(name, str))
+            raise ConfigError(f"plan key 'early_exit.exits' names blocks like 'layer2.1'; got {name!r}")
         if isinstance(exits, Mapping):
             if shared is not None:
                 raise ConfigError("plan key 'early_exit': give one threshold per exit or a shared 'threshold', not both")

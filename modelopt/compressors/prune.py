@@ -305,7 +305,7 @@ class Prune(Compressor):
 
 
 def _sparsity(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < float(value) < 1:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:  # no float(): 10**400
         raise ConfigError(f"{where}: sparsity {value!r} is not a share in (0, 1); e.g. 0.5 removes half")
     return float(value)
 
