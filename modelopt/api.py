@@ -372,6 +372,10 @@ def optimize(
     check_certifiable(evaluator, obj)  # a val split too small to certify the floor: refused before any work
     evaluator.measure_errors()  # data-free priors for strategies that use them; costs no evaluation
     strat = STRATEGIES.get(strategy)(space, obj, seed=seed)
+    if getattr(strat, "wants_loss_estimates", False):  # knapsack's one-pass sensitivities
+        from modelopt.sensitivity import estimate_losses
+
+        strat.use_loss_estimates(estimate_losses(evaluator))  # type: ignore[attr-defined]
     if latency is None and obj.target is Target.LATENCY:
         raise ConfigError("objective 'latency' needs a latency backend; pass latency='torch' or 'onnxruntime'")
     timer = None if latency is None else PlanLatency(evaluator, latency)

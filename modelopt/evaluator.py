@@ -68,6 +68,7 @@ class Evaluator:
         self._norm_ref: tuple[int, dict[str, tuple[torch.Tensor, torch.Tensor]]] | None = None
         self._input_ranges: dict[Calibration, dict[str, tuple[float, float]]] = {}  # activation quantization
         self.one_time = OneTimeCosts()  # reference passes, fits, calibrations: charged once per run
+        self._pre_passes: dict[str, float] = {}  # a strategy's passes before any plan (add_pre_pass)
         self.exits = PlanExits(workload, space, exit_images, self.one_time)  # early exit's heads, priors, reach
 
     # ---- static accounting ----------------------------------------------------------------
@@ -285,6 +286,11 @@ class Evaluator:
         val = len(self.workload.split("val"))
         return sum(self.one_time.charge(f"layer_inputs:{n}", n / val) for n in self._input_images(plan))
 
+    def add_pre_pass(self, key: str, cost: float) -> None:
+        """Records work done for the search before any plan (e.g. a gradient pass pricing every
+        choice), charged once with the first plan scored after it (and paid on resume)."""
+        self._pre_passes[key] = cost
+
     def compressed_state(self, plan: Plan) -> tuple[dict[str, torch.Tensor], float]:
         """Every tensor the plan changes, by state_dict name, and the budget spent preparing them.
 
@@ -306,7 +312,8 @@ class Evaluator:
                 if t is not None:
                     state[f"{norm}.{attr}"] = t.data.masked_fill(drop.to(t.device), 0.0)
         stats, cost = self._recalibrated(plan, state)
-        return {**state, **stats}, cost + self.input_qparams(plan)[1] + self.input_cost(plan)
+        pre = sum(self.one_time.charge(k, c) for k, c in self._pre_passes.items())
+        return {**state, **stats}, cost + self.input_qparams(plan)[1] + self.input_cost(plan) + pre
 
     def activation_quant(self, plan: Plan) -> contextlib.AbstractContextManager[None]:
         """Within the block, the plan's activation-quantized layers see their inputs quantize-dequantized.
@@ -362,7 +369,7 @@ class Evaluator:
         """Records the one-time preparations `plan` needed as paid (a resumed run, for the trials
         its journal holds): what the killed process charged is not charged again."""
         keys = {f"input_ranges:{c}" for _, c in self._input_bits(plan).values()}
-        keys |= {f"layer_inputs:{n}" for n in self._input_images(plan)}
+        keys |= {f"layer_inputs:{n}" for n in self._input_images(plan)} | set(self._pre_passes)
         if n := self._norm_images(plan):
             keys.add(f"norm_reference:{n}")
         self.one_time.mark_paid(keys | self.exits.one_time_keys(plan))

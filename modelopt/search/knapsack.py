@@ -1,8 +1,13 @@
 """Sensitivity plus knapsack: the per-layer allocation HAWQ-V3 and NVIDIA ModelOpt's auto_quantize use.
 
-1. Sensitivity: one plan per (decision, non-None choice), everything else float; the
-   measured loss is max(0, 1 - retention). These are ordinary trials, so the pass is
-   charged to the budget like any other.
+1. Sensitivity, two ways:
+   - `knapsack` (one pass, as HAWQ and auto_quantize do): every choice that changes a weight is
+     priced by the loss increase a gradient pass over calibration images predicts,
+     1/2 sum F dW^2 with F the empirical Fisher (`modelopt.sensitivity`); the pass is charged
+     to the budget once. Choices that change no weight (exits) are measured as below.
+   - `knapsack_measured`: one plan per (decision, non-None choice), everything else float; the
+     measured loss is max(0, 1 - retention). These are ordinary trials, so the pass is
+     charged to the budget like any other; with pruning in the menu it can eat the budget.
 2. Knapsack: assuming losses add up, pick one option per layer minimising the target
    (bytes, or bitops) with total loss <= L, exactly, by dynamic programming over a
    discretised loss axis. L starts at 1 - min_retention and adapts to how wrong the
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -116,6 +121,7 @@ class KnapsackSearch(Strategy):
     """
 
     name = "knapsack"
+    sensitivity = "fisher"  # "fisher": one gradient pass prices the choices; "measured": a trial each
 
     def __init__(self, space: SearchSpace, objective: Objective, *, seed: int = 0, bins: int = 2000) -> None:
         super().__init__(space, objective, seed=seed)
@@ -137,6 +143,20 @@ class KnapsackSearch(Strategy):
         self._best: tuple[float, str, list[int]] | None = None  # reward, key, choice indices
         self._memo: dict[float, tuple[int, ...]] = {}  # L -> DP picks; both caches die with new losses
         self._olosses: list[np.ndarray] | None = None
+
+    @property
+    def wants_loss_estimates(self) -> bool:
+        """Whether the runner should hand this strategy `modelopt.sensitivity.estimate_losses`."""
+        return self.sensitivity == "fisher"
+
+    def use_loss_estimates(self, estimates: Mapping[tuple[str, int], float]) -> None:
+        """Takes estimated losses {(decision, choice index): loss} in place of sensitivity trials;
+        choices without an estimate keep theirs. Call before `load_state_dict` (a resumed run)."""
+        for (name, j), v in estimates.items():
+            if name in self._index:
+                self._loss[(self._index[name], j)] = float(v)
+        self._sens = [(i, j) for i, j in self._sens if (i, j) not in self._loss]
+        self._forget()
 
     # ---- the model of the objective --------------------------------------------------------
 
@@ -388,3 +408,11 @@ class KnapsackSearch(Strategy):
         self._best = None if best is None else (float(best[0]), str(best[1]), [int(j) for j in best[2]])
         self.rng.bit_generator.state = state["rng"]
         self._forget()
+
+
+@STRATEGIES.register("knapsack_measured")
+class MeasuredKnapsackSearch(KnapsackSearch):
+    """`knapsack` with every choice's sensitivity measured by a trial of its own (the old mode)."""
+
+    name = "knapsack_measured"
+    sensitivity = "measured"
