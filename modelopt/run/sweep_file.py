@@ -137,7 +137,7 @@ class _File:
 
     def string(self, node: yaml.Node, key: str, example: str) -> str:
         v = self.value(node, key)
-        if not isinstance(v, str) or not v.strip():
+        if not isinstance(v, str) or not v.strip() or "\x00" in v:  # a NUL: no file system takes it in a path
             raise self.error(node, key, f"expected a non-empty string like {example}; got {v!r}")
         return v.strip()
 
@@ -164,7 +164,13 @@ def _kind(node: yaml.Node) -> str:
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite int or float, not a bool; nor an int too large for a float (a YAML integer of 400 digits)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def load_sweep(path: str | Path) -> Sweep:
