@@ -157,6 +157,7 @@ def evaluate(
         >>> round(m.retention, 3), round(m.compression, 2)
     """
     check_split(split)  # what needs no model is checked before it loads
+    parse_rounding(rounding)
     if isinstance(plan, (str, Path)):
         read_plan_file(plan)
     wl = build_workload(model, data, weights=weights, device=device, data_seed=data_seed, allow_pickle=allow_pickle)
@@ -178,7 +179,7 @@ def load_exit_images(wl: Workload, path: str | Path, n: int = 10000, seed: int =
     import numpy as np
     import torch
 
-    from modelopt.early_exit.features import read_images
+    from modelopt.data_readers import read_npz
 
     p = Path(path)
     if not p.is_file():
@@ -189,15 +190,7 @@ def load_exit_images(wl: Workload, path: str | Path, n: int = 10000, seed: int =
                           "images would leak them: pass other images (e.g. the training set)")
     if not isinstance(n, int) or n < 1:
         raise ConfigError(f"exit_images must be a positive number of images, got {n!r}")
-    from modelopt.data_readers import NpzArchive
-
-    with NpzArchive(p) as f:
-        if "y" not in f.files and "x" not in f.files:
-            raise LoadError(f"{str(p)!r} has arrays {sorted(f.files)}; expected an .npz of images (x, or jpeg + "
-                            "offsets, with y)")
-        total = len(f["y"]) if "y" in f.files else len(f["x"])
-    idx = np.sort(np.random.default_rng(seed).permutation(total)[: min(n, total)])
-    x, _ = read_images(p, idx)
+    x, _, _ = read_npz(p, lambda total: np.sort(np.random.default_rng(seed).permutation(total)[: min(n, total)]))
     return wl.prepare(torch.from_numpy(x))
 
 

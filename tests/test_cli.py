@@ -104,6 +104,26 @@ def test_bad_bits_option(tmp_path):
     _one_line_error(_run("optimize", "--bits", "8,1", "--out", tmp_path / "r"), "bits 1")
 
 
+def test_bad_rounding_is_refused_before_the_model_loads(tmp_path):
+    _one_line_error(_run("optimize", "--rounding", "gptq,adaround", "--out", tmp_path / "r"),
+                    "rounding 'adaround' not offered", "nearest, gptq")
+    _one_line_error(_run("evaluate", "--rounding", "best"), "rounding 'best' not offered")
+    assert not (tmp_path / "r").exists()
+
+
+def test_evaluate_rounds_plan_entries_by_gptq_unless_told(tmp_path):
+    plan = tmp_path / "int3.yaml"
+    plan.write_text("default: {quantize: {bits: 3}}\n")
+    got = {}
+    for rounding in ("gptq", "nearest"):
+        result = _run("evaluate", "--plan", plan, "--split", "test", "--rounding", rounding, "--json")
+        assert result.exit_code == 0, result.output
+        got[rounding] = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got["gptq"]["compression"] == got["nearest"]["compression"]  # same codes and scales stored
+    assert got["gptq"]["agreement"] > got["nearest"]["agreement"] + 0.1  # measured: 96.0 % vs 74.7 %
+    assert got["gptq"]["prep_cost"] > 0 == got["nearest"]["prep_cost"]  # the calib pass is charged
+
+
 def test_resume_needs_a_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _one_line_error(_run("optimize", "--resume"), "--resume", "runs")

@@ -50,6 +50,7 @@ def test_a_good_file_parses_with_defaults_and_paths_resolved_against_its_folder(
     assert sweep.budgets == (2.0, 3.0) and sweep.budget == 3.0 and sweep.seeds == (0, 1)
     assert (sweep.objective, sweep.min_retention, sweep.bits, sweep.granularity) == (
         "size", 0.99, (8, 4), ("per_channel", "group"))
+    assert sweep.rounding == ("gptq",)
     cells = sweep.cells()
     assert [(c.model, c.strategy, c.seed, c.status) for c in cells] == [
         ("resnet20", "random", 0, "todo"), ("resnet20", "random", 1, "todo")]
@@ -78,6 +79,7 @@ BAD = [
     ("device: cpu", "device: cpu\nmin_retention: high", 10, ["'min_retention'", "0.99"]),
     ("device: cpu", "device: cpu\nbits: [8, 9]", 10, ["'bits'", "9", "valid: 2, 3, 4"]),
     ("device: cpu", "device: cpu\ngranularity: [per_row]", 10, ["'granularity'", "per_row", "per_channel"]),
+    ("device: cpu", "device: cpu\nrounding: [adaround]", 10, ["'rounding'", "adaround", "nearest, gptq"]),
     ("device: cpu", "device: tpu", 9, ["'device'", "tpu", "cpu"]),
     ("device: cpu", "device: cpu\nseeds: [3]", 10, ["'seeds'", "given twice (first at line 8)"]),
     ("name: t\n", "", 1, ["'name'", "missing"]),
