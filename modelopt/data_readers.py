@@ -9,9 +9,8 @@ from __future__ import annotations
 import io
 import logging
 import pickle
-import zipfile
-import zlib
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -48,16 +47,39 @@ def _check_images(x: np.ndarray, where: str) -> None:
         )
 
 
-def _check_labels(y: np.ndarray, n: int, where: str) -> np.ndarray:
-    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+def _check_labels(y: np.ndarray, n: int | None, where: str) -> np.ndarray:
+    """`y` as int64 labels of `n` images (None: as many as `y` holds)."""
+    if y.ndim != 1 or y.dtype.kind not in "iu":  # not issubdtype(integer): timedelta64 is one to numpy
         raise LoadError(f"y in {where} must be a 1-D integer array of labels; got {y.dtype} {tuple(y.shape)}")
-    if len(y) != n:
+    if n is not None and len(y) != n:
         raise LoadError(f"x and y in {where} differ in length: {n} images but {len(y)} labels")
-    if n == 0:
+    if len(y) == 0:
         raise LoadError(f"{where} holds no samples")
     if y.min() < 0:
         raise LoadError(f"y in {where} must be labels >= 0; found {int(y.min())}")
+    if int(y.max()) > np.iinfo(np.int64).max:  # uint64: astype(int64) would wrap it to a negative label
+        raise LoadError(f"y in {where} must be class indices; found {int(y.max())}")
     return y.astype(np.int64)
+
+
+def _check_jpeg_index(data: np.ndarray, offsets: np.ndarray, n: int, where: str) -> None:
+    """`data` is the JPEG files end to end and image i is data[offsets[i]:offsets[i + 1]]."""
+    if data.dtype != np.uint8 or data.ndim != 1:
+        raise LoadError(f"jpeg in {where} must be the files' bytes end to end, uint8 (N,); got {data.dtype} "
+                        f"{tuple(data.shape)}")
+    if offsets.ndim != 1 or len(offsets) != n + 1:
+        raise LoadError(f"offsets in {where} must hold len(y) + 1 = {n + 1} entries; got {offsets.dtype} "
+                        f"{tuple(offsets.shape)}")
+    if offsets.dtype.kind not in "iu":
+        raise LoadError(f"offsets in {where} must be integer byte positions; got {offsets.dtype}")
+    if int(offsets[0]) < 0 or int(offsets[-1]) > len(data) or bool((np.diff(offsets.astype(np.int64)) < 0).any()):
+        raise LoadError(f"offsets in {where} must rise from >= 0 to at most the {len(data)} bytes of jpeg; got "
+                        f"{int(offsets.min())} .. {int(offsets.max())}")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
 
 
 class NpzArchive:
@@ -76,29 +98,31 @@ class NpzArchive:
                 head = fh.read(4)
         except OSError as e:
             raise LoadError(f"could not read {self.where}: {e.strerror or e}") from None
-        if head[:2] != b"PK":  # every .npz is a zip archive
+        if head not in (b"PK\x03\x04", b"PK\x05\x06"):  # every .npz is a zip archive (numpy unpickles the rest)
             kind = "a single .npy array" if head.startswith(b"\x93NUM") else "not a zip archive"
             raise LoadError(f"{self.where} is not an .npz archive ({kind}); write one with "
                             "numpy.savez(path, x=images, y=labels)")
         try:
             self._f = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, zipfile.BadZipFile) as e:
-            raise LoadError(f"could not read {self.where} as an .npz archive: {e}") from None
+        except Exception as e:  # noqa: BLE001 -- a damaged zip: zipfile raises many kinds (NotImplementedError too)
+            raise LoadError(f"could not read {self.where} as an .npz archive: {_one_line(e)}") from None
 
     @property
     def files(self) -> list[str]:
         return list(self._f.files)
 
     def __getitem__(self, key: str) -> np.ndarray:
+        if key not in self._f.files:
+            raise LoadError(f"{self.where} has no array {key!r}; it has {sorted(self._f.files)}")
         try:
             return self._f[key]
         except ValueError as e:
             if "allow_pickle" in str(e):
                 raise LoadError(f"array {key!r} in {self.where} holds Python objects; modelopt reads only numeric "
                                 "arrays (object arrays would need unpickling)") from None
-            raise LoadError(f"array {key!r} in {self.where} is damaged: {e}") from None
-        except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-            raise LoadError(f"array {key!r} in {self.where} is damaged: {e}") from None
+            raise LoadError(f"array {key!r} in {self.where} is damaged: {_one_line(e)}") from None
+        except Exception as e:  # noqa: BLE001 -- a damaged member: zipfile and zlib raise many kinds
+            raise LoadError(f"array {key!r} in {self.where} is damaged: {_one_line(e)}") from None
 
     def close(self) -> None:
         self._f.close()
@@ -110,9 +134,20 @@ class NpzArchive:
         self.close()
 
 
-def _read_npz(
-    path: Path, max_samples: int | None, seed: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def read_npz(path: str | Path, pick: Callable[[int], np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """uint8 (N, H, W, 3) RGB images, their int64 labels and positions from an `.npz` of pixels (`x`, `y`)
+    or of JPEG files end to end (`jpeg`, `offsets`, `y`), checked as `load_data` checks them.
+
+    Args:
+        path: The archive.
+        pick: Given the archive's sample count, the positions to read (only those JPEGs are decoded).
+
+    Raises:
+        LoadError: the archive or an array in it is malformed; the message names the file and what is wrong.
+
+    Example:
+        >>> x, y, keep = read_npz("train.npz", lambda n: np.arange(min(n, 100)))
+    """
     where = repr(str(path))
     with NpzArchive(path) as f:
         keys = set(f.files)
@@ -121,7 +156,7 @@ def _read_npz(
             x = f["x"]
             _check_images(x, where)
             y = _check_labels(y, len(x), where)
-            keep = _subset(len(y), max_samples, seed)
+            keep = _picked(pick, len(y), where)
             return np.ascontiguousarray(x[keep]), y[keep], keep
         if {"jpeg", "offsets", "y"} <= keys:
             data, offsets, y = f["jpeg"], f["offsets"], f["y"]
@@ -130,10 +165,9 @@ def _read_npz(
                 f"{where} has arrays {sorted(keys)}; expected 'x' and 'y', "
                 f"or 'jpeg', 'offsets' and 'y'"
             )
-    if offsets.ndim != 1 or len(offsets) != len(y) + 1:
-        raise LoadError(f"offsets in {where} must hold len(y) + 1 = {len(y) + 1} entries; got {len(offsets)}")
-    y = _check_labels(y, len(offsets) - 1, where)
-    keep = _subset(len(y), max_samples, seed)
+    y = _check_labels(y, None, where)
+    _check_jpeg_index(data, offsets, len(y), where)
+    keep = _picked(pick, len(y), where)
     images = []
     for i in keep:
         try:
@@ -142,6 +176,19 @@ def _read_npz(
         except (UnidentifiedImageError, OSError, ValueError) as e:
             raise LoadError(f"image {i} in {where} is not a readable JPEG: {e}") from None
     return _stack(images, where), y[keep], keep
+
+
+def _picked(pick: Callable[[int], np.ndarray], n: int, where: str) -> np.ndarray:
+    keep = np.asarray(pick(n), dtype=np.int64)
+    if keep.ndim != 1 or (len(keep) and (keep.min() < 0 or keep.max() >= n)):
+        raise LoadError(f"{where} holds {n} samples; positions {keep.min()} .. {keep.max()} were asked for")
+    return keep
+
+
+def _read_npz(
+    path: Path, max_samples: int | None, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return read_npz(path, lambda n: _subset(n, max_samples, seed))
 
 
 class _BatchUnpickler(pickle.Unpickler):

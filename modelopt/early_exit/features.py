@@ -7,14 +7,12 @@ Fitting heads and choosing thresholds never rerun the backbone: they work on the
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 
 from modelopt._files import save_atomic
 from modelopt.early_exit.backbone import Backbone
@@ -77,19 +75,16 @@ def read_images(path: str | Path, indices: Sequence[int] | np.ndarray | None = N
         path: The archive (see ../shared/data/README.md for the layouts).
         indices: Which images (all when None).
 
+    Raises:
+        LoadError: the archive is malformed, or `indices` name images it does not hold.
+
     Example:
         >>> x, y = read_images("../shared/data/cifar10/cifar10_jpeg_test.npz", range(846, 1846))
     """
-    from modelopt.data_readers import NpzArchive
+    from modelopt.data_readers import read_npz
 
-    with NpzArchive(path) as f:
-        y = f["y"]
-        idx = np.arange(len(y)) if indices is None else np.asarray(indices, dtype=np.int64)
-        if "x" in f.files:
-            return np.ascontiguousarray(f["x"][idx]), y[idx].astype(np.int64)
-        data, off = f["jpeg"], f["offsets"]
-    images = [np.asarray(Image.open(io.BytesIO(data[off[i] : off[i + 1]].tobytes())).convert("RGB")) for i in idx]
-    return np.stack(images), y[idx].astype(np.int64)
+    x, y, _ = read_npz(path, lambda n: np.arange(n) if indices is None else np.asarray(indices, dtype=np.int64))
+    return x, y
 
 
 def normalise(x: np.ndarray | torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
