@@ -268,8 +268,26 @@ def _print_run(result: api.RunResult) -> None:
         out.print(f"The search's own pick on val, trial {sb.number} ({sb.metrics.compression:.2f}x), was not confirmed; "
                   f"the best plan is the smallest of {confirmation.get('confirmed', 0)} finalists confirmed in turn.")
     out.print(_plan_table(result.best.plan))
+    if prep := _preparation_text(s.get("preparation") or {}):
+        out.print(f"Preparation: {prep}", highlight=False)
     out.print(f"Pareto front: {len(result.pareto)} plans (re-scored on test) — run folder: [bold]{result.run_dir}[/]")
     out.print(f"Best plan written to {result.run_dir / 'best_plan.yaml'}")
+
+
+_PREP_NAMES = {"layer_inputs": "layer inputs (GPTQ)", "choice_tensors": "every choice's tensors",
+               "fisher": "gradient sensitivities", "norm_reference": "batch-norm reference",
+               "exit_heads": "exit heads"}
+
+
+def _preparation_text(prep: dict[str, dict[str, float]]) -> str:
+    """One-time work of a run: seconds here and budget units charged, e.g. 'layer inputs (GPTQ) 3.4 s, 0.61 units'."""
+    seconds, charged = prep.get("seconds", {}), prep.get("charged", {})
+    parts = []
+    for key in dict.fromkeys([*seconds, *charged]):
+        name = _PREP_NAMES.get(key.split(":")[0], key)
+        units = f"{charged[key]:.2f} units" if key in charged else "not charged"
+        parts.append(f"{name} {seconds[key]:.1f} s, {units}" if key in seconds else f"{name} {units}")
+    return "; ".join(parts)
 
 
 @app.command()

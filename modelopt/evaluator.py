@@ -161,6 +161,7 @@ class Evaluator:
         """Replaces the space's estimated per-choice errors by measured ones: each choice's relative
         error on the layer's output, |(Q - W) X|^2 / |W X|^2 over calib inputs X, when the space has
         calibrated choices (their inputs are measured anyway); else the weight's, |Q - W|^2 / |W|^2."""
+        t0 = time.perf_counter()
         images = max((n for d in self.space.decisions for c in d.choices
                       if (n := self.space.compressors[d.compressor].input_images(c))), default=0)
         for d in self.space.decisions:
@@ -188,6 +189,10 @@ class Evaluator:
                 # A choice that breaks the weight (non-finite) is as bad as losing it entirely.
                 feats.append(dataclasses.replace(f, error=err if math.isfinite(err) else 1.0))
             self.space.features[d.name] = tuple(feats)
+        # Every choice's tensors (clipping search, GPTQ) are computed here, once; the layer-input
+        # pass inside is timed apart and charged with the first plan that needs it.
+        self.one_time.timed("choice_tensors", time.perf_counter() - t0 - sum(
+            s for k, s in self.one_time.seconds.items() if k.startswith("layer_inputs:")))
         if self.exits.decisions:
             self.exits.priors()
 
@@ -266,9 +271,11 @@ class Evaluator:
         x = self.workload.split("calib").x[:images]
         cache = self.workload.input_cache
         if x.shape[0] not in cache:
+            t0 = time.perf_counter()
             with self.workload.weights(self.workload.original):
                 cache[x.shape[0]] = input_hessians(self.workload.model, self.workload.modules, x,
                                                    self.workload.batch_size)
+            self.one_time.timed(f"layer_inputs:{x.shape[0]}", time.perf_counter() - t0)
         inputs = cache[x.shape[0]].get(lname)
         if inputs is None or kept_inputs is None:
             return inputs

@@ -23,13 +23,20 @@ class OneTimeCosts:
 
     def __init__(self) -> None:
         self._paid: set[str] = set()
+        self.charged: dict[str, float] = {}  # what this process charged, by key (budget units)
+        self.seconds: dict[str, float] = {}  # wall seconds preparations took in this process, by key
 
     def charge(self, key: str, cost: float) -> float:
         """`cost` the first time `key` is charged in this run, 0 after (or once marked paid)."""
         if key in self._paid:
             return 0.0
         self._paid.add(key)
+        self.charged[key] = cost
         return cost
+
+    def timed(self, key: str, seconds: float) -> None:
+        """Records that preparation `key` took `seconds` (added up when it recurs)."""
+        self.seconds[key] = self.seconds.get(key, 0.0) + seconds
 
     def mark_paid(self, keys: Iterable[str]) -> None:
         self._paid.update(keys)

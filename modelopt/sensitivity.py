@@ -15,6 +15,7 @@ Choices that change no weight (an early exit) get no estimate; the knapsack meas
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 from torch.nn import functional as F
@@ -54,6 +55,7 @@ def estimate_losses(evaluator: Evaluator, images: int = DEFAULT_IMAGES) -> dict[
     changes its layer's weight, from one gradient pass; charges that pass once to the run's budget
     (images x BACKWARD_FACTOR / len(val), with the first plan scored after it)."""
     space = evaluator.space
+    t0 = time.perf_counter()
     fisher = fisher_diagonals(evaluator, images)
     n = min(images, len(evaluator.workload.split("calib")))
     evaluator.add_pre_pass(f"fisher:{n}", n * BACKWARD_FACTOR / len(evaluator.workload.split("val")))
@@ -75,4 +77,5 @@ def estimate_losses(evaluator: Evaluator, images: int = DEFAULT_IMAGES) -> dict[
                 continue  # no weight change (e.g. an exit): the knapsack measures it
             est = 0.5 * float((fisher[d.layer] * dw).sum())
             out[(d.name, j)] = est if math.isfinite(est) else math.inf
+    evaluator.one_time.timed(f"fisher:{n}", time.perf_counter() - t0)
     return out

@@ -369,6 +369,9 @@ class Runner:
                                "confirm": metrics(m)} for i, (t, m) in enumerate(confirmation.finalists)],
             },
             "pareto": [entry(t) for t, _ in pareto],
+            # One-time work: wall seconds in this process, and the budget units charged for it.
+            "preparation": {"seconds": dict(self.evaluator.one_time.seconds),
+                            "charged": dict(self.evaluator.one_time.charged)},
             "search_wall_seconds": search_wall,
             "eval_seconds_this_session": self.eval_seconds,
         }
