@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -219,7 +219,48 @@ def saved_run_config(run_dir: str | Path) -> dict[str, Any]:
                         "folder, or its run.json was damaged") from None
     if not isinstance(config, dict):
         raise LoadError(f"{str(path)!r} holds no run settings; it is not a modelopt run folder")
+    _check_saved_config(config, path)
     return config
+
+
+def _is(*kinds: type) -> Callable[[Any], bool]:
+    """isinstance, where a bool passes only when bool is named (JSON's true is no seed)."""
+    return lambda v: isinstance(v, kinds) and (not isinstance(v, bool) or bool in kinds)
+
+
+def _list_of(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, list) and all(ok(x) for x in v)
+
+
+# What `optimize --resume` reads back from run.json before the model loads, and the form each must have.
+_SAVED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "model": (_is(str), "a model name"), "weights": (_is(str), "a path or null"), "data": (_is(str), "a data source"),
+    "strategy": (_is(str), "a strategy name"), "seed": (_is(int), "an integer"), "objective": (_is(str), "a name"),
+    "min_retention": (_is(int, float), "a number"), "confidence": (_is(int, float), "a number"),
+    "count_gains": (_is(bool), "true or false"),
+    "compressors": (lambda v: isinstance(v, dict) and all(isinstance(o, dict) for o in v.values()),
+                    "a mapping of compressor names to their options"),
+    "exit_data": (lambda v: isinstance(v, dict) and _is(str)(v.get("path")) and _is(int)(v.get("images")),
+                  "null or {path, images}"),
+}
+_SAVED_QUANTIZE: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "bits": (_list_of(_is(int)), "a list of bit widths"), "granularity": (_list_of(_is(str)), "a list of names"),
+    "rounding": (_list_of(_is(str)), "a list of names"),
+    "activations": (_list_of(_is(int, type(None))), "a list of bit widths or nulls"),
+}
+
+
+def _check_saved_config(config: Mapping[str, Any], path: Path) -> None:
+    """Raises LoadError naming the first setting of a run.json that has not the form a resume reads
+    (null is always allowed: the default then applies)."""
+    comps = config.get("compressors")
+    quantize = comps.get("quantize") if isinstance(comps, dict) else None
+    for where, table, values in (("", _SAVED, config),
+                                 ("compressors.quantize.", _SAVED_QUANTIZE, quantize if isinstance(quantize, dict) else {})):
+        for key, (ok, form) in table.items():
+            if values.get(key) is not None and not ok(values[key]):
+                raise LoadError(f"{str(path)!r} has {where}{key} = {values[key]!r}, not {form}; its run.json was "
+                                "damaged or is not a modelopt run's")
 
 
 def optimize(
