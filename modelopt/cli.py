@@ -144,6 +144,7 @@ def optimize(
         q = saved.get("compressors", {}).get("quantize", {})
         settings.update({k: q[k] for k in ("bits", "granularity", "activations") if k in q})
         settings["rounding"] = q.get("rounding", ["nearest"])  # a record without it predates gptq
+        settings["norm_images"] = q.get("norm_images", 0)  # likewise batch-norm re-estimation
         if saved.get("compressors"):
             settings["compressors"] = list(saved["compressors"])
         if saved.get("exit_data") and exit_data is None:  # the heads are fitted on the same images again
@@ -164,7 +165,8 @@ def optimize(
         settings["model"], settings["data"], weights=settings["weights"], strategy=settings["strategy"],
         budget=settings["budget"], objective=settings["objective"], min_retention=settings["min_retention"],
         confidence=settings["confidence"], count_gains=settings["count_gains"], seed=settings["seed"], device=device, out=out_dir, resume=resume, bits=settings["bits"],
-        granularity=settings["granularity"], rounding=settings["rounding"], compressors=settings["compressors"],
+        granularity=settings["granularity"], rounding=settings["rounding"],
+        norm_images=settings.get("norm_images", api.DEFAULT_NORM_IMAGES), compressors=settings["compressors"],
         allow_pickle=allow_pickle,
         activations=settings.get("activations"), exit_data=exit_data, exit_images=exit_images,
         progress=progress, storage=storage, latency=None if latency.lower() == "none" else latency,

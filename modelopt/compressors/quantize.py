@@ -46,6 +46,7 @@ CLIP_RATIOS = tuple(float(r) for r in np.linspace(0.30, 1.0, 36))
 # INT3 group 67.8 / 88.0 / 90.4 %, INT2 group 9.8 / 15.1 / 37.3 %.
 ERROR_P_DEFAULT = 3.0
 ERROR_P_LOW_BITS = 6.0  # for 2 and 3 bits
+NORM_BITS = 4  # a plan with a layer at this many bits or fewer may re-estimate batch norms (norm_images)
 
 
 def error_p(bits: int) -> float:
@@ -247,6 +248,10 @@ class Quantize(Compressor):
         rounding: how codes are picked, offered to the search (nearest, gptq); a plan entry
             without `rounding` takes the first offered.
         calib_images: calibration images GPTQ's input second moments are measured on.
+        norm_images: calibration images batch-norm statistics are re-estimated on for a plan with
+            a layer at `NORM_BITS` or fewer (0: never). Measured on ResNet-20 (bundled sample,
+            GPTQ, 64 images): confirm-split agreement INT4 99.7 -> 99.9 %, INT3 99.1 -> 99.4 %,
+            INT2 group-64 88.5 -> 94.9 %. Charged per plan like pruning's re-estimation.
 
     Example:
         >>> q = Quantize(bits=(8, 4), granularity=("per_channel", "group"))
@@ -269,6 +274,7 @@ class Quantize(Compressor):
         act_calibration_images: int = 256,
         rounding: Sequence[str | Rounding] = (Rounding.NEAREST,),
         calib_images: int = 256,
+        norm_images: int = 0,
     ) -> None:
         if not clip_ratios or any(not 0 < float(r) <= 1 for r in clip_ratios):
             raise ConfigError(f"quantize: clip_ratios must be fractions in (0, 1], got {clip_ratios!r}")
@@ -291,6 +297,9 @@ class Quantize(Compressor):
         if isinstance(calib_images, bool) or not isinstance(calib_images, int) or calib_images < 1:
             raise ConfigError(f"quantize: calib_images must be a positive integer, got {calib_images!r}")
         self.calib_images = calib_images
+        if isinstance(norm_images, bool) or not isinstance(norm_images, int) or norm_images < 0:
+            raise ConfigError(f"quantize: norm_images must be a non-negative integer, got {norm_images!r}")
+        self.norm_images = norm_images
 
     def options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {"bits": list(self.bits), "granularity": [g.value for g in self.granularity],
@@ -300,6 +309,8 @@ class Quantize(Compressor):
         # Only when set, like activations: records from before rounding existed mean nearest.
         if self.rounding != (Rounding.NEAREST,) or self.calib_images != 256:
             opts.update(rounding=[r.value for r in self.rounding], calib_images=self.calib_images)
+        if self.norm_images:
+            opts["norm_images"] = self.norm_images
         # Only when set: a default quantizer's options (run records, resume checks) stay as they were.
         if self.activations != (None,) or self.calibration != Calibration():
             opts.update(activations=list(self.activations), act_calibration=self.calibration.method.value,
@@ -371,6 +382,10 @@ class Quantize(Compressor):
 
     def apply(self, weight: torch.Tensor, choice: Choice) -> torch.Tensor:
         return self.apply_calibrated(weight, choice, None)
+
+    def norm_calibration(self, choice: Choice) -> int:
+        low = isinstance(choice, QuantSpec) and choice.bits <= NORM_BITS
+        return self.norm_images if low else 0
 
     def input_images(self, choice: Choice) -> int:
         return self.calib_images if isinstance(choice, QuantSpec) and choice.rounding is Rounding.GPTQ else 0
