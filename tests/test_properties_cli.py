@@ -103,20 +103,25 @@ def _check(result, *, early: bool) -> str:
        out=_mostly(["run", "runs/r1", "é"], st.one_of(st.text(max_size=10), st.sampled_from(["a_file", "a_file/x", "."]))),
        strategy=_mostly(STRATEGIES.names(), st.text(max_size=8)),
        objective=_mostly([t.value for t in Target], st.text(max_size=8)),
-       compressors=_mostly(["quantize", "prune,quantize", "early_exit"], NAMES))
+       compressors=_mostly(["quantize", "prune,quantize", "early_exit"], NAMES),
+       seed=_mostly(["0", "7", str(2**64)], NUMBERS))
 @example(budget="nan", floor="0.99", confidence="0.95", out="run", strategy="mcts", objective="size",
-         compressors="quantize")
+         compressors="quantize", seed="0")
 @example(budget="inf", floor="0.99", confidence="0.95", out="run", strategy="mcts", objective="size",
-         compressors="quantize")
+         compressors="quantize", seed="0")
 @example(budget="10", floor="1.5", confidence="0.95", out="run", strategy="mcts", objective="size",
-         compressors="quantize")
+         compressors="quantize", seed="0")
 @example(budget="10", floor="0.99", confidence="0.95", out="a_file", strategy="mcts", objective="size",
-         compressors="quantize")
+         compressors="quantize", seed="0")
+@example(budget="10", floor="0.99", confidence="0.95", out="run", strategy="mcts", objective="size",
+         compressors="quantize", seed="-1")  # found: a ValueError traceback from numpy once the model had loaded
 def test_optimize_answers_random_values_in_one_line_and_checks_them_before_loading(
-        no_model, tmp_path_factory, budget, floor, confidence, out, strategy, objective, compressors):
+        no_model, tmp_path_factory, budget, floor, confidence, out, strategy, objective, compressors, seed):
     args = ["optimize", "--budget", budget, "--min-retention", floor, "--confidence", confidence, "--out", out,
-            "--strategy", strategy, "--objective", objective, "--compressors", compressors, "--no-progress"]
+            "--strategy", strategy, "--objective", objective, "--compressors", compressors, "--seed", seed,
+            "--no-progress"]
     b, f, c = _float(budget), _float(floor), _float(confidence)
+    k = int(seed) if seed.strip().lstrip("-").isascii() and seed.strip().lstrip("-").isdigit() else None
     names = [n.strip() for n in compressors.split(",") if n.strip()]
     bad = (
         (b is not None and not 0 < b < math.inf)
@@ -126,6 +131,7 @@ def test_optimize_answers_random_values_in_one_line_and_checks_them_before_loadi
         or objective not in {t.value for t in Target}
         or not names or any(n not in COMPRESSORS for n in names)
         or out.startswith("a_file")
+        or (k is not None and k < 0)
     )
     with chdir(_folder(tmp_path_factory)):
         _check(runner.invoke(app, args), early=bad)

@@ -1,5 +1,5 @@
 """What can be checked about a run before its model and data load (which takes seconds to minutes):
-the budget, and whether the run folder can be written and is free. The runner checks the same
+the budget, the seed, and whether the run folder can be written and is free. The runner checks the same
 things again when it opens the folder; this only makes a bad option fail at once."""
 
 from __future__ import annotations
@@ -18,6 +18,12 @@ def check_budget(budget: float) -> None:
     """Raises ConfigError unless `budget` is a positive finite number."""
     if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not 0 < budget < math.inf:
         raise ConfigError(f"budget must be a positive number of full evaluations, got {budget!r}")
+
+
+def check_seed(seed: int) -> None:
+    """Raises ConfigError unless `seed` is a non-negative integer (numpy's generators take no other)."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer like 0, got {seed!r}")
 
 
 def check_run_folder(out: str | Path | None) -> None:
@@ -45,8 +51,8 @@ def check_run_folder(out: str | Path | None) -> None:
     check_unlocked(path)
 
 
-def preflight(budget: float, out: str | Path | None) -> None:
-    """`check_budget` and `check_run_folder`: a run's settings that need no model.
+def preflight(budget: float, out: str | Path | None, seed: int = 0) -> None:
+    """`check_budget`, `check_seed` and `check_run_folder`: a run's settings that need no model.
 
     Example:
         >>> preflight(float("nan"), "runs/r20")
@@ -54,4 +60,5 @@ def preflight(budget: float, out: str | Path | None) -> None:
         ConfigError: budget must be a positive number of full evaluations, got nan
     """
     check_budget(budget)
+    check_seed(seed)
     check_run_folder(out)

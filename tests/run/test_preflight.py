@@ -104,3 +104,10 @@ def test_an_npz_that_is_not_one_never_repeats_numpys_unsafe_hint(tmp_path):
         result = _run("evaluate", "--data", path)
         assert_one_line_error(result, "d.npz", needle)
         assert "unsafely" not in result.stderr and "allow_pickle" not in result.stderr
+
+
+@pytest.mark.parametrize("seed", ["-1", "-100"])
+def test_a_negative_seed_is_refused_before_loading(tmp_path, no_loading, seed):
+    # numpy's generators refuse it: a ValueError traceback after the model had loaded.
+    assert_one_line_error(_run("optimize", "--seed", seed, "--out", tmp_path / "r"), "seed must be a non-negative",
+                          seed)
