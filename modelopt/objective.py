@@ -77,6 +77,28 @@ class Objective:
             c = PairedCounts(c.n, c.base_right, c.lost, 0)
         return c.retention_lower(self.confidence)
 
+    def point_retention(self, m: Metrics) -> float:
+        """The point estimate the bound is built on: without `count_gains`, 1 - lost / base_right (the
+        share of the float model's right answers the plan keeps); with it, plain retention. What a
+        strategy should model, since it is what decides feasibility."""
+        c = m.counts()
+        if c is None or self.count_gains or c.base_right <= 0:
+            return m.retention
+        return 1.0 - c.lost / c.base_right
+
+    def allowed_drop(self, n: int, base_right: int) -> float:
+        """The largest point drop (1 - `point_retention`) still certified at the floor on a split of
+        `n` images the float model gets `base_right` of (1 - min_retention at confidence 0; 0 when
+        even a plan that breaks nothing is not certified)."""
+        if self.confidence <= 0 or base_right <= 0:
+            return 1.0 - self.min_retention
+        lost = -1
+        for k in range(int(base_right * (1.0 - self.min_retention)) + 1):
+            if PairedCounts(n, base_right, k, 0).retention_lower(self.confidence) < self.min_retention - 1e-12:
+                break
+            lost = k
+        return max(lost, 0) / base_right
+
     def meets_floor(self, m: Metrics) -> bool:
         """The retention bound at or above the floor, on whatever samples `m` was scored."""
         r = self.retention_lower(m)

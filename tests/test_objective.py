@@ -264,3 +264,20 @@ def test_gains_offset_losses_only_when_asked():
     assert Objective("size", 0.99, 0.95, count_gains=True).feasible(lucky)
     assert not Objective("size", 0.99, 0.95).feasible(lucky)
     assert Objective("size", 0.99, 0.95).feasible(paired(423, 389, lost=0, gained=3))
+
+
+def test_point_retention_counts_breaks_only_unless_gains_count():
+    m = dataclasses.replace(metrics(1.0), n_samples=400, base_right=360, lost=9, gained=9)
+    assert Objective("size", 0.99).point_retention(m) == pytest.approx(1 - 9 / 360)
+    assert Objective("size", 0.99, count_gains=True).point_retention(m) == m.retention
+
+
+@pytest.mark.parametrize(("n", "base_right"), [(423, 388), (2000, 1621), (4000, 3303)])
+def test_allowed_drop_is_the_largest_certified_one(n, base_right):
+    from modelopt.confidence import PairedCounts
+
+    obj = Objective("size", 0.99)
+    lost = round(obj.allowed_drop(n, base_right) * base_right)
+    assert PairedCounts(n, base_right, lost, 0).retention_lower(0.95) >= 0.99 or lost == 0
+    assert PairedCounts(n, base_right, lost + 1, 0).retention_lower(0.95) < 0.99
+    assert Objective("size", 0.99, confidence=0).allowed_drop(n, base_right) == pytest.approx(0.01)

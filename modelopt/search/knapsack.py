@@ -8,6 +8,8 @@
    - `knapsack_measured`: one plan per (decision, non-None choice), everything else float; the
      measured loss is max(0, 1 - retention). These are ordinary trials, so the pass is
      charged to the budget like any other; with pruning in the menu it can eat the budget.
+   The loss is 1 - retention as the objective's floor judges it (`Objective.point_retention`:
+   the share of the float model's right answers broken, unless gains count).
 2. Knapsack: assuming losses add up, pick one option per layer minimising the target
    (bytes, or bitops) with total loss <= L, exactly, by dynamic programming over a
    discretised loss axis. L starts at 1 - min_retention and adapts to how wrong the
@@ -362,7 +364,9 @@ class KnapsackSearch(Strategy):
             if active[0][1] in choices:
                 m = trial.metrics
                 ok = trial.ok and m is not None and not math.isnan(m.retention)
-                self._loss[(i, choices.index(active[0][1]))] = max(0.0, 1.0 - m.retention) if ok else math.inf
+                # The drop as the floor judges it (broken answers only, by default).
+                drop = 1.0 - self.objective.point_retention(m) if ok else math.inf  # type: ignore[arg-type]
+                self._loss[(i, choices.index(active[0][1]))] = max(0.0, drop)
                 self._forget()
         if key in self._L_of:
             self._update_bounds(self._L_of[key], feasible)

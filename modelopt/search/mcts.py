@@ -143,6 +143,7 @@ class MCTS(Strategy):
         self.seen: dict[str, float] = {}  # transposition table: plan key -> value
         self.pending: dict[str, list[tuple[int, ...]]] = {}  # plan key -> tree paths awaiting tell
         self.margin = 1.0  # scales the allowed loss in rollouts; adapts to the model's calibration
+        self.val_split: tuple[int, int] | None = None  # (images, float-right) of val, from a full score
         self._fit()
 
     def _cost_of(self, f: Any) -> float:
@@ -159,7 +160,8 @@ class MCTS(Strategy):
             return 0.0
         if trial.meets_floor:
             return 1.0 + math.log(max(trial.reward, 1.0))
-        ratio = max(0.0, min(trial.metrics.retention / max(self.objective.min_retention, 1e-9), 1.0))
+        ratio = max(0.0, min(self.objective.point_retention(trial.metrics) / max(self.objective.min_retention, 1e-9),
+                             1.0))
         return 0.99 * ratio**8
 
     def _weight(self, trial: Trial) -> float:
@@ -289,8 +291,11 @@ class MCTS(Strategy):
         return prior
 
     def _allowed(self) -> float:
-        """The retention floor in the model's units: sqrt of the allowed drop."""
-        return math.sqrt(max(1.0 - self.objective.min_retention, 1e-6))
+        """The retention floor in the model's units: sqrt of the largest drop that is still certified
+        on the val split (known from the first plan scored on all of it; the floor's until then)."""
+        if self.val_split is None:
+            return math.sqrt(max(1.0 - self.objective.min_retention, 1e-6))
+        return math.sqrt(max(self.objective.allowed_drop(*self.val_split), 1e-6))
 
     def _static_prior(self, i: int) -> np.ndarray:
         allowed = self._allowed()
@@ -394,7 +399,10 @@ class MCTS(Strategy):
         self.seen[trial.plan.key] = value
         self._backup(path, value)
         self._amaf(idx, value)
-        retention = None if trial.metrics is None or trial.reward is None else trial.metrics.retention
+        m = trial.metrics
+        retention = None if m is None or trial.reward is None else self.objective.point_retention(m)
+        if self.val_split is None and m is not None and m.stopped is None and m.split == "val" and m.counts():
+            self.val_split = (m.n_samples, m.base_right)  # type: ignore[assignment]
         self.records.append(_Record(idx, retention, value, self._weight(trial)))
         if retention is not None:
             # Aim rollouts at the floor: about half land feasible (one measurement is noisy there).
@@ -412,6 +420,7 @@ class MCTS(Strategy):
             "records": [[r.idx, r.retention, r.value, r.weight] for r in self.records],
             "seen": self.seen,
             "margin": self.margin,
+            "val_split": None if self.val_split is None else list(self.val_split),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -420,6 +429,8 @@ class MCTS(Strategy):
         self.records = [_Record(list(rec[0]), rec[1], rec[2], *rec[3:]) for rec in state["records"]]
         self.seen = dict(state["seen"])
         self.margin = float(state["margin"])
+        vs = state.get("val_split")
+        self.val_split = None if vs is None else (int(vs[0]), int(vs[1]))
         self.pending = {}
         self.amaf_n = [np.zeros(len(d.choices)) for d in self.decisions]
         self.amaf_w = [np.zeros(len(d.choices)) for d in self.decisions]

@@ -93,3 +93,18 @@ def test_decision_order_puts_the_largest_layers_first():
 def test_targets(target):
     strategy = MCTS(SPACE, Objective(target, 0.99), seed=0)
     assert len(strategy.ask(2)) == 2
+
+
+def test_rollouts_aim_at_the_drop_the_val_split_can_certify():
+    import dataclasses
+
+    strategy = MCTS(SPACE, OBJ, seed=0)
+    assert strategy._allowed() == pytest.approx(0.1)  # the floor's sqrt(1 %) before any full score
+    (plan,) = strategy.ask(1)
+    m = dataclasses.replace(synthetic_metrics(plan, SPACE, score), n_samples=2000, base_right=1621, lost=3, gained=1)
+    strategy.tell(make_trial(0, plan, m, OBJ, strategy))
+    # 2,000 images, 1,621 right: at most 9 broken answers are certified at 99 % (95 % confidence).
+    assert strategy._allowed() == pytest.approx((9 / 1621) ** 0.5)
+    restored = MCTS(SPACE, OBJ, seed=0)
+    restored.load_state_dict(strategy.state_dict())
+    assert restored._allowed() == strategy._allowed()
