@@ -128,7 +128,7 @@ class SearchSpace:
         from_top = {(lname, cname): c for cname in top if cname in doc
                     for lname, c in (top[cname].parse_top(doc[cname], list(self.layers.values())) or {}).items()}
         version = doc.get("version", PLAN_VERSION)
-        if version != PLAN_VERSION:
+        if isinstance(version, bool) or version != PLAN_VERSION:  # True == 1 in Python, not in a plan file
             raise ConfigError(f"plan version {version!r} is not supported; this modelopt reads version {PLAN_VERSION}")
         default = self._compressor_map(_or_empty(doc.get("default")), "default")
         overrides = _or_empty(doc.get("layers"))
@@ -238,7 +238,8 @@ def read_plan_file(path: str | Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"plan file {str(path)!r} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        why = " ".join(str(getattr(exc, "problem", None) or exc).split())  # PyYAML's ReaderError text has lines
+        raise ConfigError(f"plan file {str(path)!r} is not valid YAML{where}: {why}") from None
     except (UnicodeDecodeError, OSError) as exc:
         raise LoadError(f"cannot read plan file {str(path)!r} as text: {exc}") from None
     if doc is None:

@@ -152,7 +152,7 @@ def test_random_text_or_bytes_as_a_plan_file_is_read_or_one_clean_error(space, t
         write(path)
         try:
             doc = read_plan_file(path)
-        except ModeloptError:  # one line but for control characters: the xfail below
+        except ModeloptError:
             continue
         assert isinstance(doc, dict)
         plan = _parse_or_clean_error(space, doc)
@@ -160,8 +160,6 @@ def test_random_text_or_bytes_as_a_plan_file_is_read_or_one_clean_error(space, t
             _round_trips(space, plan)
 
 
-@pytest.mark.xfail(strict=True, reason="space.read_plan_file (not this work's file) passes PyYAML's multi-line "
-                   "ReaderError text through: the CLI prints two lines")
 def test_a_control_character_in_a_plan_file_is_one_line(tmp_path):
     path = tmp_path / "plan.yaml"
     path.write_text("\x1f", encoding="utf-8")

@@ -92,6 +92,8 @@ def test_empty_plan_is_all_off(space):
     p = space.plan()
     assert [c for _, c in p.choices] == [None] * 4
     assert space.parse_plan({}) == p and space.parse_plan({"version": 1, "default": None, "layers": None}) == p
+    with pytest.raises(ConfigError, match="plan version True is not supported"):
+        space.parse_plan({"version": True})  # True == 1 in Python, not in a plan file
 
 
 def test_plan_from_choices_fills_the_rest_with_off(space):
