@@ -361,7 +361,8 @@ def _md_header(saved: Mapping[str, Any], out: Path) -> str:
         lines.append(
             f"Minimise **{saved['objective']}** with retention ≥ {saved['min_retention']:g} at confidence "
             f"{saved.get('confidence', 0.95):g}; quantizer menu: bits "
-            f"{', '.join(map(str, saved['bits']))}, granularity {', '.join(saved['granularity'])}. Budgets (full val "
+            f"{', '.join(map(str, saved['bits']))}, granularity {', '.join(saved['granularity'])}, rounding "
+            f"{', '.join(saved.get('rounding', ['nearest']))}. Budgets (full val "
             f"evaluations): {', '.join(f'{b:g}' for b in saved['budgets'])}; seeds: "
             f"{', '.join(map(str, saved['seeds']))}."
         )
