@@ -421,8 +421,9 @@ class Evaluator:
         seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
         def hook(m: nn.Module, inp: tuple[torch.Tensor, ...], name: str) -> None:
-            a = inp[0].transpose(0, 1).reshape(inp[0].shape[1], -1).double()
-            mu, var = a.mean(1), a.var(1, unbiased=False)
+            a = inp[0]  # (N, C, ...): statistics per channel over every other dim, in place (no copy)
+            var, mu = torch.var_mean(a.float(), dim=[d for d in range(a.dim()) if d != 1], correction=0)
+            mu, var = mu.double(), var.double()
             seen[name] = (mu, var)
             if reference is None or name not in reference or m.running_mean is None:
                 return
