@@ -99,7 +99,7 @@ def optimize(
     weights: Annotated[Path, typer.Option(help="Checkpoint (state dict) for --model.")] = None,  # type: ignore[assignment]
     data: Annotated[str, typer.Option(help="cifar10-sample, an .npz, an image folder or a CIFAR10 root.")] = None,  # type: ignore[assignment]
     strategy: Annotated[str, typer.Option(help="Search strategy (see `modelopt list`).")] = None,  # type: ignore[assignment]
-    budget: Annotated[float, typer.Option(help="Budget in full evaluations of the val split.")] = None,  # type: ignore[assignment]
+    budget: Annotated[float, typer.Option(help="Budget in full evaluations of the val split (default 150).")] = None,  # type: ignore[assignment]
     objective: Annotated[str, typer.Option(help="What to minimise: size, bitops, macs or latency (measured).")] = None,  # type: ignore[assignment]
     latency: Annotated[str, typer.Option(help="Latency backend: torch, onnxruntime (INT8 QDQ export) or none; measured for the final Pareto set, or every plan with --objective latency.")] = "torch",
     min_retention: Annotated[float, typer.Option(help="Floor on accuracy relative to float, on images the search never saw.")] = None,  # type: ignore[assignment]
@@ -133,7 +133,7 @@ def optimize(
     given = dict(model=model, weights=weights, data=data, strategy=strategy, budget=budget, objective=objective,
                  min_retention=min_retention, confidence=confidence, count_gains=count_gains or None, seed=seed)
     settings: dict[str, Any] = dict(model="cifar10_resnet20", weights=None, data="cifar10-sample", strategy="mcts",
-                                    budget=200.0, objective="size", min_retention=0.99,
+                                    budget=api.DEFAULT_BUDGET, objective="size", min_retention=0.99,
                                     confidence=api.DEFAULT_CONFIDENCE, count_gains=False, seed=0,
                                     bits=[8, 4], granularity=["per_channel", "group"],
                                     rounding=list(api.DEFAULT_ROUNDING), compressors=api.DEFAULT_COMPRESSORS)
