@@ -81,7 +81,8 @@ def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path):
     finally:
         COMPRESSORS._items.pop("poison")
     records = _journal(tmp_path / "run")
-    assert len(records) == 12
+    costs = [r["cost"] for r in records]  # failed trials are charged too, so the budget runs out as usual
+    assert sum(costs[:-1]) < 12 <= sum(costs) and len(records) >= 10
     failed = [r for r in records if r["status"] == "failed"]
     assert failed and all("non-finite" in r["error"] for r in failed)
     assert all(r["plan"]["linear/poison"] == "nan" for r in failed)
