@@ -52,12 +52,12 @@ SMALL_FLOOR = 0.9
 
 @pytest.fixture(scope="session")
 def small_run(tmp_path_factory, small_workload) -> Path:
-    """A finished MCTS run (quantize, budget 14) of ResNet-20 on `small_data`, as `modelopt optimize`
+    """A finished MCTS run (quantize, budget 18: 12+ trials) of ResNet-20 on `small_data`, as `modelopt optimize`
     leaves it (journal, summary, best plan, layer table). Read-only: copy what a test changes."""
     import modelopt
 
     out = tmp_path_factory.mktemp("small_run") / "run"
-    modelopt.optimize(small_workload, strategy="mcts", budget=14, min_retention=SMALL_FLOOR, seed=0, out=out,
+    modelopt.optimize(small_workload, strategy="mcts", budget=18, min_retention=SMALL_FLOOR, seed=0, out=out,
                       progress=False, compressors=["quantize"], report=False)
     return out
 

@@ -33,9 +33,8 @@ def test_optimize_json_last_line(tmp_path):
                   "--json")
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout.strip().splitlines()[-1])
-    # Multi-fidelity stops plans that cannot be certified after a quarter of val, so 4 budget units
-    # buy at least 4 trials (the first is the INT8 anchor).
-    assert out["n_trials"] >= 4 and out["budget_used"] >= 4 and out["run_dir"] == str(tmp_path / "r")
+    # 4 budget units buy the INT8 anchor (with GPTQ's one-time calib pass) and more plans after it.
+    assert out["n_trials"] >= 3 and out["budget_used"] >= 4 and out["run_dir"] == str(tmp_path / "r")
     assert list(out)[:7] == ["run_dir", "n_trials", "budget_used", "baseline", "best_plan", "best_test", "best_confirm"]
     if out["best_val"] is not None:
         assert out["best_test"]["split"] == "test" and "default" in out["best_plan"]
@@ -112,16 +111,17 @@ def test_bad_rounding_is_refused_before_the_model_loads(tmp_path):
 
 
 def test_evaluate_rounds_plan_entries_by_gptq_unless_told(tmp_path):
-    plan = tmp_path / "int3.yaml"
-    plan.write_text("default: {quantize: {bits: 3}}\n")
+    plan = tmp_path / "int2.yaml"
+    plan.write_text("default: {quantize: {bits: 2, granularity: group}}\n")
     got = {}
     for rounding in ("gptq", "nearest"):
         result = _run("evaluate", "--plan", plan, "--split", "test", "--rounding", rounding, "--json")
         assert result.exit_code == 0, result.output
         got[rounding] = json.loads(result.stdout.strip().splitlines()[-1])
     assert got["gptq"]["compression"] == got["nearest"]["compression"]  # same codes and scales stored
-    assert got["gptq"]["agreement"] > got["nearest"]["agreement"] + 0.1  # measured: 96.0 % vs 74.7 %
-    assert got["gptq"]["prep_cost"] > 0 == got["nearest"]["prep_cost"]  # the calib pass is charged
+    assert got["gptq"]["agreement"] > got["nearest"]["agreement"] + 0.1  # measured: 92.0 % vs 64.8 %
+    # GPTQ's calib pass (256 images / 423 val) is charged on top of both plans' BN re-estimation.
+    assert got["gptq"]["prep_cost"] == pytest.approx(got["nearest"]["prep_cost"] + 256 / 423)
 
 
 def test_resume_needs_a_run(tmp_path, monkeypatch):
