@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -49,6 +50,20 @@ class Layer:
     def fan_in(self) -> int:
         """Weights feeding one output channel (in_channels/groups * kh * kw for a conv)."""
         return self.params // self.weight_shape[0]
+
+
+def feed_inputs(model: nn.Module, modules: Mapping[str, nn.Module], x: torch.Tensor, batch_size: int,
+                hook: Callable[[str, nn.Module, torch.Tensor], None]) -> None:
+    """Runs `model` on `x` in batches (inference mode), calling `hook(name, module, input)` with each
+    of `modules`' inputs before it runs: one pass that reads what every layer sees."""
+    handles = [m.register_forward_pre_hook(lambda m, i, name=name: hook(name, m, i[0])) for name, m in modules.items()]
+    try:
+        with torch.inference_mode():
+            for i in range(0, x.shape[0], batch_size):
+                model(x[i : i + batch_size])
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def compressible_modules(model: nn.Module) -> dict[str, nn.Module]:

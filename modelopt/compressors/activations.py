@@ -40,6 +40,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from modelopt.errors import ConfigError
+from modelopt.layers import feed_inputs
 
 QPARAM_BYTES = 5  # what the packed export stores per quantized input: float32 scale + uint8 zero point
 
@@ -125,22 +126,15 @@ def input_ranges(
     gen = torch.Generator().manual_seed(calibration.seed)
     percentile = calibration.method is CalibrationMethod.PERCENTILE
 
-    def hook(m: nn.Module, inp: tuple[torch.Tensor, ...], name: str) -> None:
-        v = inp[0].detach().reshape(-1)
+    def hook(name: str, m: nn.Module, inp: torch.Tensor) -> None:
+        v = inp.detach().reshape(-1)
         lo[name], hi[name] = min(lo[name], float(v.min())), max(hi[name], float(v.max()))
         if percentile:
             if v.numel() > per_batch:  # memory: a seeded subsample (with replacement) of the values
                 v = v[torch.randint(v.numel(), (per_batch,), generator=gen).to(v.device)]
             samples[name].append(v.float().cpu())
 
-    handles = [m.register_forward_pre_hook(lambda m, i, name=name: hook(m, i, name)) for name, m in modules.items()]
-    try:
-        with torch.inference_mode():
-            for i in range(0, x.shape[0], batch_size):
-                model(x[i : i + batch_size])
-    finally:
-        for h in handles:
-            h.remove()
+    feed_inputs(model, modules, x, batch_size, hook)
     if percentile:
         q = torch.tensor([1 - calibration.percentile / 100, calibration.percentile / 100], dtype=torch.float64)
         for name in modules:

@@ -22,6 +22,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from modelopt.layers import feed_inputs
+
 DAMPING = 0.01  # fraction of mean(diag H) added to H's diagonal (GPTQ's percdamp)
 BLOCK = 128  # columns updated lazily together (GPTQ's block size; exact, only faster)
 
@@ -63,20 +65,13 @@ def input_hessians(model: nn.Module, modules: Mapping[str, nn.Module], x: torch.
     sums: dict[str, torch.Tensor] = {}
     rows: dict[str, int] = dict.fromkeys(wanted, 0)
 
-    def hook(m: nn.Module, inp: tuple[torch.Tensor, ...], name: str) -> None:
-        r = _rows(m, inp[0].detach().float())
+    def hook(name: str, m: nn.Module, inp: torch.Tensor) -> None:
+        r = _rows(m, inp.detach().float())
         h = (r.T @ r).double()
         sums[name] = h if name not in sums else sums[name] + h
         rows[name] += r.shape[0]
 
-    handles = [m.register_forward_pre_hook(lambda m, i, name=name: hook(m, i, name)) for name, m in wanted.items()]
-    try:
-        with torch.inference_mode():
-            for i in range(0, x.shape[0], batch_size):
-                model(x[i : i + batch_size])
-    finally:
-        for h in handles:
-            h.remove()
+    feed_inputs(model, wanted, x, batch_size, hook)
     return {n: LayerInputs(sums[n], rows[n]) for n in sums}
 
 

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -447,16 +447,20 @@ def parse_rounding(values: Sequence[object]) -> tuple[Rounding, ...]:
 
 
 def _rounding(value: object) -> Rounding:
-    try:
-        return Rounding(value)
-    except ValueError:
-        valid = ", ".join(r.value for r in Rounding)
-        raise ConfigError(f"quantize: rounding {value!r} not offered; valid: {valid}") from None
+    return _member(Rounding, value, "rounding")
 
 
 def _granularity(value: object) -> Granularity:
+    return _member(Granularity, value, "granularity")
+
+
+E = TypeVar("E", bound=Enum)
+
+
+def _member(enum: type[E], value: object, what: str) -> E:
+    """`value` as a member of `enum`; a ConfigError naming it and the valid values otherwise."""
     try:
-        return Granularity(value)
+        return enum(value)
     except ValueError:
-        valid = ", ".join(g.value for g in Granularity)
-        raise ConfigError(f"quantize: granularity {value!r} not offered; valid: {valid}") from None
+        valid = ", ".join(m.value for m in enum)
+        raise ConfigError(f"quantize: {what} {value!r} not offered; valid: {valid}") from None
