@@ -29,6 +29,7 @@ from modelopt.confidence import PairedCounts
 from modelopt.fidelity import Fidelity, best_case, max_correct
 from modelopt.layers import Layer
 from modelopt.metrics import Metrics
+from modelopt.norm_stats import NormStats
 from modelopt.plan import Plan
 from modelopt.prep_costs import OneTimeCosts
 from modelopt.space import SearchSpace
@@ -61,13 +62,11 @@ class Evaluator:
         }
         # conv2 -> conv1 of each block whose internal channels structured pruning may remove.
         self._layers = {layer.name: layer for layer in workload.layers}
-        self._norms = {n: m for n, m in workload.model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)}
         self._producer = {x.channel_consumer: x.name for x in workload.layers if x.channel_consumer is not None}
         self._kept: dict[tuple[Any, ...], torch.Tensor | None] = {}
-        self._norm_stats: dict[str, dict[str, torch.Tensor]] = {}  # plan key -> re-estimated statistics
-        self._norm_ref: tuple[int, dict[str, tuple[torch.Tensor, torch.Tensor]]] | None = None
         self._input_ranges: dict[Calibration, dict[str, tuple[float, float]]] = {}  # activation quantization
         self.one_time = OneTimeCosts()  # reference passes, fits, calibrations: charged once per run
+        self.norm_stats = NormStats(workload, self.one_time)  # batch norms re-estimated per plan
         self._pre_passes: dict[str, float] = {}  # a strategy's passes before any plan (add_pre_pass)
         self.exits = PlanExits(workload, space, exit_images, self.one_time)  # early exit's heads, priors, reach
 
@@ -311,14 +310,14 @@ class Evaluator:
         for lname, (_, idx) in self.kept_channels(plan).items():
             norm = self._layers[lname].channel_norm
             assert norm is not None
-            bn = self._norms[norm]
+            bn = self.norm_stats.norms[norm]
             drop = torch.ones(bn.num_features, dtype=torch.bool, device=idx.device)
             drop[idx] = False
             for attr in ("weight", "bias"):
                 t = getattr(bn, attr)
                 if t is not None:
                     state[f"{norm}.{attr}"] = t.data.masked_fill(drop.to(t.device), 0.0)
-        stats, cost = self._recalibrated(plan, state)
+        stats, cost = self.norm_stats.recalibrated(plan.key, self._norm_images(plan), state)
         pre = sum(self.one_time.charge(k, c) for k, c in self._pre_passes.items())
         return {**state, **stats}, cost + self.input_qparams(plan)[1] + self.input_cost(plan) + pre
 
@@ -370,7 +369,7 @@ class Evaluator:
         """Calibration images the plan's batch-norm statistics are re-estimated on (0: none)."""
         n = max((self.space.compressors[d.compressor].norm_calibration(plan.get(d.name))
                  for d in self.space.decisions if d.layer is not None), default=0)
-        return min(n, len(self.workload.split("calib"))) if self._norms else 0
+        return min(n, len(self.workload.split("calib"))) if self.norm_stats.norms else 0
 
     def mark_paid(self, plan: Plan) -> None:
         """Records the one-time preparations `plan` needed as paid (a resumed run, for the trials
@@ -381,66 +380,6 @@ class Evaluator:
             keys.add(f"norm_reference:{n}")
         self.one_time.mark_paid(keys | self.exits.one_time_keys(plan))
 
-    def _recalibrated(self, plan: Plan, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], float]:
-        """Batch-norm statistics re-estimated for the plan, and the budget that cost (0 when cached).
-
-        Each norm's input is measured on the same calibration images in the compressed and in the
-        original model (in eval mode, one norm after another, earlier norms already corrected), and
-        its statistics are moved by the difference: mean + (mean_c - mean_0), var * var_c / var_0.
-        Replacing them outright (AdaBN) loses accuracy on the CIFAR checkpoints, whose statistics
-        come from augmented training images (ResNet-20, 50 % sparse: 99.2 % retention without
-        re-estimation, 97.3 % with AdaBN); the shift keeps that calibration and is the identity
-        for an unpruned plan.
-        """
-        n = self._norm_images(plan)
-        if n == 0:
-            return {}, 0.0
-        if plan.key in self._norm_stats:
-            return self._norm_stats[plan.key], 0.0
-        x = self.workload.split("calib").x[:n]
-        cost = x.shape[0] / len(self.workload.split("val"))
-        if self._norm_ref is None or self._norm_ref[0] != x.shape[0]:
-            self._norm_ref = (x.shape[0], self._norm_inputs(x, None))
-        # The original model's pass, made once and charged to the first plan of the run that needs it.
-        cost += self.one_time.charge(f"norm_reference:{x.shape[0]}", cost)
-        stats: dict[str, torch.Tensor] = {}
-        for name, m in self._norms.items():
-            if m.track_running_stats:
-                assert m.running_mean is not None and m.running_var is not None
-                stats[f"{name}.running_mean"] = m.running_mean.clone()
-                stats[f"{name}.running_var"] = m.running_var.clone()
-        with self.workload.state({**state, **stats}):
-            self._norm_inputs(x, self._norm_ref[1])
-        self._norm_stats[plan.key] = stats
-        return stats, cost
-
-    def _norm_inputs(self, x: torch.Tensor, reference: dict[str, tuple[torch.Tensor, torch.Tensor]] | None
-                     ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """Per norm, mean and variance of its input over `x` (one batch); with `reference`, each
-        norm's running statistics are shifted in place before it runs (see `_recalibrated`)."""
-        seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-
-        def hook(m: nn.Module, inp: tuple[torch.Tensor, ...], name: str) -> None:
-            a = inp[0]  # (N, C, ...): statistics per channel over every other dim, in place (no copy)
-            var, mu = torch.var_mean(a.float(), dim=[d for d in range(a.dim()) if d != 1], correction=0)
-            mu, var = mu.double(), var.double()
-            seen[name] = (mu, var)
-            if reference is None or name not in reference or m.running_mean is None:
-                return
-            mu0, var0 = reference[name]
-            ratio = torch.where(var0 > 1e-12, var / var0.clamp(min=1e-12), torch.ones_like(var))
-            m.running_mean.copy_(m.running_mean.double() + (mu - mu0))
-            m.running_var.copy_(m.running_var.double() * ratio)
-
-        handles = [m.register_forward_pre_hook(lambda m, i, name=name: hook(m, i, name))
-                   for name, m in self._norms.items()]
-        try:
-            with torch.inference_mode():
-                self.workload.model(x)
-        finally:
-            for h in handles:
-                h.remove()
-        return seen
     def physical_model(self, plan: Plan) -> nn.Module:
         """A copy of the model holding the plan's weights, with structurally pruned channels
         physically removed (smaller Conv2d/BatchNorm2d): same outputs as the evaluated model.
