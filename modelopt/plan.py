@@ -17,11 +17,15 @@ PLAN_VERSION = 1
 
 @dataclass(frozen=True)
 class Decision:
-    """One decision of the search space: a compressor's choice for one layer (or a global one)."""
+    """One decision of the search space: a compressor's choice for one layer.
 
-    name: str  # "<layer>/<compressor>" for per-layer decisions
+    Model-level settings (early exit's shared threshold) are per-layer decisions too; the plan
+    file's top-level keys write them in one place (`modelopt.plan_file`).
+    """
+
+    name: str  # "<layer>/<compressor>"
     compressor: str
-    layer: str | None
+    layer: str
     choices: tuple[Choice, ...]
 
 

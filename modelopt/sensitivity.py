@@ -32,7 +32,7 @@ def fisher_diagonals(evaluator: Evaluator, images: int = DEFAULT_IMAGES) -> dict
     wl = evaluator.workload
     data = wl.split("calib")
     x, y = data.x[:images], data.y[:images]
-    weights = {n: m.weight for n, m in wl.modules.items()}
+    weights = {n: m.get_parameter("weight") for n, m in wl.modules.items()}
     fisher = {n: torch.zeros_like(w, dtype=torch.float32) for n, w in weights.items()}
     with wl.weights(wl.original):
         for w in weights.values():
@@ -41,7 +41,7 @@ def fisher_diagonals(evaluator: Evaluator, images: int = DEFAULT_IMAGES) -> dict
             for i in range(0, x.shape[0], BATCH):
                 loss = F.cross_entropy(wl.model(x[i : i + BATCH]), y[i : i + BATCH], reduction="sum")
                 grads = torch.autograd.grad(loss, list(weights.values()))
-                for (name, _), g in zip(weights.items(), grads):
+                for (name, _), g in zip(weights.items(), grads, strict=True):
                     fisher[name] += g.float() ** 2
         finally:
             for w in weights.values():
@@ -61,8 +61,6 @@ def estimate_losses(evaluator: Evaluator, images: int = DEFAULT_IMAGES) -> dict[
     evaluator.add_pre_pass(f"fisher:{n}", n * BACKWARD_FACTOR / len(evaluator.workload.split("val")))
     out: dict[tuple[str, int], float] = {}
     for d in space.decisions:
-        if d.layer is None:
-            continue
         w = evaluator.workload.original[d.layer]
         for j, c in enumerate(d.choices):
             if c is None:
