@@ -42,8 +42,9 @@ import torch
 
 from modelopt.compressors._base import Choice, Compressor, Storage
 from modelopt.compressors._registry import COMPRESSORS
-from modelopt.early_exit.backbone import Backbone
+from modelopt.early_exit.backbone import Backbone, exit_layers, split_backbone
 from modelopt.early_exit.heads import ExitHead
+from modelopt.early_exit.runtime import RuntimeConfig
 from modelopt.early_exit.simulate import ExitPolicy
 from modelopt.errors import ConfigError
 from modelopt.layers import Layer, LayerKind
@@ -92,8 +93,6 @@ class EarlyExit(Compressor):
     @classmethod
     def model_options(cls, model: torch.nn.Module) -> dict[str, Any]:
         """Every block's end but the last one's (an exit there saves nothing) is a candidate exit."""
-        from modelopt.early_exit.backbone import split_backbone
-
         backbone = split_backbone(model)
         return {"exits": list(exit_layers(backbone))[:-1],
                 "classes": int(backbone.tail.linear.out_features)}  # type: ignore[union-attr]
@@ -113,8 +112,6 @@ class EarlyExit(Compressor):
         """An active exit's head, float32 (the evaluator's head: multi-grid pooling + linear)."""
         if choice is None:
             return 0
-        from modelopt.early_exit.runtime import RuntimeConfig
-
         return RuntimeConfig().spec.params(layer.out_channels, self.classes) * 4
 
     def _offers(self, layer: Layer) -> bool:
@@ -158,7 +155,8 @@ class EarlyExit(Compressor):
             raise ConfigError(f"plan key 'early_exit.exits' names blocks like 'layer2.1'; got {name!r}")
         if isinstance(exits, Mapping):
             if shared is not None:
-                raise ConfigError("plan key 'early_exit': give one threshold per exit or a shared 'threshold', not both")
+                raise ConfigError("plan key 'early_exit': give one threshold per exit or a shared 'threshold', "
+                                  "not both")
             wanted = dict(exits)
         elif isinstance(exits, (list, tuple)):
             if shared is None:
@@ -199,21 +197,6 @@ class EarlyExit(Compressor):
 
     def options(self) -> dict[str, Any]:
         return {"thresholds": list(self.thresholds), "exits": list(self.exits), "classes": self.classes}
-
-
-def exit_layers(backbone: Backbone) -> dict[str, str]:
-    """{last conv layer of each block: exit point name}: the layers `EarlyExit(exits=...)` decides on.
-
-    Example:
-        >>> exit_layers(split_backbone(load_model("cifar10_resnet20").module))["layer2.0.conv2"]
-        'layer2.0'
-    """
-    out = {}
-    for name, block in backbone.blocks:
-        convs = [n for n, m in block.named_modules() if isinstance(m, torch.nn.Conv2d)]
-        if convs:
-            out[f"{name}.{convs[-1]}"] = name
-    return out
 
 
 def policy_from_choices(choices: Mapping[str, Choice], backbone: Backbone) -> ExitPolicy:

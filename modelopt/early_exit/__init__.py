@@ -15,7 +15,7 @@ Example:
     >>> net = EarlyExitNet(bb, heads, policy).eval()
 """
 
-from modelopt.early_exit.backbone import Backbone, ExitPoint, split_backbone
+from modelopt.early_exit.backbone import Backbone, ExitPoint, exit_layers, split_backbone
 from modelopt.early_exit.features import (
     Features,
     cached_features,
@@ -39,6 +39,7 @@ from modelopt.early_exit.simulate import (
     ExitTable,
     assign_exits,
     exit_table,
+    first_confident,
     simulate,
 )
 from modelopt.early_exit.thresholds import (
@@ -63,8 +64,10 @@ __all__ = [
     "assign_exits",
     "cached_features",
     "choose_thresholds",
+    "exit_layers",
     "exit_table",
     "extract_features",
+    "first_confident",
     "fit_exit_heads",
     "fit_head",
     "fit_temperature",

@@ -20,7 +20,7 @@ from torch import nn
 from modelopt.errors import ConfigError
 from modelopt.layers import discover_layers
 
-__all__ = ["Backbone", "ExitPoint", "split_backbone"]
+__all__ = ["Backbone", "ExitPoint", "exit_layers", "split_backbone"]
 
 
 @dataclass(frozen=True)
@@ -137,3 +137,18 @@ def split_backbone(model: nn.Module, input_size: tuple[int, int] = (32, 32)) -> 
             macs += sum(m for n, m in layer_macs.items() if n.startswith(name + "."))
             points.append(ExitPoint(name, i, int(h.shape[1]), (int(h.shape[2]), int(h.shape[3])), macs))
     return Backbone(stem, tuple(blocks), tail, tuple(points), sum(layer_macs.values()))
+
+
+def exit_layers(backbone: Backbone) -> dict[str, str]:
+    """{last conv layer of each block: exit point name}: the layers `EarlyExit(exits=...)` decides on.
+
+    Example:
+        >>> exit_layers(split_backbone(load_model("cifar10_resnet20").module))["layer2.0.conv2"]
+        'layer2.0'
+    """
+    out = {}
+    for name, block in backbone.blocks:
+        convs = [n for n, m in block.named_modules() if isinstance(m, torch.nn.Conv2d)]
+        if convs:
+            out[f"{name}.{convs[-1]}"] = name
+    return out

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from modelopt._files import save_atomic
+from modelopt.data_readers import read_npz
 from modelopt.early_exit.backbone import Backbone
 from modelopt.early_exit.heads import HeadSpec, pool_features
 from modelopt.errors import LoadError
@@ -81,8 +82,6 @@ def read_images(path: str | Path, indices: Sequence[int] | np.ndarray | None = N
     Example:
         >>> x, y = read_images("../shared/data/cifar10/cifar10_jpeg_test.npz", range(846, 1846))
     """
-    from modelopt.data_readers import read_npz
-
     x, y, _ = read_npz(path, lambda n: np.arange(n) if indices is None else np.asarray(indices, dtype=np.int64))
     return x, y
 

@@ -28,12 +28,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from modelopt.compressors.early_exit import exit_layers
-from modelopt.early_exit.backbone import Backbone, split_backbone
+from modelopt.early_exit.backbone import Backbone, exit_layers, split_backbone
 from modelopt.early_exit.features import Features, extract_features
 from modelopt.early_exit.fit import FitConfig, fit_exit_heads
 from modelopt.early_exit.heads import ExitHead, HeadSpec
-from modelopt.early_exit.simulate import ExitPolicy
+from modelopt.early_exit.simulate import ExitPolicy, first_confident
 from modelopt.errors import ConfigError
 
 __all__ = ["ExitLayout", "ExitProbe", "RuntimeConfig", "decide", "exit_layout", "fit_heads"]
@@ -87,10 +86,6 @@ class ExitLayout:
 
     def head_macs(self, point: str) -> int:
         return self.spec.macs(self.backbone.point(point).channels, self.classes)
-
-    def head_bytes(self, policy: ExitPolicy) -> int:
-        """Float32 bytes of the policy's heads (size_bytes adds them)."""
-        return sum(self.head_params(e) * 4 for e in policy.exits)
 
 
 def exit_layout(model: nn.Module, input_size: tuple[int, int], decisions: Sequence[str], layers: Sequence[str],
@@ -192,16 +187,7 @@ class ExitProbe:
 def decide(head_logits: Mapping[str, torch.Tensor], full_logits: torch.Tensor, heads: Mapping[str, ExitHead],
            policy: ExitPolicy) -> tuple[torch.Tensor, torch.Tensor]:
     """Per sample: the position in `policy.exits` it leaves at (len(exits): it ran the whole
-    network) and its prediction."""
-    n, k = full_logits.shape[0], len(policy.exits)
-    exit_at = torch.full((n,), k, dtype=torch.long, device=full_logits.device)
-    pred = full_logits.argmax(1)
-    left = torch.ones(n, dtype=torch.bool, device=full_logits.device)
-    for j, (e, thr) in enumerate(zip(policy.exits, policy.thresholds)):
-        logits = head_logits[e]
-        fire = left & (heads[e].confidence(logits) >= thr)
-        exit_at[fire] = j
-        pred = torch.where(fire, logits.argmax(1), pred)
-        left &= ~fire
-    return exit_at, pred
-
+    network) and its prediction (`simulate.first_confident` on the heads' logits)."""
+    logits = [head_logits[e] for e in policy.exits]
+    return first_confident([heads[e].confidence(x) for e, x in zip(policy.exits, logits, strict=True)],
+                           [x.argmax(1) for x in logits], full_logits.argmax(1), policy.thresholds)

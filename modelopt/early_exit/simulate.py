@@ -28,7 +28,8 @@ from modelopt.early_exit.features import Features
 from modelopt.early_exit.heads import ExitHead
 from modelopt.errors import ConfigError
 
-__all__ = ["ExitMetrics", "ExitPolicy", "ExitTable", "assign_exits", "exit_table", "simulate", "uniform_policy"]
+__all__ = ["ExitMetrics", "ExitPolicy", "ExitTable", "assign_exits", "exit_table", "first_confident", "simulate",
+           "uniform_policy"]
 
 NEVER = float("inf")  # a threshold no confidence reaches: the exit is inactive
 
@@ -144,29 +145,49 @@ class ExitMetrics:
         return 1.0 - self.mean_macs / self.total_macs
 
 
+def first_confident(confidence: Sequence[torch.Tensor], head_pred: Sequence[torch.Tensor], full_pred: torch.Tensor,
+                    thresholds: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exit rule: each sample leaves at the first active exit, in order, whose confidence reaches
+    its threshold, with that head's prediction; otherwise it runs the whole network.
+
+    Args:
+        confidence: Per active exit, in backbone order, each sample's confidence there.
+        head_pred: Per active exit, each sample's top-1 there.
+        full_pred: Each sample's top-1 from the whole network.
+        thresholds: Per active exit, the confidence a sample needs to leave.
+
+    Returns:
+        Per sample, the position of the exit it left at (len(thresholds): none), and its prediction.
+    """
+    n, k = full_pred.shape[0], len(thresholds)
+    exit_at = torch.full((n,), k, dtype=torch.long, device=full_pred.device)
+    pred = full_pred.clone()
+    left = torch.ones(n, dtype=torch.bool, device=full_pred.device)
+    for j, (conf, hp, thr) in enumerate(zip(confidence, head_pred, thresholds, strict=True)):
+        fire = left & (conf >= thr)
+        exit_at[fire] = j
+        pred = torch.where(fire, hp, pred)
+        left &= ~fire
+    return exit_at, pred
+
+
 def assign_exits(table: ExitTable, policy: ExitPolicy) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per sample: the position in `policy.exits` it leaves at (len(exits) = none), its prediction
-    and its MACs."""
+    and its MACs (`first_confident` on the table's heads)."""
     rows = [table.exits.index(e) if e in table.exits else -1 for e in policy.exits]
     if -1 in rows:
         missing = [e for e, r in zip(policy.exits, rows) if r < 0]
         raise ConfigError(f"policy names exits {missing} without heads; heads exist for {list(table.exits)}")
     if list(rows) != sorted(rows):
         raise ConfigError(f"policy exits must be in backbone order; got {list(policy.exits)}")
-    n, k = len(table), len(rows)
-    exit_at = torch.full((n,), k, dtype=torch.long)
-    pred = table.full_pred.clone()
-    left = torch.ones(n, dtype=torch.bool)
+    exit_at, pred = first_confident([table.confidence[r] for r in rows], [table.head_pred[r] for r in rows],
+                                    table.full_pred, policy.thresholds)
     head_cum = 0
     cum_macs = []
-    for j, (r, thr) in enumerate(zip(rows, policy.thresholds)):
+    for r in rows:
         head_cum += table.head_macs[r]
         cum_macs.append(table.point_macs[r] + head_cum)
-        fire = left & (table.confidence[r] >= thr)
-        exit_at[fire] = j
-        pred[fire] = table.head_pred[r][fire]
-        left &= ~fire
-    macs_of = torch.tensor([*cum_macs, table.total_macs + head_cum], dtype=torch.float64)
+    macs_of = torch.tensor([*cum_macs, table.total_macs + head_cum], dtype=torch.float64, device=exit_at.device)
     return exit_at, pred, macs_of[exit_at]
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from modelopt.cost import CostModel
 from modelopt.objective import Objective, Target
 from modelopt.plan import Decision, Plan
 from modelopt.search._base import Strategy
@@ -112,8 +113,9 @@ class KnapsackSearch(Strategy):
 
     Args:
         space: the decisions and their choices.
-        objective: `size` is costed by the compressors' `weight_bytes`, `bitops` by MACs x
-            weight bits x activation bits; `macs` falls back to size (no compressor reports MACs per choice).
+        objective: each layer's option is priced by `modelopt.cost` (`CostModel.choice_cost`): its
+            bytes for `size` (and `latency`), MACs for `macs`, MACs x weight bits x input bits for
+            `bitops`. Exits save MACs only at run time, so here they only add their heads' bytes.
         seed: seeds the perturbations once the knapsack has nothing new to offer.
         bins: resolution of the DP's loss axis (per solve, over [0, L]).
 
@@ -131,6 +133,7 @@ class KnapsackSearch(Strategy):
         self.rng = np.random.default_rng(seed)
         decisions = space.decisions
         self._index = {d.name: i for i, d in enumerate(decisions)}
+        self._costs = CostModel(space)
         # The sensitivity schedule: by decision, then choice.
         self._sens = [(i, j) for i, d in enumerate(decisions) for j, c in enumerate(d.choices) if c is not None]
         self._groups = self._build_groups()
@@ -178,21 +181,15 @@ class KnapsackSearch(Strategy):
     def _cost(self, decs: list[Decision], opt: tuple[int, ...]) -> float:
         if decs[0].layer is None:
             return 0.0  # a global decision: no per-layer cost to charge
-        layer = self.space.layers[decs[0].layer]
-        chosen = [(d, d.choices[j]) for d, j in zip(decs, opt)]
+        # Priced by the one cost accounting (modelopt.cost), the layer alone: what its option
+        # stores (the whole chain: pruned then quantized) and runs (structured pruning's MACs).
+        choices = {d.name: d.choices[j] for d, j in zip(decs, opt, strict=True)}
+        cost = self._costs.choice_cost(self.space.layers[decs[0].layer], choices)
         if self.objective.target is Target.BITOPS:
-            comps = [(self.space.compressors[d.compressor], c) for d, c in chosen if c is not None]
-            bits = min([32, *(comp.weight_bits(c) for comp, c in comps)])
-            act = min([32, *(comp.activation_bits(c) for comp, c in comps)])
-            return float(layer.macs * bits * act)
-        # As the evaluator counts size: the last compressor to touch the weight stores it.
-        # (Early exit stores nothing of the weight: it never owns it.)
-        owner = next(((d, c) for d, c in reversed(chosen)
-                      if c is not None and "size" in self.space.compressors[d.compressor].reduces), None)
-        added = sum(self.space.compressors[d.compressor].added_bytes(layer, c) for d, c in chosen if c is not None)
-        if owner is None:
-            return float(layer.params * 4 + added)
-        return float(self.space.compressors[owner[0].compressor].weight_bytes(layer, owner[1]) + added)
+            return float(cost.bitops)
+        if self.objective.target is Target.MACS:
+            return float(cost.macs)
+        return float(cost.bytes)
 
     def _option_losses(self) -> list[np.ndarray]:
         """Per group, each option's loss: the sum of its choices' (unmeasured counts as infinite)."""
