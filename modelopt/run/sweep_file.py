@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,33 +15,20 @@ from modelopt._version import __version__
 from modelopt.errors import ConfigError, UnknownNameError
 from modelopt.objective import Target
 from modelopt.run.runner import CONFIG, JOURNAL, SUMMARY
-
-from modelopt.run.sweep_table import (  # the table reads what the sweep writes
-    EPS,
-    RUNS,
-    _read_journal,
-    _read_json,
-)
+from modelopt.run.sweep_table import EPS, RUNS, _read_journal, _read_json  # the table reads what the sweep writes
 
 __all__ = ["Cell", "Sweep", "SweepModel", "cell_status", "load_sweep"]
 
 _REQUIRED = ("name", "models", "strategies", "budgets", "seeds")
 _DEFAULTS: dict[str, Any] = {  # `out` defaults to the sweep's name, beside the sweep file
-    "objective": "size",
-    "min_retention": 0.99,
-    "confidence": 0.95,
-    "bits": [8, 4],
-    "granularity": ["per_channel", "group"],
-    "rounding": ["gptq"],
-    "device": "auto",
+    "objective": "size", "min_retention": 0.99, "confidence": 0.95, "bits": [8, 4],
+    "granularity": ["per_channel", "group"], "rounding": ["gptq"], "device": "auto",
 }
 _KEYS = (*_REQUIRED[:1], "out", *_REQUIRED[1:], "objective", "min_retention", "confidence", "compressors", "bits",
          "granularity", "rounding", "device")
 _MODEL_KEYS = ("name", "model", "weights", "data")
+_MODELS_EXAMPLE = "[{name: resnet20, model: cifar10_resnet20}]"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-# ---- the sweep file -------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -94,8 +81,9 @@ class Sweep:
             "version": 1, "modelopt": __version__, "path": str(self.path), "name": self.name, "out": str(self.out),
             "models": [vars(m) for m in self.models], "strategies": list(self.strategies),
             "budgets": list(self.budgets), "seeds": list(self.seeds), "objective": self.objective,
-            "min_retention": self.min_retention, "confidence": self.confidence, "bits": list(self.bits), "granularity": list(self.granularity),
-            "rounding": list(self.rounding), "device": self.device, "compressors": None if self.compressors is None else list(self.compressors),
+            "min_retention": self.min_retention, "confidence": self.confidence, "bits": list(self.bits),
+            "granularity": list(self.granularity), "rounding": list(self.rounding), "device": self.device,
+            "compressors": None if self.compressors is None else list(self.compressors),
         }
 
 
@@ -116,7 +104,8 @@ class _File:
         except yaml.YAMLError as exc:
             raise self.error(node, key, f"cannot read the value: {getattr(exc, 'problem', exc)}") from None
 
-    def mapping(self, node: yaml.Node, key: str, valid: Sequence[str], what: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+    def mapping(self, node: yaml.Node, key: str, valid: Sequence[str],
+                what: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
         """{key: (key node, value node)}; refuses duplicates and unknown keys."""
         if not isinstance(node, yaml.MappingNode):
             raise self.error(node, key, f"expected a mapping with keys {', '.join(valid)}; got {_kind(node)}")
@@ -147,9 +136,28 @@ class _File:
             raise self.error(node, key, f"expected a non-empty list like {example}; got {got}")
         return list(node.value)
 
+    def checked(self, node: yaml.Node, key: str, ok: Callable[[Any], bool], expected: str) -> Any:
+        """The node's value when `ok` accepts it; else an error saying what was `expected`."""
+        v = self.value(node, key)
+        if not ok(v):
+            raise self.error(node, key, f"{expected}; got {v!r}")
+        return v
+
+    def names(self, node: yaml.Node, key: str, example: str, valid: Sequence[str], what: str, *,
+              unique: bool = True) -> list[str]:
+        """A non-empty list of names like `example`, each one of `valid` (and each once when `unique`)."""
+        nodes = self.items(node, key, example)
+        names = [self.string(n, key, example.strip("[]").split(",")[0]) for n in nodes]
+        for n, name in zip(nodes, names, strict=True):
+            if name not in valid:
+                raise self.error(n, key, str(UnknownNameError(what, name, valid)))
+        if unique:
+            self.unique(nodes, names, key)
+        return names
+
     def unique(self, nodes: list[yaml.Node], values: list[Any], key: str) -> None:
         seen: dict[Any, int] = {}
-        for node, v in zip(nodes, values):
+        for node, v in zip(nodes, values, strict=True):
             if v in seen:
                 raise self.error(node, key, f"{v!r} is listed twice (first at line {seen[v]}); list it once")
             seen[v] = node.start_mark.line + 1
@@ -161,6 +169,14 @@ def _kind(node: yaml.Node) -> str:
     if isinstance(node, yaml.SequenceNode):
         return "a list"
     return repr(node.value) if node.value else "nothing"
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _fraction(v: Any) -> bool:
+    return _is_number(v) and 0.0 <= v <= 1.0
 
 
 def _is_number(v: Any) -> bool:
@@ -192,6 +208,40 @@ def load_sweep(path: str | Path) -> Sweep:
         ['seed0', 'seed1']
     """
     path = Path(path)
+    f = _File(path)
+    root = _compose(path)
+    top = f.mapping(root, "(top level)", _KEYS, "sweep file")
+    for key in _REQUIRED:
+        if key not in top:
+            raise f.error(root, key, f"missing; a sweep file needs {', '.join(_REQUIRED)} (see modelopt/run/sweep.py)")
+    base = path.resolve().parent
+    name = f.string(top["name"][1], "name", "mcts_vs_baselines")
+    out = base / (f.string(top["out"][1], "out", "results/my_sweep") if "out" in top else name)
+    models = _models(f, top["models"][1], base)
+    from modelopt.search import STRATEGIES
+
+    strategies = f.names(top["strategies"][1], "strategies", "[random, mcts]", STRATEGIES.names(), "strategy")
+    b_nodes = f.items(top["budgets"][1], "budgets", "[50, 100, 200]")
+    budgets = [float(f.checked(n, "budgets", lambda v: _is_number(v) and v > 0,
+                               "expected positive numbers of full val evaluations like [50, 100, 200]"))
+               for n in b_nodes]
+    f.unique(b_nodes, budgets, "budgets")
+    k_nodes = f.items(top["seeds"][1], "seeds", "[0, 1, 2]")
+    seeds = [f.checked(n, "seeds", lambda v: _is_int(v) and v >= 0, "expected non-negative integers like [0, 1, 2]")
+             for n in k_nodes]
+    f.unique(k_nodes, seeds, "seeds")
+    settings = _settings(f, top)
+    return Sweep(
+        path=path.resolve(), name=name, out=out.resolve(), models=tuple(models), strategies=tuple(strategies),
+        budgets=tuple(sorted(budgets)), seeds=tuple(seeds), objective=settings["objective"],
+        min_retention=settings["min_retention"], confidence=settings["confidence"], bits=tuple(settings["bits"]),
+        granularity=tuple(settings["granularity"]), rounding=tuple(settings["rounding"]), device=settings["device"],
+        compressors=settings["compressors"],
+    )
+
+
+def _compose(path: Path) -> yaml.Node:
+    """The file's YAML node tree; a missing, unreadable, malformed or empty file is a ConfigError."""
     if not path.exists():
         raise ConfigError(f"sweep file {str(path)!r} does not exist")
     if not path.is_file():
@@ -200,7 +250,6 @@ def load_sweep(path: str | Path) -> Sweep:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"sweep file {str(path)!r} cannot be read as UTF-8 text: {exc}") from None
-    f = _File(path)
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
@@ -210,101 +259,52 @@ def load_sweep(path: str | Path) -> Sweep:
         raise ConfigError(f"sweep file {str(path)!r}{where}: not valid YAML: {problem}") from None
     if root is None:
         raise ConfigError(f"sweep file {str(path)!r} is empty; it needs the keys {', '.join(_REQUIRED)}")
-    top = f.mapping(root, "(top level)", _KEYS, "sweep file")
-    for key in _REQUIRED:
-        if key not in top:
-            raise f.error(root, key, f"missing; a sweep file needs {', '.join(_REQUIRED)} (see modelopt/run/sweep.py)")
-    base = path.resolve().parent
+    return root
 
-    def node(key: str) -> yaml.Node | None:
-        return top[key][1] if key in top else None
 
-    name = f.string(top["name"][1], "name", "mcts_vs_baselines")
-    out_node = node("out")
-    out = base / (f.string(out_node, "out", "results/my_sweep") if out_node is not None else name)
-    models = _models(f, top["models"][1], base)
+def _settings(f: _File, top: Mapping[str, tuple[yaml.Node, yaml.Node]]) -> dict[str, Any]:
+    """The optional keys: each checked where the file gives it, else `_DEFAULTS`."""
+    from modelopt.compressors import COMPRESSORS
 
-    from modelopt.search import STRATEGIES
+    settings: dict[str, Any] = {**_DEFAULTS, "compressors": None}
+    given = {key: vnode for key, (_, vnode) in top.items()}
+    if (n := given.get("objective")) is not None:
+        settings["objective"] = objective = f.string(n, "objective", "size")
+        if objective not in (targets := [t.value for t in Target]):
+            raise f.error(n, "objective", f"unknown objective {objective!r}; valid: {', '.join(targets)}")
+    if "min_retention" in given:
+        settings["min_retention"] = float(f.checked(given["min_retention"], "min_retention", _fraction,
+                                                    "expected a fraction of the float accuracy like 0.99"))
+    if "confidence" in given:
+        settings["confidence"] = float(f.checked(given["confidence"], "confidence", lambda v: _fraction(v) and v < 1,
+                                                 "expected a confidence in [0, 1) like 0.95 (0: point estimates)"))
+    if "bits" in given:
+        settings["bits"] = [f.checked(b, "bits", _is_int, "expected integer bit widths like [8, 4, 3, 2]")
+                            for b in f.items(given["bits"], "bits", "[8, 4]")]
+    if "granularity" in given:
+        nodes = f.items(given["granularity"], "granularity", "[per_channel, group]")
+        settings["granularity"] = [f.string(n, "granularity", "per_channel") for n in nodes]
+    if "rounding" in given:
+        nodes = f.items(given["rounding"], "rounding", "[gptq]")
+        settings["rounding"] = [f.string(n, "rounding", "gptq") for n in nodes]
+    _check_quantizer(f, top, settings)  # before compressors and device: the order its errors always came in
+    if "compressors" in given:
+        settings["compressors"] = tuple(f.names(given["compressors"], "compressors", "[quantize, prune]",
+                                                COMPRESSORS.names(), "compressor", unique=False))
+    if "device" in given:
+        settings["device"] = _device(f, given["device"])
+    return settings
 
-    s_nodes = f.items(top["strategies"][1], "strategies", "[random, mcts]")
-    strategies = [f.string(n, "strategies", "random") for n in s_nodes]
-    for n, s in zip(s_nodes, strategies):
-        if s not in STRATEGIES:
-            raise f.error(n, "strategies", str(UnknownNameError("strategy", s, STRATEGIES.names())))
-    f.unique(s_nodes, strategies, "strategies")
 
-    b_nodes = f.items(top["budgets"][1], "budgets", "[50, 100, 200]")
-    budgets = []
-    for n in b_nodes:
-        v = f.value(n, "budgets")
-        if not _is_number(v) or v <= 0:
-            raise f.error(n, "budgets", f"expected positive numbers of full val evaluations like [50, 100, 200]; got {v!r}")
-        budgets.append(float(v))
-    f.unique(b_nodes, budgets, "budgets")
+def _device(f: _File, n: yaml.Node) -> str:
+    from modelopt.workload import resolve_device
 
-    k_nodes = f.items(top["seeds"][1], "seeds", "[0, 1, 2]")
-    seeds = []
-    for n in k_nodes:
-        v = f.value(n, "seeds")
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise f.error(n, "seeds", f"expected non-negative integers like [0, 1, 2]; got {v!r}")
-        seeds.append(v)
-    f.unique(k_nodes, seeds, "seeds")
-
-    settings = dict(_DEFAULTS)
-    if (n := node("objective")) is not None:
-        settings["objective"] = f.string(n, "objective", "size")
-        if settings["objective"] not in {t.value for t in Target}:
-            raise f.error(n, "objective", f"unknown objective {settings['objective']!r}; valid: "
-                          + ", ".join(t.value for t in Target))
-    if (n := node("min_retention")) is not None:
-        v = f.value(n, "min_retention")
-        if not _is_number(v) or not 0.0 <= v <= 1.0:
-            raise f.error(n, "min_retention", f"expected a fraction of the float accuracy like 0.99; got {v!r}")
-        settings["min_retention"] = float(v)
-    if (n := node("confidence")) is not None:
-        v = f.value(n, "confidence")
-        if not _is_number(v) or not 0.0 <= v < 1.0:
-            raise f.error(n, "confidence", f"expected a confidence in [0, 1) like 0.95 (0: point estimates); got {v!r}")
-        settings["confidence"] = float(v)
-    if (n := node("bits")) is not None:
-        nodes = f.items(n, "bits", "[8, 4]")
-        settings["bits"] = [f.value(b, "bits") for b in nodes]
-        for b, v in zip(nodes, settings["bits"]):
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise f.error(b, "bits", f"expected integer bit widths like [8, 4, 3, 2]; got {v!r}")
-    if (n := node("granularity")) is not None:
-        nodes = f.items(n, "granularity", "[per_channel, group]")
-        settings["granularity"] = [f.string(g, "granularity", "per_channel") for g in nodes]
-    if (n := node("rounding")) is not None:
-        nodes = f.items(n, "rounding", "[gptq]")
-        settings["rounding"] = [f.string(r, "rounding", "gptq") for r in nodes]
-    _check_quantizer(f, top, settings)
-    compressors = None
-    if (n := node("compressors")) is not None:
-        from modelopt.compressors import COMPRESSORS
-
-        nodes = f.items(n, "compressors", "[quantize, prune]")
-        compressors = tuple(f.string(c, "compressors", "quantize") for c in nodes)
-        for c, name_ in zip(nodes, compressors):
-            if name_ not in COMPRESSORS:
-                raise f.error(c, "compressors", f"unknown compressor {name_!r}; valid: {', '.join(COMPRESSORS.names())}")
-    if (n := node("device")) is not None:
-        settings["device"] = f.string(n, "device", "auto")
-        from modelopt.workload import resolve_device
-
-        try:
-            resolve_device(settings["device"])
-        except ConfigError as exc:
-            raise f.error(n, "device", str(exc)) from None
-
-    return Sweep(
-        path=path.resolve(), name=name, out=out.resolve(), models=tuple(models), strategies=tuple(strategies),
-        budgets=tuple(sorted(budgets)), seeds=tuple(seeds), objective=settings["objective"],
-        min_retention=settings["min_retention"], confidence=settings["confidence"], bits=tuple(settings["bits"]),
-        granularity=tuple(settings["granularity"]), rounding=tuple(settings["rounding"]), device=settings["device"],
-        compressors=compressors,
-    )
+    device = f.string(n, "device", "auto")
+    try:
+        resolve_device(device)
+    except ConfigError as exc:
+        raise f.error(n, "device", str(exc)) from None
+    return device
 
 
 def _check_quantizer(f: _File, top: Mapping[str, tuple[yaml.Node, yaml.Node]], settings: Mapping[str, Any]) -> None:
@@ -319,53 +319,50 @@ def _check_quantizer(f: _File, top: Mapping[str, tuple[yaml.Node, yaml.Node]], s
 
 
 def _models(f: _File, node: yaml.Node, base: Path) -> list[SweepModel]:
+    entries = f.items(node, "models", _MODELS_EXAMPLE)
+    parsed = [_model(f, entry, f"models[{i}]", base) for i, entry in enumerate(entries)]
+    f.unique([name_node for _, name_node in parsed], [m.name for m, _ in parsed], "models[].name")
+    return [m for m, _ in parsed]
+
+
+def _model(f: _File, entry: yaml.Node, where: str, base: Path) -> tuple[SweepModel, yaml.Node]:
+    """One entry of `models` and the node of its name."""
     from modelopt.data import list_data_sources
     from modelopt.models import list_models
 
-    example = "[{name: resnet20, model: cifar10_resnet20}]"
-    models, names, name_nodes = [], [], []
-    entries = f.items(node, "models", example)
-    for i, entry in enumerate(entries):
-        where = f"models[{i}]"
-        keys = f.mapping(entry, where, _MODEL_KEYS, "model entry")
-        for req in ("name", "model"):
-            if req not in keys:
-                raise f.error(entry, f"{where}.{req}", f"missing; each model needs name and model, like {example}")
-        name = f.string(keys["name"][1], f"{where}.name", "resnet20")
-        if not _SAFE_NAME.match(name):
-            raise f.error(keys["name"][1], f"{where}.name", f"{name!r} is used as a folder name: use letters, "
-                          "digits, '-', '_' and '.' only")
-        vnode = keys["model"][1]
-        model = f.string(vnode, f"{where}.model", "cifar10_resnet20")
-        if model not in list_models() and ":" not in model:  # not zoo, torchvision:NAME or pkg.mod:factory: a file
-            resolved = base / model
-            if not resolved.is_file():
-                raise f.error(vnode, f"{where}.model", f"{model!r} is neither a zoo model ({', '.join(list_models())}), "
-                              f"torchvision:NAME, pkg.module:factory, nor a file (looked for {str(resolved)!r})")
-            model = str(resolved.resolve())
-        weights = None
-        if "weights" in keys:
-            wnode = keys["weights"][1]
-            weights_path = base / f.string(wnode, f"{where}.weights", "../models/resnet56.th")
-            if not weights_path.is_file():
-                raise f.error(wnode, f"{where}.weights", f"no such file {str(weights_path.resolve())!r} "
-                              "(relative paths are resolved against the sweep file's folder)")
-            weights = str(weights_path.resolve())
-        data = "cifar10-sample"
-        if "data" in keys:
-            dnode = keys["data"][1]
-            data = f.string(dnode, f"{where}.data", "cifar10-sample")
-            if data not in list_data_sources():
-                resolved = base / data
-                if not resolved.exists():
-                    raise f.error(dnode, f"{where}.data", f"{data!r} is neither a data source "
-                                  f"({', '.join(list_data_sources())}) nor a path (looked for {str(resolved)!r})")
-                data = str(resolved.resolve())
-        models.append(SweepModel(name, model, weights, data))
-        names.append(name)
-        name_nodes.append(keys["name"][1])
-    f.unique(name_nodes, names, "models[].name")
-    return models
+    keys = {k: vnode for k, (_, vnode) in f.mapping(entry, where, _MODEL_KEYS, "model entry").items()}
+    for req in ("name", "model"):
+        if req not in keys:
+            raise f.error(entry, f"{where}.{req}", f"missing; each model needs name and model, like {_MODELS_EXAMPLE}")
+    name = f.string(keys["name"], f"{where}.name", "resnet20")
+    if not _SAFE_NAME.match(name):
+        raise f.error(keys["name"], f"{where}.name", f"{name!r} is used as a folder name: use letters, "
+                      "digits, '-', '_' and '.' only")
+    model = f.string(keys["model"], f"{where}.model", "cifar10_resnet20")
+    if model not in list_models() and ":" not in model:  # not zoo, torchvision:NAME or pkg.mod:factory: a file
+        resolved = base / model
+        if not resolved.is_file():
+            raise f.error(keys["model"], f"{where}.model", f"{model!r} is neither a zoo model "
+                          f"({', '.join(list_models())}), torchvision:NAME, pkg.module:factory, nor a file "
+                          f"(looked for {str(resolved)!r})")
+        model = str(resolved.resolve())
+    weights = None
+    if "weights" in keys:
+        weights_path = base / f.string(keys["weights"], f"{where}.weights", "../models/resnet56.th")
+        if not weights_path.is_file():
+            raise f.error(keys["weights"], f"{where}.weights", f"no such file {str(weights_path.resolve())!r} "
+                          "(relative paths are resolved against the sweep file's folder)")
+        weights = str(weights_path.resolve())
+    data = "cifar10-sample"
+    if "data" in keys:
+        data = f.string(keys["data"], f"{where}.data", "cifar10-sample")
+        if data not in list_data_sources():
+            resolved = base / data
+            if not resolved.exists():
+                raise f.error(keys["data"], f"{where}.data", f"{data!r} is neither a data source "
+                              f"({', '.join(list_data_sources())}) nor a path (looked for {str(resolved)!r})")
+            data = str(resolved.resolve())
+    return SweepModel(name, model, weights, data), keys["name"]
 
 
 # ---- cells ----------------------------------------------------------------------------------
