@@ -6,11 +6,12 @@ Example:
     >>> result.best.metrics.compression, result.best_test.retention
 """
 
+from modelopt import _name_clash  # noqa: F401 -- first, for its warning when nvidia-modelopt is installed too
 from modelopt._version import __version__
 from modelopt.api import build_workload, evaluate, optimize
 from modelopt.compressors import COMPRESSORS, Compressor, Granularity, QuantSpec
 from modelopt.data import Dataset, load_data
-from modelopt.errors import ConfigError, LoadError, ModeloptError
+from modelopt.errors import ConfigError, LoadError, ModeloptError, NameClashWarning
 from modelopt.evaluator import Evaluator, Metrics
 from modelopt.export import export, load
 from modelopt.models import LoadedModel, list_models, load_model
@@ -36,6 +37,7 @@ __all__ = [
     "LoadedModel",
     "Metrics",
     "ModeloptError",
+    "NameClashWarning",
     "Objective",
     "Plan",
     "QuantSpec",

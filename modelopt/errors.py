@@ -40,3 +40,7 @@ class StorageError(ModeloptError):
 
 class TrialError(ModeloptError):
     """A trial could not be evaluated (crash or non-finite output); the run records it and goes on."""
+
+
+class NameClashWarning(UserWarning):
+    """Another installed distribution (NVIDIA's nvidia-modelopt) also provides the import name `modelopt`."""
