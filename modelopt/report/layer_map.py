@@ -122,7 +122,10 @@ class LayerRow:
     layer: str
     cells: tuple[Cell, ...]  # aligned with LayerMap.columns
     params: int | None  # weights in the layer
-    plan_bytes: int | None  # packed bytes of its weight under the plan (scales included)
+    # Bytes the plan stores for the layer (`modelopt.cost.LayerCost.bytes`): its packed weight (scales,
+    # sparse indices), plus an exit head after it, less the float norm and bias entries its removed
+    # channels drop. With `LayerMap.other_bytes`, the rows sum to the plan's size_bytes.
+    plan_bytes: int | None
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,7 @@ class LayerMap:
     rows: tuple[LayerRow, ...]
     global_choices: tuple[tuple[str, str], ...]  # decisions that belong to no layer: (name, label)
     size_bytes: int | None  # the whole plan's packed size (weights + scales + float tensors)
+    other_bytes: int | None = None  # float tensors outside the layers' weights (biases, norms), all channels
 
     @property
     def has_sizes(self) -> bool:
@@ -186,7 +190,9 @@ def layer_map(run: RunFolder, record: Record) -> LayerMap:
         cells = tuple(col.cell(choices.get(col.compressor)) for col in columns)
         rows.append(LayerRow(name, cells, params.get(name), per_layer.get(name)))
     size = None if record.metrics is None else record.metrics.size_bytes
-    return LayerMap(columns, tuple(rows), tuple(global_choices), size)
+    float_bytes = run.float_size_bytes
+    other = None if float_bytes is None or run.layers is None else float_bytes - 4 * sum(x.params for x in run.layers)
+    return LayerMap(columns, tuple(rows), tuple(global_choices), size, other)
 
 
 def plan_mix(plan: Mapping[str, Any]) -> str:
