@@ -10,9 +10,11 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from modelopt.objective import pareto_front
+from modelopt.metrics import Metrics
+from modelopt.objective import Objective, pareto_front
 from modelopt.report.layer_map import LayerMap
 from modelopt.run.run_folder import Record, RunFolder
 
@@ -55,80 +57,54 @@ def _note(ax: Axes, text: str) -> None:
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=12, color="#57606a")
 
 
+@dataclass(frozen=True)
+class _ParetoAxes:
+    """Where a trial lands: x its target value (in the axis unit), y its val retention, clipped at `lo`."""
+
+    obj: Objective
+    div: float
+    lo: float
+
+    def xs(self, ms: Sequence[Metrics]) -> list[float]:
+        return [self.obj.value(m) / self.div for m in ms]
+
+    def ys(self, ms: Sequence[Metrics]) -> list[float]:
+        return [max(m.retention, self.lo) for m in ms]
+
+
 def pareto_png(run: RunFolder) -> bytes:
     """Val retention against the target (size) for every trial, the front, its test re-scores, the floor."""
     obj = run.objective
     label, div, _ = _target_axis(run)
     fig = _figure(9.0, 5.4)
     ax = fig.add_subplot()
-    measured = [r for r in run.records if r.metrics is not None]
+    measured = [(r, r.metrics) for r in run.records if r.metrics is not None]
     failed = [r for r in run.records if r.metrics is None]
-    floor = obj.min_retention
     ax.set_xlabel(label)
     ax.set_ylabel("val retention (top-1 / float top-1)")
     ax.grid(True, alpha=0.3)
     if not measured:
         _note(ax, f"no trial measured yet ({len(failed)} failed)" if failed else "no trials yet")
         return _png(fig)
-    front = pareto_front(measured, lambda r: r.metrics, obj)
-    tests = {r.plan_key: run.test_by_key[r.plan_key] for r in front if r.plan_key in run.test_by_key}
-    anchors = [r.metrics.retention for r in front if r.metrics.retention >= floor - 0.1]
+    front = pareto_front(measured, lambda rm: rm[1], obj)
+    tests = {r.plan_key: run.test_by_key[r.plan_key] for r, _ in front if r.plan_key in run.test_by_key}
+    floor = obj.min_retention
+    anchors = [m.retention for _, m in front if m.retention >= floor - 0.1]
     anchors += [t.retention for t in tests.values()] + [floor, 1.0]
-    lo = min(min(anchors) - 0.01, floor - 0.02)
-    hi = max(max(r.metrics.retention for r in measured), 1.0) + 0.005
-
-    def xs(rs: Sequence[Record]) -> list[float]:
-        return [obj.value(r.metrics) / div for r in rs]  # type: ignore[arg-type]
-
-    def ys(rs: Sequence[Record]) -> list[float]:
-        return [max(r.metrics.retention, lo) for r in rs]  # type: ignore[union-attr]
-
-    # Multi-fidelity: a plan stopped on part of val has only an estimate of its retention.
-    stopped = [r for r in measured if getattr(r.metrics, "stopped", None) is not None]
-    full = [r for r in measured if getattr(r.metrics, "stopped", None) is None]
-    feas = [r for r in full if obj.feasible(r.metrics)]
-    infeas_in = [r for r in full if not obj.feasible(r.metrics) and r.metrics.retention >= lo]
-    below = [r for r in full if r.metrics.retention < lo]
-    ax.scatter(xs(feas), ys(feas), s=16, color=C_FEASIBLE, alpha=0.55, lw=0, label=f"feasible ({len(feas)})")
-    if stopped:
-        ax.scatter(xs(stopped), ys(stopped), s=18, facecolor="none", edgecolor=C_INFEASIBLE, lw=0.8, alpha=0.8,
-                   label=f"stopped early on part of val ({len(stopped)}; estimate)")
-    if infeas_in or below:
-        ax.scatter(xs(infeas_in), ys(infeas_in), s=16, color=C_INFEASIBLE, alpha=0.6, lw=0,
-                   label=f"below the floor ({len(infeas_in) + len(below)})")
-    if below:
-        ax.scatter(xs(below), [lo] * len(below), s=22, marker="v", color=C_INFEASIBLE, alpha=0.8, lw=0,
-                   label=f"{len(below)} below {lo:.0%}, drawn at the edge", clip_on=False)
-    if failed:
-        sizes = [run.size_bytes(r) for r in failed]
-        placed = [s for s in sizes if s is not None]
-        where = "drawn at the bottom edge" if placed else "no size known"
-        if placed and obj.target.value == "size":
-            ax.scatter([s / div for s in placed], [lo] * len(placed), s=40, marker="x", color=C_FAILED, lw=1.5,
-                       clip_on=False, zorder=4, label=f"failed ({len(failed)}, {where})")
-        else:
-            ax.scatter([], [], s=40, marker="x", color=C_FAILED, label=f"failed ({len(failed)}, not plotted)")
-    fx, fy = xs(front), ys(front)
-    ax.step(fx, fy, where="post", color=C_FRONT, lw=1.4, alpha=0.9, label=f"Pareto front on val ({len(front)})")
-    ax.scatter(fx, fy, s=24, facecolor="none", edgecolor=C_FRONT, lw=1.2, zorder=3)
-    if tests:
-        tx = [obj.value(t) / div for t in tests.values()]
-        ty = [max(t.retention, lo) for t in tests.values()]
-        for r in front:
-            t = tests.get(r.plan_key)
-            if t is not None:
-                ax.plot([obj.value(r.metrics) / div] * 2, [max(r.metrics.retention, lo), max(t.retention, lo)],
-                        color=C_TEST, lw=0.8, ls=":", alpha=0.9)
-        ax.scatter(tx, ty, s=34, marker="D", color=C_TEST, zorder=4, label=f"front re-scored on test ({len(tests)})")
+    hi = max(max(m.retention for _, m in measured), 1.0) + 0.005
+    axes = _ParetoAxes(obj, div, lo=min(min(anchors) - 0.01, floor - 0.02))
+    _draw_trials(ax, axes, [m for _, m in measured])
+    _draw_failed(ax, axes, run, failed)
+    _draw_front(ax, axes, front, tests)
     ax.axhline(floor, color=C_FLOOR, ls="--", lw=1.1, label=f"floor {floor:.1%}")
     best = run.best
-    if best is not None:
-        bx, by = obj.value(best.metrics) / div, best.metrics.retention  # type: ignore[union-attr]
-        ax.scatter([bx], [by], s=220, marker="*", color=C_BEST, edgecolor="black", lw=0.8, zorder=5,
-                   label=f"best: {run.reduction(best.metrics):.2f}× (trial {best.number})")  # type: ignore[arg-type]
-    ax.set_ylim(lo - 0.003, hi)
+    if best is not None and best.metrics is not None:
+        ax.scatter(axes.xs([best.metrics]), [best.metrics.retention], s=220, marker="*", color=C_BEST,
+                   edgecolor="black", lw=0.8, zorder=5,
+                   label=f"best: {run.reduction(best.metrics):.2f}× (trial {best.number})")
+    ax.set_ylim(axes.lo - 0.003, hi)
     ax.yaxis.set_major_formatter(_percent())
-    values = [obj.value(r.metrics) for r in measured]
+    values = [obj.value(m) for _, m in measured]
     if max(values) > 3 * min(values):  # a wide range of sizes reads better on a log axis
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(_plain())
@@ -136,6 +112,56 @@ def pareto_png(run: RunFolder) -> bytes:
     ax.legend(loc="lower right", fontsize=8.5, framealpha=0.92)
     ax.set_title("Val retention against size, every trial", fontsize=11)
     return _png(fig)
+
+
+def _draw_trials(ax: Axes, axes: _ParetoAxes, measured: Sequence[Metrics]) -> None:
+    """Feasible, below the floor, below the axis (drawn at its edge), and stopped early (an estimate)."""
+    lo, obj = axes.lo, axes.obj
+    # Multi-fidelity: a plan stopped on part of val has only an estimate of its retention.
+    stopped = [m for m in measured if m.stopped is not None]
+    full = [m for m in measured if m.stopped is None]
+    feas = [m for m in full if obj.feasible(m)]
+    infeas_in = [m for m in full if not obj.feasible(m) and m.retention >= lo]
+    below = [m for m in full if m.retention < lo]
+    ax.scatter(axes.xs(feas), axes.ys(feas), s=16, color=C_FEASIBLE, alpha=0.55, lw=0, label=f"feasible ({len(feas)})")
+    if stopped:
+        ax.scatter(axes.xs(stopped), axes.ys(stopped), s=18, facecolor="none", edgecolor=C_INFEASIBLE, lw=0.8,
+                   alpha=0.8, label=f"stopped early on part of val ({len(stopped)}; estimate)")
+    if infeas_in or below:
+        ax.scatter(axes.xs(infeas_in), axes.ys(infeas_in), s=16, color=C_INFEASIBLE, alpha=0.6, lw=0,
+                   label=f"below the floor ({len(infeas_in) + len(below)})")
+    if below:
+        ax.scatter(axes.xs(below), [lo] * len(below), s=22, marker="v", color=C_INFEASIBLE, alpha=0.8, lw=0,
+                   label=f"{len(below)} below {lo:.0%}, drawn at the edge", clip_on=False)
+
+
+def _draw_failed(ax: Axes, axes: _ParetoAxes, run: RunFolder, failed: Sequence[Record]) -> None:
+    """Failed trials as red crosses at the bottom edge, where their size is known and size is the target."""
+    if not failed:
+        return
+    placed = [s for s in (run.size_bytes(r) for r in failed) if s is not None]
+    where = "drawn at the bottom edge" if placed else "no size known"
+    if placed and axes.obj.target.value == "size":
+        ax.scatter([s / axes.div for s in placed], [axes.lo] * len(placed), s=40, marker="x", color=C_FAILED, lw=1.5,
+                   clip_on=False, zorder=4, label=f"failed ({len(failed)}, {where})")
+    else:
+        ax.scatter([], [], s=40, marker="x", color=C_FAILED, label=f"failed ({len(failed)}, not plotted)")
+
+
+def _draw_front(ax: Axes, axes: _ParetoAxes, front: Sequence[tuple[Record, Metrics]],
+                tests: Mapping[str, Metrics]) -> None:
+    """The val Pareto front as a step line, and each front plan's test re-score joined to it."""
+    fx, fy = axes.xs([m for _, m in front]), axes.ys([m for _, m in front])
+    ax.step(fx, fy, where="post", color=C_FRONT, lw=1.4, alpha=0.9, label=f"Pareto front on val ({len(front)})")
+    ax.scatter(fx, fy, s=24, facecolor="none", edgecolor=C_FRONT, lw=1.2, zorder=3)
+    if not tests:
+        return
+    for (r, _), x, y in zip(front, fx, fy, strict=True):
+        t = tests.get(r.plan_key)
+        if t is not None:
+            ax.plot([x, x], [y, axes.ys([t])[0]], color=C_TEST, lw=0.8, ls=":", alpha=0.9)
+    ax.scatter(axes.xs(list(tests.values())), axes.ys(list(tests.values())), s=34, marker="D", color=C_TEST, zorder=4,
+               label=f"front re-scored on test ({len(tests)})")
 
 
 def _percent() -> Any:
@@ -172,7 +198,8 @@ def progress_png(run: RunFolder) -> bytes:
     dots = [(r.cum_cost, run.reduction(r.metrics)) for r in run.records
             if r.metrics is not None and obj.feasible(r.metrics)]
     if dots:
-        ax.scatter(*zip(*dots), s=10, color=C_FEASIBLE, alpha=0.3, lw=0, label="feasible trials")
+        ax.scatter([c for c, _ in dots], [v for _, v in dots], s=10, color=C_FEASIBLE, alpha=0.3, lw=0,
+                   label="feasible trials")
     if pts:
         xs = [0.0, pts[0][0]] + [c for c, _ in pts]
         ys = [1.0, 1.0] + [b for _, b in pts]
@@ -207,9 +234,10 @@ def layer_map_png(lmap: LayerMap, title: str) -> bytes:
         cmap = colormaps[col.cmap]
         for i, row in enumerate(lmap.rows):
             cell = row.cells[j]
-            face = "#f2f3f5" if cell.level is None else cmap(cell.level)
-            ax.add_patch(Rectangle((j, i), 1, 1, facecolor=face, edgecolor="white", lw=1.2))
-            dark = cell.level is not None and sum(face[:3]) / 3 < 0.5  # type: ignore[index]
+            rgba = None if cell.level is None else cmap(cell.level)
+            ax.add_patch(Rectangle((j, i), 1, 1, facecolor="#f2f3f5" if rgba is None else rgba, edgecolor="white",
+                                   lw=1.2))
+            dark = rgba is not None and sum(rgba[:3]) / 3 < 0.5
             ax.text(j + 0.5, i + 0.5, cell.label, ha="center", va="center", fontsize=7.5,
                     color="white" if dark else "#1f2328")
     ax.set_xlim(0, ncol)
@@ -225,9 +253,10 @@ def layer_map_png(lmap: LayerMap, title: str) -> bytes:
         share = [100 * lmap.share(r) for r in lmap.rows]
         pshare = [100 * lmap.param_share(r) for r in lmap.rows]
         ys = [i + 0.5 for i in range(n)]
-        bx.barh(ys, pshare, height=0.78, color="none", edgecolor="#9aa3ad", lw=0.8, label="share of the weights (float)")
+        bx.barh(ys, pshare, height=0.78, color="none", edgecolor="#9aa3ad", lw=0.8,
+                label="share of the weights (float)")
         bx.barh(ys, share, height=0.5, color=C_FEASIBLE, alpha=0.85, label="share of the plan's size")
-        for y, s in zip(ys, share):
+        for y, s in zip(ys, share, strict=True):
             bx.text(s, y, f" {s:.1f}%", va="center", fontsize=6.5, color="#1f2328")
         bx.set_xlabel("% of total", fontsize=9)
         bx.xaxis.set_label_position("top")
