@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 from modelopt._registry import Registry
-from modelopt.errors import ConfigError, LoadError
 from modelopt.data_readers import (
     _permutation,
     _read_cifar_batch,
@@ -28,8 +28,9 @@ from modelopt.data_readers import (
     _read_npz,
     _subset,
 )
+from modelopt.errors import ConfigError, LoadError
 
-__all__ = ["Dataset", "Split", "SPLIT_NAMES", "list_data_sources", "load_data"]
+__all__ = ["SPLIT_NAMES", "Dataset", "Split", "list_data_sources", "load_data"]
 
 
 SPLIT_NAMES = ("calib", "val", "confirm", "test", "all")
@@ -110,7 +111,7 @@ class Dataset:
         if name == "confirm" and self.confirm is None:
             raise ConfigError(f"data {self.source!r} has no confirm split; load it with confirm_fraction > 0")
         if name in ("calib", "val", "confirm", "test"):
-            return getattr(self, name)  # type: ignore[no-any-return]
+            return getattr(self, name)
         if name != "all":
             raise ConfigError(f"unknown split {name!r}; valid: {', '.join(SPLIT_NAMES)}")
         x = torch.cat([self.val.x, self.test.x])
@@ -185,7 +186,8 @@ def load_data(
         (1000, 423, 1000, 423)
     """
     _check_options(seed, calib_fraction, val_fraction, confirm_fraction, max_samples)
-    opts = dict(seed=seed, calib_fraction=calib_fraction, val_fraction=val_fraction, confirm_fraction=confirm_fraction)
+    opts = _SplitOptions(seed=seed, calib_fraction=calib_fraction, val_fraction=val_fraction,
+                         confirm_fraction=confirm_fraction)
     if isinstance(source, DataLoader):
         x, y = _read_loader(source)
         keep = torch.from_numpy(_subset(len(y), max_samples, seed))
@@ -198,7 +200,20 @@ def load_data(
         )
     if isinstance(source, str) and source in SOURCES:
         return SOURCES.get(source)(max_samples=max_samples, **opts)
+    return _load_path(source, max_samples, opts)
+
+
+class _SplitOptions(TypedDict):
+    seed: int
+    calib_fraction: float
+    val_fraction: float
+    confirm_fraction: float
+
+
+def _load_path(source: str | Path, max_samples: int | None, opts: _SplitOptions) -> Dataset:
+    """An .npz file, a torchvision CIFAR10 root or an image folder, split."""
     path = Path(source).expanduser()
+    seed = opts["seed"]
     if not path.exists():
         if isinstance(source, str) and "/" not in source and "\\" not in source and not path.suffix:
             SOURCES.get(source)  # raises UnknownNameError listing the named sources
@@ -272,10 +287,10 @@ def _check_options(seed: int, calib_fraction: float, val_fraction: float, confir
         raise ConfigError(f"val_fraction must be in (0, 1); got {val_fraction!r}")
     if not 0.0 <= confirm_fraction < 1.0:
         raise ConfigError(f"confirm_fraction must be in [0, 1); got {confirm_fraction!r}")
-    if calib_fraction + val_fraction + confirm_fraction >= 1.0:
+    if (total := calib_fraction + val_fraction + confirm_fraction) >= 1.0:
         raise ConfigError(
             f"calib_fraction + val_fraction + confirm_fraction must be < 1 to leave a test split; got "
-            f"{calib_fraction} + {val_fraction} + {confirm_fraction} = {calib_fraction + val_fraction + confirm_fraction:g}"
+            f"{calib_fraction} + {val_fraction} + {confirm_fraction} = {total:g}"
         )
     if max_samples is not None and (not isinstance(max_samples, int) or max_samples < 1):
         raise ConfigError(f"max_samples must be a positive integer or None; got {max_samples!r}")

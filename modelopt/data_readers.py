@@ -265,7 +265,7 @@ def _stack(images: list[np.ndarray], where: str) -> np.ndarray:
             len(images) - count, len(images), where, h, w,
         )
         images = [
-            a if a.shape[:2] == (h, w) else np.asarray(Image.fromarray(a).resize((w, h), Image.BILINEAR))
+            a if a.shape[:2] == (h, w) else np.asarray(Image.fromarray(a).resize((w, h), Image.Resampling.BILINEAR))
             for a in images
         ]
     return np.stack(images)
