@@ -30,7 +30,7 @@ from statistics import NormalDist
 
 from modelopt.errors import ConfigError
 
-__all__ = ["DEFAULT_CONFIDENCE", "PairedCounts", "drop_upper", "drop_lower", "check_confidence"]
+__all__ = ["DEFAULT_CONFIDENCE", "PairedCounts", "check_confidence", "drop_lower", "drop_upper"]
 
 DEFAULT_CONFIDENCE = 0.95
 _CONTINUITY = 0.5  # half an image: keeps the score bound's miss rate at or under nominal

@@ -61,7 +61,7 @@ class Fidelity:
 
     def cuts(self, n: int) -> list[int]:
         """Sample counts at which to check, for a split of n samples (always ending at n)."""
-        return sorted({max(1, round(s * n)) for s in self.stages} - {n}) + [n]
+        return [*sorted({max(1, round(s * n)) for s in self.stages} - {n}), n]
 
 
 def _binom_cdf(k: int, n: int, p: float) -> float:

@@ -203,7 +203,8 @@ def measure_latency(
                              warmup=warmup, repeats=repeats)
     if backend == "onnxruntime":
         if isinstance(model, nn.Module):
-            raise ConfigError("backend 'onnxruntime' times an ONNX file; export one with modelopt.export(format='onnx')")
+            raise ConfigError("backend 'onnxruntime' times an ONNX file; export one with "
+                              "modelopt.export(format='onnx')")
         if device != "cpu":
             raise ConfigError(f"backend 'onnxruntime' runs on the cpu here, got device {device!r}")
         return onnx_latency(model, example, batch_size=batch_size, threads=threads, warmup=warmup, repeats=repeats)

@@ -228,7 +228,7 @@ def _apply_weights(module: nn.Module, state: dict[str, Tensor], path: str | Path
 def _from_zoo(name: str, weights: str | Path | None, allow_pickle: bool) -> LoadedModel:
     entry = MODELS.get(name)
     if not isinstance(entry, ZooEntry):  # a third-party entry point may register a bare factory
-        entry = ZooEntry(name, entry, IMAGENET_MEAN, IMAGENET_STD, None, None, None, name)  # type: ignore[arg-type]
+        entry = ZooEntry(name, entry, IMAGENET_MEAN, IMAGENET_STD, None, None, None, name)
     module = entry.factory()
     with ExitStack() as stack:
         if weights is None:
@@ -268,7 +268,7 @@ def _from_torchvision(source: str, weights: str | Path | None, allow_pickle: boo
 def _head_size(module: nn.Module, state: Mapping[str, Tensor]) -> int | None:
     """Outputs of the last Linear/Conv2d (the classifier in torchvision's layouts), read from `state`."""
     heads = [n for n, m in module.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
-    key = f"{heads[-1]}.weight" if heads else None
+    key = f"{heads[-1]}.weight" if heads else ""
     return int(state[key].shape[0]) if key in state else None
 
 

@@ -76,7 +76,7 @@ class Workload:
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.modules: dict[str, nn.Module] = compressible_modules(self.model)
-        self.original: dict[str, torch.Tensor] = {n: m.weight.data for n, m in self.modules.items()}
+        self.original: dict[str, torch.Tensor] = {n: m.get_parameter("weight").data for n, m in self.modules.items()}
         # (layer, compressors, choices) -> compressed weight on the device; filled by evaluators.
         self.tensor_cache: dict[tuple[object, ...], torch.Tensor] = {}
         # calib images -> each layer's input second moments on them (GPTQ); filled by evaluators.
@@ -106,7 +106,8 @@ class Workload:
         h, w = int(x.shape[1]), int(x.shape[2])
         if self.source.input_size is not None and (h, w) != tuple(self.source.input_size):
             ih, iw = self.source.input_size
-            raise LoadError(f"data images are {h}x{w} but model {self.name!r} expects {ih}x{iw}; pass data of that size")
+            raise LoadError(f"data images are {h}x{w} but model {self.name!r} expects {ih}x{iw}; "
+                            "pass data of that size")
         mean = torch.tensor(self.source.mean, device=self.device).view(1, -1, 1, 1)
         std = torch.tensor(self.source.std, device=self.device).view(1, -1, 1, 1)
         out = torch.empty((x.shape[0], x.shape[3], h, w), device=self.device)
@@ -119,13 +120,14 @@ class Workload:
         try:
             with torch.inference_mode():
                 out = self.model(x[:2])
-        except Exception as exc:  # any failure here means data and model do not fit
+        except Exception as exc:  # noqa: BLE001 -- any failure here means data and model do not fit
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise LoadError(
                 f"data of shape {tuple(x.shape[1:])} does not fit model {self.name!r}: {first}"
             ) from None
         if not isinstance(out, torch.Tensor) or out.dim() != 2:
-            raise LoadError(f"model {self.name!r} must return (batch, classes) logits; got {getattr(out, 'shape', type(out))}")
+            got = getattr(out, "shape", type(out))
+            raise LoadError(f"model {self.name!r} must return (batch, classes) logits; got {got}")
         self.num_outputs = int(out.shape[1])
 
     def _check_labels(self) -> None:

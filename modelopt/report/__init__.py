@@ -38,5 +38,6 @@ def report(path: str | Path) -> ReportPaths:
         return write_report(folder)
     if is_sweep_folder(folder):
         return write_sweep_report(folder)
-    what = "does not exist" if not folder.exists() else "is neither a run folder (no run.json) nor a sweep folder (no runs/)"
+    what = ("does not exist" if not folder.exists()
+            else "is neither a run folder (no run.json) nor a sweep folder (no runs/)")
     raise LoadError(f"{str(folder)!r} {what}; pass a folder written by `modelopt optimize` or `modelopt sweep`")

@@ -113,14 +113,12 @@ def _summary_table(run: RunFolder) -> Table:
     return Table(("", "value"), tuple(rows), "ll")
 
 
-def _front_table(run: RunFolder, front: Sequence[Record]) -> Table:
+def _front_table(run: RunFolder, front: Sequence[tuple[Record, Metrics]]) -> Table:
     if len(front) > MAX_FRONT_ROWS:  # spread along the front, as the runner picks the plans it re-scores
         idx = sorted({round(i * (len(front) - 1) / (MAX_FRONT_ROWS - 1)) for i in range(MAX_FRONT_ROWS)})
         front = [front[i] for i in idx]
     rows = []
-    for r in front:
-        m = r.metrics
-        assert m is not None
+    for r, m in front:
         test, conf = run.test_by_key.get(r.plan_key), run.confirm_by_key.get(r.plan_key)
         rows.append((str(r.number), _kib(m.size_bytes), _fx(run.reduction(m)),
                      "–" if test is None else _bounded(run, test), "–" if conf is None else _bounded(run, conf),
@@ -131,14 +129,12 @@ def _front_table(run: RunFolder, front: Sequence[Record]) -> Table:
 
 def _top_table(run: RunFolder) -> Table | None:
     obj = run.objective
-    feas = [r for r in run.records if r.metrics is not None and obj.feasible(r.metrics)]
+    feas = [(r, r.metrics) for r in run.records if r.metrics is not None and obj.feasible(r.metrics)]
     if not feas:
         return None
-    feas.sort(key=lambda r: (-obj.reward(r.metrics), -r.metrics.retention, r.number))  # type: ignore[arg-type, union-attr]
+    feas.sort(key=lambda rm: (-obj.reward(rm[1]), -rm[1].retention, rm[0].number))
     rows = []
-    for rank, r in enumerate(feas[:TOP_PLANS], 1):
-        m = r.metrics
-        assert m is not None
+    for rank, (r, m) in enumerate(feas[:TOP_PLANS], 1):
         test = run.test_by_key.get(r.plan_key)
         rows.append((str(rank), str(r.number), _fx(run.reduction(m)), _kib(m.size_bytes),
                      "–" if test is None else _fpct(test.retention), _bounded(run, m), _fpct(m.agreement),
@@ -185,12 +181,12 @@ def run_blocks(run: RunFolder) -> list[Block]:
                                 "re-scores appear when the run finishes; rebuild with `modelopt report`."))
     blocks += [Heading("Summary"), _summary_table(run)]
 
-    measured = [r for r in run.records if r.metrics is not None]
+    measured = [(r, r.metrics) for r in run.records if r.metrics is not None]
     blocks += [Heading("Pareto front"), Figure("pareto", plots.pareto_png(run),
                f"Every trial's val retention against its {obj.target.value}. Blue: above the floor; grey: below it; "
-               "hollow grey: stopped early on part of val; red ×: failed. The line is the val Pareto front; orange diamonds re-score front plans on test; the star "
-               "is the best plan.")]
-    front = pareto_front(measured, lambda r: r.metrics, obj)
+               "hollow grey: stopped early on part of val; red ×: failed. The line is the val Pareto front; orange "
+               "diamonds re-score front plans on test; the star is the best plan.")]
+    front = pareto_front(measured, lambda rm: rm[1], obj)
     if front:
         blocks.append(_front_table(run, front))
 
@@ -239,4 +235,5 @@ def write_report(run_dir: str | Path, *, layers: Sequence[Layer] | None = None) 
     """
     run = read_run(run_dir, layers=layers)
     cfg = run.config
-    return write_document(run.path, run_blocks(run), f"modelopt: {cfg.get('model')} {cfg.get('strategy')} seed {cfg.get('seed')}")
+    title = f"modelopt: {cfg.get('model')} {cfg.get('strategy')} seed {cfg.get('seed')}"
+    return write_document(run.path, run_blocks(run), title)

@@ -67,7 +67,7 @@ def sweep_blocks(sweep_dir: str | Path) -> list[Block]:
                                           f"{model}: best-so-far feasible {what} against budget, per strategy.")]
         rows = []
         for strategy, rs in runs.items():
-            finals = [1.0 if r.best is None else r.reduction(r.best.metrics) for r in rs]  # type: ignore[arg-type]
+            finals = [1.0 if r.best is None or r.best.metrics is None else r.reduction(r.best.metrics) for r in rs]
             rows.append((
                 strategy, str(len(rs)), f"{sum(r.done for r in rs)}", f"{statistics.median(r.spent for r in rs):g}",
                 f"{statistics.median(finals):.2f}×", f"{min(finals):.2f}× – {max(finals):.2f}×",

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 
 from modelopt.metrics import Metrics
-from modelopt.objective import Objective
+from modelopt.objective import Objective, Target
 from modelopt.plan import Plan
 from modelopt.search._base import Strategy
 from modelopt.space import SearchSpace
@@ -32,7 +32,7 @@ def make_trial(number: int, plan: Plan, metrics: Metrics | None, objective: Obje
 def check_strategy(cls: type[Strategy], space: SearchSpace, score: Callable[[Plan], tuple[float, int]],
                    n_trials: int = 12) -> None:
     """Asserts the ask/tell/state_dict contract on `space` with a synthetic score."""
-    objective = Objective("size", 0.99)
+    objective = Objective(Target.SIZE, 0.99)
 
     def drive(strategy: Strategy, start: int, n: int) -> list[str]:
         keys = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -12,7 +13,10 @@ from torch import nn
 from modelopt._registry import Registry
 
 if TYPE_CHECKING:
-    from importlib.resources.abc import Traversable
+    if sys.version_info >= (3, 11):
+        from importlib.resources.abc import Traversable
+    else:
+        from importlib.abc import Traversable
 
 # The akamaster checkpoints were trained with ImageNet statistics, not CIFAR-10's own.
 CIFAR10_MEAN = (0.485, 0.456, 0.406)
