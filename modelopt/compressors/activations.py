@@ -43,6 +43,17 @@ from modelopt.errors import ConfigError
 from modelopt.layers import feed_inputs
 
 QPARAM_BYTES = 5  # what the packed export stores per quantized input: float32 scale + uint8 zero point
+SUPPORTED_ACTIVATION_BITS = (8,)  # uint8 inputs (W8A8), the integer kernels deployed CPUs and GPUs run
+
+
+def activation_bits(value: object, where: str = "quantize") -> int | None:
+    """Input activation bits from a plan or option value (None: float inputs); ConfigError otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or value not in SUPPORTED_ACTIVATION_BITS:
+        valid = ", ".join(map(str, SUPPORTED_ACTIVATION_BITS))
+        raise ConfigError(f"{where}: activations {value!r} not offered; valid: {valid} or null (float)")
+    return int(value)  # type: ignore[call-overload,unused-ignore]
 
 
 class CalibrationMethod(str, Enum):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 from torch import nn
@@ -26,6 +27,14 @@ from modelopt.layers import feed_inputs
 
 DAMPING = 0.01  # fraction of mean(diag H) added to H's diagonal (GPTQ's percdamp)
 BLOCK = 128  # columns updated lazily together (GPTQ's block size; exact, only faster)
+
+
+class Rounding(str, Enum):
+    """How codes are picked once scales are fixed: each weight alone (nearest), or with the
+    layer's calibration inputs (gptq: second-order error feedback, this module)."""
+
+    NEAREST = "nearest"
+    GPTQ = "gptq"
 
 
 @dataclass(frozen=True)

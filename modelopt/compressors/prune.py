@@ -22,17 +22,20 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from modelopt.compressors._base import (
+from modelopt.compressors._base import (  # noqa: F401 -- re-exported
     Choice,
     Compressor,
     Storage,
-    index_bytes_per_entry,
+    WeightForm,
+    decode_mask,
+    encode_mask,
+    sparse_encoding,
 )
 from modelopt.compressors._registry import COMPRESSORS
+from modelopt.compressors.gptq import LayerInputs
 from modelopt.errors import ConfigError
 from modelopt.layers import Layer, LayerKind, internal_channels
 
@@ -87,36 +90,6 @@ def kept_filters(weight: torch.Tensor, sparsity: float, criterion: Criterion = C
     """Ascending indices of the output channels structured pruning keeps."""
     keep = channel_order(weight, criterion)[: n_kept(weight.shape[0], sparsity)]
     return torch.sort(keep).values
-
-
-# ---- the packed sparse encoding (export writes it, `load` reads it) ----------------------------
-
-
-def sparse_encoding(numel: int, kept: int) -> str:
-    """``mask`` (one bit per weight) or ``index`` (kept positions), whichever is smaller."""
-    return "index" if kept * index_bytes_per_entry(numel) < math.ceil(numel / 8) else "mask"
-
-
-def encode_mask(mask: torch.Tensor) -> np.ndarray:
-    """The bytes saying which weights are kept: packed bits or little-endian positions."""
-    flat = mask.reshape(-1).cpu().numpy()
-    if sparse_encoding(flat.size, int(flat.sum())) == "mask":
-        return np.packbits(flat, bitorder="little")
-    width = index_bytes_per_entry(flat.size)
-    return np.flatnonzero(flat).astype(f"<u{width}").view(np.uint8)
-
-
-def decode_mask(buf: np.ndarray, shape: Sequence[int], kept: int) -> torch.Tensor:
-    """Inverse of `encode_mask` (reads exactly `sparse_index_bytes(numel, kept)` bytes)."""
-    numel = math.prod(shape)
-    if sparse_encoding(numel, kept) == "mask":
-        flat = np.unpackbits(buf[: math.ceil(numel / 8)], bitorder="little")[:numel].astype(bool)
-    else:
-        width = index_bytes_per_entry(numel)
-        pos = buf[: kept * width].view(f"<u{width}").astype(np.int64)
-        flat = np.zeros(numel, dtype=bool)
-        flat[pos] = True
-    return torch.from_numpy(flat).reshape(tuple(shape))
 
 
 # ---- the physically smaller model ---------------------------------------------------------------
@@ -276,6 +249,13 @@ class Prune(Compressor):
         if not isinstance(choice, PruneSpec) or choice.kind is not PruneKind.STRUCTURED:
             return None
         return kept_filters(weight, choice.sparsity, self.criterion)
+
+    def pack(self, form: WeightForm, choice: Choice, inputs: LayerInputs | None = None) -> WeightForm:
+        """Unstructured: the kept-weight mask (export stores the kept values and the mask's encoding).
+        Structured: nothing to add, the weight handed over is already the kept channels' slice."""
+        if not isinstance(choice, PruneSpec) or choice.kind is PruneKind.STRUCTURED:
+            return form
+        return WeightForm(self.apply(form.weight, choice), magnitude_mask(form.weight, choice.sparsity))
 
     def stored(self, layer: Layer, choice: Choice, inner: Storage) -> Storage:
         # Structured pruning is already in `layer`'s (the stored) shape: the evaluator slices first.

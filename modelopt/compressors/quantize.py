@@ -19,24 +19,33 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
 
-from modelopt.compressors._base import Choice, Compressor, Storage
+from modelopt.compressors._base import (
+    SCALE_BYTES,
+    SCALE_DTYPE,
+    Choice,
+    Compressor,
+    Granularity,
+    IntegerWeight,
+    Storage,
+    WeightForm,
+    enum_member,
+    scale_units,
+    to_scale_dtype,
+)
+from modelopt.compressors._base import code_range as _code_range
 from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors.activations import QPARAM_BYTES, Calibration
-from modelopt.compressors.gptq import LayerInputs, gptq_round
+from modelopt.compressors.activations import activation_bits as _activation_bits
+from modelopt.compressors.gptq import LayerInputs, Rounding, gptq_round
 from modelopt.errors import ConfigError
 from modelopt.layers import Layer
 
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 7, 8)
-SUPPORTED_ACTIVATION_BITS = (8,)  # uint8 inputs (W8A8), the integer kernels deployed CPUs and GPUs run
-SCALE_BYTES = 2  # float16 scales
-SCALE_DTYPE = torch.float16
-_MIN_SCALE = 2.0**-24  # smallest positive float16 (subnormal): a scale never rounds to zero
 # Clipping ratios searched per scale unit; 1.0 is plain max-scaling.
 CLIP_RATIOS = tuple(float(r) for r in np.linspace(0.30, 1.0, 36))
 # The clipping search minimises sum |q*s - w|^p, not the squared error: squared error clips the
@@ -52,20 +61,6 @@ NORM_BITS = 4  # a plan with a layer at this many bits or fewer may re-estimate 
 def error_p(bits: int) -> float:
     """The exponent of the error the clipping search minimises at `bits`."""
     return ERROR_P_LOW_BITS if bits <= 3 else ERROR_P_DEFAULT
-
-
-class Granularity(str, Enum):
-    PER_TENSOR = "per_tensor"
-    PER_CHANNEL = "per_channel"
-    GROUP = "group"
-
-
-class Rounding(str, Enum):
-    """How codes are picked once scales are fixed: each weight alone (nearest), or with the
-    layer's calibration inputs (gptq: second-order error feedback, `modelopt.compressors.gptq`)."""
-
-    NEAREST = "nearest"
-    GPTQ = "gptq"
 
 
 @dataclass(frozen=True)
@@ -120,30 +115,6 @@ class ActQuantSpec(QuantSpec):
             raise ConfigError("quantize: an ActQuantSpec needs activation bits; float inputs are a QuantSpec")
 
 
-def _units(weight: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """The weight as (scale units, unit length), zero-padded for the last group."""
-    w = weight.detach().float().reshape(weight.shape[0], -1)
-    if spec.granularity is Granularity.PER_TENSOR:
-        return w.reshape(1, -1)
-    if spec.granularity is Granularity.PER_CHANNEL:
-        return w
-    k = w.shape[1]
-    n_groups = math.ceil(k / spec.group_size)
-    pad = n_groups * spec.group_size - k
-    if pad:
-        w = torch.nn.functional.pad(w, (0, pad))
-    return w.reshape(-1, spec.group_size)
-
-
-def _code_range(bits: int) -> tuple[int, int]:
-    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
-
-
-def to_scale_dtype(s: torch.Tensor) -> torch.Tensor:
-    """Rounds scales to what is stored (float16), returned as float32 for arithmetic."""
-    return s.clamp(min=_MIN_SCALE, max=65504.0).to(SCALE_DTYPE).float()
-
-
 def search_scales(units: torch.Tensor, bits: int, ratios: Sequence[float] | None = None) -> torch.Tensor:
     """Per-unit stored (float16-rounded) scale minimising sum(|q*s - w|^p) over clipping ratios of max|w|."""
     ratios = CLIP_RATIOS if ratios is None else ratios
@@ -174,7 +145,7 @@ def quantize(
     `inputs`: the layer's calibration inputs; with them a GPTQ spec picks its codes by GPTQ
     (scales are the same either way). Without them every spec rounds to nearest.
     """
-    units = _units(weight, spec)
+    units = scale_units(weight, spec.granularity, spec.group_size)
     scales = search_scales(units, spec.bits, ratios)
     qmin, qmax = _code_range(spec.bits)
     if spec.rounding is Rounding.GPTQ and inputs is not None:
@@ -195,40 +166,18 @@ def _per_weight(scales: torch.Tensor, spec: QuantSpec, weight: torch.Tensor) -> 
     return scales.reshape(rows, -1).repeat_interleave(spec.group_size, dim=1)[:, :k]
 
 
+def integer_weight(codes: torch.Tensor, scales: torch.Tensor, spec: QuantSpec) -> IntegerWeight:
+    """The stored form of codes and scales under `spec` (what the packed export and ONNX write)."""
+    return IntegerWeight(codes, scales, spec.bits, spec.granularity, spec.group_size)
+
+
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """Float weights from codes and scales (the inverse mapping export's loader uses)."""
-    units = _units(codes.float(), spec)
-    return (units * scales.float().unsqueeze(1)).reshape(codes.shape[0], -1)[:, : codes[0].numel()].reshape(codes.shape)
-
-
-def pack_codes(codes: torch.Tensor, bits: int) -> np.ndarray:
-    """Bit-packs signed codes into ceil(n * bits / 8) bytes (INT4: two per byte)."""
-    offset = 2 ** (bits - 1)
-    u = (codes.reshape(-1).to(torch.int16) + offset).numpy().astype(np.uint8)
-    if bits == 8:
-        return u
-    bitplanes = np.unpackbits(u[:, None], axis=1, bitorder="little")[:, :bits]
-    return np.packbits(bitplanes.reshape(-1), bitorder="little")
-
-
-def unpack_codes(packed: np.ndarray, bits: int, shape: Sequence[int]) -> torch.Tensor:
-    """Inverse of `pack_codes`."""
-    n = int(np.prod(shape))
-    offset = 2 ** (bits - 1)
-    if bits == 8:
-        u = packed[:n].astype(np.int16)
-    else:
-        bitplanes = np.unpackbits(packed, bitorder="little")[: n * bits].reshape(n, bits)
-        u = (bitplanes.astype(np.int16) << np.arange(bits, dtype=np.int16)).sum(axis=1)
-    return torch.from_numpy((u - offset).astype(np.int8)).reshape(tuple(shape))
+    return integer_weight(codes, scales, spec).dequantize()
 
 
 def n_scales(layer: Layer, spec: QuantSpec) -> int:
-    if spec.granularity is Granularity.PER_TENSOR:
-        return 1
-    if spec.granularity is Granularity.PER_CHANNEL:
-        return layer.out_channels
-    return layer.out_channels * math.ceil(layer.fan_in / spec.group_size)
+    return IntegerWeight.n_scales(layer.weight_shape, spec.granularity, spec.group_size)
 
 
 @COMPRESSORS.register("quantize")
@@ -353,14 +302,8 @@ class Quantize(Compressor):
         group_size = raw.get("group_size", self.group_size)
         if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
             raise ConfigError(f"quantize for {layer.name}: group_size must be a positive integer, got {group_size!r}")
-        try:
-            acts = _activation_bits(raw.get("activations"))
-        except ConfigError as exc:
-            raise ConfigError(f"quantize for {layer.name}: {str(exc).removeprefix('quantize: ')}") from None
-        try:
-            rounding = _rounding(raw.get("rounding", self.rounding[0]))
-        except ConfigError as exc:
-            raise ConfigError(f"quantize for {layer.name}: {str(exc).removeprefix('quantize: ')}") from None
+        acts = _activation_bits(raw.get("activations"), f"quantize for {layer.name}")
+        rounding = _rounding(raw.get("rounding", self.rounding[0]), f"quantize for {layer.name}")
         return self._canonical(QuantSpec(int(bits), gran, group_size, rounding).with_activations(acts), layer)
 
     def dump(self, choice: Choice) -> dict[str, Any] | None:
@@ -406,6 +349,14 @@ class Quantize(Compressor):
         assert isinstance(choice, QuantSpec)
         return quantize(weight, choice, self.clip_ratios, inputs)
 
+    def pack(self, form: WeightForm, choice: Choice, inputs: LayerInputs | None = None) -> WeightForm:
+        """The codes and scales `choice` stores (of the kept weights, under a mask: zeros stay code 0)."""
+        if choice is None:
+            return form
+        assert isinstance(choice, QuantSpec)
+        integer = integer_weight(*self.encode(form.weight, choice, inputs), choice)
+        return WeightForm(integer.dequantize().to(form.weight.dtype), form.mask, integer)
+
     def weight_bytes(self, layer: Layer, choice: Choice) -> int:
         if choice is None:
             return layer.params * 4
@@ -432,35 +383,14 @@ def _extra_bytes(layer: Layer, spec: QuantSpec) -> int:
     return n_scales(layer, spec) * SCALE_BYTES + (0 if spec.activations is None else QPARAM_BYTES)
 
 
-def _activation_bits(value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or value not in SUPPORTED_ACTIVATION_BITS:
-        valid = ", ".join(map(str, SUPPORTED_ACTIVATION_BITS))
-        raise ConfigError(f"quantize: activations {value!r} not offered; valid: {valid} or null (float)")
-    return int(value)  # type: ignore[call-overload]
-
-
 def parse_rounding(values: Sequence[object]) -> tuple[Rounding, ...]:
     """Rounding names as `Rounding`s; raises ConfigError naming a bad one and the valid ones."""
     return tuple(_rounding(v) for v in values)
 
 
-def _rounding(value: object) -> Rounding:
-    return _member(Rounding, value, "rounding")
+def _rounding(value: object, where: str = "quantize") -> Rounding:
+    return enum_member(Rounding, value, "rounding", where)
 
 
 def _granularity(value: object) -> Granularity:
-    return _member(Granularity, value, "granularity")
-
-
-E = TypeVar("E", bound=Enum)
-
-
-def _member(enum: type[E], value: object, what: str) -> E:
-    """`value` as a member of `enum`; a ConfigError naming it and the valid values otherwise."""
-    try:
-        return enum(value)
-    except ValueError:
-        valid = ", ".join(m.value for m in enum)
-        raise ConfigError(f"quantize: {what} {value!r} not offered; valid: {valid}") from None
+    return enum_member(Granularity, value, "granularity", "quantize")

@@ -1,7 +1,6 @@
 """What an export starts from: an evaluator and one plan, resolved from a run folder or a live workload.
 
-Also the per-layer integer form of a plan (codes and float16 scales), computed exactly as the
-evaluator's quantizer computes them, so every exporter writes what was scored.
+Each layer's stored form (codes and scales, masks) comes from its compressors: `modelopt.export._forms`.
 """
 
 from __future__ import annotations
@@ -12,9 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from modelopt.compressors.quantize import Quantize, QuantSpec
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluator import Evaluator
 from modelopt.plan import Plan
@@ -32,16 +28,6 @@ class ExportSource:
     plan: Plan
     tag: str
     run_dir: Path | None = None
-
-
-@dataclass(frozen=True)
-class QuantizedWeight:
-    """One layer's weight in integer form: codes (int8 tensor, weight shape) and float16 scales."""
-
-    layer: str
-    spec: QuantSpec
-    codes: torch.Tensor
-    scales: torch.Tensor
 
 
 def resolve(source: str | Path | Workload | Evaluator, plan: PlanRef = "best", *, device: str = "cpu") -> ExportSource:
@@ -157,34 +143,3 @@ def _trial_plan(number: int, space: SearchSpace, run_dir: Path | None) -> Plan:
     if run_dir is None:
         raise ConfigError(f"plan {number} (a trial number) needs a run folder as the source")
     return space.plan_from_flat(_trial_record(number, run_dir)["plan"])
-
-
-def quantized_weights(evaluator: Evaluator, plan: Plan) -> dict[str, QuantizedWeight | None]:
-    """Per layer (in model order): its integer form, or None where the plan leaves it in float.
-
-    Raises:
-        ConfigError: the plan uses a compressor other than `quantize` (no packed form yet).
-    """
-    space = evaluator.space
-    out: dict[str, QuantizedWeight | None] = {}
-    for layer in evaluator.workload.layers:
-        spec = None
-        comp: Quantize | None = None
-        for d in space.decisions:
-            if d.layer != layer.name or plan.get(d.name) is None:
-                continue
-            c = space.compressors[d.compressor]
-            if not isinstance(c, Quantize):
-                raise ConfigError(
-                    f"layer {layer.name!r} uses compressor {d.compressor!r}; export supports only 'quantize'"
-                )
-            spec, comp = plan.get(d.name), c
-        if spec is None or comp is None:
-            out[layer.name] = None
-            continue
-        assert isinstance(spec, QuantSpec)
-        # The same call on the same tensor and inputs as the evaluator's, so the codes are what was scored.
-        inputs = evaluator.layer_inputs(layer.name, n) if (n := comp.input_images(spec)) else None
-        codes, scales = comp.encode(evaluator.workload.original[layer.name], spec, inputs)
-        out[layer.name] = QuantizedWeight(layer.name, spec, codes.cpu(), scales.cpu())
-    return out

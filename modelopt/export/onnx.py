@@ -1,6 +1,9 @@
 """ONNX export of a plan: integer weights behind DequantizeLinear, calibrated QDQ activations.
 
-Weights keep the plan's own codes and float16 scales (never re-quantized): INT5..INT8 as int8
+The graph is the plan's physical model (`Evaluator.physical_model`): structurally pruned blocks
+as smaller convolutions, re-estimated batch norms, unstructured sparsity as zeros. Each layer's
+stored form comes from its compressors (`Compressor.pack`, `modelopt.export._forms`); an integer
+form keeps the plan's own codes and float16 scales (never re-quantized): INT5..INT8 as int8
 initializers, INT2..INT4 as ONNX's packed int4 type (opset 21; 2 and 3 bits are widened to 4,
 and 5..7 to 8, ONNX having no narrower type ONNX Runtime runs). Group scales use opset 21's
 blocked DequantizeLinear over the weight flattened to (out channels, fan-in), reshaped back for
@@ -16,7 +19,6 @@ per-channel ones fuse too).
 
 from __future__ import annotations
 
-import copy
 import io
 import tempfile
 import warnings
@@ -29,10 +31,10 @@ import numpy as np
 import torch
 
 from modelopt._files import save_atomic
-from modelopt.compressors.quantize import Granularity
+from modelopt.compressors._base import Granularity, IntegerWeight, WeightForm
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator
-from modelopt.export._source import QuantizedWeight, quantized_weights
+from modelopt.export._forms import layer_forms
 from modelopt.export.onnx_qdq import (
     Graph,
     QParams,
@@ -41,7 +43,6 @@ from modelopt.export.onnx_qdq import (
     fold_batchnorm,
     tensor_proto,
 )
-from modelopt.layers import compressible_modules
 from modelopt.plan import Plan
 
 OPSET = 21  # int4 and blocked (group) DequantizeLinear
@@ -94,71 +95,113 @@ def export_onnx(
         widen_int4: store 2..4-bit codes as int8: a larger file, but per-channel and per-tensor
             layers then fuse into QLinearConv (ONNX Runtime has no int4 convolution kernel).
 
+    Raises:
+        ConfigError: a bad option, or a plan with early exits (one line naming the exit: ONNX has
+            no data-dependent return; export it with format ``modelopt``).
+
     Example:
         >>> info = export_onnx(ev, space.uniform("quantize", QuantSpec(8)), "r20-int8.onnx")
         >>> run_onnx(info.path, x).argmax(1)
     """
-    if evaluator.exit_policy(plan) is not None:
-        raise ConfigError("a plan with early exits cannot be exported to ONNX (the graph has no data-dependent "
-                          "return); export it with format='modelopt', which `modelopt.load` rebuilds as EarlyExitNet")
+    _check(evaluator, plan, calibration, calib_samples, percentile)
     import onnx
-    from onnx import helper, version_converter
+    from onnx import version_converter
 
+    forms = layer_forms(evaluator, plan)
+    exported = version_converter.convert_version(_torch_export(evaluator, plan), OPSET)
+    graph = Graph(exported)
+    factors = fold_batchnorm(graph)
+    missing = [layer for layer in forms if f"{layer}.weight" not in graph.inits]
+    if missing:
+        raise ConfigError(f"layer {missing[0]!r} has no weight initializer in the exported graph; cannot export it")
+    qparams: dict[str, QParams] = {}
+    if activations:
+        calib_x = evaluator.workload.split("calib").x[:calib_samples].cpu().numpy()
+        qparams = _activation_qparams(graph, exported, calib_x, calibration, percentile, quantize_input)
+    weights = _Weights(graph, factors, qparams, widen_int4)
+    for layer, form in forms.items():
+        weights.add(layer, form)
+    model = _model(graph, exported, _with_qdq(graph, qparams, weights.front, weights.extra), weights.inits,
+                   weights.extra)
+    onnx.checker.check_model(model)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_atomic(path, lambda f: onnx.save(model, f))  # never half a model on a failed write
+    counts = weights.counts
+    return OnnxExport(path, OPSET, counts["int8"], counts["int4"], counts["float"], tuple(weights.widened),
+                      len(qparams), calibration if activations else None)
+
+
+def _check(evaluator: Evaluator, plan: Plan, calibration: str, calib_samples: int, percentile: float) -> None:
+    policy = evaluator.exit_policy(plan)
+    if policy is not None:
+        raise ConfigError(f"the plan's early exit after {policy.exits[0]!r} cannot be exported to ONNX (a graph has no "
+                          "data-dependent return); use --format modelopt (modelopt.load rebuilds it as EarlyExitNet) "
+                          "or a plan without exits")
     if calibration not in CALIBRATIONS:
         raise ConfigError(f"unknown calibration {calibration!r}; valid: {', '.join(CALIBRATIONS)}")
     if calib_samples < 1:
         raise ConfigError(f"calib_samples must be a positive number of images, got {calib_samples!r}")
     if not 50 < percentile <= 100:
         raise ConfigError(f"percentile must be in (50, 100], got {percentile!r}")
-    wl = evaluator.workload
-    qweights = quantized_weights(evaluator, plan)
-    exported = version_converter.convert_version(_torch_export(evaluator, plan), OPSET)
-    graph = Graph(exported)
-    factors = fold_batchnorm(graph)
-    for layer in qweights:
-        if f"{layer}.weight" not in graph.inits:
-            raise ConfigError(f"layer {layer!r} has no weight initializer in the exported graph; cannot export it")
 
-    qparams: dict[str, QParams] = {}
-    if activations:
-        source = activation_tensors(graph)
-        calib_x = wl.split("calib").x[:calib_samples].cpu().numpy()
-        batches = (calib_x[i : i + 128] for i in range(0, len(calib_x), 128))
-        ranges = calibrate(_model(graph, exported, []), set(source.values()), batches, calibration, percentile)
-        qparams = {t: QParams.from_range(*ranges[root]) for t, root in source.items()
-                   if quantize_input or t not in graph.inputs}
 
-    consumers = graph.consumers()
-    front: list[Any] = []
-    inits = dict(graph.inits)
-    extra: list[onnx.TensorProto] = []
-    counts = Counter()
-    widened = []
-    for layer, qw in qweights.items():
-        wname = f"{layer}.weight"
-        if qw is None:
-            counts["float"] += 1
-            continue
-        node = next(n for n in consumers[wname] if n.op_type in ("Conv", "Gemm", "MatMul"))
-        if node.op_type == "Gemm" and graph.attr(node, "transB", 0) != 1:
+def _activation_qparams(graph: Graph, exported: Any, calib_x: np.ndarray, calibration: str, percentile: float,
+                        quantize_input: bool) -> dict[str, QParams]:
+    """uint8 QDQ parameters of every activation to quantize, from ranges on the calibration images."""
+    source = activation_tensors(graph)
+    batches = (calib_x[i : i + 128] for i in range(0, len(calib_x), 128))
+    ranges = calibrate(_model(graph, exported, []), set(source.values()), batches, calibration, percentile)
+    return {t: QParams.from_range(*ranges[root]) for t, root in source.items()
+            if quantize_input or t not in graph.inputs}
+
+
+class _Weights:
+    """Integer weights put behind DequantizeLinear nodes (`front`), their initializers in `extra`."""
+
+    def __init__(self, graph: Graph, factors: dict[str, np.ndarray], qparams: dict[str, QParams], widen: bool
+                 ) -> None:
+        self.graph, self.factors, self.qparams, self.widen = graph, factors, qparams, widen
+        self.consumers = graph.consumers()
+        self.inits = dict(graph.inits)
+        self.front: list[Any] = []
+        self.extra: list[Any] = []
+        self.counts: Counter[str] = Counter()
+        self.widened: list[str] = []
+
+    def add(self, layer: str, form: WeightForm) -> None:
+        """A float form stays as its initializer (pruned weights are zeros there)."""
+        q, wname = form.integer, f"{layer}.weight"
+        if q is None:
+            self.counts["float"] += 1
+            return
+        node = next(n for n in self.consumers[wname] if n.op_type in ("Conv", "Gemm", "MatMul"))
+        if node.op_type == "Gemm" and self.graph.attr(node, "transB", 0) != 1:
             raise ConfigError(f"layer {layer!r}: Gemm without transB is not supported by the exporter")
-        int4 = qw.spec.bits <= 4 and not widen_int4
-        counts["int4" if int4 else "int8"] += 1
-        if qw.spec.bits != (4 if int4 else 8):
-            widened.append(layer)
-        del inits[wname]
-        w_scale = _weight_dq(qw, factors.get(wname), wname, int4, front, extra)
+        int4 = q.bits <= 4 and not self.widen
+        self.counts["int4" if int4 else "int8"] += 1
+        if q.bits != (4 if int4 else 8):
+            self.widened.append(layer)
+        del self.inits[wname]
+        w_scale = _weight_dq(q, self.factors.get(wname), wname, int4, self.front, self.extra)
         x_in = node.input[0]
-        if (activations and len(node.input) > 2 and node.input[2] and not int4 and x_in in qparams
-                and qw.spec.granularity is not Granularity.GROUP):
-            # int32 bias at scale x_scale * w_scale, as QLinearConv takes it.
-            bname = node.input[2]
-            b_scale = (np.float32(qparams[x_in].scale) * w_scale).astype(np.float32)
-            b_q = np.round(inits.pop(bname).astype(np.float64) / b_scale).astype(np.int32)
-            extra += [tensor_proto(f"{bname}_q", b_q), tensor_proto(f"{bname}_scale", b_scale)]
-            front.append(helper.make_node("DequantizeLinear", [f"{bname}_q", f"{bname}_scale"], [bname],
-                                          name=f"{bname}_dq", axis=0))
+        if (len(node.input) > 2 and node.input[2] and not int4 and x_in in self.qparams
+                and q.granularity is not Granularity.GROUP):
+            self._int32_bias(node.input[2], np.float32(self.qparams[x_in].scale) * w_scale)
 
+    def _int32_bias(self, bname: str, scale: np.ndarray) -> None:
+        """The bias at scale x_scale * w_scale, as QLinearConv takes it."""
+        from onnx import helper
+
+        b_scale = scale.astype(np.float32)
+        b_q = np.round(self.inits.pop(bname).astype(np.float64) / b_scale).astype(np.int32)
+        self.extra += [tensor_proto(f"{bname}_q", b_q), tensor_proto(f"{bname}_scale", b_scale)]
+        self.front.append(helper.make_node("DequantizeLinear", [f"{bname}_q", f"{bname}_scale"], [bname],
+                                           name=f"{bname}_dq", axis=0))
+
+
+def _with_qdq(graph: Graph, qparams: dict[str, QParams], front: list[Any], extra: list[Any]) -> list[Any]:
+    """The graph's nodes after `front`, each quantized activation followed by its QDQ pair."""
     nodes = list(front)
     for t in graph.inputs:
         if t in qparams:
@@ -173,31 +216,24 @@ def export_onnx(
             if out in qparams:
                 nodes += _qdq(out, qparams[out], extra)
                 renamed[out] = f"{out}_dq"
-
-    model = _model(graph, exported, nodes, inits, extra)
-    onnx.checker.check_model(model)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_atomic(path, lambda f: onnx.save(model, f))  # never half a model on a failed write
-    return OnnxExport(path, OPSET, counts["int8"], counts["int4"], counts["float"], tuple(widened),
-                      len(qparams), calibration if activations else None)
+    return nodes
 
 
-def _weight_dq(qw: QuantizedWeight, factor: np.ndarray | None, wname: str, int4: bool, front: list[Any],
+def _weight_dq(qw: IntegerWeight, factor: np.ndarray | None, wname: str, int4: bool, front: list[Any],
                extra: list[Any]) -> np.ndarray:
     """Adds the DequantizeLinear (and Reshape) producing `wname`; returns the per-channel scale."""
     from onnx import helper
 
-    codes = qw.codes.numpy().astype(np.int8)
-    scales = qw.scales.float().numpy().astype(np.float64)
+    codes = qw.codes.cpu().numpy().astype(np.int8)
+    scales = qw.scales.float().cpu().numpy().astype(np.float64)
     out_ch = codes.shape[0]
     fac = np.ones(out_ch) if factor is None else factor.astype(np.float64)
     attrs: dict[str, Any] = {}
-    if qw.spec.granularity is Granularity.GROUP:
+    if qw.granularity is Granularity.GROUP:
         codes = codes.reshape(out_ch, -1)
         scale = scales.reshape(out_ch, -1) * fac[:, None]
-        attrs = {"axis": 1, "block_size": qw.spec.group_size}
-    elif qw.spec.granularity is Granularity.PER_CHANNEL or factor is not None:
+        attrs = {"axis": 1, "block_size": qw.group_size}
+    elif qw.granularity is Granularity.PER_CHANNEL or factor is not None:
         scale = scales.reshape(-1) * fac if scales.size == out_ch else np.full(out_ch, scales.item()) * fac
         attrs = {"axis": 0}
     else:
@@ -242,15 +278,12 @@ def _model(graph: Graph, exported: Any, nodes: list[Any], inits: dict[str, np.nd
 
 
 def _torch_export(evaluator: Evaluator, plan: Plan) -> Any:
-    """The model with the plan's dequantized weights, exported as float ONNX (batch size free)."""
+    """The plan's physical model (dequantized weights, re-estimated norms, pruned channels removed),
+    exported as float ONNX (batch size free)."""
     import onnx
 
-    wl = evaluator.workload
-    model = copy.deepcopy(wl.model).cpu().eval()
-    mods = compressible_modules(model)
-    for name, w in evaluator.compressed_weights(plan).items():
-        mods[name].weight.data = w.detach().cpu().clone()
-    x = wl.split("val").x[:1].cpu()
+    model = evaluator.physical_model(plan).cpu().float().eval()
+    x = evaluator.workload.split("val").x[:1].cpu()
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -6,7 +6,7 @@ The file holds only tensors, ints and strings, so `torch.load(weights_only=True)
   pruned layer only the kept weights' codes;
 - ``scales``: float16, every quantized layer's scales back to back;
 - ``masks``: uint8, which weights each unstructured-pruned layer keeps: a bitmask or a list of
-  positions, whichever is smaller (`modelopt.compressors.prune.encode_mask`);
+  positions, whichever is smaller (`modelopt.compressors._base.encode_mask`);
 - ``floats``: float32, float layers' weights (only the kept values when pruned), batch norms folded
   to scale and shift per channel, biases and any other float tensor, back to back;
 - ``index``: zlib-compressed JSON naming what lies where (layer, spec, shape, kept values), in storage order,
@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,28 +34,21 @@ import torch
 import yaml
 from torch import nn
 
-from modelopt.compressors._base import sparse_index_bytes
-from modelopt.compressors.activations import InputQParams, install_input_quantizers
-from modelopt.compressors.early_exit import EarlyExit
-from modelopt.compressors.prune import (
-    Prune,
-    PruneKind,
-    PruneSpec,
+from modelopt.compressors._base import (
+    IntegerWeight,
+    WeightForm,
     decode_mask,
     encode_mask,
-    magnitude_mask,
-    remove_channels,
-)
-from modelopt.compressors.quantize import (
-    Granularity,
-    Quantize,
-    QuantSpec,
-    dequantize,
     pack_codes,
+    sparse_index_bytes,
     unpack_codes,
 )
+from modelopt.compressors.activations import InputQParams, install_input_quantizers
+from modelopt.compressors.prune import remove_channels  # rebuilds the smaller blocks the index names
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluator import Evaluator
+from modelopt.export._forms import layer_forms
+from modelopt.export._rebuild import HEAD_TENSORS, architecture, with_exits
 from modelopt.layers import compressible_modules
 from modelopt.plan import Plan
 
@@ -67,63 +61,73 @@ SUFFIX = ".pt"
 FOLDED_EPS = 2.0**-17
 
 
-def _spec_str(spec: QuantSpec) -> str:
-    tail = f"g{spec.group_size}" if spec.granularity is Granularity.GROUP else spec.granularity.value
-    return f"{spec.bits}/{tail}"
+@dataclass
+class _Sections:
+    """The payload's streams as they are written, in storage order (`load` reads them in the same)."""
 
+    index: dict[str, list[Any]]
+    codes: list[np.ndarray] = field(default_factory=list)
+    scales: list[torch.Tensor] = field(default_factory=list)
+    masks: list[np.ndarray] = field(default_factory=list)
+    floats: list[torch.Tensor] = field(default_factory=list)
 
-def _parse_spec(text: str) -> QuantSpec:
-    bits, tail = text.split("/")
-    if tail.startswith("g"):
-        return QuantSpec(int(bits), Granularity.GROUP, int(tail[1:]))
-    return QuantSpec(int(bits), Granularity(tail))
+    def integer(self, name: str, form: WeightForm) -> None:
+        """An integer weight: its codes (of the kept weights only, when sparse), scales and mask."""
+        q = form.integer
+        assert q is not None
+        kept = -1 if form.mask is None else int(form.mask.sum())
+        self.codes.append(pack_codes(q.codes if form.mask is None else q.codes[form.mask.to(q.codes.device)], q.bits))
+        self.scales.append(q.scales.reshape(-1).cpu())
+        if form.mask is not None:
+            self.masks.append(encode_mask(form.mask))
+        self.index["q"].append([name, q.tag, list(q.codes.shape), kept])
 
+    def tensor(self, name: str, t: torch.Tensor, form: WeightForm | None) -> None:
+        """A float tensor; a sparse layer weight as its kept values and mask."""
+        if form is not None and form.mask is not None:
+            self.floats.append(form.weight[form.mask].float())
+            self.masks.append(encode_mask(form.mask))
+            self.index["f"].append([name, "s", list(t.shape), int(form.mask.sum())])
+        elif t.is_floating_point():
+            self.floats.append(t.detach().float())
+            self.index["f"].append([name, "t", list(t.shape)])
 
-def _layer_forms(evaluator: Evaluator, plan: Plan) -> dict[str, tuple[Any, ...]]:
-    """Per layer: (stored weight, kept-weight mask, quantizer spec, codes, scales), None where unused,
-    computed by the same calls on the same (structurally kept) slice as the evaluator."""
-    out: dict[str, Any] = {}
-    kept = evaluator.kept_channels(plan)
-    producer = {layer.channel_consumer: layer.name for layer in evaluator.workload.layers if layer.channel_consumer}
-    for layer in evaluator.workload.layers:
-        own, prod = kept.get(layer.name), kept.get(producer.get(layer.name, ""))
-        w = evaluator.workload.original[layer.name]
-        if own is not None:
-            w = w[own[1].to(w.device)]
-        if prod is not None:
-            w = w[:, prod[1].to(w.device)]
-        mask = spec = codes = scales = None
-        for d in evaluator.space.decisions:
-            c = plan.get(d.name)
-            if d.layer != layer.name or c is None:
-                continue
-            comp = evaluator.space.compressors[d.compressor]
-            if isinstance(comp, Prune) and isinstance(c, PruneSpec):
-                if c.kind is PruneKind.UNSTRUCTURED:
-                    mask = magnitude_mask(w, c.sparsity)
-                    w = comp.apply(w, c)
-            elif isinstance(comp, Quantize) and isinstance(c, QuantSpec):
-                spec = c
-                cols = None if prod is None else prod[1]
-                inputs = evaluator.layer_inputs(layer.name, n, cols) if (n := comp.input_images(c)) else None
-                codes, scales = comp.encode(w, c, inputs)
-                w = dequantize(codes, scales, c).to(w.dtype)
-            elif isinstance(comp, EarlyExit):
-                continue  # an exit changes no weight; its head is written apart (index "e")
-            else:
-                raise ConfigError(f"layer {layer.name!r} uses compressor {d.compressor!r}; the packed export "
-                                  "supports 'quantize', 'prune' and 'early_exit'")
-        out[layer.name] = (w, mask, spec, codes, scales)
-    return out
+    def norm(self, name: str, mod: nn.modules.batchnorm._BatchNorm) -> None:
+        """A batch norm folded to one scale and shift per channel."""
+        if mod.running_mean is None or mod.running_var is None:
+            raise ConfigError(f"batch norm {name!r} keeps no running statistics; it cannot be folded for export")
+        scale = torch.rsqrt(mod.running_var.float() + mod.eps)
+        if mod.weight is not None:
+            scale = scale * mod.weight.float()
+        shift = -mod.running_mean.float() * scale
+        if mod.bias is not None:
+            shift = shift + mod.bias.float()
+        self.floats += [scale, shift]
+        self.index["f"].append([name, "bn", mod.num_features])
+
+    def streams(self) -> dict[str, Any]:
+        out = {
+            # zlib: layer names repeat; this is a fixed cost that is ~2 % of a small INT4 file.
+            "index": zlib.compress(json.dumps(self.index, separators=(",", ":")).encode(), 9),
+            "codes": torch.from_numpy(np.concatenate(self.codes) if self.codes else np.zeros(0, np.uint8)),
+            "scales": torch.cat(self.scales).cpu() if self.scales else torch.zeros(0, dtype=torch.float16),
+            "floats": torch.cat([f.reshape(-1).cpu() for f in self.floats]) if self.floats else torch.zeros(0),
+        }
+        if self.masks:  # only when some layer is sparse: each stored tensor costs a zip record
+            out["masks"] = torch.from_numpy(np.concatenate(self.masks))
+        return out
 
 
 def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
     """Writes `plan` applied to the evaluator's model as a packed checkpoint.
 
+    Each layer's weight is stored in the form its compressors give it (`Compressor.pack`):
+    integer codes and scales, a sparse mask, or float32.
+
     Args:
         evaluator: the evaluator that scored the plan (its workload holds the model).
-        plan: the plan to export (quantize, prune and early-exit decisions; with exits, `load`
-            returns the `EarlyExitNet` that stops at the first confident exit).
+        plan: the plan to export (with exits, `load` returns the `EarlyExitNet` that stops at the
+            first confident exit).
         path: the file to write.
 
     Returns:
@@ -133,74 +137,27 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
         >>> export_packed(ev, space.uniform("quantize", QuantSpec(4)), "r20-int4.pt")
         >>> model = modelopt.load("r20-int4.pt")
     """
-    wl = evaluator.workload
     # The model as the plan runs it: compressed weights, norms (re-estimated statistics) and
     # structurally pruned blocks at their smaller size.
     model = evaluator.physical_model(plan)
+    forms = layer_forms(evaluator, plan)
+    out = _Sections({"q": [], "f": [],
+                     "c": [[n, int(idx.numel())] for n, (_, idx) in evaluator.kept_channels(plan).items()]})
+    for name, layer_form in forms.items():
+        if layer_form.integer is not None:
+            out.integer(name, layer_form)
     layers = compressible_modules(model)
-    forms = _layer_forms(evaluator, plan)
-    codes: list[np.ndarray] = []
-    scales: list[torch.Tensor] = []
-    masks: list[np.ndarray] = []
-    floats: list[torch.Tensor] = []
-    index: dict[str, list[Any]] = {"q": [], "f": [],
-                                   "c": [[n, int(idx.numel())] for n, (_, idx) in evaluator.kept_channels(plan).items()]}
-    for name, (_, mask, spec, q, sc) in forms.items():
-        if spec is None or q is None or sc is None:
-            continue
-        n_kept = -1 if mask is None else int(mask.sum())
-        codes.append(pack_codes(q.cpu() if mask is None else q[mask].cpu(), spec.bits))
-        scales.append(sc.reshape(-1).cpu())
-        if mask is not None:
-            masks.append(encode_mask(mask))
-        index["q"].append([name, _spec_str(spec), list(q.shape), n_kept])
-    quantized = {entry[0] for entry in index["q"]}
     for mname, mod in model.named_modules():
         if isinstance(mod, nn.modules.batchnorm._BatchNorm):
-            if mod.running_mean is None or mod.running_var is None:
-                raise ConfigError(f"batch norm {mname!r} keeps no running statistics; it cannot be folded for export")
-            scale = torch.rsqrt(mod.running_var.float() + mod.eps)
-            if mod.weight is not None:
-                scale = scale * mod.weight.float()
-            shift = -mod.running_mean.float() * scale
-            if mod.bias is not None:
-                shift = shift + mod.bias.float()
-            floats += [scale, shift]
-            index["f"].append([mname, "bn", mod.num_features])
+            out.norm(mname, mod)
             continue
         for pname, t in list(mod.named_parameters(recurse=False)) + list(mod.named_buffers(recurse=False)):
-            full = f"{mname}.{pname}" if mname else pname
-            if pname == "weight" and layers.get(mname) is mod and mname in quantized:
-                continue
-            if pname == "weight" and layers.get(mname) is mod and forms[mname][1] is not None:
-                mask = forms[mname][1]
-                assert mask is not None
-                floats.append(forms[mname][0][mask].float())
-                masks.append(encode_mask(mask))
-                index["f"].append([full, "s", list(t.shape), int(mask.sum())])
-                continue
-            if t is not None and t.is_floating_point():
-                floats.append(t.detach().float())
-                index["f"].append([full, "t", list(t.shape)])
-    # Quantized inputs: bits and zero point in the index, the float32 scale after the other floats
-    # (the 5 bytes `Quantize.weight_bytes` counts); `load` puts the same fake quantization back.
-    qparams, _ = evaluator.input_qparams(plan)
-    if qparams:
-        index["a"] = [[name, qp.bits, qp.zero_point] for name, qp in qparams.items()]
-        floats.append(torch.tensor([qp.scale for qp in qparams.values()], dtype=torch.float32))
-    # Early exits: each active head's tensors (float32, what size_bytes counts) after those.
-    policy = evaluator.exit_policy(plan)
-    if policy is not None:
-        heads, _ = evaluator.exit_heads()
-        index["e"] = []
-        for point, threshold in zip(policy.exits, policy.thresholds):
-            tensors = heads[point].state_dict()
-            names = [n for n in _HEAD_TENSORS if n in tensors]
-            spec = heads[point].spec
-            index["e"].append([point, threshold, list(spec.avg_grids), list(spec.max_grids), spec.hidden,
-                               [[n, list(tensors[n].shape)] for n in names]])
-            floats += [tensors[n].float().reshape(-1) for n in names]
-    space = evaluator.space
+            form: WeightForm | None = forms.get(mname) if pname == "weight" and layers.get(mname) is mod else None
+            if t is not None and (form is None or form.integer is None):
+                out.tensor(f"{mname}.{pname}" if mname else pname, t, form)
+    _add_inputs(out, evaluator, plan)
+    _add_exits(out, evaluator, plan)
+    wl = evaluator.workload
     meta = {"name": wl.source.name, "mean": list(wl.source.mean), "std": list(wl.source.std),
             "input_size": None if wl.source.input_size is None else list(wl.source.input_size),
             "num_classes": wl.num_outputs, "plan_key": plan.key}
@@ -210,20 +167,39 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
         "model": json.dumps(meta, separators=(",", ":")),
         # The plan YAML's document as zlib-compressed JSON: a pruned plan names many layers, and
         # on a small INT4 model every fixed byte counts against the 5 % (read it with `read_plan`).
-        "plan": zlib.compress(json.dumps(space.dump_plan(plan), separators=(",", ":")).encode(), 9),
-        # zlib: layer names repeat; this is a fixed cost that is ~2 % of a small INT4 file.
-        "index": zlib.compress(json.dumps(index, separators=(",", ":")).encode(), 9),
-        "codes": torch.from_numpy(np.concatenate(codes) if codes else np.zeros(0, np.uint8)),
-        "scales": torch.cat(scales).cpu() if scales else torch.zeros(0, dtype=torch.float16),
-        "floats": torch.cat([f.reshape(-1).cpu() for f in floats]) if floats else torch.zeros(0),
+        "plan": zlib.compress(json.dumps(evaluator.space.dump_plan(plan), separators=(",", ":")).encode(), 9),
+        **out.streams(),
     }
-    if masks:  # only when some layer is sparse: each stored tensor costs a zip record
-        payload["masks"] = torch.from_numpy(np.concatenate(masks))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     from modelopt._files import save_atomic  # a failed or killed export leaves the old file, never half a zip
     save_atomic(path, lambda f: torch.save(payload, f))
     return path
+
+
+def _add_inputs(out: _Sections, evaluator: Evaluator, plan: Plan) -> None:
+    """Quantized inputs: bits and zero point in the index, the float32 scale after the other floats
+    (the 5 bytes `Quantize.weight_bytes` counts); `load` puts the same fake quantization back."""
+    qparams, _ = evaluator.input_qparams(plan)
+    if qparams:
+        out.index["a"] = [[name, qp.bits, qp.zero_point] for name, qp in qparams.items()]
+        out.floats.append(torch.tensor([qp.scale for qp in qparams.values()], dtype=torch.float32))
+
+
+def _add_exits(out: _Sections, evaluator: Evaluator, plan: Plan) -> None:
+    """Early exits: each active head's tensors (float32, what size_bytes counts) after those."""
+    policy = evaluator.exit_policy(plan)
+    if policy is None:
+        return
+    heads, _ = evaluator.exit_heads()
+    out.index["e"] = []
+    for point, threshold in zip(policy.exits, policy.thresholds, strict=True):
+        tensors = heads[point].state_dict()
+        names = [n for n in HEAD_TENSORS if n in tensors]
+        spec = heads[point].spec
+        out.index["e"].append([point, threshold, list(spec.avg_grids), list(spec.max_grids), spec.hidden,
+                               [[n, list(tensors[n].shape)] for n in names]])
+        out.floats += [tensors[n].float().reshape(-1) for n in names]
 
 
 def read_packed(path: str | Path) -> dict[str, Any]:
@@ -282,110 +258,102 @@ def load(path: str | Path, model: nn.Module | None = None) -> nn.Module:
     meta = json.loads(payload["model"])
     raw = payload["index"]
     index = json.loads(zlib.decompress(raw) if isinstance(raw, bytes) else raw)  # version 1: plain JSON
-    module = _rebuild(meta, path) if model is None else model
+    module = architecture(meta, path) if model is None else model
     module = module.cpu().float().eval()
     try:
         remove_channels(module, {name: int(k) for name, k in index.get("c", [])})
     except ConfigError as exc:
         raise LoadError(f"{str(path)!r}: {exc}") from None
-    modules = dict(module.named_modules())
-    state = module.state_dict(keep_vars=True)
+    stream = _Reader(payload, str(path))
     layers = compressible_modules(module)
-    codes: np.ndarray = payload["codes"].numpy()
-    scales: torch.Tensor = payload["scales"]
-    floats: torch.Tensor = payload["floats"]
-    masks: np.ndarray = payload["masks"].numpy() if "masks" in payload else np.zeros(0, np.uint8)
-    c_off = s_off = f_off = m_off = 0
-    for name, spec_text, shape, *rest in index["q"]:
-        kept = int(rest[0]) if rest else -1
-        mod = layers.get(name)
-        if mod is None or tuple(mod.weight.shape) != tuple(shape):
-            got = "missing" if mod is None else f"shape {tuple(mod.weight.shape)}"
-            raise LoadError(f"{str(path)!r}: layer {name!r} {tuple(shape)} does not fit the model ({got})")
-        spec = _parse_spec(spec_text)
-        n_codes = math.ceil((math.prod(shape) if kept < 0 else kept) * spec.bits / 8)
-        n_scales = _n_scales(shape, spec)
-        if kept < 0:
-            q = unpack_codes(codes[c_off : c_off + n_codes], spec.bits, shape)
-        else:  # pruned: codes of the kept weights only; the rest are zero
-            mask = decode_mask(masks[m_off:], shape, kept)
-            m_off += sparse_index_bytes(math.prod(shape), kept)
-            q = torch.zeros(tuple(shape), dtype=torch.int8)
-            q[mask] = unpack_codes(codes[c_off : c_off + n_codes], spec.bits, (kept,))
-        w = dequantize(q, scales[s_off : s_off + n_scales], spec)
-        mod.weight.data = w.to(mod.weight.dtype).contiguous()
-        c_off, s_off = c_off + n_codes, s_off + n_scales
+    for name, tag, shape, *rest in index["q"]:
+        _load_integer(stream, layers.get(name), name, tag, shape, int(rest[0]) if rest else -1)
+    modules, state = dict(module.named_modules()), module.state_dict(keep_vars=True)
     for name, kind, shape, *rest in index["f"]:
         if kind == "bn":
-            bn = modules.get(name)
-            if not isinstance(bn, nn.modules.batchnorm._BatchNorm) or bn.num_features != shape:
-                raise LoadError(f"{str(path)!r}: batch norm {name!r} ({shape} channels) does not fit the model")
-            scale, shift = floats[f_off : f_off + shape], floats[f_off + shape : f_off + 2 * shape]
-            _set_affine(bn, scale, shift)
-            f_off += 2 * shape
-            continue
-        t = state.get(name)
-        if t is None or tuple(t.shape) != tuple(shape):
-            raise LoadError(f"{str(path)!r}: tensor {name!r} {tuple(shape)} does not fit the model")
-        if kind == "s":  # pruned float weight: the kept values and where they go
-            kept = int(rest[0])
-            mask = decode_mask(masks[m_off:], shape, kept)
-            m_off += sparse_index_bytes(math.prod(shape), kept)
-            w = torch.zeros(tuple(shape), dtype=t.dtype)
-            w[mask] = floats[f_off : f_off + kept].to(t.dtype)
-            t.data = w
-            f_off += kept
-            continue
-        n = math.prod(shape)
-        t.data = floats[f_off : f_off + n].reshape(shape).to(t.dtype).clone()
-        f_off += n
+            _load_norm(stream, modules.get(name), name, shape)
+        else:
+            _load_tensor(stream, state.get(name), name, shape, int(rest[0]) if kind == "s" else -1)
     acts = index.get("a", [])
     missing = [name for name, *_ in acts if name not in layers]
     if missing:
         raise LoadError(f"{str(path)!r}: layer {missing[0]!r} (quantized input) does not fit the model")
-    scales_a = floats[f_off : f_off + len(acts)].tolist()
+    scales_a = stream.floats(len(acts)).tolist()
     install_input_quantizers(layers, {name: InputQParams(scale, int(zp), int(bits))
-                                      for (name, bits, zp), scale in zip(acts, scales_a)})
-    f_off += len(acts)
+                                      for (name, bits, zp), scale in zip(acts, scales_a, strict=True)})
     for p in module.parameters():
         p.requires_grad_(False)
     if index.get("e"):
-        return _with_exits(module, index["e"], floats[f_off:], meta, path)
+        return with_exits(module, index["e"], stream.floats(None), meta, path)
     return module
 
 
-_HEAD_TENSORS = ("weight", "bias", "temperature", "hidden_weight", "hidden_bias")
+class _Reader:
+    """The payload's streams, each read front to back in the order `_Sections` wrote them."""
+
+    def __init__(self, payload: dict[str, Any], path: str) -> None:
+        self.path = path
+        self._codes: np.ndarray = payload["codes"].numpy()
+        self._scales: torch.Tensor = payload["scales"]
+        self._floats: torch.Tensor = payload["floats"]
+        self._masks: np.ndarray = payload["masks"].numpy() if "masks" in payload else np.zeros(0, np.uint8)
+        self._off = {"codes": 0, "scales": 0, "floats": 0, "masks": 0}
+
+    def _take(self, stream: str, n: int | None) -> Any:
+        data, start = getattr(self, f"_{stream}"), self._off[stream]
+        self._off[stream] = len(data) if n is None else start + n
+        return data[start : self._off[stream]]
+
+    def codes(self, n: int) -> np.ndarray:
+        return self._take("codes", n)
+
+    def scales(self, n: int) -> torch.Tensor:
+        return self._take("scales", n)
+
+    def floats(self, n: int | None) -> torch.Tensor:
+        """The next `n` floats (None: all that are left)."""
+        return self._take("floats", n)
+
+    def mask(self, shape: list[int], kept: int) -> torch.Tensor:
+        return decode_mask(self._take("masks", sparse_index_bytes(math.prod(shape), kept)), shape, kept)
 
 
-def _with_exits(module: nn.Module, entries: list[Any], floats: torch.Tensor, meta: dict[str, Any],
-                path: str | Path) -> nn.Module:
-    """The loaded model wrapped in the `EarlyExitNet` the plan's exits describe (heads from the file)."""
-    from modelopt.early_exit import EarlyExitNet, ExitHead, ExitPolicy, HeadSpec, split_backbone
-
-    heads, off = {}, 0
-    for point, _, avg, mx, hidden, shapes in entries:
-        t = {}
-        for name, shape in shapes:
-            n = math.prod(shape)
-            t[name] = floats[off : off + n].reshape(shape).clone()
-            off += n
-        heads[point] = ExitHead(HeadSpec(tuple(avg), tuple(mx), int(hidden)), t["weight"], t["bias"],
-                                t.get("hidden_weight"), t.get("hidden_bias"), t["temperature"])
-    size = meta.get("input_size") or [32, 32]
-    try:
-        backbone = split_backbone(module, (int(size[-2]), int(size[-1])))
-        policy = ExitPolicy(tuple(e[0] for e in entries), tuple(float(e[1]) for e in entries))
-        return EarlyExitNet(backbone, heads, policy).eval()
-    except ConfigError as exc:
-        raise LoadError(f"{str(path)!r}: its early exits do not fit the model: {exc}") from None
+def _load_integer(stream: _Reader, mod: nn.Module | None, name: str, tag: str, shape: list[int], kept: int) -> None:
+    """An integer weight: codes (of the kept weights only, when `kept` >= 0) times scales."""
+    weight = None if mod is None else mod.weight
+    if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != tuple(shape):
+        got = "missing" if weight is None else f"shape {tuple(getattr(weight, 'shape', ()))}"
+        raise LoadError(f"{stream.path!r}: layer {name!r} {tuple(shape)} does not fit the model ({got})")
+    bits, granularity, group_size = IntegerWeight.layout(tag)
+    packed = stream.codes(math.ceil((math.prod(shape) if kept < 0 else kept) * bits / 8))
+    if kept < 0:
+        q = unpack_codes(packed, bits, shape)
+    else:  # pruned: codes of the kept weights only; the rest are zero
+        q = torch.zeros(tuple(shape), dtype=torch.int8)
+        q[stream.mask(shape, kept)] = unpack_codes(packed, bits, (kept,))
+    scales = stream.scales(IntegerWeight.n_scales(shape, granularity, group_size))
+    w = IntegerWeight(q, scales, bits, granularity, group_size).dequantize()
+    weight.data = w.to(weight.dtype).contiguous()
 
 
-def _n_scales(shape: list[int], spec: QuantSpec) -> int:
-    if spec.granularity is Granularity.PER_TENSOR:
-        return 1
-    if spec.granularity is Granularity.PER_CHANNEL:
-        return shape[0]
-    return shape[0] * math.ceil(math.prod(shape[1:]) / spec.group_size)
+def _load_norm(stream: _Reader, bn: nn.Module | None, name: str, channels: int) -> None:
+    if not isinstance(bn, nn.modules.batchnorm._BatchNorm) or bn.num_features != channels:
+        raise LoadError(f"{stream.path!r}: batch norm {name!r} ({channels} channels) does not fit the model")
+    scale, shift = stream.floats(channels), stream.floats(channels)
+    _set_affine(bn, scale, shift)
+
+
+def _load_tensor(stream: _Reader, t: torch.Tensor | None, name: str, shape: list[int], kept: int) -> None:
+    """A float tensor; `kept` >= 0: a pruned weight, its kept values and where they go."""
+    if t is None or tuple(t.shape) != tuple(shape):
+        raise LoadError(f"{stream.path!r}: tensor {name!r} {tuple(shape)} does not fit the model")
+    if kept < 0:
+        t.data = stream.floats(math.prod(shape)).reshape(shape).to(t.dtype).clone()
+        return
+    mask = stream.mask(shape, kept)
+    w = torch.zeros(tuple(shape), dtype=t.dtype)
+    w[mask] = stream.floats(kept).to(t.dtype)
+    t.data = w
 
 
 def _set_affine(bn: nn.modules.batchnorm._BatchNorm, scale: torch.Tensor, shift: torch.Tensor) -> None:
@@ -405,26 +373,3 @@ def _set_affine(bn: nn.modules.batchnorm._BatchNorm, scale: torch.Tensor, shift:
         bn.eps = min(FOLDED_EPS, 2.0 ** (math.floor(math.log2(float(inv.min()))) - 24))
         bn.running_var.data = (inv - bn.eps).float()
         bn.running_mean.data = -shift / scale
-
-
-def _rebuild(meta: dict[str, Any], path: str | Path) -> nn.Module:
-    from modelopt.models import load_model
-    from modelopt.zoo import MODELS, ZooEntry
-
-    name = str(meta["name"])
-    if name in MODELS.names():
-        entry = MODELS.get(name)
-        return entry.factory() if isinstance(entry, ZooEntry) else entry()  # type: ignore[operator]
-    if name.startswith("torchvision:"):
-        try:
-            import torchvision
-        except ImportError:
-            raise LoadError(f"rebuilding {name!r} needs torchvision; install it with pip install 'modelopt[vision]'")
-        return torchvision.models.get_model(name.removeprefix("torchvision:"), weights=None,
-                                            num_classes=int(meta["num_classes"]))
-    if ":" in name and "/" not in name and "\\" not in name:
-        return load_model(name).module
-    raise LoadError(
-        f"{str(path)!r} was exported from model {name!r}, which cannot be rebuilt by name; "
-        "pass the architecture: modelopt.load(path, model=your_module)"
-    )

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from modelopt.api import build_compressors
-from modelopt.compressors import Granularity, QuantSpec, Quantize, Rounding
+from modelopt.compressors import Granularity, Quantize, QuantSpec, Rounding
+from modelopt.compressors._base import scale_units
 from modelopt.compressors.gptq import DAMPING, LayerInputs, gptq_round, input_columns
-from modelopt.compressors.quantize import _code_range, _per_weight, _units, dequantize, quantize, search_scales
+from modelopt.compressors.quantize import _code_range, _per_weight, dequantize, quantize, search_scales
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator
 from modelopt.space import SearchSpace
@@ -47,7 +48,7 @@ def test_same_codes_as_a_dense_obq_reference(rows, k, bits, gran):
     x = _correlated_inputs(4 * k, k, seed=k)
     h = x.T @ x
     spec = QuantSpec(bits, gran, 64)
-    s = _per_weight(search_scales(_units(w, spec), bits), spec, w).double()
+    s = _per_weight(search_scales(scale_units(w, spec.granularity, spec.group_size), bits), spec, w).double()
     qmin, qmax = _code_range(bits)
     got = gptq_round(w, s, qmin, qmax, LayerInputs(h, x.shape[0]))
     want = _obq_reference(w, s, qmin, qmax, h).float()

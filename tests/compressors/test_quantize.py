@@ -8,15 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from modelopt.compressors import COMPRESSORS, Granularity, QuantSpec, Quantize
+from modelopt.compressors import COMPRESSORS, Granularity, Quantize, QuantSpec
+from modelopt.compressors._base import pack_codes, unpack_codes
 from modelopt.compressors.quantize import (
     SUPPORTED_BITS,
     dequantize,
     error_p,
     n_scales,
-    pack_codes,
     quantize,
-    unpack_codes,
 )
 from modelopt.errors import ConfigError
 from modelopt.layers import Layer, LayerKind
