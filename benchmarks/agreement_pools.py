@@ -46,7 +46,8 @@ def main() -> None:
     torch.set_num_threads(1)
     data = args.shared / "data" / "cifar10"
     wl = build_workload("cifar10_resnet20", "cifar10-sample", device="cpu")
-    comps = build_compressors(["quantize"], {"quantize": {"bits": [8, 4, 3, 2], "granularity": ["per_channel", "group"]}})
+    comps = build_compressors(["quantize"],
+                              {"quantize": {"bits": [8, 4, 3, 2], "granularity": ["per_channel", "group"]}})
     space = SearchSpace(wl.layers, comps)
     ev = Evaluator(wl, space)
     rng = np.random.default_rng(0)
@@ -62,7 +63,7 @@ def main() -> None:
     dis: dict[str, list[float]] = {k: [] for k in xs}
     drop: list[float] = []
     t0 = time.perf_counter()
-    for i in range(args.plans):
+    for _ in range(args.plans):
         choice = {d.name: d.choices[int(rng.integers(len(d.choices)))] for d in space.decisions}
         plan = space.plan(choice)
         state, _ = ev.compressed_state(plan)

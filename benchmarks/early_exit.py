@@ -76,7 +76,8 @@ from modelopt.early_exit.pools import heldout_indices
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 DATA = SHARED / "data" / "cifar10"
-WEIGHTS = {56: SHARED / "models" / "cifar10" / "resnet56-4bfd9763.th", 20: SHARED / "models" / "cifar10" / "resnet20-12fca82f.th"}
+WEIGHTS = {56: SHARED / "models" / "cifar10" / "resnet56-4bfd9763.th",
+           20: SHARED / "models" / "cifar10" / "resnet20-12fca82f.th"}
 SPEC = HeadSpec(avg_grids=(1, 2, 4), max_grids=(1, 2))
 
 
@@ -158,7 +159,8 @@ def run(depth: int, args: argparse.Namespace) -> None:
     print(f"  heads: {len(exits)} candidate exits, {spec}, label-free fit on {len(fit)} images: "
           f"{fit_s:.1f} s (incl. temperatures on {len(calib)} held-out); thresholds chosen in {choose_s:.1f} s "
           f"(val floor {args.floor:.0%} on {args.criterion}, head cost {args.head_cost:.1%} of the network)")
-    print(f"  exits used ({len(policy.exits)}): " + ", ".join(f"{e}@{t:.4f}" for e, t in zip(policy.exits, policy.thresholds)))
+    used = ", ".join(f"{e}@{t:.4f}" for e, t in zip(policy.exits, policy.thresholds, strict=True))
+    print(f"  exits used ({len(policy.exits)}): {used}")
     for name, m in (("val ", mv), ("TEST", mt)):
         print(f"  {name}: n={m.n} accuracy {m.accuracy:.2%} (float {m.base_accuracy:.2%}) retention {m.retention:.2%} "
               f"agreement {m.agreement:.2%} mean MACs {m.mean_macs / 1e6:.2f} M of {m.total_macs / 1e6:.2f} M "
@@ -169,7 +171,8 @@ def run(depth: int, args: argparse.Namespace) -> None:
     with torch.inference_mode():
         one = torch.cat([net(test_x[i : i + 1]) for i in range(len(test_x))]).argmax(1)
     mismatch = int((one != sim_pred).sum())
-    print(f"  deployable module, batch 1, vs one-pass evaluator on test: {mismatch} of {len(test_x)} predictions differ")
+    print(f"  deployable module, batch 1, vs one-pass evaluator on test: {mismatch} of {len(test_x)} "
+          "predictions differ")
     lat_float = _latency(wl.model, test_x, args.repeats, args.threads)
     lat_ee = _latency(net, test_x, args.repeats, args.threads)
     print(f"  batch-1 CPU latency over the {len(test_x)} test images ({args.threads} thread(s), median of "

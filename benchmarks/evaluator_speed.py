@@ -77,7 +77,8 @@ def bench(key: str, n_plans: int, device: str) -> None:
     # tensors live on the workload, so they are already there, as in a search.
     _, warm_s, warm_ratios = _paired_pass(Evaluator(wl, space), plans)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    cuda = f", CUDA peak {torch.cuda.max_memory_allocated(wl.device) / 2**20:.0f} MiB" if wl.device.type == "cuda" else ""
+    cuda = (f", CUDA peak {torch.cuda.max_memory_allocated(wl.device) / 2**20:.0f} MiB"
+            if wl.device.type == "cuda" else "")
     print(f"{key}: {len(x)} val images, batch {wl.batch_size}, device {wl.device}, torch threads "
           f"{torch.get_num_threads()}, {n_plans} random plans")
     print(f"  bare float forward over val: median {statistics.median(bare_s) * 1000:.1f} ms")

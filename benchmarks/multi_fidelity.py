@@ -62,7 +62,7 @@ def main() -> None:
                 stopped = sum(t.metrics is not None and t.metrics.stopped is not None for t in r.trials)
                 best = r.best.metrics if r.best else None
                 print(f"{seed:4d} {mode:>6s} {len(r.trials):6d} {best.compression if best else 1.0:9.2f}x "
-                      f"{best.retention if best else 1.0:8.2%} {images:7d} {str(reach[mode]):>19s} {stopped:8d}")
+                      f"{best.retention if best else 1.0:8.2%} {images:7d} {reach[mode]!s:>19s} {stopped:8d}")
             if reach["multi"]:
                 ratios.append(reach["full"] / reach["multi"])
                 print(f"     images to reach the full run's best: {reach['full'] / reach['multi']:.2f}x fewer")

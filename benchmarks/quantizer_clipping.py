@@ -17,7 +17,8 @@ from modelopt.space import SearchSpace
 
 def main() -> None:
     wl = build_workload("cifar10_resnet20", "cifar10-sample")
-    print(f"ResNet-20, {len(wl.split('all'))} images, float top-1 {wl.baseline_accuracy('all'):.2%}, device {wl.device}")
+    print(f"ResNet-20, {len(wl.split('all'))} images, float top-1 {wl.baseline_accuracy('all'):.2%}, "
+          f"device {wl.device}")
     print(f"{'plan':24s} {'scales':14s} {'top-1':>7s} {'retention':>9s} {'agreement':>9s} {'compression':>11s}")
     for bits, gran in ((8, "per_channel"), (4, "per_channel"), (4, "group"), (4, "per_tensor"), (3, "group")):
         for label, ratios in (("clip search", None), ("max-scaling", (1.0,))):

@@ -62,7 +62,8 @@ def main() -> None:
     again = torch_latency(wl.model, x, batch_size=args.batch, threads=args.threads, repeats=args.repeats)
     params = sum(p.numel() for p in small.parameters())
     print(f"ResNet-56, {len(blocks)} blocks' internal channels pruned by {args.sparsity:.0%} (L1 filter norm)")
-    print(f"  MACs/sample  {m.float_macs / 1e6:8.2f} M -> {m.macs / 1e6:8.2f} M  ({1 - m.macs / m.float_macs:.1%} fewer)")
+    print(f"  MACs/sample  {m.float_macs / 1e6:8.2f} M -> {m.macs / 1e6:8.2f} M  "
+          f"({1 - m.macs / m.float_macs:.1%} fewer)")
     print(f"  parameters   {sum(p.numel() for p in wl.model.parameters()):,} -> {params:,}; "
           f"size {m.float_size_bytes:,} -> {m.size_bytes:,} bytes")
     print(f"  latency (torch, cpu, batch {args.batch}, {args.threads} threads, median of {args.repeats}): "
