@@ -7,46 +7,55 @@ same structurally kept slice, with the same calibration inputs, in the same orde
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from modelopt.compressors._base import WeightForm
+from modelopt.compressors._base import Choice, WeightForm
 from modelopt.evaluator import Evaluator
 from modelopt.plan import Plan
 
 
+@dataclass(frozen=True)
+class Step:
+    """The layer's form after one compressor of its chain ran (``decision`` "" : the start)."""
+
+    decision: str
+    choice: Choice
+    form: WeightForm
+
+
+def layer_steps(evaluator: Evaluator, plan: Plan, layer: str) -> list[Step]:
+    """The layer's forms along its chain: first its float weight at the stored shape (the kept
+    channels only), then after each compressor whose choice is not None."""
+    kept = evaluator.kept_channels(plan)
+    producer = next((x.name for x in evaluator.workload.layers if x.channel_consumer == layer), "")
+    own, prod = kept.get(layer), kept.get(producer)
+    w = evaluator.workload.original[layer]
+    if own is not None:
+        w = w[own[1].to(w.device)]
+    cols: torch.Tensor | None = None if prod is None else prod[1]
+    if cols is not None:
+        w = w[:, cols.to(w.device)]
+    steps = [Step("", None, WeightForm(w))]
+    space = evaluator.space
+    for d in space.decisions:
+        choice = plan.get(d.name)
+        # Slicing already applied the structured decision, as in the evaluator's chain.
+        if d.layer != layer or choice is None or (own is not None and d.name == own[0]):
+            continue
+        comp = space.compressors[d.compressor]
+        inputs = evaluator.layer_inputs(layer, n, cols) if (n := comp.input_images(choice)) else None
+        steps.append(Step(d.name, choice, comp.pack(steps[-1].form, choice, inputs)))
+    return steps
+
+
 def layer_forms(evaluator: Evaluator, plan: Plan) -> dict[str, WeightForm]:
-    """Per layer, in model order: its stored form at the stored shape (kept channels only).
+    """Per layer, in model order: its stored form, at the stored shape.
 
     Example:
         >>> forms = layer_forms(ev, plan)
         >>> forms["layer1.0.conv1"].integer.tag
         '4/per_channel'
     """
-    kept = evaluator.kept_channels(plan)
-    producer = {x.channel_consumer: x.name for x in evaluator.workload.layers if x.channel_consumer}
-    space = evaluator.space
-    out: dict[str, WeightForm] = {}
-    for layer in evaluator.workload.layers:
-        own, prod = kept.get(layer.name), kept.get(producer.get(layer.name, ""))
-        w = evaluator.workload.original[layer.name]
-        if own is not None:
-            w = w[own[1].to(w.device)]
-        cols: torch.Tensor | None = None if prod is None else prod[1]
-        if cols is not None:
-            w = w[:, cols.to(w.device)]
-        form = WeightForm(w)
-        for d in space.decisions:
-            choice = plan.get(d.name)
-            # Slicing already applied the structured decision, as in the evaluator's chain.
-            if d.layer != layer.name or choice is None or (own is not None and d.name == own[0]):
-                continue
-            comp = space.compressors[d.compressor]
-            inputs = evaluator.layer_inputs(layer.name, n, cols) if (n := comp.input_images(choice)) else None
-            form = comp.pack(form, choice, inputs)
-        out[layer.name] = form
-    return out
-
-
-def stored_weight(form: WeightForm) -> torch.Tensor:
-    """The float weight a form decodes to (codes times scales, else the float weight; zeros kept)."""
-    return form.weight if form.integer is None else form.integer.dequantize().to(form.weight.dtype)
+    return {x.name: layer_steps(evaluator, plan, x.name)[-1].form for x in evaluator.workload.layers}

@@ -32,11 +32,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from modelopt.compressors.gptq import LayerInputs
-from modelopt.compressors.quantize import Granularity, Quantize, QuantSpec, dequantize
+from modelopt.compressors._base import Granularity, IntegerWeight
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator
-from modelopt.layers import Layer, LayerKind
+from modelopt.export._forms import layer_steps
+from modelopt.layers import LayerKind
 from modelopt.plan import Plan
 
 __all__ = ["BitsandbytesAgreement", "LinearConversion", "bitsandbytes_agreement", "to_bitsandbytes"]
@@ -84,7 +84,7 @@ def to_bitsandbytes(evaluator: Evaluator, plan: Plan, *, quant_type: str = "nf4"
 
     Args:
         evaluator: the evaluator that scores `plan` (its workload's model and device are used).
-        plan: the plan; Linear layers with an 8- or 4-bit quantize choice are converted.
+        plan: the plan; Linear layers it stores as 8- or 4-bit integers are converted.
         quant_type: bitsandbytes' 4-bit format for INT4 layers, ``"nf4"`` or ``"fp4"``.
 
     Returns:
@@ -95,7 +95,7 @@ def to_bitsandbytes(evaluator: Evaluator, plan: Plan, *, quant_type: str = "nf4"
             on the CPU and the installed bitsandbytes cannot run there.
 
     Example:
-        >>> net = to_bitsandbytes(ev, space.uniform("quantize", QuantSpec(8)))
+        >>> net = to_bitsandbytes(ev, plan_int8)
         >>> type(net.fc).__name__
         'Linear8bitLt'
     """
@@ -108,7 +108,7 @@ def bitsandbytes_agreement(
     """Runs `to_bitsandbytes(evaluator, plan)` on `split` and compares it with the QDQ evaluation.
 
     Example:
-        >>> a = bitsandbytes_agreement(ev, space.uniform("quantize", QuantSpec(8)))
+        >>> a = bitsandbytes_agreement(ev, plan_int8)
         >>> a.agreement, a.max_abs_logit_diff
     """
     model, converted = _convert(evaluator, plan, quant_type)
@@ -167,72 +167,40 @@ def _convert(evaluator: Evaluator, plan: Plan, quant_type: str) -> tuple[nn.Modu
     modules = dict(model.named_modules())
     converted = []
     for layer in evaluator.workload.layers:
-        target = _quantize_choice(evaluator, plan, layer)
-        if target is None or target[1].bits not in (8, 4):
+        if layer.kind is not LayerKind.LINEAR:
             continue
-        decision, spec, comp = target
+        steps = layer_steps(evaluator, plan, layer.name)
+        # The integer form and the weight it was encoded from (after any pruning): what was scored.
+        first = next((i for i, step in enumerate(steps) if step.form.integer is not None), None)
+        integer = steps[-1].form.integer
+        if first is None or integer is None or integer.bits not in (8, 4):
+            continue
         linear = modules[layer.name]
         assert isinstance(linear, nn.Linear)
-        pre = _pre_quantization_weight(evaluator, plan, layer, decision, tuple(linear.weight.shape))
-        if spec.bits == 8:
-            inputs = evaluator.layer_inputs(layer.name, n) if (n := comp.input_images(spec)) else None
-            new, codes = _int8_linear(bnb, linear, pre, spec, comp, inputs)
+        pre = steps[first - 1].form.weight
+        if integer.bits == 8:
+            new, codes = _int8_linear(bnb, linear, pre, integer)
             kind = "Linear8bitLt"
         else:
             new, codes = _4bit_linear(bnb, linear, pre, quant_type, device), "bitsandbytes"
             kind = f"Linear4bit/{quant_type}"
         parent, _, attr = layer.name.rpartition(".")
         setattr(modules[parent] if parent else model, attr, new)
-        converted.append(LinearConversion(layer.name, str(spec), kind, codes))
+        converted.append(LinearConversion(layer.name, str(steps[first].choice), kind, codes))
     return model.to(device).eval(), tuple(converted)
 
 
-def _quantize_choice(evaluator: Evaluator, plan: Plan, layer: Layer) -> tuple[str, QuantSpec, Quantize] | None:
-    """(decision name, spec, compressor) of a Linear layer's quantize choice; None without one."""
-    if layer.kind is not LayerKind.LINEAR:
-        return None
-    for d in evaluator.space.decisions:
-        comp = evaluator.space.compressors[d.compressor]
-        choice = plan.get(d.name)
-        if d.layer == layer.name and isinstance(comp, Quantize) and isinstance(choice, QuantSpec):
-            return d.name, choice, comp
-    return None
-
-
-def _pre_quantization_weight(
-    evaluator: Evaluator, plan: Plan, layer: Layer, decision: str, shape: tuple[int, ...]
-) -> torch.Tensor:
-    """The weight our quantizer received for `layer` under `plan`, in the copy's (physical) shape."""
-    # The same plan without this layer's quantize choice: everything before the quantizer in the
-    # chain (pruning) still applies, computed by the evaluator exactly as it computed the scored weight.
-    without = evaluator.space.plan({n: c for n, c in plan.choices if n != decision})
-    w = evaluator.compressed_weights(without).get(layer.name, evaluator.workload.original[layer.name])
-    if tuple(w.shape) == shape:
-        return w
-    # Structured pruning removed rows (this layer's) or columns (its producer's) from the copy.
-    kept = evaluator.kept_channels(plan)
-    own = kept.get(layer.name)
-    producer = next((x.name for x in evaluator.workload.layers if x.channel_consumer == layer.name), None)
-    prod = kept.get(producer) if producer is not None else None
-    rows = torch.arange(w.shape[0]) if own is None else own[1]
-    cols = torch.arange(w.shape[1]) if prod is None else prod[1]
-    return w[rows.to(w.device)[:, None], cols.to(w.device)[None, :]]
-
-
-def _int8_linear(
-    bnb: ModuleType, linear: nn.Linear, pre: torch.Tensor, spec: QuantSpec, comp: Quantize,
-    inputs: LayerInputs | None = None,
-) -> tuple[nn.Module, str]:
+def _int8_linear(bnb: ModuleType, linear: nn.Linear, pre: torch.Tensor, integer: IntegerWeight
+                 ) -> tuple[nn.Module, str]:
     new = _linear8bitlt(bnb)(linear.in_features, linear.out_features, bias=linear.bias is not None,
                              has_fp16_weights=False, threshold=0.0)
     if linear.bias is not None:
         new.bias = nn.Parameter(linear.bias.detach().float().cpu().clone(), requires_grad=False)
-    if spec.granularity is not Granularity.GROUP:
-        # The same call on the same tensor as Quantize.apply, so these are the codes that were scored.
-        codes, scales = comp.encode(pre, spec, inputs)
-        if torch.equal(dequantize(codes, scales, spec).to(linear.weight.dtype), linear.weight.data):
-            codes = codes.cpu().contiguous()
-            scb = (scales.float().cpu() * 127.0).expand(linear.out_features).contiguous()
+    if integer.granularity is not Granularity.GROUP:
+        # The plan's own codes and scales (`Compressor.pack`), when they are what the copy holds.
+        if torch.equal(integer.dequantize().to(linear.weight.dtype), linear.weight.data):
+            codes = integer.codes.cpu().contiguous()
+            scb = (integer.scales.float().cpu() * 127.0).expand(linear.out_features).contiguous()
             new.weight = bnb.nn.Int8Params(codes, requires_grad=False, has_fp16_weights=False, CB=codes, SCB=scb)
             return new, "modelopt"
     # One scale per row cannot hold group-wise scales: bitsandbytes quantizes the weight (on `.to`).
