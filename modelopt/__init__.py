@@ -10,6 +10,7 @@ from modelopt import _name_clash  # noqa: F401 -- first, for its warning when nv
 from modelopt._version import __version__
 from modelopt.api import build_workload, evaluate, optimize
 from modelopt.compressors import COMPRESSORS, Compressor, Granularity, QuantSpec
+from modelopt.config import RunConfig
 from modelopt.data import Dataset, load_data
 from modelopt.errors import ConfigError, LoadError, ModeloptError, NameClashWarning
 from modelopt.evaluator import Evaluator, Metrics
@@ -41,6 +42,7 @@ __all__ = [
     "Objective",
     "Plan",
     "QuantSpec",
+    "RunConfig",
     "RunResult",
     "SearchSpace",
     "Strategy",

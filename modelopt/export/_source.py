@@ -5,15 +5,20 @@ Each layer's stored form (codes and scales, masks) comes from its compressors: `
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from modelopt.assemble import build_compressors
+from modelopt.config import RunConfig
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluator import Evaluator
 from modelopt.plan import Plan
+from modelopt.run.journal import Journal
+from modelopt.run.layout import BEST_PLAN, JOURNAL
 from modelopt.space import SearchSpace, read_plan_file
 from modelopt.workload import Workload
 
@@ -43,8 +48,6 @@ def resolve(source: str | Path | Workload | Evaluator, plan: PlanRef = "best", *
     if isinstance(source, Evaluator):
         evaluator = source
     elif isinstance(source, Workload):
-        from modelopt.api import build_compressors
-
         evaluator = Evaluator(source, SearchSpace(source.layers, build_compressors()))
     elif isinstance(source, (str, Path)):
         run_dir = Path(source)
@@ -64,33 +67,25 @@ _CACHE: dict[str, Evaluator] = {}
 
 
 def _evaluator_from_run(run_dir: Path, device: str) -> Evaluator:
-    from modelopt.api import build_compressors, build_workload, saved_run_config
-
-    cfg = saved_run_config(run_dir)
-    comps = cfg.get("compressors") or {"quantize": {}}
-    weights = cfg.get("weights")
-    stamp = Path(weights).stat().st_mtime_ns if weights and Path(weights).is_file() else None
-    key = json.dumps([cfg.get("model"), weights, stamp, cfg.get("data"), cfg.get("data_seed", 0), comps,
-                      cfg.get("model_sha256"), device], sort_keys=True, default=str)
+    cfg = dataclasses.replace(RunConfig.read(run_dir), device=device)
+    stamp = Path(cfg.weights).stat().st_mtime_ns if cfg.weights and Path(cfg.weights).is_file() else None
+    key = json.dumps([cfg.to_json(), stamp], sort_keys=True, default=str)
     if key in _CACHE:
         return _CACHE[key]
-    wl = build_workload(cfg["model"], cfg["data"], weights=weights, device=device,
-                        data_seed=int(cfg.get("data_seed", 0)))
-    saved = cfg.get("model_sha256")
+    wl = cfg.load_workload()
+    saved = cfg.fingerprints.get("model_sha256")
     if saved is not None and wl.fingerprints()["model_sha256"] != saved:
         raise LoadError(
-            f"the weights of model {cfg['model']!r} differ from those run {str(run_dir)!r} was searched on; "
+            f"the weights of model {cfg.model!r} differ from those run {str(run_dir)!r} was searched on; "
             "restore the original weights file"
         )
     _CACHE.clear()
-    _CACHE[key] = ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(list(comps), comps)))
+    _CACHE[key] = ev = cfg.make_evaluator(wl)
     return ev
 
 
 def _check_plan_ref(plan: PlanRef, run_dir: Path) -> None:
-    from modelopt.api import saved_run_config
-
-    saved_run_config(run_dir)  # raises LoadError when it is not a run folder
+    RunConfig.read(run_dir)  # raises LoadError when it is not a run folder
     if isinstance(plan, int) and not isinstance(plan, bool) or isinstance(plan, str) and plan.isdigit():
         _trial_record(int(plan), run_dir)
     elif plan == "best":
@@ -118,7 +113,7 @@ def _plan(plan: PlanRef, space: SearchSpace, run_dir: Path | None) -> tuple[Plan
 
 
 def _best_path(run_dir: Path) -> Path:
-    path = run_dir / "best_plan.yaml"
+    path = run_dir / BEST_PLAN
     if not path.is_file():
         raise LoadError(
             f"run {str(run_dir)!r} has no best_plan.yaml (no feasible plan, or unfinished); "
@@ -128,9 +123,7 @@ def _best_path(run_dir: Path) -> Path:
 
 
 def _trial_record(number: int, run_dir: Path) -> dict[str, Any]:
-    from modelopt.run.journal import Journal
-
-    records = Journal(run_dir / "trials.jsonl").read()
+    records = Journal(run_dir / JOURNAL).read()
     for rec in records:
         if int(rec.get("number", -1)) == number:
             if rec.get("status") != "complete":

@@ -28,20 +28,11 @@ class Journal:
         return self.path.is_file() and self.path.stat().st_size > 0
 
     def read(self) -> list[dict[str, Any]]:
+        """The finished trials; a line torn by a kill is cut off the file (the writer's reader)."""
         if not self.path.is_file():
             return []
         raw = self.path.read_bytes()
-        records, good_end = [], 0
-        for line in raw.splitlines(keepends=True):
-            if not line.endswith(b"\n"):
-                break  # torn final write: the trial never finished being recorded
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                if good_end + len(line) == len(raw):
-                    break
-                raise LoadError(f"journal {str(self.path)!r} is corrupt at record {len(records) + 1}") from None
-            good_end += len(line)
+        records, good_end = _parse(raw, self.path)
         if good_end < len(raw):
             with open(self.path, "r+b") as f:
                 f.truncate(good_end)
@@ -80,3 +71,31 @@ class Journal:
 
 
 __all__ = ["Journal", "write_json_atomic"]
+
+
+def read_journal(path: str | Path) -> list[dict[str, Any]]:
+    """A journal's finished trials by number, read without touching the file (a torn or damaged
+    last line is skipped): for readers of a run that may still be running, or copied elsewhere."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records, _ = _parse(path.read_bytes(), path, strict=False)
+    return sorted(records, key=lambda r: int(r["number"]))
+
+
+def _parse(raw: bytes, path: Path, *, strict: bool = True) -> tuple[list[dict[str, Any]], int]:
+    """(records, bytes they span): lines up to the first one that is torn (no newline) or, at the
+    end of the file (or anywhere unless `strict`), not JSON; a bad line before the end is corruption."""
+    records: list[dict[str, Any]] = []
+    good_end = 0
+    for line in raw.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break  # torn final write: the trial never finished being recorded
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if not strict or good_end + len(line) == len(raw):
+                break
+            raise LoadError(f"journal {str(path)!r} is corrupt at record {len(records) + 1}") from None
+        good_end += len(line)
+    return records, good_end

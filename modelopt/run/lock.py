@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from modelopt.errors import ConfigError, StorageError
-
-LOCK = ".lock"
+from modelopt.run.layout import LOCK
 
 try:
     import fcntl

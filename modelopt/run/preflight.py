@@ -5,25 +5,13 @@ things again when it opens the folder; this only makes a bad option fail at once
 from __future__ import annotations
 
 import errno
-import math
 import os
 import tempfile
 from pathlib import Path
 
+from modelopt.config import check_budget, check_seed
 from modelopt.errors import ConfigError, StorageError
 from modelopt.run.lock import check_unlocked
-
-
-def check_budget(budget: float) -> None:
-    """Raises ConfigError unless `budget` is a positive finite number."""
-    if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not 0 < budget < math.inf:
-        raise ConfigError(f"budget must be a positive number of full evaluations, got {budget!r}")
-
-
-def check_seed(seed: int) -> None:
-    """Raises ConfigError unless `seed` is a non-negative integer (numpy's generators take no other)."""
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ConfigError(f"seed must be a non-negative integer like 0, got {seed!r}")
 
 
 def check_run_folder(out: str | Path | None) -> None:

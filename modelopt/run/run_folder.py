@@ -21,17 +21,20 @@ from pathlib import Path
 from typing import Any
 
 from modelopt._files import write_atomic
+from modelopt.config import RunConfig, objective_from_json
 from modelopt.errors import LoadError
+from modelopt.layers import Layer, LayerKind, compressible_modules, internal_channels
 from modelopt.metrics import Metrics
-from modelopt.layers import Layer, LayerKind
-from modelopt.objective import Objective
+from modelopt.models import load_model
+from modelopt.objective import Objective, best_of
 from modelopt.plan import Plan
-from modelopt.run.runner import CONFIG, JOURNAL, SUMMARY
+from modelopt.run.journal import read_journal
+from modelopt.run.layout import CONFIG, JOURNAL, LAYERS, SUMMARY
 from modelopt.space import SearchSpace
+from modelopt.zoo import MODELS, ZooEntry
 
 log = logging.getLogger(__name__)
 
-LAYERS = "layers.json"
 LAYERS_VERSION = 1
 
 __all__ = ["LAYERS", "Record", "RunFolder", "is_run_folder", "read_run", "save_layers"]
@@ -79,10 +82,18 @@ class RunFolder:
         return self.summary is not None
 
     @cached_property
+    def run_config(self) -> RunConfig | None:
+        """run.json as a RunConfig, or None when it names something this installation cannot build
+        (a compressor plugin or strategy not installed here)."""
+        try:
+            return RunConfig.from_json(self.config, str(self.path / CONFIG))
+        except LoadError as exc:
+            log.info("settings of %s unreadable: %s", self.path, exc)
+            return None
+
+    @cached_property
     def objective(self) -> Objective:
-        return Objective(self.config.get("objective", "size"), float(self.config.get("min_retention", 0.99)),
-                         float(self.config.get("confidence") or 0.0),
-                         bool(self.config.get("count_gains", False)))  # older runs: point estimates
+        return objective_from_json(self.config)
 
     @property
     def budget(self) -> float:
@@ -107,13 +118,9 @@ class RunFolder:
     def search_best(self) -> Record | None:
         """The val-feasible trial with the highest reward (ties: higher retention bound; first wins): the
         search's own pick, a search-time estimate."""
-        best, key = None, None
-        for r in self.records:
-            if r.metrics is not None and r.feasible and self.objective.feasible(r.metrics):
-                k = (self.objective.reward(r.metrics), self.objective.retention_lower(r.metrics))
-                if key is None or k > key:
-                    best, key = r, k
-        return best
+        scored = [(r, r.metrics) for r in self.records if r.feasible and r.metrics is not None]
+        best = best_of(scored, lambda pair: pair[1], self.objective)
+        return None if best is None else best[0]
 
     @cached_property
     def best(self) -> Record | None:
@@ -164,13 +171,10 @@ class RunFolder:
     @cached_property
     def space(self) -> SearchSpace | None:
         """The run's search space (its compressors' full menus), or None without the layer table."""
-        if self.layers is None:
+        if self.layers is None or self.run_config is None:
             return None
-        from modelopt.api import build_compressors
-
-        comps = self.config.get("compressors") or {"quantize": {}}
         try:
-            space = SearchSpace(self.layers, build_compressors(list(comps), comps))
+            space = self.run_config.make_space(self.layers)
         except Exception as exc:  # noqa: BLE001 -- a compressor plugin not installed here, options it no longer takes
             log.info("search space of %s unavailable: %s", self.path, exc)
             return None
@@ -179,19 +183,16 @@ class RunFolder:
         return space
 
     def layer_bytes(self, record: Record) -> dict[str, int] | None:
-        """Packed bytes of each layer's weight under the trial's plan (None without the layer table)."""
+        """Bytes each layer accounts for under the trial's plan, as the evaluator counts them
+        (`modelopt.cost.LayerCost.bytes`: its packed weight, plus an exit head after it, less the float
+        norm and bias entries its removed channels drop); with the float tensors outside the weights
+        (float_size_bytes - 4 x the layers' parameters) they sum to size_bytes. None without the layer table."""
         plan = self.plan(record)
         if plan is None or self.space is None or self.layers is None:
             return None
-        out = {}
-        for layer in self.layers:
-            stored = layer.params * 4  # as the evaluator counts: the last compressor to touch a weight stores it
-            for name, comp in self.space.compressors.items():
-                choice = plan.get(f"{layer.name}/{name}")
-                if choice is not None:
-                    stored = comp.weight_bytes(layer, choice)
-            out[layer.name] = stored
-        return out
+        from modelopt.cost import CostModel  # no cycle: move to the module's imports
+
+        return CostModel(self.space).cost(plan).layer_bytes()
 
     def size_bytes(self, record: Record) -> int | None:
         """The plan's packed size: measured when the trial ran, else computed (a failed trial)."""
@@ -219,16 +220,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def _read_records(path: Path) -> tuple[Record, ...]:
-    raw: list[dict[str, Any]] = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
-            if not line.endswith("\n"):
-                break  # a trial being written right now, or torn by a kill
-            try:
-                raw.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    raw.sort(key=lambda d: int(d["number"]))
+    raw = read_journal(path)
     out, cum = [], 0.0
     for d in raw:
         cum += float(d.get("cost", 0.0))
@@ -273,23 +265,16 @@ def _layers_from_file(path: Path) -> tuple[Layer, ...] | None:
 
 def _layers_from_model(config: dict[str, Any]) -> tuple[Layer, ...] | None:
     """Weight shapes from the architecture run.json names (MACs left 0: a report does not need them)."""
-    from modelopt.layers import compressible_modules
-    from modelopt.zoo import MODELS, ZooEntry
-
     source = str(config.get("model", ""))
     try:
         if source in MODELS.names():  # shapes only: the zoo's factory, no weights file needed
             entry = MODELS.get(source)
             module = entry.factory() if isinstance(entry, ZooEntry) else entry()  # type: ignore[operator]
         else:
-            from modelopt.models import load_model
-
             module = load_model(source, config.get("weights")).module
     except Exception as exc:  # noqa: BLE001 -- a report without sizes beats no report
         log.info("layer table of %r unavailable: %s", source, exc)
         return None
-    from modelopt.layers import internal_channels
-
     inner = internal_channels(module)
     layers = []
     for name, mod in compressible_modules(module).items():

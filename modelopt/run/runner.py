@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import gc
+import json
+import math
 import os
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from rich.console import Console
@@ -25,22 +26,15 @@ from modelopt.plan import Plan
 from modelopt.plan_latency import PlanLatency
 from modelopt.run.confirm import Confirmation, check_certifiable, confirm, finalists
 from modelopt.run.journal import Journal, write_json_atomic
+from modelopt.run.layout import BEST_PLAN, CONFIG, JOURNAL, STATE, STATE_NEXT, SUMMARY
 from modelopt.run.lock import lock_run_folder
 from modelopt.search._base import Strategy
 from modelopt.trial import Trial, TrialStatus
 
-JOURNAL = "trials.jsonl"
-STATE = "strategy_state.json"
-STATE_NEXT = "strategy_state.next.json"  # the state after the trial being journaled
-CONFIG = "run.json"
-SUMMARY = "summary.json"
-BEST_PLAN = "best_plan.yaml"
-MAX_IDLE_ASKS = 2000  # consecutive already-seen plans before the space counts as exhausted
+if TYPE_CHECKING:  # the config imports this package (run.confirm): its type only, no import at run time
+    from modelopt.config import RunConfig
 
-# Settings that must match for a run folder to be resumed (the budget may grow). Model and data
-# are compared by content hash, not by path, so a run folder moved with its files still resumes.
-RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "confidence",
-               "count_gains", "compressors", "data_seed", "fidelity", "exit_data")
+MAX_IDLE_ASKS = 2000  # consecutive already-seen plans before the space counts as exhausted
 
 
 @dataclass(frozen=True)
@@ -73,7 +67,7 @@ class Runner:
         objective: turns metrics into rewards and decides feasibility.
         budget: full-evaluation equivalents to spend.
         run_dir: where the journal, state, best plan and summary go.
-        config: the run's settings, saved to run.json and checked on resume.
+        config: the run's settings (resolved), saved to run.json and checked on resume.
         resume: continue the journal already in `run_dir`.
         progress: show a progress bar.
         fidelity: multi-fidelity scoring (stop plans early on a subset of val); None scores every
@@ -91,7 +85,7 @@ class Runner:
         *,
         budget: float,
         run_dir: str | Path,
-        config: dict[str, Any],
+        config: RunConfig,
         resume: bool = False,
         progress: bool = True,
         console: Console | None = None,
@@ -137,24 +131,13 @@ class Runner:
             for trial in self.trials:  # what the killed process charged once is not charged again
                 self.evaluator.mark_paid(trial.plan)
             self._restore_strategy()
-        write_json_atomic(cfg_path, {**self.config, "budget": self.budget, "version": __version__})
+        write_json_atomic(cfg_path, {**self.config.to_json(), "budget": self.budget})
 
     def _check_same_run(self, cfg_path: Path) -> None:
-        if not cfg_path.exists():
-            return
-        import json
-
-        saved = json.loads(cfg_path.read_text())
-        for key in RESUME_KEYS:
-            if key in saved and key in self.config and saved[key] != self.config[key]:
-                raise ConfigError(
-                    f"cannot resume {str(self.run_dir)!r}: it was run with {key}={saved[key]!r}, "
-                    f"not {self.config[key]!r}"
-                )
+        if cfg_path.exists():
+            self.config.check_resumes(self.run_dir)
 
     def _restore_strategy(self) -> None:
-        import json
-
         told = 0
         # The next state first: a kill after a trial's journal line left it for exactly that trial.
         for name, fits in ((STATE_NEXT, len(self.trials).__eq__), (STATE, len(self.trials).__ge__)):
@@ -345,7 +328,7 @@ class Runner:
         return {
             "version": __version__,
             "run_dir": str(self.run_dir),
-            "config": self.config,
+            "config": self.config.to_json(),
             "objective": {"target": self.objective.target.value, "min_retention": self.objective.min_retention,
                           "confidence": conf, "count_gains": self.objective.count_gains},
             "budget": self.budget,

@@ -27,6 +27,7 @@ each chosen plan re-scored on the test split.
 from __future__ import annotations
 
 import fnmatch
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,19 +37,21 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from modelopt.api import build_workload, optimize
+from modelopt.config import RunConfig
 from modelopt.errors import ConfigError
+from modelopt.report import write_sweep_report
 from modelopt.run.journal import write_json_atomic
-from modelopt.run.runner import CONFIG, RunResult, free_cuda_memory
-from modelopt.workload import Workload
-
+from modelopt.run.layout import CONFIG
+from modelopt.run.runner import RunResult, free_cuda_memory
 from modelopt.run.sweep_file import Cell, Sweep, SweepModel, cell_status, load_sweep
 from modelopt.run.sweep_table import (  # the table reads what the sweep writes
     SWEEP_JSON,
     TABLE_CSV,
     TABLE_MD,
-    _read_json,
     make_table,
 )
+from modelopt.workload import Workload
 
 __all__ = ["Cell", "Sweep", "SweepModel", "SweepResult", "cell_status", "load_sweep", "make_table", "run_sweep"]
 
@@ -74,17 +77,16 @@ def _check_started(sweep: Sweep, cells: Sequence[Cell]) -> None:
             "bits": list(dict.fromkeys(sweep.bits)), "granularity": list(dict.fromkeys(sweep.granularity)),
             "rounding": list(dict.fromkeys(sweep.rounding))}
     for cell in cells:
-        cfg = _read_json(cell.run_dir / CONFIG)
-        if cfg is None:
+        if not (cell.run_dir / CONFIG).is_file():
             continue
-        quant = cfg.get("compressors", {}).get("quantize", {})
-        have = {"objective": cfg.get("objective"), "min_retention": cfg.get("min_retention"),
-                "confidence": cfg.get("confidence", 0.0),
+        cfg = RunConfig.read(cell.run_dir)
+        quant = cfg.options.get("quantize", {})
+        have = {"objective": cfg.objective, "min_retention": cfg.min_retention, "confidence": cfg.confidence,
                 "bits": quant.get("bits"), "granularity": quant.get("granularity"),
                 "rounding": quant.get("rounding", ["nearest"])}  # a record without it predates gptq
         if sweep.compressors is not None:
             want["compressors"] = sorted(sweep.compressors)
-            have["compressors"] = sorted(cfg.get("compressors", {}))
+            have["compressors"] = sorted(cfg.compressors or ())
         for key, value in want.items():
             if have[key] != value:
                 raise ConfigError(
@@ -94,8 +96,6 @@ def _check_started(sweep: Sweep, cells: Sequence[Cell]) -> None:
 
 
 def _build_workload(model: SweepModel, device: str) -> Workload:
-    from modelopt.api import build_workload
-
     return build_workload(model.model, model.data, weights=model.weights, device=device)
 
 
@@ -129,8 +129,6 @@ def run_sweep(
         >>> result = run_sweep("experiments/smoke.yaml")
         >>> print(result.markdown)
     """
-    from modelopt.api import optimize
-
     sweep = load_sweep(path)
     cells = sweep.cells()
     _check_started(sweep, cells)
@@ -197,11 +195,7 @@ def run_sweep(
 
 def _write_sweep_report(out: Path) -> None:
     """report.md and report.html beside the table: an extra, so a failure warns and the sweep stands."""
-    import warnings
-
     try:
-        from modelopt.report import write_sweep_report
-
         write_sweep_report(out)
     except Exception as exc:
         warnings.warn(f"the sweep finished but its report was not written ({type(exc).__name__}: {exc}); "

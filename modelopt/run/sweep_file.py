@@ -14,8 +14,9 @@ import yaml
 from modelopt._version import __version__
 from modelopt.errors import ConfigError, UnknownNameError
 from modelopt.objective import Target
-from modelopt.run.runner import CONFIG, JOURNAL, SUMMARY
-from modelopt.run.sweep_table import EPS, RUNS, _read_journal, _read_json  # the table reads what the sweep writes
+from modelopt.run.layout import CONFIG, JOURNAL, SUMMARY
+from modelopt.run.journal import read_journal
+from modelopt.run.sweep_table import EPS, RUNS, _read_json  # the table reads what the sweep writes
 
 __all__ = ["Cell", "Sweep", "SweepModel", "cell_status", "load_sweep"]
 
@@ -392,7 +393,7 @@ class Cell:
 def cell_status(run_dir: Path, model: str, strategy: str, seed: int, budget: float) -> Cell:
     """A cell is done when its summary exists and its trials' cost reaches `budget`, or its run
     stopped early at that budget because the strategy had nothing new to propose."""
-    records = _read_journal(run_dir / JOURNAL)
+    records = read_journal(run_dir / JOURNAL)
     spent = sum(float(r.get("cost", 0.0)) for r in records)
     summary = _read_json(run_dir / SUMMARY)
     done = summary is not None and (spent >= budget - EPS or float(summary.get("budget", 0)) >= budget - EPS)

@@ -9,6 +9,7 @@ writes `table.md`, `table.csv` and `table_seeds.csv`. Nothing in the table is wr
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -18,15 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 from modelopt._files import write_atomic
+from modelopt.config import RunConfig
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator, Metrics
-from modelopt.objective import Objective
+from modelopt.objective import Objective, best_of
 from modelopt.plan import Plan
 from modelopt.run.confirm import confirm, finalists
-from modelopt.run.runner import CONFIG, JOURNAL, SUMMARY
-from modelopt.space import SearchSpace
+from modelopt.run.journal import read_journal
+from modelopt.run.layout import CONFIG, JOURNAL, SUMMARY
 from modelopt.trial import Trial
 from modelopt.workload import Workload
 
@@ -38,21 +39,6 @@ TABLE_MD = "table.md"
 TABLE_CSV = "table.csv"
 SEEDS_CSV = "table_seeds.csv"
 EPS = 1e-9  # budgets are sums of float costs
-
-
-def _read_journal(path: Path) -> list[dict[str, Any]]:
-    """The journal's finished records, read without touching the file (a torn last line is skipped)."""
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
-        if not line.endswith("\n"):
-            break
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return sorted(records, key=lambda r: r["number"])
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -70,7 +56,7 @@ class _Seed:
     """One cell read back: its best-so-far trace and the plans the table needs."""
 
     seed: int
-    config: dict[str, Any]
+    config: RunConfig
     objective: Objective
     trace: list[tuple[float, dict[str, Any] | None]]  # (cumulative cost, best feasible record so far)
     covered: float  # the largest budget this cell's trace answers for
@@ -106,24 +92,19 @@ def _reduction(obj: Objective, rec: Mapping[str, Any]) -> float:
 
 
 def _read_cell(run_dir: Path, seed: int) -> _Seed | None:
-    config = _read_json(run_dir / CONFIG)
-    if config is None:
+    if not (run_dir / CONFIG).is_file():
         return None
-    obj = Objective(config.get("objective", "size"), float(config.get("min_retention", 0.99)),
-                    float(config.get("confidence") or 0.0),
-                         bool(config.get("count_gains", False)))  # older runs: point estimates
+    config = RunConfig.read(run_dir)
+    obj = config.make_objective()
     trace: list[tuple[float, dict[str, Any] | None]] = []
     records: list[tuple[float, dict[str, Any]]] = []
-    cum, best, best_key = 0.0, None, None
-    for rec in _read_journal(run_dir / JOURNAL):
+    cum, best = 0.0, None
+    for rec in read_journal(run_dir / JOURNAL):
         cum += float(rec.get("cost", 0.0))
         records.append((cum, rec))
         if rec.get("status") == "complete" and rec.get("metrics") is not None:
-            m = _metrics(rec)
-            if obj.feasible(m):
-                key = (obj.reward(m), obj.retention_lower(m))  # the runner's best_of order; the first of equals wins
-                if best_key is None or key > best_key:
-                    best, best_key = rec, key
+            # The runner's rule (best_of): the best so far stays unless this one beats it.
+            best = best_of([r for r in (best, rec) if r is not None], _metrics, obj)
         trace.append((cum, best))
     summary = _read_json(run_dir / SUMMARY)
     covered = max(cum, float(summary.get("budget", 0.0)) if summary else 0.0)  # a run that stopped early covers its budget
@@ -145,22 +126,15 @@ class _Scorer:
         self.device = device
         self.evaluators: dict[tuple[str, str], Evaluator] = {}
 
-    def evaluator(self, model: str, config: Mapping[str, Any]) -> Evaluator:
-        from modelopt.api import build_compressors, build_workload
-
-        comps = config.get("compressors", {"quantize": {}})
-        key = (model, json.dumps(comps, sort_keys=True))
+    def evaluator(self, model: str, config: RunConfig) -> Evaluator:
+        key = (model, json.dumps(config.to_json()["compressors"], sort_keys=True))
         if key not in self.evaluators:
             if model not in self.workloads:
-                self.workloads[model] = build_workload(
-                    config["model"], config["data"], weights=config.get("weights"), device=self.device,
-                    data_seed=int(config.get("data_seed", 0)))
-            wl = self.workloads[model]
-            space = SearchSpace(wl.layers, build_compressors(list(comps), comps))
-            self.evaluators[key] = Evaluator(wl, space)
+                self.workloads[model] = dataclasses.replace(config, device=self.device).load_workload()
+            self.evaluators[key] = config.make_evaluator(self.workloads[model])
         return self.evaluators[key]
 
-    def test(self, model: str, config: Mapping[str, Any], rec: Mapping[str, Any] | None) -> Metrics:
+    def test(self, model: str, config: RunConfig, rec: Mapping[str, Any] | None) -> Metrics:
         ev = self.evaluator(model, config)
         plan: Plan = ev.space.plan() if rec is None else ev.space.plan_from_flat(rec["plan"])
         return ev.evaluate(plan, split="test")
@@ -288,7 +262,7 @@ def _model_rows(
                     "test_accuracy": test.accuracy, "size_bytes": test.size_bytes,
                     "budget_to_random_best": c.reaches(target, top) if not math.isnan(target) else math.nan,
                 })
-            row: dict[str, Any] = {"model": model, "model_source": seeds[0].config.get("model"),
+            row: dict[str, Any] = {"model": model, "model_source": seeds[0].config.model,
                                    "objective": seeds[0].objective.target.value, "strategy": strategy,
                                    "budget": _num(b),
                                    "n_seeds": len(vals["val_reduction"]), "n_feasible": n_feasible,
@@ -396,10 +370,10 @@ def _md_model(
     ev = scorer.evaluator(model, cfg)
     wl = ev.workload
     target = first.objective.target.value
-    weights = f" with weights `{Path(cfg['weights']).name}`" if cfg.get("weights") else ""
+    weights = f" with weights `{Path(cfg.weights).name}`" if cfg.weights else ""
     lines = [
         f"## {model}", "",
-        f"`{cfg['model']}`{weights} on `{cfg['data']}`: float top-1 {wl.baseline_accuracy('val'):.2%} on val "
+        f"`{cfg.model}`{weights} on `{cfg.data}`: float top-1 {wl.baseline_accuracy('val'):.2%} on val "
         f"({len(wl.split('val'))} images), {wl.baseline_accuracy('test'):.2%} on test ({len(wl.split('test'))} "
         f"images); float size {wl.float_size_bytes / 1024:,.1f} KiB. × is compression: float size / plan size.", "",
     ]

@@ -231,7 +231,7 @@ def test_a_second_process_on_the_same_out_is_refused_by_the_lock(tmp_path, small
             assert_one_line_error(result, f"run folder '{run}' is in use by another modelopt process (pid {proc.pid})")
             print(f"\nsecond process {extra}: {result.stderr.strip()}")
         # Past the early check (two starting at once), the runner's own lock refuses it.
-        monkeypatch.setattr(modelopt.api, "preflight", lambda *a, **k: None)
+        monkeypatch.setattr(modelopt.api, "check_run_folder", lambda *a, **k: None)
         with pytest.raises(RunFolderBusy, match="is in use"):
             modelopt.optimize(small_workload, budget=300, out=run, resume=True, report=False, **QUANT)
         assert proc.poll() is None

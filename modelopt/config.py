@@ -1,0 +1,365 @@
+"""`RunConfig`: one typed, versioned record of a run's settings.
+
+It validates itself (one clear error per bad field), reads and writes a run folder's `run.json`
+(files from before it had a format number still load), and builds what a run needs:
+`build()` returns the workload, search space, evaluator and strategy. `modelopt.optimize`, the
+CLI, resume, export, reports and sweeps all start a run, or rebuild one, through it.
+
+Example:
+    >>> cfg = RunConfig(budget=50, seed=1)
+    >>> built = cfg.build()                      # loads ResNet-20 and the bundled sample
+    >>> (plan,) = built.strategy.ask()
+    >>> RunConfig.read("runs/r20").budget        # the settings a finished run was started with
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from modelopt._files import write_json_atomic
+from modelopt._version import __version__
+from modelopt.assemble import (
+    DEFAULT_BUDGET,
+    build_compressors,
+    default_compressors,
+    default_options,
+    load_exit_images,
+)
+from modelopt.compressors import COMPRESSORS, Compressor
+from modelopt.confidence import DEFAULT_CONFIDENCE
+from modelopt.data import load_data
+from modelopt.errors import ConfigError, LoadError
+from modelopt.evaluator import Evaluator
+from modelopt.fidelity import Fidelity
+from modelopt.layers import Layer
+from modelopt.models import load_model
+from modelopt.objective import Objective, Target
+from modelopt.plan_latency import LatencySpec
+from modelopt.run.confirm import check_certifiable
+from modelopt.run.layout import CONFIG
+from modelopt.search import STRATEGIES, Strategy
+from modelopt.sensitivity import estimate_losses
+from modelopt.space import SearchSpace
+from modelopt.workload import Workload
+
+CONFIG_FORMAT = 1  # run.json's layout; files without `format` are format 0 and read the same way
+# The settings a resumed run must share with the run it continues (a changed one is refused).
+RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "confidence",
+               "count_gains", "compressors", "data_seed", "fidelity", "exit_data")
+
+
+def check_budget(budget: float) -> None:
+    """Raises ConfigError unless `budget` is a positive finite number."""
+    if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not 0 < budget < math.inf:
+        raise ConfigError(f"budget must be a positive number of full evaluations, got {budget!r}")
+
+
+def check_seed(seed: int) -> None:
+    """Raises ConfigError unless `seed` is a non-negative integer (numpy's generators take no other)."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer like 0, got {seed!r}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a search run is started with (the run folder and progress display aside).
+
+    Attributes:
+        model, weights: a zoo name, `torchvision:NAME`, `pkg.module:factory` or a file; its checkpoint.
+        data, data_seed: a named source or path; the seed of its calib/val/test split (fixed across
+            search seeds).
+        strategy, seed: a registered strategy name (`modelopt list`) and its seed.
+        budget: full-evaluation equivalents the search may spend (a trial on all of val costs 1).
+        objective: size, bitops, macs or latency (measured).
+        min_retention: floor on accuracy / float accuracy, on images the search never saw.
+        confidence: a plan meets the floor when a one-sided lower bound on its retention at this
+            confidence does (`modelopt.confidence`); 0: the point estimate.
+        count_gains: let images a plan fixes offset those it breaks in that bound (off: only the
+            breaks count; gains on a few hundred images are mostly luck a search harvests).
+        compressors: registry names contributing decisions; None: every registered one that can
+            lower `objective` on the model (`default_compressors`: quantize and prune for size;
+            early exit and prune for macs; all three for bitops and latency), resolved by `build`.
+        options: constructor options per compressor name (unnamed options: the class's own defaults).
+        device: auto, cpu, cuda or cuda:N (a resolved record names the device it ran on).
+        fidelity: multi-fidelity scoring: a plan below the floor beyond doubt on part of val (or
+            that cannot beat the best so far) stops there and is charged only that part; None
+            scores every plan on all of val.
+        latency: how latency is measured (`LatencySpec`): for every plan when `objective` is
+            latency, else for the best plan and the Pareto front at the end; None measures none.
+        exit_data, exit_images: an `.npz` of images the search never scores (e.g. the training set)
+            and how many of them (a seeded subset) early-exit heads are also fitted on.
+        fingerprints: content hashes of the model and data a run was searched on (set by `build`).
+    """
+
+    model: str = "cifar10_resnet20"
+    weights: str | None = None
+    data: str = "cifar10-sample"
+    data_seed: int = 0
+    strategy: str = "mcts"
+    seed: int = 0
+    budget: float = DEFAULT_BUDGET
+    objective: str = "size"
+    min_retention: float = 0.99
+    confidence: float = DEFAULT_CONFIDENCE
+    count_gains: bool = False
+    compressors: tuple[str, ...] | None = None
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=default_options)
+    device: str = "auto"
+    fidelity: Fidelity | None = Fidelity()
+    latency: LatencySpec | None = LatencySpec("torch")
+    exit_data: str | None = None
+    exit_images: int = 10000
+    fingerprints: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("model", "data", "device", "strategy"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ConfigError(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
+        for name in ("weights", "exit_data"):  # paths are kept as the strings the user gave
+            if isinstance(getattr(self, name), Path):
+                object.__setattr__(self, name, str(getattr(self, name)))
+        check_seed(self.seed)
+        check_seed(self.data_seed)
+        check_budget(self.budget)
+        STRATEGIES.get(self.strategy)  # an unknown name: one line listing the registered ones
+        self.make_objective()
+        if self.compressors is not None:
+            object.__setattr__(self, "compressors", tuple(self.compressors))
+        for name in [*(self.compressors or ()), *self.options]:
+            COMPRESSORS.get(name)
+        if not isinstance(self.exit_images, int) or isinstance(self.exit_images, bool) or self.exit_images < 1:
+            raise ConfigError(f"exit_images must be a positive number of images, got {self.exit_images!r}")
+        self._check_latency()
+
+    def _check_latency(self) -> None:
+        if self.latency is None and self.objective == Target.LATENCY.value:
+            raise ConfigError("objective 'latency' needs a latency backend; pass latency='torch' or 'onnxruntime'")
+        if self._onnx_timed and "early_exit" in (self.compressors or ()):
+            raise ConfigError("latency backend 'onnxruntime' cannot time early exits (an ONNX graph has no early "
+                              "return); use --latency torch, or leave early_exit out of --compressors")
+
+    @property
+    def _onnx_timed(self) -> bool:
+        return self.latency is not None and self.latency.backend == "onnxruntime"
+
+    def make_objective(self) -> Objective:
+        return Objective(self.objective, self.min_retention, self.confidence, self.count_gains)
+
+    # ---- building a run ----------------------------------------------------------------------
+
+    def load_workload(self, *, allow_pickle: bool = False) -> Workload:
+        """Loads the model and data and puts both, with the float predictions, on the device."""
+        model = load_model(self.model, self.weights, allow_pickle=allow_pickle)
+        return Workload(model, load_data(self.data, seed=self.data_seed), device=self.device)
+
+    def compressor_names(self, model: nn.Module | None) -> tuple[str, ...]:
+        """The compressors the run uses: the named ones, else those that can lower the objective on `model`."""
+        if self.compressors is not None:
+            return self.compressors
+        if model is None:
+            raise ConfigError("a RunConfig without compressors needs the model to choose them")
+        names = default_compressors(self.objective, model)
+        return tuple(n for n in names if not (self._onnx_timed and n == "early_exit"))  # ONNX cannot time exits
+
+    def make_compressors(self, model: nn.Module | None = None) -> list[Compressor]:
+        """The run's compressors with their options (options derived from `model` fill what `options` leave out)."""
+        names = self.compressor_names(model)
+        return build_compressors(names, {n: o for n, o in self.options.items() if n in names}, model=model)
+
+    def make_space(self, layers: Sequence[Layer], model: nn.Module | None = None) -> SearchSpace:
+        return SearchSpace(layers, self.make_compressors(model))
+
+    def make_evaluator(self, workload: Workload) -> Evaluator:
+        """An evaluator of the run's space on `workload` (with the extra exit images when it has exits)."""
+        space = self.make_space(workload.layers, workload.model)
+        extra = None
+        if self.exit_data is not None and "early_exit" in space.compressors:
+            extra = load_exit_images(workload, self.exit_data, self.exit_images)
+        return Evaluator(workload, space, exit_images=extra)
+
+    def resolved(self, workload: Workload, space: SearchSpace) -> RunConfig:
+        """This config as run on `workload`: compressor menus in full, the device and fingerprints named."""
+        return dataclasses.replace(
+            self, model=workload.name, data=str(workload.data.source), device=str(workload.device),
+            compressors=tuple(space.compressors),
+            options={name: c.options() for name, c in space.compressors.items()},
+            fingerprints=workload.fingerprints())
+
+    def build(self, workload: Workload | None = None, *, allow_pickle: bool = False) -> BuiltRun:
+        """The run's parts: `workload` (loaded from `model` and `data` when None), space, evaluator, and
+        the strategy (after the priors it starts from are measured).
+
+        A given workload is the caller's word that it is this config's model, data and device.
+        """
+        wl = workload if workload is not None else self.load_workload(allow_pickle=allow_pickle)
+        evaluator = self.make_evaluator(wl)
+        objective = self.make_objective()
+        check_certifiable(evaluator, objective)  # a val split too small to certify the floor: refused before any work
+        evaluator.measure_errors()  # data-free priors the strategies start from; costs no evaluation
+        strategy = STRATEGIES.get(self.strategy)(evaluator.space, objective, seed=self.seed)
+        if getattr(strategy, "wants_loss_estimates", False):  # knapsack's one-pass sensitivities
+            getattr(strategy, "use_loss_estimates")(estimate_losses(evaluator))
+        return BuiltRun(self.resolved(wl, evaluator.space), wl, evaluator, strategy, objective)
+
+    # ---- run.json ----------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """run.json's form (the key layout of format 0, plus `format` and the tool's `version`)."""
+        comps = None if self.compressors is None else {n: dict(self.options.get(n, {})) for n in self.compressors}
+        out: dict[str, Any] = {
+            "format": CONFIG_FORMAT, "model": self.model, "weights": self.weights, "data": self.data,
+            "data_seed": self.data_seed, "strategy": self.strategy, "seed": self.seed, "objective": self.objective,
+            "min_retention": self.min_retention, "confidence": self.confidence, "count_gains": self.count_gains,
+            "compressors": comps, "device": self.device,
+            "fidelity": None if self.fidelity is None else self.fidelity.to_dict(),
+            "latency": None if self.latency is None else dataclasses.asdict(self.latency),
+            "exit_data": None if self.exit_data is None else {"path": self.exit_data, "images": self.exit_images},
+            **self.fingerprints, "budget": float(self.budget), "version": __version__,
+        }
+        if comps is None:
+            out["options"] = {n: dict(o) for n, o in self.options.items()}
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], where: str = CONFIG) -> RunConfig:
+        """The config a run.json holds; LoadError naming the first field that has not the form it must."""
+        _check_forms(raw, where)
+        try:
+            return cls(**_fields_of(raw))
+        except (ConfigError, TypeError) as exc:
+            raise LoadError(f"{where!r} holds settings modelopt refuses ({exc}); its run.json was damaged or is "
+                            "not a modelopt run's") from None
+
+    @classmethod
+    def read(cls, run_dir: str | Path) -> RunConfig:
+        """The settings a run folder was started with; LoadError when it is not a run folder."""
+        return cls.from_json(read_config_json(run_dir), str(Path(run_dir) / CONFIG))
+
+    def write(self, run_dir: str | Path) -> None:
+        write_json_atomic(Path(run_dir) / CONFIG, self.to_json())
+
+    def check_resumes(self, run_dir: str | Path) -> None:
+        """Raises ConfigError unless this (resolved) config may continue the run in `run_dir`: the same
+        model and data by content, search, floor and menus (the budget may grow)."""
+        saved, mine = read_config_json(run_dir), self.to_json()
+        for key in RESUME_KEYS:
+            if key in saved and key in mine and saved[key] != mine[key]:
+                raise ConfigError(f"cannot resume {str(run_dir)!r}: it was run with {key}={saved[key]!r}, "
+                                  f"not {mine[key]!r}")
+
+
+@dataclass(frozen=True)
+class BuiltRun:
+    """A run's parts, from `RunConfig.build`; `config` is resolved (menus in full, device, fingerprints)."""
+
+    config: RunConfig
+    workload: Workload
+    evaluator: Evaluator
+    strategy: Strategy
+    objective: Objective
+
+    @property
+    def space(self) -> SearchSpace:
+        return self.evaluator.space
+
+
+def read_config_json(run_dir: str | Path) -> dict[str, Any]:
+    """run.json as JSON, checked to be a run's settings (LoadError otherwise)."""
+    path = Path(run_dir) / CONFIG
+    if not path.is_file():
+        raise LoadError(f"{str(run_dir)!r} is not a modelopt run folder (no {CONFIG})")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise LoadError(f"{str(path)!r} is not readable as a run's settings ({exc}); it is not a modelopt run "
+                        "folder, or its run.json was damaged") from None
+    if not isinstance(raw, dict):
+        raise LoadError(f"{str(path)!r} holds no run settings; it is not a modelopt run folder")
+    return raw
+
+
+def _fields_of(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """RunConfig's fields from a run.json already checked for form (`_check_forms`)."""
+    comps = raw.get("compressors")
+    exit_data = raw.get("exit_data") or {}
+    values: dict[str, Any] = {k: raw[k] for k in _SCALARS if raw.get(k) is not None}
+    values.update(
+        compressors=None if comps is None and "options" in raw else tuple(comps or {"quantize": {}}),
+        options=dict(raw.get("options") or comps or {"quantize": {}}),
+        fidelity=None if raw.get("fidelity") is None else Fidelity(**_fidelity_args(raw["fidelity"])),
+        latency=None if raw.get("latency") is None else LatencySpec(**raw["latency"]),
+        exit_data=exit_data.get("path"), exit_images=int(exit_data.get("images", 10000)),
+        fingerprints={k: raw[k] for k in ("model_sha256", "data_sha256") if isinstance(raw.get(k), str)},
+    )
+    values.update({k: v for k, v in _BEFORE.items() if k not in raw})
+    return values
+
+
+def objective_from_json(raw: Mapping[str, Any]) -> Objective:
+    """The objective a run.json names (what reports need even where its compressors cannot be built)."""
+    return Objective(raw.get("objective") or "size", float(raw.get("min_retention") or 0.99),
+                     float(raw.get("confidence", _BEFORE["confidence"]) or 0.0), bool(raw.get("count_gains", False)))
+
+
+# What a format-0 run.json without a field ran with (the field came later): point estimates, and
+# every plan scored on the whole val split.
+_BEFORE: dict[str, Any] = {"confidence": 0.0, "fidelity": None}
+_SCALARS = ("model", "weights", "data", "data_seed", "strategy", "seed", "budget", "objective", "min_retention",
+            "confidence", "count_gains", "device")
+
+
+def _fidelity_args(raw: Mapping[str, Any]) -> dict[str, Any]:
+    return {**raw, "stages": tuple(raw.get("stages", ()))}
+
+
+def _is(*kinds: type) -> Callable[[Any], bool]:
+    """isinstance, where a bool passes only when bool is named (JSON's true is no seed)."""
+    return lambda v: isinstance(v, kinds) and (not isinstance(v, bool) or bool in kinds)
+
+
+def _list_of(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, list) and all(ok(x) for x in v)
+
+
+def _mapping_of_mappings(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(o, dict) for o in v.values())
+
+
+# The form each run.json field must have (null is always allowed: the default then applies).
+_FORMS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "model": (_is(str), "a model name"), "weights": (_is(str), "a path or null"), "data": (_is(str), "a data source"),
+    "strategy": (_is(str), "a strategy name"), "seed": (_is(int), "an integer"), "objective": (_is(str), "a name"),
+    "data_seed": (_is(int), "an integer"), "budget": (_is(int, float), "a number"), "device": (_is(str), "a device"),
+    "min_retention": (_is(int, float), "a number"), "confidence": (_is(int, float), "a number"),
+    "count_gains": (_is(bool), "true or false"),
+    "compressors": (_mapping_of_mappings, "a mapping of compressor names to their options"),
+    "options": (_mapping_of_mappings, "a mapping of compressor names to their options"),
+    "fidelity": (lambda v: isinstance(v, dict), "a mapping or null"),
+    "latency": (lambda v: isinstance(v, dict), "a mapping or null"),
+    "exit_data": (lambda v: isinstance(v, dict) and _is(str)(v.get("path")) and _is(int)(v.get("images")),
+                  "null or {path, images}"),
+}
+_QUANTIZE_FORMS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "bits": (_list_of(_is(int)), "a list of bit widths"), "granularity": (_list_of(_is(str)), "a list of names"),
+    "rounding": (_list_of(_is(str)), "a list of names"),
+    "activations": (_list_of(_is(int, type(None))), "a list of bit widths or nulls"),
+}
+
+
+def _check_forms(raw: Mapping[str, Any], where: str) -> None:
+    comps = raw.get("compressors")
+    quantize = comps.get("quantize") if isinstance(comps, dict) else None
+    for prefix, table, values in (("", _FORMS, raw),
+                                  ("compressors.quantize.", _QUANTIZE_FORMS, quantize if isinstance(quantize, dict) else {})):
+        for key, (ok, form) in table.items():
+            if values.get(key) is not None and not ok(values[key]):
+                raise LoadError(f"{where!r} has {prefix}{key} = {values[key]!r}, not {form}; its run.json was "
+                                "damaged or is not a modelopt run's")

@@ -1,0 +1,12 @@
+"""What a run folder holds, by file name: the one place these names are spelled."""
+
+CONFIG = "run.json"  # the run's settings (modelopt.config.RunConfig)
+JOURNAL = "trials.jsonl"  # one line per finished trial, appended as it finishes
+STATE = "strategy_state.json"  # the strategy's state after the journal's last trial
+STATE_NEXT = "strategy_state.next.json"  # the state after the trial being journaled
+SUMMARY = "summary.json"  # written when the run finishes: best, Pareto front, test re-scores
+BEST_PLAN = "best_plan.yaml"  # the reported best plan, hand-editable
+LAYERS = "layers.json"  # the model's compressible layers, so reports size layers without the model
+LOCK = ".lock"  # held by the process writing the folder
+
+__all__ = ["BEST_PLAN", "CONFIG", "JOURNAL", "LAYERS", "LOCK", "STATE", "STATE_NEXT", "SUMMARY"]
