@@ -82,7 +82,8 @@ def export_onnx(
 
     Args:
         evaluator: the evaluator that scored the plan.
-        plan: the plan to export (quantize decisions only).
+        plan: the plan to export: any compressors' choices but early exits (a graph has no
+            data-dependent return; export those with `export_packed`).
         path: the .onnx file to write.
         activations: quantize activations to uint8 (calibrated) so ONNX Runtime runs integer kernels;
             False writes weight-only quantization (float activations).
@@ -100,7 +101,7 @@ def export_onnx(
             no data-dependent return; export it with format ``modelopt``).
 
     Example:
-        >>> info = export_onnx(ev, space.uniform("quantize", QuantSpec(8)), "r20-int8.onnx")
+        >>> info = export_onnx(ev, ev.space.load_plan("best_plan.yaml"), "r20.onnx")
         >>> run_onnx(info.path, x).argmax(1)
     """
     _check(evaluator, plan, calibration, calib_samples, percentile)

@@ -134,8 +134,8 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
         The path written. Its size is within a few percent of ``evaluator.size_bytes(plan)``.
 
     Example:
-        >>> export_packed(ev, space.uniform("quantize", QuantSpec(4)), "r20-int4.pt")
-        >>> model = modelopt.load("r20-int4.pt")
+        >>> export_packed(ev, ev.space.load_plan("best_plan.yaml"), "r20.pt")
+        >>> model = modelopt.load("r20.pt")
     """
     # The model as the plan runs it: compressed weights, norms (re-estimated statistics) and
     # structurally pruned blocks at their smaller size.
@@ -179,7 +179,7 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
 
 def _add_inputs(out: _Sections, evaluator: Evaluator, plan: Plan) -> None:
     """Quantized inputs: bits and zero point in the index, the float32 scale after the other floats
-    (the 5 bytes `Quantize.weight_bytes` counts); `load` puts the same fake quantization back."""
+    (the `QPARAM_BYTES` size accounting counts); `load` puts the same fake quantization back."""
     qparams, _ = evaluator.input_qparams(plan)
     if qparams:
         out.index["a"] = [[name, qp.bits, qp.zero_point] for name, qp in qparams.items()]
