@@ -81,7 +81,7 @@ def test_bundled_sample_max_samples_and_fractions() -> None:
 
 
 def test_unknown_split_name() -> None:
-    with pytest.raises(ConfigError, match="'train'.*calib, val, confirm, test, all"):
+    with pytest.raises(ConfigError, match=r"'train'.*calib, val, confirm, test, all"):
         load_data().split("train")
     assert SPLIT_NAMES == ("calib", "val", "confirm", "test", "all")
 
@@ -171,7 +171,7 @@ def test_cifar10_root_refuses_foreign_pickles(tmp_path: Path) -> None:
 @needs_shared
 def test_image_folder(tmp_path: Path, exact: tuple[np.ndarray, np.ndarray]) -> None:
     x, y = exact[0][:60], exact[1][:60]
-    for i, (img, label) in enumerate(zip(x, y)):
+    for i, (img, label) in enumerate(zip(x, y, strict=True)):
         (tmp_path / CLASSES[label]).mkdir(exist_ok=True)
         suffix = ".png" if i % 2 else ".BMP"  # lossless formats, so the pixels must round-trip
         Image.fromarray(img).save(tmp_path / CLASSES[label] / f"{i:03d}{suffix}")
@@ -221,12 +221,12 @@ def test_dataloader() -> None:
 def test_missing_path_and_unknown_name(tmp_path: Path) -> None:
     with pytest.raises(LoadError, match="does not exist"):
         load_data(tmp_path / "nope.npz")
-    with pytest.raises(UnknownNameError, match="cifar10_sample.*did you mean 'cifar10-sample'"):
+    with pytest.raises(UnknownNameError, match=r"cifar10_sample.*did you mean 'cifar10-sample'"):
         load_data("cifar10_sample")
     with pytest.raises(ConfigError, match="got int"):
         load_data(3)  # type: ignore[arg-type]
     (tmp_path / "a.txt").write_text("hi")
-    with pytest.raises(LoadError, match="not an .npz"):
+    with pytest.raises(LoadError, match=r"not an \.npz"):
         load_data(tmp_path / "a.txt")
 
 
@@ -287,7 +287,7 @@ def test_bad_options(kwargs: dict, match: str) -> None:
 
 def test_too_few_samples(tmp_path: Path) -> None:
     np.savez(tmp_path / "d.npz", x=np.zeros((2, 8, 8, 3), np.uint8), y=np.zeros(2, np.int64))
-    with pytest.raises(ConfigError, match="too few samples.*2 give calib=0, val=0, test=2"):
+    with pytest.raises(ConfigError, match=r"too few samples.*2 give calib=0, val=0, test=2"):
         load_data(tmp_path / "d.npz")
     assert len(load_data(tmp_path / "d.npz", calib_fraction=0.0, val_fraction=0.5).test) == 1
     with pytest.raises(ConfigError, match="too few samples"):

@@ -53,7 +53,7 @@ def test_concurrent_writers_never_tear_a_file(tmp_path):
 
 def test_a_failed_write_is_one_error_and_leaves_the_old_file(tmp_path):
     (tmp_path / "report.md").mkdir()  # os.replace onto a folder fails after the temporary is written
-    with pytest.raises(StorageError, match="cannot write .*report.md"):
+    with pytest.raises(StorageError, match=r"cannot write .*report\.md"):
         write_atomic(tmp_path / "report.md", "# report")
     assert sorted(os.listdir(tmp_path)) == ["report.md"]
     with pytest.raises(StorageError, match="cannot write"):

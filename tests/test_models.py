@@ -84,7 +84,7 @@ def test_pickled_module_needs_allow_pickle(tmp_path):
     from _models_helper import TinyNet
 
     torch.save(TinyNet(), tmp_path / "net.pt")
-    with pytest.raises(LoadError, match="pickled.*arbitrary code.*--allow-pickle") as err:
+    with pytest.raises(LoadError, match=r"pickled.*arbitrary code.*--allow-pickle") as err:
         load_model(tmp_path / "net.pt")
     assert "net.pt" in str(err.value)
     loaded = load_model(tmp_path / "net.pt", allow_pickle=True)

@@ -145,7 +145,7 @@ def test_pareto_front_by_brute_force_on_random_points():
     for _ in range(50):
         pts = [(i, metrics(round(rng.uniform(0.8, 1.0), 2), rng.randrange(1, 20) * 100)) for i in range(12)]
 
-        def dominated(m):
+        def dominated(m, pts=pts):
             return any(o.size_bytes <= m.size_bytes and o.retention >= m.retention
                        and (o.size_bytes, o.retention) != (m.size_bytes, m.retention) for _, o in pts)
 

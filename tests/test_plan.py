@@ -14,7 +14,10 @@ from modelopt.plan import Decision, Plan, decision_name, jsonable
 GR = Granularity.GROUP
 
 
-def make(conv1=QuantSpec(8), layer1=QuantSpec(4, GR, 64), fc=None) -> Plan:
+Q8, Q4G64 = QuantSpec(8), QuantSpec(4, GR, 64)
+
+
+def make(conv1=Q8, layer1=Q4G64, fc=None) -> Plan:
     return Plan((("conv1/quantize", conv1), ("layer1.0.conv1/quantize", layer1), ("fc/quantize", fc)))
 
 

@@ -24,7 +24,7 @@ def test_latency_is_measured_once_per_plan_and_named(resnet20_workload):
 
 
 def test_unknown_backend_is_a_config_error():
-    with pytest.raises(ConfigError, match="'tvm'.*torch, onnxruntime"):
+    with pytest.raises(ConfigError, match=r"'tvm'.*torch, onnxruntime"):
         LatencySpec("tvm")
 
 

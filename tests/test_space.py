@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from modelopt.compressors import Compressor, Granularity, QuantSpec, Quantize
+from modelopt.compressors import Compressor, Granularity, Quantize, QuantSpec
 from modelopt.errors import ConfigError, LoadError, ModeloptError, UnknownNameError
 from modelopt.layers import Layer, LayerKind
 from modelopt.plan import Plan

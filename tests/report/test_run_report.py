@@ -19,7 +19,6 @@ from modelopt.report import write_report
 from modelopt.testing.cli import assert_one_line_error
 
 
-
 @pytest.fixture
 def copy_run(tmp_path, small_run):
     """Copies of the session's small run: the whole of it, or its first n trials without the end."""

@@ -36,7 +36,8 @@ def _list(item: st.SearchStrategy) -> st.SearchStrategy:
 MODEL = st.fixed_dictionaries(
     {"name": _mostly(st.sampled_from(["resnet20", "r20", "m.1"])),
      "model": _mostly(st.sampled_from(["cifar10_resnet20", "torchvision:resnet18", "pkg.mod:make", "model.pt"]))},
-    optional={"weights": _mostly(st.just("weights.pt")), "data": _mostly(st.sampled_from(["cifar10-sample", "data.npz"]))})
+    optional={"weights": _mostly(st.just("weights.pt")),
+              "data": _mostly(st.sampled_from(["cifar10-sample", "data.npz"]))})
 VALIDISH = st.fixed_dictionaries({
     "name": _mostly(st.sampled_from(["t", "sweep", "é"])),
     "models": _mostly(st.lists(MODEL, min_size=1, max_size=2, unique_by=lambda m: repr(m["name"]))),
