@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from modelopt import plan_file
 from modelopt.compressors._base import Choice, Compressor
 from modelopt.errors import UnknownNameError
 from modelopt.layers import Layer
-from modelopt.plan import Decision, Plan, decision_name
+from modelopt.plan import Decision, Plan, decision_name, jsonable
 from modelopt.plan_file import read_plan_file
 
 __all__ = ["ChoiceFeatures", "SearchSpace", "read_plan_file"]
@@ -132,10 +133,17 @@ class SearchSpace:
         plan_file.save_plan(self, plan, path)
 
     def plan_from_flat(self, flat: Mapping[str, Any]) -> Plan:
-        """Inverse of `Plan.to_flat` (the journal's form)."""
+        """Inverse of `Plan.to_flat` (the journal's form): the menu's choice of that JSON form, else
+        what the compressor parses from it (a record written before a choice's fields changed)."""
         choices = {}
         for name, raw in flat.items():
             d = self.decision(name)
-            choices[name] = self.compressors[d.compressor].parse(raw, self.layers[d.layer])
+            on_menu = [c for form, c in self._json_menus[name] if form == raw]
+            choices[name] = on_menu[0] if on_menu else self.compressors[d.compressor].parse(raw, self.layers[d.layer])
         return self.plan(choices)
+
+    @cached_property
+    def _json_menus(self) -> dict[str, list[tuple[Any, Choice]]]:
+        """Each decision's menu with the JSON form of each choice (`jsonable`), for reading journals."""
+        return {d.name: [(jsonable(c), c) for c in d.choices] for d in self.decisions}
 

@@ -1,0 +1,156 @@
+"""A compressor written only in this file runs through search, export, reload, report and the
+Optuna export, with no edit anywhere else (issue 14: the compressor contract is complete).
+
+The toy rounds a layer's weights to one decimal (a step of float16's 0.1, so export stores them
+exactly as int8 codes times one float16 scale).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import modelopt
+from modelopt.compressors import COMPRESSORS, Compressor
+from modelopt.compressors._base import Choice, Granularity, IntegerWeight, WeightForm
+from modelopt.compressors.gptq import LayerInputs
+from modelopt.config import RunConfig
+from modelopt.errors import ConfigError
+from modelopt.export._source import resolve
+from modelopt.layers import Layer
+from modelopt.run.optuna_storage import export_run
+from modelopt.run.run_folder import read_run
+
+STEP = float(torch.tensor(0.1, dtype=torch.float16))  # 0.0999755859375: what a float16 scale holds
+ON = "1dp"
+
+
+class RoundOneDecimal(Compressor):
+    """Rounds every weight of a layer to a multiple of 0.1 (int8 codes, one scale per tensor)."""
+
+    name = "round1"
+    order = 30  # after pruning: it rounds the kept weights
+
+    def menu(self, layer: Layer) -> tuple[Choice, ...]:
+        return (None, ON)
+
+    def parse(self, raw: Mapping[str, Any] | None, layer: Layer) -> Choice:
+        if raw is None:
+            return None
+        if dict(raw) != {"decimals": 1}:
+            raise ConfigError(f"round1 takes {{decimals: 1}}, got {dict(raw)!r}")
+        return ON
+
+    def dump(self, choice: Choice) -> dict[str, Any] | None:
+        return None if choice is None else {"decimals": 1}
+
+    def apply(self, weight: torch.Tensor, choice: Choice) -> torch.Tensor:
+        if choice is None:
+            return weight
+        return (weight / STEP).round().clamp(-127, 127) * STEP
+
+    def weight_bytes(self, layer: Layer, choice: Choice) -> int:
+        return layer.params + 2  # an int8 code per weight and one float16 scale
+
+    def pack(self, form: WeightForm, choice: Choice, inputs: LayerInputs | None = None) -> WeightForm:
+        if choice is None:
+            return form
+        codes = (form.weight / STEP).round().clamp(-127, 127).to(torch.int8)
+        integer = IntegerWeight(codes, torch.tensor([STEP], dtype=torch.float16), 8, Granularity.PER_TENSOR)
+        return WeightForm(integer.dequantize().to(form.weight.dtype), form.mask, integer)
+
+    def weight_bits(self, choice: Choice) -> int:
+        return 32 if choice is None else 8
+
+
+@pytest.fixture(scope="module")
+def toy() -> Iterator[type[Compressor]]:
+    COMPRESSORS.register("round1")(RoundOneDecimal)
+    yield RoundOneDecimal
+    COMPRESSORS._items.pop("round1")  # other tests see the registry as shipped
+
+
+@pytest.fixture(scope="module")
+def toy_run(toy, small_workload, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("toy") / "run"
+    config = RunConfig(strategy="random", budget=6, seed=0, min_retention=0.5, confidence=0.0,
+                       compressors=("round1",), options={}, latency=None)
+    modelopt.api.run(config, workload=small_workload, out=out, progress=False, report=False)
+    return out
+
+
+def _a_rounding_trial(run_dir: Path) -> int:
+    records = read_run(run_dir).records
+    return next(r.number for r in records if r.ok and any(v is not None for v in r.plan.values()))
+
+
+def test_search_journals_and_records_the_plugin(toy_run: Path) -> None:
+    run = read_run(toy_run)
+    assert run.done and len(run.records) >= 3 and all(r.ok for r in run.records)
+    assert run.run_config is not None and run.run_config.compressors == ("round1",)
+    assert {name.rsplit("/", 1)[1] for name in run.records[0].plan} == {"round1"}
+
+
+def test_report_sizes_each_layer_as_the_evaluator_did(toy_run: Path) -> None:
+    run = read_run(toy_run)
+    for record in run.records:
+        assert run.size_bytes(record) == record.metrics.size_bytes  # the report's layer bytes add up
+
+
+def test_export_and_reload_give_the_scored_model(toy_run: Path, small_workload, tmp_path: Path) -> None:
+    number = _a_rounding_trial(toy_run)
+    path = modelopt.export(toy_run, plan=number, out=tmp_path / "toy.pt")
+    source = resolve(toy_run, number)  # the evaluator a run folder rebuilds
+    ev, plan = source.evaluator, source.plan
+    net = modelopt.load(path)
+    x = small_workload.split("val").x[:64]
+    state, _ = ev.compressed_state(plan)
+    with torch.inference_mode(), small_workload.state(state):
+        want = small_workload.logits(x)
+    with torch.inference_mode():
+        got = net(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    record = next(r for r in read_run(toy_run).records if r.number == number)
+    assert math.isclose(ev.size_bytes(plan), record.metrics.size_bytes)
+
+
+def test_onnx_export_runs_the_plugins_codes(toy_run: Path, small_workload, tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    import onnx
+    import onnxruntime as ort
+
+    number = _a_rounding_trial(toy_run)
+    path = modelopt.export(toy_run, plan=number, format="onnx", out=tmp_path / "toy.onnx")
+    onnx.checker.check_model(onnx.load(str(path)))
+    source = resolve(toy_run, number)
+    x = small_workload.split("val").x[:64]
+    state, _ = source.evaluator.compressed_state(source.plan)
+    with torch.inference_mode(), small_workload.state(state):
+        want = small_workload.logits(x).argmax(1).numpy()
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0].argmax(1)
+    assert (got == want).mean() >= 0.95
+
+
+def test_html_report_and_optuna_export(toy_run: Path, tmp_path: Path) -> None:
+    pytest.importorskip("optuna")
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for f in toy_run.iterdir():
+        if f.is_file():
+            (copy / f.name).write_bytes(f.read_bytes())
+    paths = modelopt.report(copy)
+    assert "round1" in paths.markdown.read_text(encoding="utf-8")  # its own column in the per-layer map
+    assert paths.html.is_file()
+    done = export_run(copy, f"sqlite:///{tmp_path / 'studies.db'}")
+    assert done.added == len(read_run(copy).records)
+    summary = json.loads((copy / "summary.json").read_text())
+    assert summary["config"]["compressors"] == {"round1": {}}
+    assert dataclasses.is_dataclass(read_run(copy).run_config)
