@@ -33,8 +33,9 @@ def measure_errors(states: CompressedStates, exits: PlanExits) -> None:
     images = max((n for d in space.decisions for c in d.choices
                   if (n := space.compressors[d.compressor].input_images(c))), default=0)
     for d in space.decisions:
-        w = workload.original[d.layer].float()  # type: ignore[index]
-        inputs = states.layer_inputs(d.layer, images) if images else None  # type: ignore[arg-type]
+        layer = str(d.layer)  # every decision of a space built from layers names its layer
+        w = workload.original[layer].float()
+        inputs = states.layer_inputs(layer, images) if images else None
         h = None if inputs is None else inputs.hessian.to(w.device, torch.float32)
 
         def energy(e: torch.Tensor, h: torch.Tensor | None = h) -> float:
@@ -49,7 +50,7 @@ def measure_errors(states: CompressedStates, exits: PlanExits) -> None:
                 continue
             plan = space.plan({d.name: c})
             try:
-                q = states.compressed_weights(plan)[d.layer].float()  # type: ignore[index]
+                q = states.compressed_weights(plan)[layer].float()
             except Exception:  # noqa: BLE001 - a choice that crashes is a broken choice; trials record why
                 feats.append(dataclasses.replace(f, error=1.0))
                 continue

@@ -194,5 +194,5 @@ def _hopeless(data: SplitData, pred: torch.Tensor, min_retention: float, delta: 
 def _joined(parts: list[Predictions]) -> Predictions:
     """Predictions (and exits, when any) of consecutive stages, concatenated."""
     pred = torch.cat([p for p, _ in parts])
-    exits = [e for _, e in parts]
-    return pred, None if any(e is None for e in exits) else torch.cat(exits)  # type: ignore[misc]
+    exits = [e for _, e in parts if e is not None]
+    return pred, torch.cat(exits) if exits and len(exits) == len(parts) else None

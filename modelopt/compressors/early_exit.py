@@ -109,7 +109,8 @@ class EarlyExit(Compressor):
         self.classes = classes
 
     def added_bytes(self, layer: Layer, choice: Choice) -> int:
-        """An active exit's head, float32 (the evaluator's head: multi-grid pooling + linear)."""
+        """An active exit's head, float32 (the evaluator's head: multi-grid pooling + linear): what
+        `modelopt.cost` adds to size_bytes for it."""
         if choice is None:
             return 0
         return RuntimeConfig().spec.params(layer.out_channels, self.classes) * 4

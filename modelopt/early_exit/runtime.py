@@ -3,7 +3,7 @@
 The `early_exit` compressor's decisions sit on the last conv of each candidate block (see
 `modelopt.compressors.early_exit`); a plan's active ones are its `ExitPolicy`. For the evaluator:
 
-- `exit_layout` says where the candidate exits sit and what their heads cost (size, MACs) without
+- `exit_layout` says where the candidate exits sit and what their heads cost in MACs without
   fitting anything; `fit_heads` fits one head per candidate exit, once per workload, on the *float* model:
   label-free (to the full model's softmax) on the calib images and their mirror images, with
   each head's temperature fitted, label-free, on the val images (the calib images of the
@@ -55,7 +55,7 @@ class RuntimeConfig:
 
 @dataclass(frozen=True, eq=False)
 class ExitLayout:
-    """Where a model's candidate exits sit and what their heads cost, known before any fitting.
+    """Where a model's candidate exits sit and what their heads cost in MACs, known before any fitting.
 
     Attributes:
         backbone: The model cut into blocks (shares the resident model's modules).
@@ -79,10 +79,6 @@ class ExitLayout:
 
     def block_index(self, point: str) -> int:
         return self.backbone.point(point).index
-
-    def head_params(self, point: str) -> int:
-        """Parameters a fitted head stores (weights, biases, temperature)."""
-        return self.spec.params(self.backbone.point(point).channels, self.classes)
 
     def head_macs(self, point: str) -> int:
         return self.spec.macs(self.backbone.point(point).channels, self.classes)
