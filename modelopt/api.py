@@ -42,9 +42,22 @@ from modelopt.run.runner import Runner, RunResult
 from modelopt.space import SearchSpace, read_plan_file
 from modelopt.workload import Workload, check_split
 
-__all__ = ["DEFAULT_BUDGET", "DEFAULT_NORM_IMAGES", "DEFAULT_ROUNDING", "RunConfig", "build_compressors",
-           "build_workload", "default_compressors", "evaluate", "load_exit_images", "optimize", "run", "run_config", "KEYWORD_SETTINGS",
-           "with_settings"]
+__all__ = [
+    "DEFAULT_BUDGET",
+    "DEFAULT_NORM_IMAGES",
+    "DEFAULT_ROUNDING",
+    "KEYWORD_SETTINGS",
+    "RunConfig",
+    "build_compressors",
+    "build_workload",
+    "default_compressors",
+    "evaluate",
+    "load_exit_images",
+    "optimize",
+    "run",
+    "run_config",
+    "with_settings",
+]
 
 # None: every registered compressor that can lower the run's objective on its model (`default_compressors`).
 DEFAULT_COMPRESSORS: Sequence[str] | None = None
@@ -220,10 +233,13 @@ def optimize(
     named = isinstance(model, (str, Path)) and isinstance(data, (str, Path))
     config = run_config(model=str(model) if named else "<in memory>", data=str(data) if named else "<in memory>",
                         **settings)  # every setting is checked before a model loads
-    workload = model if isinstance(model, Workload) else None
-    if workload is None and not named:
+    if isinstance(model, Workload):
+        workload: Workload | None = model
+    elif not named:
         workload = build_workload(model, data, weights=weights, device=device, data_seed=data_seed,
                                   allow_pickle=allow_pickle)
+    else:
+        workload = None
     return run(config, workload=workload, out=out, resume=resume, report=report, storage=storage,
                progress=progress, allow_pickle=allow_pickle)
 
@@ -314,12 +330,12 @@ def _after_run(result: RunResult, wl: Workload, *, report: bool, storage: str | 
         save_layers(result.run_dir, wl.layers)  # lets reports size each layer without the model
         if report:
             write_report(result.run_dir, layers=wl.layers)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 -- an extra: whatever breaks it, the run folder stands
         warnings.warn(f"the run finished but its report was not written ({type(exc).__name__}: {exc}); "
                       f"retry with `modelopt report {result.run_dir}`", stacklevel=3)
     if storage is not None:
         try:
             export_run(result.run_dir, storage)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- an extra, as the report
             warnings.warn(f"the run finished but was not written to {storage!r} ({type(exc).__name__}: {exc}); "
                           f"retry with `modelopt dashboard {result.run_dir} --storage {storage}`", stacklevel=3)

@@ -100,37 +100,56 @@ def _emit_json(obj: dict[str, Any]) -> None:
 @app.command()
 @_friendly
 def optimize(
-    model: Annotated[str | None, typer.Option(help="Zoo name, torchvision:NAME, pkg.module:factory, or a saved module file.")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="Zoo name, torchvision:NAME, pkg.module:factory, or a saved module file.")] = None,
     weights: Annotated[Path | None, typer.Option(help="Checkpoint (state dict) for --model.")] = None,
-    data: Annotated[str | None, typer.Option(help="cifar10-sample, an .npz, an image folder or a CIFAR10 root.")] = None,
+    data: Annotated[str | None, typer.Option(
+        help="cifar10-sample, an .npz, an image folder or a CIFAR10 root.")] = None,
     strategy: Annotated[str | None, typer.Option(help="Search strategy (see `modelopt list`).")] = None,
-    budget: Annotated[float | None, typer.Option(help="Budget in full evaluations of the val split (default 150).")] = None,
-    objective: Annotated[str | None, typer.Option(help="What to minimise: size, bitops, macs or latency (measured).")] = None,
-    latency: Annotated[str | None, typer.Option(help="Latency backend: torch, onnxruntime (INT8 QDQ export) or none; measured for the final Pareto set, or every plan with --objective latency (default torch).")] = None,
-    min_retention: Annotated[float | None, typer.Option(help="Floor on accuracy relative to float, on images the search never saw.")] = None,
-    confidence: Annotated[float | None, typer.Option(help="A plan meets the floor when a one-sided lower bound on its retention at this "
-                                          "confidence does (default 0.95); 0: the point estimate.")] = None,
-    count_gains: Annotated[bool, typer.Option("--count-gains", help="Let images a plan fixes offset images it breaks in that "
-                                              "bound (default: only breaks count; gains on few images are mostly luck).")] = False,
+    budget: Annotated[float | None, typer.Option(
+        help="Budget in full evaluations of the val split (default 150).")] = None,
+    objective: Annotated[str | None, typer.Option(
+        help="What to minimise: size, bitops, macs or latency (measured).")] = None,
+    latency: Annotated[str | None, typer.Option(
+        help="Latency backend: torch, onnxruntime (INT8 QDQ export) or none; measured for the final Pareto "
+             "set, or every plan with --objective latency (default torch).")] = None,
+    min_retention: Annotated[float | None, typer.Option(
+        help="Floor on accuracy relative to float, on images the search never saw.")] = None,
+    confidence: Annotated[float | None, typer.Option(
+        help="A plan meets the floor when a one-sided lower bound on its retention at this confidence does "
+             "(default 0.95); 0: the point estimate.")] = None,
+    count_gains: Annotated[bool, typer.Option(
+        "--count-gains", help="Let images a plan fixes offset images it breaks in that bound (default: only "
+                              "breaks count; gains on few images are mostly luck).")] = False,
     seed: Annotated[int | None, typer.Option(help="Seed of the search.")] = None,
     bits: Annotated[str | None, typer.Option(help="Weight bit widths offered, e.g. 8,4 or 8,4,3,2.")] = None,
-    granularity: Annotated[str | None, typer.Option(help="Scale granularities: per_tensor, per_channel, group.")] = None,
-    rounding: Annotated[str | None, typer.Option(help="How codes are picked: gptq (calibrated on the calib split), nearest, "
-                                          "or gptq,nearest to let the search choose (default gptq).")] = None,
-    exit_data: Annotated[Path | None, typer.Option(help="An .npz of images the search never scores (e.g. "
-                                            "../shared/data/cifar10/cifar10_jpeg_train.npz): early-exit heads are also fitted on them.")] = None,
-    exit_images: Annotated[int | None, typer.Option(help="How many --exit-data images (a seeded subset; default 10000).")] = None,
-    activations: Annotated[str, typer.Option(help="Input activation bits offered per layer: none (float), 8, or none,8 "
-                                             "(default: none,8 for --objective bitops, else none).")] = None,
-    compressors: Annotated[str | None, typer.Option(help="Compressors that contribute decisions, e.g. quantize,prune,early_exit (see `modelopt list`); default: every registered one that can lower the objective.")] = None,
+    granularity: Annotated[str | None, typer.Option(
+        help="Scale granularities: per_tensor, per_channel, group.")] = None,
+    rounding: Annotated[str | None, typer.Option(
+        help="How codes are picked: gptq (calibrated on the calib split), nearest, or gptq,nearest to let the "
+             "search choose (default gptq).")] = None,
+    exit_data: Annotated[Path | None, typer.Option(
+        help="An .npz of images the search never scores (e.g. ../shared/data/cifar10/cifar10_jpeg_train.npz): "
+             "early-exit heads are also fitted on them.")] = None,
+    exit_images: Annotated[int | None, typer.Option(
+        help="How many --exit-data images (a seeded subset; default 10000).")] = None,
+    activations: Annotated[str | None, typer.Option(
+        help="Input activation bits offered per layer: none (float), 8, or none,8 (default: none,8 for "
+             "--objective bitops, else none).")] = None,
+    compressors: Annotated[str | None, typer.Option(
+        help="Compressors that contribute decisions, e.g. quantize,prune,early_exit (see `modelopt list`); "
+             "default: every registered one that can lower the objective.")] = None,
     device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu, cuda, cuda:N.")] = "auto",
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Run folder (default runs/<time>-<model>-<strategy>-s<seed>).")] = None,
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out", help="Run folder (default runs/<time>-<model>-<strategy>-s<seed>).")] = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in --out (default: the latest under runs/).")] = False,
-    allow_pickle: Annotated[bool, typer.Option(help="Allow full unpickling of a model file (trusted files only).")] = False,
+    allow_pickle: Annotated[bool, typer.Option(
+        help="Allow full unpickling of a model file (trusted files only).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
     progress: Annotated[bool, typer.Option(help="Show the progress bar.")] = True,
-    storage: Annotated[str | None, typer.Option(help="Also write every trial into an Optuna storage, e.g. sqlite:///studies.db "
-                                         "(view with optuna-dashboard).")] = None,
+    storage: Annotated[str | None, typer.Option(
+        help="Also write every trial into an Optuna storage, e.g. sqlite:///studies.db (view with "
+             "optuna-dashboard).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Search for the smallest plan above the retention floor; with no options, ResNet-20 on bundled CIFAR-10."""
@@ -186,14 +205,20 @@ _FRESH: dict[str, Any] = {"model": "cifar10_resnet20", "data": "cifar10-sample",
 @_friendly
 def evaluate(
     plan: Annotated[Path | None, typer.Option(help="Plan YAML file (default: no compression).")] = None,
-    model: Annotated[str, typer.Option(help="Zoo name, torchvision:NAME, pkg.module:factory, or a saved module file.")] = "cifar10_resnet20",
+    model: Annotated[str, typer.Option(
+        help="Zoo name, torchvision:NAME, pkg.module:factory, or a saved module file.")] = "cifar10_resnet20",
     weights: Annotated[Path | None, typer.Option(help="Checkpoint (state dict) for --model.")] = None,
-    data: Annotated[str, typer.Option(help="cifar10-sample, an .npz, an image folder or a CIFAR10 root.")] = "cifar10-sample",
-    split: Annotated[str, typer.Option(help="calib, val, confirm (data with a confirm split), test, or all (val + test).")] = "val",
-    compressors: Annotated[str | None, typer.Option(help="Compressors the plan may use, e.g. quantize,prune (default: every registered one the model suits).")] = None,
+    data: Annotated[str, typer.Option(
+        help="cifar10-sample, an .npz, an image folder or a CIFAR10 root.")] = "cifar10-sample",
+    split: Annotated[str, typer.Option(
+        help="calib, val, confirm (data with a confirm split), test, or all (val + test).")] = "val",
+    compressors: Annotated[str | None, typer.Option(
+        help="Compressors the plan may use, e.g. quantize,prune (default: every registered one the model "
+             "suits).")] = None,
     rounding: Annotated[str, typer.Option(help="Rounding of plan entries that name none: gptq or nearest.")] = "gptq",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
-    allow_pickle: Annotated[bool, typer.Option(help="Allow full unpickling of a model file (trusted files only).")] = False,
+    allow_pickle: Annotated[bool, typer.Option(
+        help="Allow full unpickling of a model file (trusted files only).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
 ) -> None:
     """Score one plan on one split: accuracy, retention, agreement, size, compression, bitops."""
@@ -271,8 +296,9 @@ def report(
     """Write report.md and a self-contained report.html (plots inlined) into a run or sweep folder."""
     _setup_logging(False)
     paths = make_report(folder)
-    out.print(f"Report: {paths.html}  (Markdown: {paths.markdown}, figures in {paths.markdown.parent / 'report_files'})",
-              highlight=False, soft_wrap=True)
+    figures = paths.markdown.parent / "report_files"
+    out.print(f"Report: {paths.html}  (Markdown: {paths.markdown}, figures in {figures})", highlight=False,
+              soft_wrap=True)
 
 
 @app.command()
@@ -295,7 +321,8 @@ def export_(
     run_dir: Annotated[Path, typer.Argument(help="A run folder (holds run.json).")],
     plan: Annotated[str, typer.Option(help="best, a trial number, or a plan YAML file.")] = "best",
     format: Annotated[str, typer.Option("--format", help="modelopt (packed checkpoint) or onnx (QDQ).")] = "modelopt",
-    out_path: Annotated[Path | None, typer.Option("--out", help="File to write (default RUN_DIR/model-<plan>.pt|.onnx).")] = None,
+    out_path: Annotated[Path | None, typer.Option("--out",
+        help="File to write (default RUN_DIR/model-<plan>.pt|.onnx).")] = None,
     calibration: Annotated[str | None, typer.Option(help="onnx: activation ranges from minmax or percentile.")] = None,
 ) -> None:
     """Write a run's plan as a packed checkpoint (reload with modelopt.load) or an ONNX model for ONNX Runtime."""

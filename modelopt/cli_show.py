@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from modelopt.metrics import Metrics
 from modelopt.plan import Plan
 from modelopt.run.runner import RunResult
 
@@ -50,11 +51,11 @@ def print_run(out: Console, result: RunResult) -> None:
                       f"on all {s['baseline']['confirm']['n_samples']} of its images is certified only at "
                       f"{ceiling:.2%} (confidence {conf:g}). Pass more data, or --confidence 0 for point estimates.")
         if result.search_best is not None:
-            m = result.search_best.metrics
+            m = result.search_best.scored
             out.print(f"The search's best on val (a search-time estimate, not confirmed): trial "
                       f"{result.search_best.number}, {m.compression:.2f}x at {m.retention:.2%} val retention.")
         return
-    val, test, conf_m = result.best.metrics, result.best_test, result.best_confirm
+    val, test, conf_m = result.best.scored, result.best_test, result.best_confirm
     if s["best"].get("confirmed"):
         status = "confirmed on images that did not select it"
     elif confirmation.get("split") is None:
@@ -68,10 +69,12 @@ def print_run(out: Console, result: RunResult) -> None:
     base = s["baseline"]
     table.add_row("float (test)", str(base["test"]["n_samples"]), f"{base['test']['accuracy']:.2%}", "100.00%", "",
                   "100.00%", "1.00x")
-    rows = (("test (held out)", test), ("confirm", conf_m), ("val (search estimate)", val))
-    for name, m in rows:
-        if m is None:
+    rows: tuple[tuple[str, Metrics | None], ...] = (
+        ("test (held out)", test), ("confirm", conf_m), ("val (search estimate)", val))
+    for name, maybe in rows:
+        if maybe is None:
             continue
+        m = maybe
         lo, hi = m.retention_bounds(conf)
         bounds = "" if conf <= 0 else f"[{lo:.1%}, {hi:.1%}]"
         table.add_row(name, str(m.n_samples), f"{m.accuracy:.2%}", f"{m.retention:.2%}", bounds, f"{m.agreement:.2%}",
@@ -84,12 +87,13 @@ def print_run(out: Console, result: RunResult) -> None:
     if test is not None and test.exited is not None:
         out.print(f"Early exit: {test.exited:.1%} of test and {val.exited:.1%} of val images leave at an exit "
                   "(MACs and bitops are means over the images)")
-    if test is not None and test.latency_ms is not None:
+    if test is not None and test.latency_ms is not None and test.float_latency_ms is not None:
         out.print(f"Latency ({test.latency_backend}): {test.latency_ms:.3f} ms vs float {test.float_latency_ms:.3f} ms "
                   f"({test.float_latency_ms / test.latency_ms:.2f}x)")
     sb = result.search_best
     if sb is not None and sb.plan.key != result.best.plan.key:
-        out.print(f"The search's own pick on val, trial {sb.number} ({sb.metrics.compression:.2f}x), was not confirmed; "
+        out.print(f"The search's own pick on val, trial {sb.number} ({sb.scored.compression:.2f}x), was not "
+                  "confirmed; "
                   f"the best plan is the smallest of {confirmation.get('confirmed', 0)} finalists confirmed in turn.")
     out.print(_plan_table(result.best.plan))
     if prep := _preparation_text(s.get("preparation") or {}):

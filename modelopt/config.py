@@ -113,8 +113,8 @@ class RunConfig:
     compressors: tuple[str, ...] | None = None
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=default_options)
     device: str = "auto"
-    fidelity: Fidelity | None = Fidelity()
-    latency: LatencySpec | None = LatencySpec("torch")
+    fidelity: Fidelity | None = field(default_factory=Fidelity)
+    latency: LatencySpec | None = field(default_factory=lambda: LatencySpec("torch"))
     exit_data: str | None = None
     exit_images: int = 10000
     fingerprints: Mapping[str, str] = field(default_factory=dict)
@@ -151,7 +151,7 @@ class RunConfig:
         return self.latency is not None and self.latency.backend == "onnxruntime"
 
     def make_objective(self) -> Objective:
-        return Objective(self.objective, self.min_retention, self.confidence, self.count_gains)
+        return Objective(Target.parse(self.objective), self.min_retention, self.confidence, self.count_gains)
 
     # ---- building a run ----------------------------------------------------------------------
 
@@ -205,8 +205,8 @@ class RunConfig:
         check_certifiable(evaluator, objective)  # a val split too small to certify the floor: refused before any work
         evaluator.measure_errors()  # data-free priors the strategies start from; costs no evaluation
         strategy = STRATEGIES.get(self.strategy)(evaluator.space, objective, seed=self.seed)
-        if getattr(strategy, "wants_loss_estimates", False):  # knapsack's one-pass sensitivities
-            getattr(strategy, "use_loss_estimates")(estimate_losses(evaluator))
+        if strategy.wants_loss_estimates:  # knapsack's one-pass sensitivities
+            strategy.use_loss_estimates(estimate_losses(evaluator))
         return BuiltRun(self.resolved(wl, evaluator.space), wl, evaluator, strategy, objective)
 
     # ---- run.json ----------------------------------------------------------------------------
@@ -305,7 +305,7 @@ def _fields_of(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 def objective_from_json(raw: Mapping[str, Any]) -> Objective:
     """The objective a run.json names (what reports need even where its compressors cannot be built)."""
-    return Objective(raw.get("objective") or "size", float(raw.get("min_retention") or 0.99),
+    return Objective(Target.parse(raw.get("objective") or "size"), float(raw.get("min_retention") or 0.99),
                      float(raw.get("confidence", _BEFORE["confidence"]) or 0.0), bool(raw.get("count_gains", False)))
 
 
@@ -357,8 +357,8 @@ _QUANTIZE_FORMS: dict[str, tuple[Callable[[Any], bool], str]] = {
 def _check_forms(raw: Mapping[str, Any], where: str) -> None:
     comps = raw.get("compressors")
     quantize = comps.get("quantize") if isinstance(comps, dict) else None
-    for prefix, table, values in (("", _FORMS, raw),
-                                  ("compressors.quantize.", _QUANTIZE_FORMS, quantize if isinstance(quantize, dict) else {})):
+    quantize = quantize if isinstance(quantize, dict) else {}
+    for prefix, table, values in (("", _FORMS, raw), ("compressors.quantize.", _QUANTIZE_FORMS, quantize)):
         for key, (ok, form) in table.items():
             if values.get(key) is not None and not ok(values[key]):
                 raise LoadError(f"{where!r} has {prefix}{key} = {values[key]!r}, not {form}; its run.json was "

@@ -19,6 +19,15 @@ class Target(str, Enum):
     MACS = "macs"
     LATENCY = "latency"  # measured per plan (modelopt.plan_latency), in ms
 
+    @classmethod
+    def parse(cls, value: object) -> Target:
+        """The target named `value` (a Target or its name); ConfigError listing the valid names."""
+        try:
+            return cls(value)
+        except ValueError:
+            valid = ", ".join(t.value for t in cls)
+            raise ConfigError(f"unknown objective {value!r}; valid: {valid}") from None
+
 
 @dataclass(frozen=True)
 class Objective:
@@ -46,11 +55,7 @@ class Objective:
     count_gains: bool = False
 
     def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "target", Target(self.target))
-        except ValueError:
-            valid = ", ".join(t.value for t in Target)
-            raise ConfigError(f"unknown objective {self.target!r}; valid: {valid}") from None
+        object.__setattr__(self, "target", Target.parse(self.target))
         if not isinstance(self.min_retention, (int, float)) or not 0.0 <= self.min_retention <= 1.0:
             raise ConfigError(f"min_retention must be a fraction in [0, 1] like 0.99 (a compressed model cannot "
                               f"be certified above its float accuracy), got {self.min_retention!r}")

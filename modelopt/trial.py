@@ -41,6 +41,13 @@ class Trial:
         return self.status is TrialStatus.COMPLETE
 
     @property
+    def scored(self) -> Metrics:
+        """The metrics of a trial that completed (check `ok` first: a failed one raises)."""
+        if self.metrics is None:
+            raise ValueError(f"trial {self.number} failed ({self.error}); it has no metrics")
+        return self.metrics
+
+    @property
     def meets_floor(self) -> bool:
         """Retention at the floor on what was scored; unlike `feasible`, also for a plan that
         multi-fidelity stopped on a subset (strategies learn from this, reports use `feasible`)."""

@@ -86,7 +86,7 @@ def _evaluator_from_run(run_dir: Path, device: str) -> Evaluator:
 
 def _check_plan_ref(plan: PlanRef, run_dir: Path) -> None:
     RunConfig.read(run_dir)  # raises LoadError when it is not a run folder
-    if isinstance(plan, int) and not isinstance(plan, bool) or isinstance(plan, str) and plan.isdigit():
+    if (isinstance(plan, int) and not isinstance(plan, bool)) or (isinstance(plan, str) and plan.isdigit()):
         _trial_record(int(plan), run_dir)
     elif plan == "best":
         read_plan_file(_best_path(run_dir))

@@ -64,9 +64,9 @@ def finalists(trials: list[Trial], objective: Objective) -> Finalists:
     hundred images; one that changes few predictions carries over to new images, so both go on.
     """
     ok = [t for t in trials if t.ok]
-    best = best_of(ok, lambda t: t.metrics, objective)
-    front = _spread(pareto_front(ok, lambda t: t.metrics, objective), MAX_RESCORED)
-    agree = _spread(pareto_front(ok, lambda t: _as_agreement(t.metrics, objective.confidence),  # type: ignore[arg-type]
+    best = best_of(ok, _scored, objective)
+    front = _spread(pareto_front(ok, _scored, objective), MAX_RESCORED)
+    agree = _spread(pareto_front(ok, lambda t: _as_agreement(_scored(t), objective.confidence),
                                  Objective(objective.target, 0.0, 0.0)), MAX_RESCORED)
     feasible = [t for t in ([best] if best else []) + front + agree
                 if t.metrics is not None and objective.feasible(t.metrics)]
@@ -158,8 +158,8 @@ def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial]) 
     unique = list({t.plan.key: t for t in finalists if t.metrics is not None}.values())
     # Safest first: the order is fixed from val alone (most agreement with the float model first,
     # then the larger plan), so the confirm split's verdicts cannot reorder it.
-    order = sorted(unique, key=lambda t: (-_as_agreement(t.metrics, objective.confidence).retention,  # type: ignore[arg-type]
-                                          -objective.value(t.metrics)))  # type: ignore[arg-type]
+    order = sorted(unique, key=lambda t: (-_as_agreement(_scored(t), objective.confidence).retention,
+                                          -objective.value(_scored(t))))
     scored: list[tuple[Trial, Metrics]] = []
     for t in order:  # the sequence stops at the first failure: nothing after it could be claimed
         scored.append((t, evaluator.evaluate(t.plan, split=SPLIT)))
@@ -167,5 +167,10 @@ def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial]) 
             break
     confirmed = sum(objective.meets_floor(m) for _, m in scored)
     held = [t for t, _ in scored[:confirmed]]
-    best = min(held, key=lambda t: (objective.value(t.metrics), -objective.retention_lower(t.metrics))) if held else None  # type: ignore[arg-type]
+    best = min(held, key=lambda t: (objective.value(_scored(t)), -objective.retention_lower(_scored(t))),
+               default=None)
     return Confirmation(SPLIT, tuple(scored), confirmed, best, ceiling, objective.min_retention)
+
+
+def _scored(trial: Trial) -> Metrics:
+    return trial.scored

@@ -84,7 +84,7 @@ def lock_run_folder(run_dir: str | Path) -> RunLock:
     path = run_dir / LOCK
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 -- held open for the life of the run
+        handle = open(path, "a+", encoding="utf-8")
     except OSError as exc:
         raise StorageError(f"cannot write to run folder {str(run_dir)!r}: {exc.strerror or exc}; "
                            "pass a writable --out") from None

@@ -107,10 +107,11 @@ def _key(raw: Any) -> str:
 
 
 def _frozen_trial(run: RunFolder, r: Record, menus: dict[str, dict[str, str]], optuna: Any) -> optuna.trial.FrozenTrial:
-    from optuna.distributions import CategoricalDistribution
+    from optuna.distributions import BaseDistribution, CategoricalDistribution
     from optuna.trial import TrialState, create_trial
 
-    params, dists = {}, {}
+    params: dict[str, Any] = {}
+    dists: dict[str, BaseDistribution] = {}
     for name, raw in r.plan.items():
         menu = menus[name]
         params[name] = menu[_key(raw)]

@@ -269,7 +269,7 @@ def _layers_from_model(config: dict[str, Any]) -> tuple[Layer, ...] | None:
     try:
         if source in MODELS.names():  # shapes only: the zoo's factory, no weights file needed
             entry = MODELS.get(source)
-            module = entry.factory() if isinstance(entry, ZooEntry) else entry()  # type: ignore[operator]
+            module = entry.factory() if isinstance(entry, ZooEntry) else entry()
         else:
             module = load_model(source, config.get("weights")).module
     except Exception as exc:  # noqa: BLE001 -- a report without sizes beats no report
@@ -280,7 +280,8 @@ def _layers_from_model(config: dict[str, Any]) -> tuple[Layer, ...] | None:
     for name, mod in compressible_modules(module).items():
         kind = LayerKind.LINEAR if mod.__class__.__name__ == "Linear" else LayerKind.CONV
         norm, consumer = inner.get(name, (None, None))
-        layers.append(Layer(name, kind, tuple(mod.weight.shape), 0, mod.bias is not None, norm, consumer))
+        shape = tuple(int(n) for n in mod.get_parameter("weight").shape)
+        layers.append(Layer(name, kind, shape, 0, mod.bias is not None, norm, consumer))
     return tuple(layers)
 
 

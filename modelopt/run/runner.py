@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import json
 import math
@@ -175,8 +176,8 @@ class Runner:
     def _evaluate(self, plan: Plan) -> Trial:
         t0 = time.perf_counter()
         cost = self.evaluator.cost("val")  # a failed trial is charged in full
-        common = dict(number=len(self.trials), plan=plan, strategy=self.strategy.name,
-                      seed=self.strategy.seed, version=__version__)
+        trial = functools.partial(Trial, number=len(self.trials), plan=plan, strategy=self.strategy.name,
+                                  seed=self.strategy.seed, version=__version__)
         failed: Trial | None = None
         out_of_memory = False
         try:
@@ -193,12 +194,12 @@ class Runner:
             reward = self.objective.reward(metrics)
             if math.isnan(metrics.retention) or not math.isfinite(reward):
                 raise ModeloptError(f"plan {plan.key} gives a non-finite score")
-        except Exception as exc:  # a crashing plan is recorded as failed; the search goes on
+        except Exception as exc:  # noqa: BLE001 -- a crashing plan is recorded as failed; the search goes on
             msg = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ModeloptError) else str(exc)
             if not isinstance(exc, ModeloptError):
                 msg += " | " + traceback.format_exc(limit=3).strip().splitlines()[-1]
-            failed = Trial(status=TrialStatus.FAILED, metrics=None, reward=None, feasible=False, cost=cost,
-                           seconds=time.perf_counter() - t0, error=msg, **common)
+            failed = trial(status=TrialStatus.FAILED, metrics=None, reward=None, feasible=False, cost=cost,
+                           seconds=time.perf_counter() - t0, error=msg)
             out_of_memory = isinstance(exc, torch.cuda.OutOfMemoryError)
         finally:
             self.eval_seconds += time.perf_counter() - t0
@@ -206,8 +207,8 @@ class Runner:
             if out_of_memory:  # here, past the except clause: its traceback no longer holds the trial's tensors
                 free_cuda_memory()
             return failed
-        return Trial(status=TrialStatus.COMPLETE, metrics=metrics, reward=reward, cost=cost,
-                     feasible=self.objective.feasible(metrics), seconds=time.perf_counter() - t0, **common)
+        return trial(status=TrialStatus.COMPLETE, metrics=metrics, reward=reward, cost=cost,
+                     feasible=self.objective.feasible(metrics), seconds=time.perf_counter() - t0)
 
     def _with_latency(self, metrics: Metrics, plan: Plan) -> Metrics:
         assert self.latency is not None
@@ -228,10 +229,10 @@ class Runner:
         os.replace(self.run_dir / STATE_NEXT, self.run_dir / STATE)
 
     def _best_text(self) -> str:
-        best = best_of([t for t in self.trials if t.ok], lambda t: t.metrics, self.objective)
+        best = best_of([t for t in self.trials if t.ok], lambda t: t.scored, self.objective)
         if best is None:
             return "no feasible plan yet"
-        m = best.metrics
+        m = best.scored
         return f"best {m.compression:.2f}x size at {m.retention:.2%} retention (trial {best.number})"
 
     def run(self) -> RunResult:
@@ -252,8 +253,9 @@ class Runner:
                    TextColumn("{task.completed:.1f}/{task.total:g} evals, {task.fields[trials]} trials"),
                    TimeElapsedColumn(), TextColumn("{task.fields[best]}"))
         with Progress(*columns, console=self.console, disable=not self.progress, transient=False) as bar:
-            task = bar.add_task(f"{self.strategy.name} search", total=self.budget, completed=self.spent,
-                                best=self._best_text(), trials=len(self.trials))
+            task = bar.add_task(f"{self.strategy.name} search", total=self.budget, best=self._best_text(),
+                                trials=len(self.trials))
+            bar.update(task, completed=self.spent)  # budget is fractional: update takes a float
             if not self.trials and self.objective.confidence > 0 and len(self.space):
                 # Trial 0 is the anchor, the safest compressed plan (modelopt.space.SearchSpace.anchor):
                 # under a confidence bound few plans can be certified, and this one usually can; every

@@ -14,8 +14,8 @@ import yaml
 from modelopt._version import __version__
 from modelopt.errors import ConfigError, UnknownNameError
 from modelopt.objective import Target
-from modelopt.run.layout import CONFIG, JOURNAL, SUMMARY
 from modelopt.run.journal import read_journal
+from modelopt.run.layout import CONFIG, JOURNAL, SUMMARY
 from modelopt.run.sweep_table import EPS, RUNS, _read_json  # the table reads what the sweep writes
 
 __all__ = ["Cell", "Sweep", "SweepModel", "cell_status", "load_sweep"]

@@ -107,7 +107,8 @@ def _read_cell(run_dir: Path, seed: int) -> _Seed | None:
             best = best_of([r for r in (best, rec) if r is not None], _metrics, obj)
         trace.append((cum, best))
     summary = _read_json(run_dir / SUMMARY)
-    covered = max(cum, float(summary.get("budget", 0.0)) if summary else 0.0)  # a run that stopped early covers its budget
+    # A run that stopped early (nothing new to propose) covers its whole budget.
+    covered = max(cum, float(summary.get("budget", 0.0)) if summary else 0.0)
     return _Seed(seed, config, obj, trace, covered, records)
 
 
@@ -198,7 +199,8 @@ def make_table(
         cells: dict[str, list[_Seed]] = {}
         for strategy in strategies[model]:
             sdir = out / RUNS / model / strategy
-            ks = seeds if seeds is not None else sorted(int(p.name[4:]) for p in sdir.glob("seed*") if p.name[4:].isdigit())
+            found = sorted(int(p.name[4:]) for p in sdir.glob("seed*") if p.name[4:].isdigit())
+            ks = seeds if seeds is not None else found
             cells[strategy] = [c for k in ks if (c := _read_cell(sdir / f"seed{k}", k)) is not None]
         cells = {s: c for s, c in cells.items() if c}
         if not cells:
@@ -228,7 +230,8 @@ def _model_rows(
     medians: dict[tuple[str, float], float] = {}
     rows = []
     for strategy, seeds in cells.items():
-        needed_per_seed = [c.reaches(target, top) for c in seeds if c.covered >= top - EPS] if not math.isnan(target) else []
+        needed_per_seed = ([c.reaches(target, top) for c in seeds if c.covered >= top - EPS]
+                           if not math.isnan(target) else [])
         needed = statistics.median(needed_per_seed) if needed_per_seed else math.nan
         for b in budgets:
             vals: dict[str, list[float]] = {k: [] for k in ("held_compression", "val_reduction", "val_compression",
@@ -267,8 +270,8 @@ def _model_rows(
                                    "budget": _num(b),
                                    "n_seeds": len(vals["val_reduction"]), "n_feasible": n_feasible,
                                    "n_held": n_held}
-            for k, v in vals.items():
-                mean, std, med = _stats(v)
+            for k, values in vals.items():
+                mean, std, med = _stats(values)
                 row[f"{k}_mean"], row[f"{k}_std"], row[f"{k}_median"] = mean, std, med
             row["random_best_target"] = target
             row["budget_to_random_best"] = "never" if needed == math.inf else needed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from modelopt.objective import Objective
@@ -39,8 +40,19 @@ class Strategy(ABC):
     def tell(self, trial: Trial) -> None:
         """The outcome of a plan (trial.reward is None when it failed)."""
 
+    @property
+    def wants_loss_estimates(self) -> bool:
+        """Whether the run should measure `modelopt.sensitivity.estimate_losses` for this strategy
+        (a gradient pass, charged as preparation) and hand them over with `use_loss_estimates`."""
+        return False
+
+    def use_loss_estimates(self, estimates: Mapping[tuple[str, int], float]) -> None:
+        """Takes estimated losses {(decision name, choice index): loss}; only strategies that want them."""
+        raise NotImplementedError(f"strategy {self.name!r} takes no loss estimates")
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores what `state_dict` returned."""
+        del state  # a stateless strategy has nothing to restore

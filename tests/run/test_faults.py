@@ -107,7 +107,8 @@ def faulty(monkeypatch):
 @pytest.mark.parametrize("fault,needle", [
     (RuntimeError("boom in apply"), "RuntimeError: boom in apply"),
     ("nan", "non-finite"),
-    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "OutOfMemoryError: CUDA out of memory"),
+    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+     "OutOfMemoryError: CUDA out of memory"),
 ], ids=["compressor_raises", "nan_logits", "cuda_oom"])
 def test_a_failing_plan_is_recorded_and_the_run_resumes(tmp_path, small_workload, faulty, fault, needle, monkeypatch):
     faulty.FAULT, faulty.choice = fault, f"fault-{needle}"
@@ -132,9 +133,11 @@ def test_a_failing_plan_is_recorded_and_the_run_resumes(tmp_path, small_workload
     assert after[: len(records)] == records and len(after) > len(records)
     assert len(again.trials) == len(after)
     # Out of memory frees CUDA's cache after that trial, before the next is journaled; other faults do not.
-    oom = [r["number"] for r in after if r["status"] == "failed"] if isinstance(fault, torch.cuda.OutOfMemoryError) else []
+    failed_after = [r["number"] for r in after if r["status"] == "failed"]
+    oom = failed_after if isinstance(fault, torch.cuda.OutOfMemoryError) else []
     assert freed == oom
-    print(f"\n{fault!r}: {len(failed)} of {len(records)} trials failed ({failed[0]['error'][:80]}); resumed to {len(after)}")
+    print(f"\n{fault!r}: {len(failed)} of {len(records)} trials failed ({failed[0]['error'][:80]}); "
+          f"resumed to {len(after)}")
 
 
 def test_a_compressor_that_raises_in_the_pre_pass_does_not_end_the_run(tmp_path, small_workload):
