@@ -75,7 +75,7 @@ def test_layer_map_rows_and_other_bytes_make_the_plan_size(r20):
 def test_each_compressor_shows_in_its_layers_bytes(r20):
     """The cases "last compressor wins" got wrong: an exit adds its head to the layer it follows, and
     pruning under quantization stores only the kept codes (plus their positions)."""
-    wl, space, ev, _ = r20
+    wl, space, _, _ = r20
     costs = CostModel(space, wl.other_bytes)
     conv = next(x for x in wl.layers if x.name == "layer3.0.conv2")
     int8 = Quantize().parse({"bits": 8}, conv)

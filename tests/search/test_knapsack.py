@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from modelopt.compressors import Quantize
+from modelopt.compressors import Granularity, Prune, PruneKind, PruneSpec, Quantize, QuantSpec
 from modelopt.layers import Layer, LayerKind
 from modelopt.objective import Objective
 from modelopt.search import STRATEGIES
@@ -298,3 +298,30 @@ def test_a_known_plan_moves_L_without_spending_a_trial():
     (plan,) = s.ask(1)
     assert plan.key not in {p.key for p in asked}
     assert s.lo is not None and s.lo >= 0.01  # the known feasible answer at L0 became the lower bound
+
+
+
+def _option_costs(target):
+    """{(prune choice, quantize choice): cost} the knapsack prices one block's conv1 options at."""
+    layers = [Layer("b.conv1", LayerKind.CONV, (16, 16, 3, 3), 16 * 16 * 9 * 64, False, "b.bn1", "b.conv2"),
+              Layer("b.conv2", LayerKind.CONV, (16, 16, 3, 3), 16 * 16 * 9 * 64, False)]
+    space = SearchSpace(layers, [Quantize(bits=(8,), granularity=("per_channel",)),
+                                 Prune(sparsity=(0.5,), kind=("unstructured", "structured"))])
+    ks = KnapsackSearch(space, Objective(target, 0.99), seed=0)
+    idx, options, costs = next(g for g in ks._groups if space.decisions[g[0][0]].layer == "b.conv1")
+    decs = [space.decisions[i] for i in idx]
+    assert [d.compressor for d in decs] == ["prune", "quantize"]  # chain order: prune first
+    return {tuple(d.choices[j] for d, j in zip(decs, opt, strict=True)): c
+            for opt, c in zip(options, costs, strict=True)}
+
+
+def test_knapsack_prices_macs_as_macs_and_a_layers_chain_as_the_evaluator_stores_it():
+    int8 = QuantSpec(8, Granularity.PER_CHANNEL)
+    sparse, channels = PruneSpec(0.5, PruneKind.UNSTRUCTURED), PruneSpec(0.5, PruneKind.STRUCTURED)
+    macs = _option_costs("macs")
+    assert macs[(None, None)] == macs[(None, int8)] == macs[(sparse, None)] == 16 * 16 * 9 * 64  # no MAC removed
+    assert macs[(channels, None)] == macs[(channels, int8)] == 8 * 16 * 9 * 64  # half the output channels
+    size = _option_costs("size")
+    n = 16 * 16 * 9
+    # Pruned then quantized: half the values as 8-bit codes, their positions (a bitmask), 16 float16 scales.
+    assert size[(sparse, int8)] == n // 2 + math.ceil(n / 8) + 16 * 2 < size[(None, int8)] == n + 16 * 2
