@@ -136,9 +136,9 @@ def export_onnx(
 def _check(evaluator: Evaluator, plan: Plan, calibration: str, calib_samples: int, percentile: float) -> None:
     policy = evaluator.exit_policy(plan)
     if policy is not None:
-        raise ConfigError(f"the plan's early exit after {policy.exits[0]!r} cannot be exported to ONNX (a graph has no "
-                          "data-dependent return); use --format modelopt (modelopt.load rebuilds it as EarlyExitNet) "
-                          "or a plan without exits")
+        raise ConfigError(f"early exits cannot be exported to ONNX (a graph has no data-dependent return) and this "
+                          f"plan has one after block {policy.exits[0]!r}; use --format modelopt (modelopt.load "
+                          "rebuilds it as EarlyExitNet) or a plan without exits")
     if calibration not in CALIBRATIONS:
         raise ConfigError(f"unknown calibration {calibration!r}; valid: {', '.join(CALIBRATIONS)}")
     if calib_samples < 1:
