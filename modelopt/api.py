@@ -192,9 +192,8 @@ def optimize(
 ) -> RunResult:
     """Searches for the smallest plan that keeps `min_retention` of the float accuracy.
 
-    Every trial is appended to `<out>/trials.jsonl` as it finishes; `resume=True`
-    continues a killed run without repeating or losing finished trials. At the end
-    the best plan and the Pareto front are re-scored on the held-out test split.
+    Every trial is journaled as it finishes (`resume=True` continues a killed run, nothing lost or
+    repeated); at the end the best plan and the Pareto front are re-scored on held-out test images.
 
     Args:
         model: a zoo name, `torchvision:NAME`, `pkg.module:factory`, a file, an nn.Module, a
@@ -209,11 +208,9 @@ def optimize(
             study there at the end, for optuna-dashboard (a failure warns; the run folder is kept).
         allow_pickle: allow full unpickling of model files (trusted files only).
         progress: show a progress bar.
-        bits, granularity, rounding, norm_images, activations: the quantizer's menu (its options;
-            `modelopt.compressors.quantize.Quantize`): rounding gptq (calibrated on the calib
-            split, charged once) and/or nearest; norm_images, calib images batch-norm statistics
-            are re-estimated on after a layer goes to 4 bits or fewer; activations, input bits
-            offered per layer (None = float, 8 = W8A8-style), by default (None, 8) for bitops.
+        bits, granularity, rounding, norm_images, activations: the quantizer's menu (`Quantize`'s
+            options); activations (input bits per layer, None = float) default to (None, 8) for
+            bitops, else float only.
         weights, strategy, budget, objective, min_retention, confidence, count_gains, seed, device,
         compressors, exit_data, exit_images, data_seed, fidelity, latency: the run settings of
             `RunConfig`'s fields of the same names (see there).

@@ -18,6 +18,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 
 from modelopt import api
+from modelopt import cli_options as opt
 from modelopt.cli_show import fmt_bytes, print_run
 from modelopt.compressors import COMPRESSORS
 from modelopt.config import RunConfig
@@ -100,57 +101,32 @@ def _emit_json(obj: dict[str, Any]) -> None:
 @app.command()
 @_friendly
 def optimize(
-    model: Annotated[str | None, typer.Option(
-        help="Zoo name, torchvision:NAME, pkg.module:factory, or a saved module file.")] = None,
-    weights: Annotated[Path | None, typer.Option(help="Checkpoint (state dict) for --model.")] = None,
-    data: Annotated[str | None, typer.Option(
-        help="cifar10-sample, an .npz, an image folder or a CIFAR10 root.")] = None,
-    strategy: Annotated[str | None, typer.Option(help="Search strategy (see `modelopt list`).")] = None,
-    budget: Annotated[float | None, typer.Option(
-        help="Budget in full evaluations of the val split (default 150).")] = None,
-    objective: Annotated[str | None, typer.Option(
-        help="What to minimise: size, bitops, macs or latency (measured).")] = None,
-    latency: Annotated[str | None, typer.Option(
-        help="Latency backend: torch, onnxruntime (INT8 QDQ export) or none; measured for the final Pareto "
-             "set, or every plan with --objective latency (default torch).")] = None,
-    min_retention: Annotated[float | None, typer.Option(
-        help="Floor on accuracy relative to float, on images the search never saw.")] = None,
-    confidence: Annotated[float | None, typer.Option(
-        help="A plan meets the floor when a one-sided lower bound on its retention at this confidence does "
-             "(default 0.95); 0: the point estimate.")] = None,
-    count_gains: Annotated[bool, typer.Option(
-        "--count-gains", help="Let images a plan fixes offset images it breaks in that bound (default: only "
-                              "breaks count; gains on few images are mostly luck).")] = False,
-    seed: Annotated[int | None, typer.Option(help="Seed of the search.")] = None,
-    bits: Annotated[str | None, typer.Option(help="Weight bit widths offered, e.g. 8,4 or 8,4,3,2.")] = None,
-    granularity: Annotated[str | None, typer.Option(
-        help="Scale granularities: per_tensor, per_channel, group.")] = None,
-    rounding: Annotated[str | None, typer.Option(
-        help="How codes are picked: gptq (calibrated on the calib split), nearest, or gptq,nearest to let the "
-             "search choose (default gptq).")] = None,
-    exit_data: Annotated[Path | None, typer.Option(
-        help="An .npz of images the search never scores (e.g. ../shared/data/cifar10/cifar10_jpeg_train.npz): "
-             "early-exit heads are also fitted on them.")] = None,
-    exit_images: Annotated[int | None, typer.Option(
-        help="How many --exit-data images (a seeded subset; default 10000).")] = None,
-    activations: Annotated[str | None, typer.Option(
-        help="Input activation bits offered per layer: none (float), 8, or none,8 (default: none,8 for "
-             "--objective bitops, else none).")] = None,
-    compressors: Annotated[str | None, typer.Option(
-        help="Compressors that contribute decisions, e.g. quantize,prune,early_exit (see `modelopt list`); "
-             "default: every registered one that can lower the objective.")] = None,
-    device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu, cuda, cuda:N.")] = "auto",
-    out_dir: Annotated[Path | None, typer.Option(
-        "--out", help="Run folder (default runs/<time>-<model>-<strategy>-s<seed>).")] = None,
-    resume: Annotated[bool, typer.Option(help="Continue the run in --out (default: the latest under runs/).")] = False,
-    allow_pickle: Annotated[bool, typer.Option(
-        help="Allow full unpickling of a model file (trusted files only).")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
-    progress: Annotated[bool, typer.Option(help="Show the progress bar.")] = True,
-    storage: Annotated[str | None, typer.Option(
-        help="Also write every trial into an Optuna storage, e.g. sqlite:///studies.db (view with "
-             "optuna-dashboard).")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+    model: opt.Model = None,
+    weights: opt.Weights = None,
+    data: opt.Data = None,
+    strategy: opt.Strategy = None,
+    budget: opt.Budget = None,
+    objective: opt.Objective = None,
+    latency: opt.Latency = None,
+    min_retention: opt.MinRetention = None,
+    confidence: opt.Confidence = None,
+    count_gains: opt.CountGains = False,
+    seed: opt.Seed = None,
+    bits: opt.Bits = None,
+    granularity: opt.Granularity = None,
+    rounding: opt.Rounding = None,
+    exit_data: opt.ExitData = None,
+    exit_images: opt.ExitImages = None,
+    activations: opt.Activations = None,
+    compressors: opt.Compressors = None,
+    device: opt.Device = "auto",
+    out_dir: opt.OutDir = None,
+    resume: opt.Resume = False,
+    allow_pickle: opt.AllowPickle = False,
+    json_out: opt.JsonOut = False,
+    progress: opt.Progress = True,
+    storage: opt.Storage = None,
+    verbose: opt.Verbose = False,
 ) -> None:
     """Search for the smallest plan above the retention floor; with no options, ResNet-20 on bundled CIFAR-10."""
     _setup_logging(verbose)

@@ -22,6 +22,7 @@ from typing import Any
 
 from modelopt._files import write_atomic
 from modelopt.config import RunConfig, objective_from_json
+from modelopt.cost import CostModel
 from modelopt.errors import LoadError
 from modelopt.layers import Layer, LayerKind, compressible_modules, internal_channels
 from modelopt.metrics import Metrics
@@ -190,8 +191,6 @@ class RunFolder:
         plan = self.plan(record)
         if plan is None or self.space is None or self.layers is None:
             return None
-        from modelopt.cost import CostModel  # no cycle: move to the module's imports
-
         return CostModel(self.space).cost(plan).layer_bytes()
 
     def size_bytes(self, record: Record) -> int | None:

@@ -1,0 +1,90 @@
+"""The options of `modelopt optimize`, one typed alias each (the command's signature stays one line per
+option). None means "not given": a new run takes the tool's default, a resumed run keeps its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+Model = Annotated[
+    str | None, typer.Option(help="Zoo name, torchvision:NAME, pkg.module:factory, or a saved module file.")
+]
+Weights = Annotated[Path | None, typer.Option(help="Checkpoint (state dict) for --model.")]
+Data = Annotated[str | None, typer.Option(help="cifar10-sample, an .npz, an image folder or a CIFAR10 root.")]
+Strategy = Annotated[str | None, typer.Option(help="Search strategy (see `modelopt list`).")]
+Budget = Annotated[float | None, typer.Option(help="Budget in full evaluations of the val split (default 150).")]
+Objective = Annotated[str | None, typer.Option(help="What to minimise: size, bitops, macs or latency (measured).")]
+Latency = Annotated[
+    str | None,
+    typer.Option(
+        help="Latency backend: torch, onnxruntime (INT8 QDQ export) or none; measured for the final Pareto "
+        "set, or every plan with --objective latency (default torch)."
+    ),
+]
+MinRetention = Annotated[
+    float | None, typer.Option(help="Floor on accuracy relative to float, on images the search never saw.")
+]
+Confidence = Annotated[
+    float | None,
+    typer.Option(
+        help="A plan meets the floor when a one-sided lower bound on its retention at this confidence does "
+        "(default 0.95); 0: the point estimate."
+    ),
+]
+CountGains = Annotated[
+    bool,
+    typer.Option(
+        "--count-gains",
+        help="Let images a plan fixes offset images it breaks in that bound (default: only "
+        "breaks count; gains on few images are mostly luck).",
+    ),
+]
+Seed = Annotated[int | None, typer.Option(help="Seed of the search.")]
+Bits = Annotated[str | None, typer.Option(help="Weight bit widths offered, e.g. 8,4 or 8,4,3,2.")]
+Granularity = Annotated[str | None, typer.Option(help="Scale granularities: per_tensor, per_channel, group.")]
+Rounding = Annotated[
+    str | None,
+    typer.Option(
+        help="How codes are picked: gptq (calibrated on the calib split), nearest, or gptq,nearest to let the "
+        "search choose (default gptq)."
+    ),
+]
+ExitData = Annotated[
+    Path | None,
+    typer.Option(
+        help="An .npz of images the search never scores (e.g. ../shared/data/cifar10/cifar10_jpeg_train.npz): "
+        "early-exit heads are also fitted on them."
+    ),
+]
+ExitImages = Annotated[int | None, typer.Option(help="How many --exit-data images (a seeded subset; default 10000).")]
+Activations = Annotated[
+    str | None,
+    typer.Option(
+        help="Input activation bits offered per layer: none (float), 8, or none,8 (default: none,8 for "
+        "--objective bitops, else none)."
+    ),
+]
+Compressors = Annotated[
+    str | None,
+    typer.Option(
+        help="Compressors that contribute decisions, e.g. quantize,prune,early_exit (see `modelopt list`); "
+        "default: every registered one that can lower the objective."
+    ),
+]
+Device = Annotated[str, typer.Option(help="auto (CUDA when present), cpu, cuda, cuda:N.")]
+OutDir = Annotated[
+    Path | None, typer.Option("--out", help="Run folder (default runs/<time>-<model>-<strategy>-s<seed>).")
+]
+Resume = Annotated[bool, typer.Option(help="Continue the run in --out (default: the latest under runs/).")]
+AllowPickle = Annotated[bool, typer.Option(help="Allow full unpickling of a model file (trusted files only).")]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")]
+Progress = Annotated[bool, typer.Option(help="Show the progress bar.")]
+Storage = Annotated[
+    str | None,
+    typer.Option(
+        help="Also write every trial into an Optuna storage, e.g. sqlite:///studies.db (view with optuna-dashboard)."
+    ),
+]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")]
