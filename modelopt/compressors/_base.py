@@ -228,6 +228,8 @@ class Compressor(ABC):
     # The objectives (modelopt.objective.Target values) this compressor can lower: by default the
     # compressors a run uses are the registered ones that lower its objective (modelopt.api).
     reduces: ClassVar[frozenset[str]] = frozenset({"size", "bitops", "latency"})
+    # How the off choice (None) reads in reports and the Optuna export ("float" for a quantizer).
+    off_label: ClassVar[str] = "off"
 
     @classmethod
     def model_options(cls, model: torch.nn.Module) -> dict[str, Any]:

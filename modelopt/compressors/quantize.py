@@ -210,6 +210,7 @@ class Quantize(Compressor):
 
     name = "quantize"
     order = 20  # after pruning: scales are searched on the pruned weight
+    off_label = "float"
 
     def __init__(
         self,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modelopt._version import __version__
+from modelopt.compressors import COMPRESSORS
 from modelopt.errors import ConfigError, LoadError
 from modelopt.plan import jsonable
 from modelopt.run.run_folder import Record, RunFolder, read_run
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 __all__ = ["NUMBER_ATTR", "OptunaExport", "check_storage", "default_study_name", "export_run"]
 
 NUMBER_ATTR = "modelopt_number"  # the trial's number in the run's journal
-OFF_LABEL = {"quantize": "float"}  # how a compressor's None choice reads (default "off")
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,8 @@ def default_study_name(run: RunFolder) -> str:
 
 
 def _off(compressor: str) -> str:
-    return OFF_LABEL.get(compressor, "off")
+    """How `compressor`'s off choice reads (its `off_label`; "off" for one not installed here)."""
+    return COMPRESSORS.get(compressor).off_label if compressor in COMPRESSORS else "off"
 
 
 def _menus(run: RunFolder) -> dict[str, dict[str, str]]:
