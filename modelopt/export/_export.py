@@ -8,6 +8,8 @@ from typing import Any
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator
 from modelopt.export._source import PlanRef, resolve
+from modelopt.export.onnx import export_onnx
+from modelopt.export.packed import export_packed
 from modelopt.workload import Workload
 
 FORMATS = {"modelopt": ".pt", "onnx": ".onnx"}
@@ -58,13 +60,9 @@ def export(
             raise ConfigError("pass out=PATH (--out) when exporting from a workload rather than a run folder")
         out = src.run_dir / f"model-{src.tag}{FORMATS[format]}"
     if format == "onnx":
-        from modelopt.export.onnx import export_onnx
-
         valid = ("activations", "calibration", "percentile", "calib_samples", "quantize_input", "widen_int4")
         for key in options:
             if key not in valid:
                 raise ConfigError(f"unknown onnx export option {key!r}; valid: {', '.join(valid)}")
         return export_onnx(src.evaluator, src.plan, out, **options).path
-    from modelopt.export.packed import export_packed
-
     return export_packed(src.evaluator, src.plan, out)

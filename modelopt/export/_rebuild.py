@@ -9,15 +9,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from modelopt.early_exit import EarlyExitNet, ExitHead, ExitPolicy, HeadSpec, split_backbone
 from modelopt.errors import ConfigError, LoadError
+from modelopt.models import load_model
+from modelopt.zoo import MODELS, ZooEntry
 
 HEAD_TENSORS = ("weight", "bias", "temperature", "hidden_weight", "hidden_bias")  # an exit head's, in file order
 
 
 def architecture(meta: dict[str, Any], path: str | Path) -> nn.Module:
-    from modelopt.models import load_model
-    from modelopt.zoo import MODELS, ZooEntry
-
     name = str(meta["name"])
     if name in MODELS.names():
         entry = MODELS.get(name)
@@ -40,8 +40,6 @@ def architecture(meta: dict[str, Any], path: str | Path) -> nn.Module:
 def with_exits(module: nn.Module, entries: list[Any], floats: torch.Tensor, meta: dict[str, Any],
                 path: str | Path) -> nn.Module:
     """The loaded model wrapped in the `EarlyExitNet` the plan's exits describe (heads from the file)."""
-    from modelopt.early_exit import EarlyExitNet, ExitHead, ExitPolicy, HeadSpec, split_backbone
-
     heads, off = {}, 0
     for point, _, avg, mx, hidden, shapes in entries:
         t = {}

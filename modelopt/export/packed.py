@@ -34,6 +34,7 @@ import torch
 import yaml
 from torch import nn
 
+from modelopt._files import save_atomic  # a failed or killed export leaves the old file, never half a zip
 from modelopt.compressors._base import (
     IntegerWeight,
     WeightForm,
@@ -172,7 +173,6 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    from modelopt._files import save_atomic  # a failed or killed export leaves the old file, never half a zip
     save_atomic(path, lambda f: torch.save(payload, f))
     return path
 
