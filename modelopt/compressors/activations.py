@@ -53,12 +53,21 @@ def activation_bits(value: object, where: str = "quantize") -> int | None:
     if isinstance(value, bool) or value not in SUPPORTED_ACTIVATION_BITS:
         valid = ", ".join(map(str, SUPPORTED_ACTIVATION_BITS))
         raise ConfigError(f"{where}: activations {value!r} not offered; valid: {valid} or null (float)")
-    return int(value)  # type: ignore[call-overload,unused-ignore]
+    return next(b for b in SUPPORTED_ACTIVATION_BITS if b == value)  # the offered int (8 for 8.0, as int() gave)
 
 
 class CalibrationMethod(str, Enum):
     MINMAX = "minmax"
     PERCENTILE = "percentile"
+
+
+def calibration_method(value: object) -> CalibrationMethod:
+    """`value` as a CalibrationMethod; ConfigError naming the valid ones otherwise."""
+    try:
+        return CalibrationMethod(value)
+    except ValueError:
+        valid = ", ".join(m.value for m in CalibrationMethod)
+        raise ConfigError(f"activation calibration {value!r} not offered; valid: {valid}") from None
 
 
 @dataclass(frozen=True)
@@ -80,15 +89,13 @@ class Calibration:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "method", CalibrationMethod(self.method))
-        except ValueError:
-            valid = ", ".join(m.value for m in CalibrationMethod)
-            raise ConfigError(f"activation calibration {self.method!r} not offered; valid: {valid}") from None
+        object.__setattr__(self, "method", calibration_method(self.method))
         if not 50 < self.percentile <= 100:
             raise ConfigError(f"activation percentile must be in (50, 100], got {self.percentile!r}")
         if self.images < 1 or self.samples < 1:
-            raise ConfigError(f"activation calibration needs images and samples >= 1, got {self.images}, {self.samples}")
+            raise ConfigError(
+                f"activation calibration needs images and samples >= 1, got {self.images}, {self.samples}"
+            )
 
 
 @dataclass(frozen=True)

@@ -94,8 +94,7 @@ class EarlyExit(Compressor):
     def model_options(cls, model: torch.nn.Module) -> dict[str, Any]:
         """Every block's end but the last one's (an exit there saves nothing) is a candidate exit."""
         backbone = split_backbone(model)
-        return {"exits": list(exit_layers(backbone))[:-1],
-                "classes": int(backbone.tail.linear.out_features)}  # type: ignore[union-attr]
+        return {"exits": list(exit_layers(backbone))[:-1], "classes": backbone.classes}
 
     def __init__(self, thresholds: Sequence[float] = DEFAULT_THRESHOLDS, exits: Sequence[str] = ("*",),
                  classes: int = 10) -> None:
@@ -175,8 +174,7 @@ class EarlyExit(Compressor):
         return out
 
     def dump_top(self, choices: Mapping[str, Choice]) -> Any:
-        active = {layer.rsplit(".", 1)[0]: c.threshold for layer, c in choices.items()  # type: ignore[union-attr]
-                  if c is not None}
+        active = {layer.rsplit(".", 1)[0]: _threshold(c) for layer, c in choices.items() if c is not None}
         if not active:
             return None
         shared = set(active.values())
@@ -213,7 +211,14 @@ def policy_from_choices(choices: Mapping[str, Choice], backbone: Backbone) -> Ex
         raise ConfigError(f"early_exit choices on {unknown}, which end no block; valid: {sorted(to_point)}")
     active = {to_point[n]: c for n, c in choices.items() if c is not None}
     order = [p.name for p in backbone.points if p.name in active]
-    return ExitPolicy(tuple(order), tuple(active[p].threshold for p in order))  # type: ignore[union-attr]
+    return ExitPolicy(tuple(order), tuple(_threshold(active[p]) for p in order))
+
+
+def _threshold(choice: Choice) -> float:
+    """An active exit's threshold (early_exit's choices are ExitChoice or None)."""
+    if not isinstance(choice, ExitChoice):
+        raise TypeError(f"an active early_exit choice is an ExitChoice; got {choice!r}")
+    return choice.threshold
 
 
 def head_bytes(heads: Mapping[str, ExitHead], policy: ExitPolicy) -> int:

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from modelopt.errors import ConfigError
 from modelopt.layers import feed_inputs
 
 DAMPING = 0.01  # fraction of mean(diag H) added to H's diagonal (GPTQ's percdamp)
@@ -61,7 +62,9 @@ def input_columns(kept_inputs: torch.Tensor, kernel: int) -> torch.Tensor:
 def _rows(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The module's input as rows x fan_in, in the weight's column order."""
     if isinstance(module, nn.Conv2d):
-        cols = F.unfold(x, module.kernel_size, module.dilation, module.padding, module.stride)  # type: ignore[arg-type]
+        if isinstance(module.padding, str):  # unfold takes numbers; a conv built with padding="same"/"valid"
+            raise ConfigError(f"GPTQ needs a conv's padding as numbers; this one has padding={module.padding!r}")
+        cols = F.unfold(x, module.kernel_size, module.dilation, module.padding, module.stride)
         return cols.transpose(1, 2).reshape(-1, cols.shape[1])
     return x.reshape(-1, x.shape[-1])
 

@@ -119,11 +119,10 @@ def remove_channels(model: nn.Module, kept: Mapping[str, torch.Tensor | int]) ->
         idx_t = torch.arange(idx) if isinstance(idx, int) else idx.to(torch.long).cpu()
         idx_t = idx_t.to(c1.weight.device)
         k = int(idx_t.numel())
-        new1 = nn.Conv2d(c1.in_channels, k, c1.kernel_size, c1.stride, c1.padding, c1.dilation, 1,
-                         c1.bias is not None, c1.padding_mode, device=c1.weight.device, dtype=c1.weight.dtype)
+        new1 = _conv_like(c1, c1.in_channels, k)
         new1.weight.data = c1.weight.data[idx_t].clone()
         if c1.bias is not None:
-            new1.bias.data = c1.bias.data[idx_t].clone()  # type: ignore[union-attr]
+            new1.get_parameter("bias").data = c1.bias.data[idx_t].clone()
         new_bn = nn.BatchNorm2d(k, bn.eps, bn.momentum, bn.affine, bn.track_running_stats,
                                 device=c1.weight.device, dtype=c1.weight.dtype)
         for attr in ("weight", "bias", "running_mean", "running_var"):
@@ -131,12 +130,11 @@ def remove_channels(model: nn.Module, kept: Mapping[str, torch.Tensor | int]) ->
             if t is not None:
                 getattr(new_bn, attr).data = t.data[idx_t].clone()
         if bn.num_batches_tracked is not None:
-            new_bn.num_batches_tracked.data = bn.num_batches_tracked.data.clone()  # type: ignore[union-attr]
-        new2 = nn.Conv2d(k, c2.out_channels, c2.kernel_size, c2.stride, c2.padding, c2.dilation, 1,
-                         c2.bias is not None, c2.padding_mode, device=c2.weight.device, dtype=c2.weight.dtype)
+            new_bn.get_buffer("num_batches_tracked").data = bn.num_batches_tracked.data.clone()
+        new2 = _conv_like(c2, k, c2.out_channels)
         new2.weight.data = c2.weight.data[:, idx_t].clone()
         if c2.bias is not None:
-            new2.bias.data = c2.bias.data.clone()  # type: ignore[union-attr]
+            new2.get_parameter("bias").data = c2.bias.data.clone()
         for name, new in ((conv1_name, new1), (norm_name, new_bn), (conv2_name, new2)):
             parent, _, attr = name.rpartition(".")
             new.train(modules[name].training)
@@ -144,6 +142,20 @@ def remove_channels(model: nn.Module, kept: Mapping[str, torch.Tensor | int]) ->
                 p.requires_grad_(False)
             setattr(modules[parent] if parent else model, attr, new)
     return model
+
+
+def _pair(t: tuple[int, ...]) -> tuple[int, int]:
+    # Conv2d stores its geometry as 2-tuples; its attributes are annotated tuple[int, ...].
+    h, w = t
+    return h, w
+
+
+def _conv_like(conv: nn.Conv2d, in_channels: int, out_channels: int) -> nn.Conv2d:
+    """An ungrouped Conv2d with `conv`'s geometry, bias, device and dtype, and the given channels."""
+    padding = conv.padding if isinstance(conv.padding, str) else _pair(conv.padding)
+    return nn.Conv2d(in_channels, out_channels, _pair(conv.kernel_size), _pair(conv.stride), padding,
+                     _pair(conv.dilation), 1, conv.bias is not None, conv.padding_mode,
+                     device=conv.weight.device, dtype=conv.weight.dtype)
 
 
 @COMPRESSORS.register("prune")
@@ -213,7 +225,9 @@ class Prune(Compressor):
             return None
         where = f"prune for {layer.name}"
         if not isinstance(raw, Mapping):
-            raise ConfigError(f"{where}: expected a mapping like {{sparsity: 0.5, kind: unstructured}} or null, got {raw!r}")
+            raise ConfigError(
+                f"{where}: expected a mapping like {{sparsity: 0.5, kind: unstructured}} or null, got {raw!r}"
+            )
         unknown = set(raw) - {"sparsity", "kind"}
         if unknown:
             raise ConfigError(f"{where}: unknown key {min(unknown)!r}; valid: sparsity, kind")

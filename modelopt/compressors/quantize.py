@@ -39,7 +39,7 @@ from modelopt.compressors._base import (
 )
 from modelopt.compressors._base import code_range as _code_range
 from modelopt.compressors._registry import COMPRESSORS
-from modelopt.compressors.activations import QPARAM_BYTES, Calibration
+from modelopt.compressors.activations import QPARAM_BYTES, Calibration, calibration_method
 from modelopt.compressors.activations import activation_bits as _activation_bits
 from modelopt.compressors.gptq import LayerInputs, Rounding, gptq_round
 from modelopt.errors import ConfigError
@@ -83,7 +83,8 @@ class QuantSpec:
 
         Example:
             >>> QuantSpec(8).with_activations(8)
-            ActQuantSpec(bits=8, granularity=<Granularity.PER_CHANNEL: 'per_channel'>, group_size=64, rounding=<Rounding.NEAREST: 'nearest'>, activations=8)
+            ActQuantSpec(bits=8, granularity=<Granularity.PER_CHANNEL: 'per_channel'>, group_size=64,
+                         rounding=<Rounding.NEAREST: 'nearest'>, activations=8)
         """
         if bits is None:
             return QuantSpec(self.bits, self.granularity, self.group_size, self.rounding)
@@ -108,7 +109,7 @@ class ActQuantSpec(QuantSpec):
     (journals, resumed runs, optuna studies). Weight-only specs keep their three fields and keys.
     """
 
-    activations: int = 8  # type: ignore[assignment]  # a field here, a None-valued property on QuantSpec
+    activations: int = 8  # a field here, a None-valued property on QuantSpec
 
     def __post_init__(self) -> None:
         if _activation_bits(self.activations) is None:
@@ -240,7 +241,8 @@ class Quantize(Compressor):
         self.activations = tuple(dict.fromkeys(_activation_bits(a) for a in activations))
         if not self.activations:
             raise ConfigError("quantize: activations must offer at least one of 8 or null (float)")
-        self.calibration = Calibration(act_calibration, float(act_percentile), int(act_calibration_images))  # type: ignore[arg-type]
+        self.calibration = Calibration(calibration_method(act_calibration), float(act_percentile),
+                                       int(act_calibration_images))
         self.rounding = tuple(dict.fromkeys(_rounding(r) for r in rounding))
         if not self.rounding:
             raise ConfigError("quantize: rounding must offer at least one of nearest, gptq")
@@ -271,7 +273,8 @@ class Quantize(Compressor):
     def _canonical(self, spec: QuantSpec, layer: Layer) -> QuantSpec:
         # One group covering a whole channel is per-channel quantization: same math, same bytes.
         if spec.granularity is Granularity.GROUP and layer.fan_in <= spec.group_size:
-            return QuantSpec(spec.bits, Granularity.PER_CHANNEL, rounding=spec.rounding).with_activations(spec.activations)
+            per_channel = QuantSpec(spec.bits, Granularity.PER_CHANNEL, rounding=spec.rounding)
+            return per_channel.with_activations(spec.activations)
         if spec.granularity is not Granularity.GROUP:
             return QuantSpec(spec.bits, spec.granularity, rounding=spec.rounding).with_activations(spec.activations)
         return spec
@@ -294,7 +297,9 @@ class Quantize(Compressor):
                               "valid: bits, granularity, group_size, activations, rounding")
         bits = raw.get("bits")
         if bits is None:
-            raise ConfigError(f"quantize for {layer.name}: 'bits' is required (one of {', '.join(map(str, SUPPORTED_BITS))})")
+            raise ConfigError(
+                f"quantize for {layer.name}: 'bits' is required (one of {', '.join(map(str, SUPPORTED_BITS))})"
+            )
         if isinstance(bits, bool) or bits not in SUPPORTED_BITS:
             raise ConfigError(
                 f"quantize for {layer.name}: bits {bits!r} not offered; valid: {', '.join(map(str, SUPPORTED_BITS))}"
@@ -372,11 +377,16 @@ class Quantize(Compressor):
         return Storage(inner.shape, inner.kept, choice.bits, _extra_bytes(layer, choice))
 
     def weight_bits(self, choice: Choice) -> int:
-        return 32 if choice is None else choice.bits  # type: ignore[union-attr]
+        if choice is None:
+            return 32
+        assert isinstance(choice, QuantSpec)
+        return choice.bits
 
     def activation_bits(self, choice: Choice) -> int:
-        acts = None if choice is None else choice.activations  # type: ignore[union-attr]
-        return 32 if acts is None else acts
+        if choice is None:
+            return 32
+        assert isinstance(choice, QuantSpec)
+        return 32 if choice.activations is None else choice.activations
 
 
 def _extra_bytes(layer: Layer, spec: QuantSpec) -> int:

@@ -43,7 +43,7 @@ class ExitPoint:
 
 
 class _Stem(nn.Module):
-    def __init__(self, conv: nn.Module, bn: nn.Module) -> None:
+    def __init__(self, conv: nn.Conv2d, bn: nn.Module) -> None:
         super().__init__()
         self.conv, self.bn = conv, bn
 
@@ -52,7 +52,7 @@ class _Stem(nn.Module):
 
 
 class _Tail(nn.Module):
-    def __init__(self, linear: nn.Module) -> None:
+    def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.linear = linear
 
@@ -74,9 +74,14 @@ class Backbone:
 
     stem: nn.Module
     blocks: tuple[tuple[str, nn.Module], ...]
-    tail: nn.Module
+    tail: _Tail
     points: tuple[ExitPoint, ...]
     total_macs: int
+
+    @property
+    def classes(self) -> int:
+        """Classes the model scores: its final linear layer's outputs."""
+        return self.tail.linear.out_features
 
     def point(self, name: str) -> ExitPoint:
         """The exit point after block `name`; ConfigError naming the valid ones otherwise."""
@@ -124,9 +129,15 @@ def split_backbone(model: nn.Module, input_size: tuple[int, int] = (32, 32)) -> 
         for i, block in enumerate(getattr(model, f"layer{stage}")):
             blocks.append((f"layer{stage}.{i}", block))
         stage += 1
-    stem, tail = _Stem(model.conv1, model.bn1), _Tail(model.linear)
+    conv1, bn1, linear = (model.get_submodule(a) for a in ("conv1", "bn1", "linear"))
+    if not isinstance(conv1, nn.Conv2d) or not isinstance(linear, nn.Linear):
+        raise ConfigError(
+            f"early exit needs a CIFAR-style ResNet whose conv1 is a Conv2d and linear a Linear; "
+            f"{type(model).__name__} has {type(conv1).__name__} and {type(linear).__name__}"
+        )
+    stem, tail = _Stem(conv1, bn1), _Tail(linear)
     device = next(model.parameters()).device
-    example = torch.zeros(1, model.conv1.in_channels, *input_size, device=device)
+    example = torch.zeros(1, conv1.in_channels, *input_size, device=device)
     layer_macs = {layer.name: layer.macs for layer in discover_layers(model, example)}
     points = []
     macs = layer_macs.get("conv1", 0)

@@ -77,7 +77,8 @@ def test_percentile_on_a_subsample_is_close_and_seeded():
     got = _ranges(x, method="percentile", percentile=99.0, samples=20_000)
     assert got == _ranges(x, method="percentile", percentile=99.0, samples=20_000)  # same seed, same range
     exact = np.percentile(x.reshape(-1).numpy(), [1.0, 99.0])
-    assert got == pytest.approx(tuple(exact), abs=0.1)  # std of the estimate ~0.03; the normal's 99th percentile is 2.33
+    # std of the estimate ~0.03; the normal's 99th percentile is 2.33
+    assert got == pytest.approx(tuple(exact), abs=0.1)
     assert got != _ranges(x, method="percentile", percentile=99.0, samples=20_000, seed=1)
 
 

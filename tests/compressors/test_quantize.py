@@ -57,7 +57,7 @@ def oracle_row(row: list[float], bits: int) -> tuple[list[int], float]:
         for x in row:
             q = round(x / s)  # Python rounds half to even, as torch.round does
             codes.append(min(max(q, qmin), qmax))
-        err = sum((abs(q * s - x) / amax) ** p for q, x in zip(codes, row))
+        err = sum((abs(q * s - x) / amax) ** p for q, x in zip(codes, row, strict=True))
         if err < best_err:  # strict: the smaller ratio wins a tie
             best_err, best_codes, best_scale = err, codes, s
     return best_codes, best_scale
@@ -323,9 +323,9 @@ def test_constructor_rejects_unsupported_bits(bits):
 
 
 def test_constructor_rejects_bad_granularity_and_group_size():
-    with pytest.raises(ConfigError, match="'per_row'.*per_tensor, per_channel, group"):
+    with pytest.raises(ConfigError, match=r"'per_row'.*per_tensor, per_channel, group"):
         Quantize(granularity=("per_row",))
-    with pytest.raises(ConfigError, match="group_size.*0"):
+    with pytest.raises(ConfigError, match=r"group_size.*0"):
         Quantize(group_size=0)
 
 
@@ -395,7 +395,7 @@ def test_unsupported_activation_bits_are_one_line_config_errors(bad):
         Quantize().parse({"bits": 8, "activations": bad}, WIDE)
     msg = str(exc.value)
     assert f"activations {bad!r} not offered; valid: 8 or null" in msg and "wide" in msg and "\n" not in msg
-    with pytest.raises(ConfigError, match="activations .* not offered; valid: 8"):
+    with pytest.raises(ConfigError, match=r"activations .* not offered; valid: 8"):
         Quantize(activations=(None, bad))
 
 

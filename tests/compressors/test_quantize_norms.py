@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from modelopt.api import build_compressors
-from modelopt.compressors import QuantSpec, Quantize
+from modelopt.compressors import Quantize, QuantSpec
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator
 from modelopt.space import SearchSpace
