@@ -85,6 +85,7 @@ def test_a_plan_that_cannot_improve_stops_after_one_stage(evaluator):
     assert m.stopped == "dominated" and m.n_samples == 106
 
 
+@pytest.mark.slow
 def test_stopped_plans_are_really_infeasible_on_the_whole_split(evaluator):
     """Soundness on real plans: random mixed plans, staged vs full scoring."""
     rng = np.random.default_rng(1)

@@ -21,6 +21,7 @@ def test_only_plans_with_a_layer_at_4_bits_or_fewer_re_estimate():
         Quantize(norm_images=-1)
 
 
+@pytest.mark.slow
 def test_it_is_charged_per_plan_and_lowers_int2_disagreement(small_workload):
     def evaluator(norm_images: int) -> Evaluator:
         comps = build_compressors(["quantize"], {"quantize": {"bits": [8, 2], "granularity": ["group"],

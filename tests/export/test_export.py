@@ -35,6 +35,7 @@ def run_dir(tmp_path_factory, r20_evaluator):
     return folder
 
 
+@pytest.mark.slow
 def test_export_best_and_trial(run_dir, r20_evaluator):
     path = modelopt.export(run_dir)
     assert path == run_dir / "model-best.pt"

@@ -10,6 +10,8 @@ import pytest
 
 from modelopt.report import write_report
 
+pytestmark = pytest.mark.slow  # reads the session fixture small_run (a finished MCTS run, ~35 s) and drives chromium
+
 CHROMIUM = Path("/usr/bin/chromium")
 
 

@@ -18,6 +18,8 @@ from modelopt.errors import LoadError
 from modelopt.report import write_report
 from modelopt.testing.cli import assert_one_line_error
 
+pytestmark = pytest.mark.slow  # every test reads the session fixture small_run: a finished MCTS run, ~35 s to make
+
 
 @pytest.fixture
 def copy_run(tmp_path, small_run):

@@ -15,6 +15,8 @@ from modelopt.errors import LoadError
 from modelopt.report import write_sweep_report
 from modelopt.run.run_folder import read_run
 
+pytestmark = pytest.mark.slow  # both tests read the session fixture small_sweep: a finished 4-cell sweep, ~45 s to make
+
 
 def _copy_sweep(sweep: Path, tmp_path: Path, strategies=("random", "mcts"), seeds=(0, 1)) -> Path:
     """The sweep's tables and, per cell, its settings and journal only: runs not finished."""
