@@ -46,6 +46,7 @@ def test_no_exit_plan_is_scored_as_before(ee, resnet20_workload):
                                                                                b.bitops)
 
 
+@pytest.mark.slow
 def test_exit_plan_matches_the_simulator_and_the_deployable_module(ee, resnet20_workload):
     wl = resnet20_workload
     plan = ee.space.plan(_exits(ee, PLAN))
@@ -85,6 +86,7 @@ def test_heads_count_toward_size_and_bitops_follow_the_samples(ee):
     assert mq.bitops < m.bitops / 3
 
 
+@pytest.mark.slow
 def test_staged_scoring_keeps_the_exit_figures(ee):
     from modelopt.fidelity import Fidelity
 
@@ -148,6 +150,7 @@ def test_strategies_see_an_exit_cost_its_heads_bytes(ee):
     assert feats[ExitChoice(0.9)].bytes - feats[None].bytes == extra > 0
 
 
+@pytest.mark.slow
 def test_exit_priors_give_strategies_mac_savings_and_a_loss_proxy(resnet20_workload):
     wl = resnet20_workload
     ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["early_exit", "prune"], model=wl.model)))
@@ -168,6 +171,7 @@ def test_exit_priors_give_strategies_mac_savings_and_a_loss_proxy(resnet20_workl
         assert wl.layers[[x.name for x in wl.layers].index("layer2.0.conv1")].macs - f.macs == saved_by_plan
 
 
+@pytest.mark.slow
 def test_heads_can_fit_on_extra_unlabeled_images_which_are_charged(resnet20_workload, tmp_path):
     import numpy as np
 

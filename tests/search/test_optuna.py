@@ -232,6 +232,7 @@ def test_state_from_another_strategy_is_refused():
 # seeds keep the bars valid across Optuna versions; each test checks random stays below its bar.
 
 
+@pytest.mark.slow
 def test_tpe_gets_close_to_the_known_optimum_and_beats_random_search():
     optimum = best_reward()
     assert optimum == pytest.approx(10.353, abs=1e-3)  # brute force over all 4^12 plans agrees
