@@ -273,5 +273,5 @@ class CompressedStates:
         if policy is None:
             return model
         heads, _ = self.exits.heads()
-        size = tuple(self.workload.split("val").x.shape[2:])
-        return EarlyExitNet(split_backbone(model, size), heads, policy).eval()  # type: ignore[arg-type]
+        _, _, height, width = self.workload.split("val").x.shape
+        return EarlyExitNet(split_backbone(model, (height, width)), heads, policy).eval()

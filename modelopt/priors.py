@@ -33,7 +33,7 @@ def measure_errors(states: CompressedStates, exits: PlanExits) -> None:
     images = max((n for d in space.decisions for c in d.choices
                   if (n := space.compressors[d.compressor].input_images(c))), default=0)
     for d in space.decisions:
-        layer = str(d.layer)  # every decision of a space built from layers names its layer
+        layer = d.layer
         w = workload.original[layer].float()
         inputs = states.layer_inputs(layer, images) if images else None
         h = None if inputs is None else inputs.hessian.to(w.device, torch.float32)
@@ -44,7 +44,7 @@ def measure_errors(states: CompressedStates, exits: PlanExits) -> None:
 
         norm = energy(w) or 1.0
         feats = []
-        for c, f in zip(d.choices, space.features[d.name]):
+        for c, f in zip(d.choices, space.features[d.name], strict=True):
             if c is None:
                 feats.append(dataclasses.replace(f, error=0.0))
                 continue

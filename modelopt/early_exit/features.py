@@ -154,7 +154,7 @@ def cached_features(path: str | Path, make: Callable[[], Features] | None) -> Fe
     if make is None:
         raise LoadError(f"no cached features at {str(path)!r} and nothing to make them with")
     f = make()
-    d = {f"f:{p}": t for p, t in zip(f.points, f.feats)}
+    d = {f"f:{p}": t for p, t in zip(f.points, f.feats, strict=True)}
     d.update(avg_grids=torch.tensor(f.spec.avg_grids), max_grids=torch.tensor(f.spec.max_grids),
              points=",".join(f.points), logits=f.logits,
              labels=f.labels if f.labels is not None else torch.empty(0, dtype=torch.int64))

@@ -29,6 +29,13 @@ __all__ = ["EarlyExitNet", "heads_state", "load_early_exit"]
 
 
 class _Head(nn.Module):
+    # Buffers, registered from the head's tensors (hidden_* only when the head has a hidden layer).
+    weight: torch.Tensor
+    bias: torch.Tensor
+    temperature: torch.Tensor
+    hidden_weight: torch.Tensor
+    hidden_bias: torch.Tensor
+
     def __init__(self, head: ExitHead) -> None:
         super().__init__()
         self.spec = head.spec

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from modelopt.compressors.early_exit import EarlyExit
+from modelopt.compressors.early_exit import EarlyExit, ExitChoice
 from modelopt.early_exit.heads import ExitHead
 from modelopt.early_exit.runtime import (
     ExitLayout,
@@ -47,7 +47,7 @@ class PlanExits:
         self.workload, self.space = workload, space
         self.one_time = OneTimeCosts() if one_time is None else one_time
         self.decisions = [d for d in space.decisions
-                          if isinstance(space.compressors[d.compressor], EarlyExit) and d.layer is not None]
+                          if isinstance(space.compressors[d.compressor], EarlyExit)]
         self._extra = extra_images
         self._layout: ExitLayout | None = None
         self._heads: dict[str, ExitHead] | None = None
@@ -59,9 +59,8 @@ class PlanExits:
         if not self.decisions:
             return None
         if self._layout is None:
-            size = tuple(self.workload.split("val").x.shape[2:])
-            self._layout = exit_layout(self.workload.model, size,  # type: ignore[arg-type]
-                                       [d.layer for d in self.decisions],  # type: ignore[misc]
+            _, _, height, width = self.workload.split("val").x.shape
+            self._layout = exit_layout(self.workload.model, (height, width), [d.layer for d in self.decisions],
                                        [x.name for x in self.workload.layers])
         return self._layout
 
@@ -155,16 +154,17 @@ class PlanExits:
         self._priors = True
         total = layout.backbone.total_macs
         for d in self.decisions:
-            point = layout.point_of[d.layer]  # type: ignore[index]
+            point = layout.point_of[d.layer]
             conf = heads[point].confidence(logits[point])
             differs = logits[point].argmax(1) != full
             after = total - layout.backbone.point(point).macs
             feats = []
-            for c, f in zip(d.choices, self.space.features[d.name]):
+            for c, f in zip(d.choices, self.space.features[d.name], strict=True):
                 if c is None:
                     feats.append(f)
                     continue
-                fire = conf >= c.threshold  # type: ignore[union-attr]
+                assert isinstance(c, ExitChoice)
+                fire = conf >= c.threshold
                 share, wrong = float(fire.double().mean()), float((fire & differs).double().mean())
                 saved = share * after - layout.head_macs(point)
                 feats.append(dataclasses.replace(f, macs=round(f.macs - saved), error=math.sqrt(0.9 * wrong) / 0.5))

@@ -103,8 +103,13 @@ def exit_layout(model: nn.Module, input_size: tuple[int, int], decisions: Sequen
             if name.startswith(bname + "."):
                 idx = i
         block_of[name] = idx
-    classes = int(backbone.tail.linear.out_features)  # type: ignore[union-attr]
-    return ExitLayout(backbone, {d: ends[d] for d in decisions}, block_of, config.spec, classes)
+    return ExitLayout(backbone, {d: ends[d] for d in decisions}, block_of, config.spec, backbone.classes)
+
+
+def _joined(a: Features, b: Features) -> Features:
+    """`a`'s images then `b`'s, at the same points, unlabeled (what the heads are fitted on)."""
+    feats = tuple(torch.cat([x, y]) for x, y in zip(a.feats, b.feats, strict=True))
+    return Features(a.spec, a.points, feats, torch.cat([a.logits, b.logits]), None)
 
 
 def fit_heads(layout: ExitLayout, calib: torch.Tensor, val: torch.Tensor, config: RuntimeConfig = RuntimeConfig(),
@@ -126,13 +131,11 @@ def fit_heads(layout: ExitLayout, calib: torch.Tensor, val: torch.Tensor, config
     n = calib.shape[0]
     if config.flip:
         mirrored = extract_features(backbone, calib, config.spec, points, flip=True)
-        fit = Features(fit.spec, points, tuple(torch.cat([a, b]) for a, b in zip(fit.feats, mirrored.feats)),
-                       torch.cat([fit.logits, mirrored.logits]), None)
+        fit = _joined(fit, mirrored)
         n *= 2
     if extra is not None and len(extra):
         more = extract_features(backbone, extra, config.spec, points)
-        fit = Features(fit.spec, points, tuple(torch.cat([a, b]) for a, b in zip(fit.feats, more.feats)),
-                       torch.cat([fit.logits, more.logits]), None)
+        fit = _joined(fit, more)
         n += int(extra.shape[0])
     held = extract_features(backbone, val, config.spec, points)
     heads = fit_exit_heads(fit, points, FitConfig(spec=config.spec, l2=config.l2), calibrate=held)

@@ -52,7 +52,7 @@ class ExitPolicy:
 
     def active(self) -> ExitPolicy:
         """The same policy without the exits that can never fire."""
-        keep = [(e, t) for e, t in zip(self.exits, self.thresholds) if t <= 1.0]
+        keep = [(e, t) for e, t in zip(self.exits, self.thresholds, strict=True) if t <= 1.0]
         return ExitPolicy(tuple(e for e, _ in keep), tuple(t for _, t in keep))
 
 
@@ -176,7 +176,7 @@ def assign_exits(table: ExitTable, policy: ExitPolicy) -> tuple[torch.Tensor, to
     and its MACs (`first_confident` on the table's heads)."""
     rows = [table.exits.index(e) if e in table.exits else -1 for e in policy.exits]
     if -1 in rows:
-        missing = [e for e, r in zip(policy.exits, rows) if r < 0]
+        missing = [e for e, r in zip(policy.exits, rows, strict=True) if r < 0]
         raise ConfigError(f"policy names exits {missing} without heads; heads exist for {list(table.exits)}")
     if list(rows) != sorted(rows):
         raise ConfigError(f"policy exits must be in backbone order; got {list(policy.exits)}")

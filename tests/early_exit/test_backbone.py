@@ -33,7 +33,7 @@ def test_exit_point_macs_by_hand(r20):
 
 def test_unknown_point_and_layout_are_config_errors(r20):
     _, bb, *_ = r20
-    with pytest.raises(ConfigError, match="layer9.9"):
+    with pytest.raises(ConfigError, match=r"layer9\.9"):
         bb.point("layer9.9")
     with pytest.raises(ConfigError, match="CIFAR-style ResNet"):
         split_backbone(torch.nn.Linear(3, 3))

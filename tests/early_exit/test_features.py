@@ -23,7 +23,7 @@ def test_the_cache_is_made_once_and_loads_back_equal(tmp_path):
     made = cached_features(path, lambda: _features(0))
     back = cached_features(path, None)
     assert back.points == made.points and back.spec == made.spec
-    assert all(torch.equal(a, b) for a, b in zip(back.feats, made.feats))
+    assert all(torch.equal(a, b) for a, b in zip(back.feats, made.feats, strict=True))
     assert torch.equal(back.logits, made.logits) and torch.equal(back.labels, made.labels)
     assert os.listdir(tmp_path) == ["feats.pt"]
 
@@ -33,7 +33,7 @@ def test_a_failed_write_leaves_no_file_a_later_call_would_load(tmp_path, monkeyp
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", full_disk)
-    with pytest.raises(StorageError, match="cannot write .*feats.pt"):
+    with pytest.raises(StorageError, match=r"cannot write .*feats\.pt"):
         cached_features(tmp_path / "feats.pt", lambda: _features(0))
     assert os.listdir(tmp_path) == []  # neither a half cache nor a temporary
     monkeypatch.undo()

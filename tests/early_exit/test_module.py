@@ -48,7 +48,7 @@ def _fragile(table, policy, exit_at: torch.Tensor, logits: torch.Tensor) -> torc
     """Samples whose exit or prediction float rounding may decide: a confidence near a threshold
     it is compared with, or a near tie between the top two logits it returns."""
     near = torch.zeros(len(exit_at), dtype=torch.bool)
-    for j, (name, thr) in enumerate(zip(policy.exits, policy.thresholds)):
+    for j, (name, thr) in enumerate(zip(policy.exits, policy.thresholds, strict=True)):
         reached = exit_at >= j
         near |= reached & ((table.confidence[table.exits.index(name)] - thr).abs() < TOL)
     top2 = logits.topk(2, dim=1).values

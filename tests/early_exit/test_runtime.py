@@ -102,7 +102,7 @@ def test_a_decision_that_ends_no_block_is_refused(resnet20_workload):
     with pytest.raises(ConfigError, match="end no block"):
         exit_layout(wl.model, (32, 32), ["layer1.0.conv1"], [x.name for x in wl.layers])
     ev = Evaluator(wl, space)
-    with pytest.raises(ConfigError, match="layer1.0.conv1"):
+    with pytest.raises(ConfigError, match=r"layer1\.0\.conv1"):
         ev.evaluate(space.plan({"layer1.0.conv1/early_exit": ExitChoice(0.9)}))
 
 
@@ -146,7 +146,7 @@ def test_strategies_see_an_exit_cost_its_heads_bytes(ee):
     plan = ee.space.plan(_exits(ee, {"layer2.1.conv2": 0.9}))
     extra = ee.size_bytes(plan) - ee.size_bytes(ee.space.plan())
     feats = dict(zip(ee.space.decision("layer2.1.conv2/early_exit").choices,
-                     ee.space.features["layer2.1.conv2/early_exit"]))
+                     ee.space.features["layer2.1.conv2/early_exit"], strict=True))
     assert feats[ExitChoice(0.9)].bytes - feats[None].bytes == extra > 0
 
 
@@ -156,7 +156,7 @@ def test_exit_priors_give_strategies_mac_savings_and_a_loss_proxy(resnet20_workl
     ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["early_exit", "prune"], model=wl.model)))
     ev.measure_errors()
     name = "layer1.2.conv2/early_exit"
-    feats = dict(zip(ev.space.decision(name).choices, ev.space.features[name]))
+    feats = dict(zip(ev.space.decision(name).choices, ev.space.features[name], strict=True))
     low, high = feats[ExitChoice(0.8)], feats[ExitChoice(0.995)]
     assert low.macs < feats[None].macs and low.macs < high.macs  # lower thresholds: more leave, more saved
     assert low.error > high.error >= 0  # (an exit nobody takes costs its head and loses nothing)
@@ -166,7 +166,7 @@ def test_exit_priors_give_strategies_mac_savings_and_a_loss_proxy(resnet20_workl
     assert Evaluator(wl, ev.space).evaluate(ev.space.plan()).prep_cost == 0.0
     # A structured choice's MACs estimate is what the evaluator counts for it alone.
     d = ev.space.decision("layer2.0.conv1/prune")
-    for c, f in zip(d.choices, ev.space.features[d.name]):
+    for c, f in zip(d.choices, ev.space.features[d.name], strict=True):
         saved_by_plan = ev.macs(ev.space.plan()) - ev.macs(ev.space.plan({d.name: c}))
         assert wl.layers[[x.name for x in wl.layers].index("layer2.0.conv1")].macs - f.macs == saved_by_plan
 
