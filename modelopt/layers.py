@@ -71,6 +71,13 @@ def compressible_modules(model: nn.Module) -> dict[str, nn.Module]:
     return {n: m for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
 
 
+def _weight(module: nn.Module) -> torch.Tensor:
+    """The weight of a module `compressible_modules` returned (a Conv2d's or a Linear's)."""
+    if not isinstance(module, (nn.Conv2d, nn.Linear)):
+        raise TypeError(f"expected a Conv2d or Linear module, got {type(module).__name__}")
+    return module.weight
+
+
 def internal_channels(model: nn.Module) -> dict[str, tuple[str, str]]:
     """{conv1: (norm, conv2)} for every residual block laid out as conv1 -> bn1 -> ReLU -> conv2.
 
@@ -99,7 +106,7 @@ def discover_layers(model: nn.Module, example: torch.Tensor) -> tuple[Layer, ...
     for name, mod in modules.items():
 
         def hook(m: nn.Module, inp: tuple[torch.Tensor, ...], out: torch.Tensor, name: str = name) -> None:
-            per_out = m.weight[0].numel()  # fan-in of one output element
+            per_out = _weight(m)[0].numel()  # fan-in of one output element
             elems = out[0].numel() if out.dim() > 1 else out.numel()
             macs[name] = macs.get(name, 0) + per_out * elems
 
@@ -119,7 +126,7 @@ def discover_layers(model: nn.Module, example: torch.Tensor) -> tuple[Layer, ...
             Layer(
                 name=name,
                 kind=kind,
-                weight_shape=tuple(mod.weight.shape),
+                weight_shape=tuple(_weight(mod).shape),
                 macs=macs.get(name, 0),
                 has_bias=mod.bias is not None,
                 channel_norm=norm,

@@ -66,13 +66,14 @@ class NormStats:
         norm's running statistics are shifted in place before it runs."""
         seen: Moments = {}
 
-        def hook(name: str, m: nn.Module, a: torch.Tensor) -> None:
+        def hook(name: str, _: nn.Module, a: torch.Tensor) -> None:
             # (N, C, ...): statistics per channel over every other dim, in place (no copy).
             var, mu = torch.var_mean(a.float(), dim=[d for d in range(a.dim()) if d != 1], correction=0)
             mu, var = mu.double(), var.double()
             seen[name] = (mu, var)
-            if reference is None or name not in reference or m.running_mean is None:
-                return
+            m = self.norms[name]  # the module the hook runs for, typed as a batch norm
+            if reference is None or name not in reference or m.running_mean is None or m.running_var is None:
+                return  # (a norm tracks both running statistics or neither)
             mu0, var0 = reference[name]
             ratio = torch.where(var0 > 1e-12, var / var0.clamp(min=1e-12), torch.ones_like(var))
             m.running_mean.copy_(m.running_mean.double() + (mu - mu0))

@@ -52,7 +52,7 @@ def test_uniform_int4_group_keeps_99_percent(evaluator):
 def test_size_adds_up_from_layers(evaluator):
     wl = evaluator.workload
     plan = _uniform(evaluator, 4, "per_channel")
-    expected = wl.other_bytes + sum(math.ceil(l.params / 2) + 2 * l.out_channels for l in wl.layers)
+    expected = wl.other_bytes + sum(math.ceil(layer.params / 2) + 2 * layer.out_channels for layer in wl.layers)
     assert evaluator.size_bytes(plan) == expected
     # ResNet-20: 268,346 conv/linear weights, 688 batch-norm channels folded to scale+shift, 10 biases.
     assert wl.other_bytes == 688 * 2 * 4 + 10 * 4

@@ -10,8 +10,8 @@ def test_macs_by_hand():
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, stride=2, padding=1),
                           nn.Flatten(), nn.Linear(4 * 8 * 8, 10))
     layers = discover_layers(model, torch.zeros(2, 3, 16, 16))
-    assert [l.name for l in layers] == ["0", "2", "4"]
-    assert [l.kind for l in layers] == [LayerKind.CONV, LayerKind.CONV, LayerKind.LINEAR]
+    assert [layer.name for layer in layers] == ["0", "2", "4"]
+    assert [layer.kind for layer in layers] == [LayerKind.CONV, LayerKind.CONV, LayerKind.LINEAR]
     assert layers[0].macs == 16 * 16 * 8 * 3 * 9
     assert layers[1].macs == 8 * 8 * 4 * 8 * 9
     assert layers[2].macs == 256 * 10
