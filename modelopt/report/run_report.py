@@ -158,8 +158,6 @@ def _layer_blocks(run: RunFolder, best: Record) -> list[Block]:
          "–" if row.plan_bytes is None else f"{row.plan_bytes:,}", _fpct(lmap.share(row)))
         for row in lmap.rows)
     blocks.append(Table(header, rows, "l" + "l" * len(lmap.columns) + "rrr"))
-    if lmap.global_choices:
-        blocks.append(Table(("global decision", "choice"), tuple((f"`{n}`", c) for n, c in lmap.global_choices), "ll"))
     if (run.path / "best_plan.yaml").is_file():
         blocks.append(Paragraph("The plan file: `best_plan.yaml` in the run folder "
                                 "(`modelopt evaluate --plan best_plan.yaml --split test` re-scores it)."))
