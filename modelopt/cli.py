@@ -28,7 +28,7 @@ from modelopt.export import export as do_export
 from modelopt.models import list_models
 from modelopt.report import report as make_report
 from modelopt.run.optuna_storage import export_run
-from modelopt.run.sweep import load_sweep, run_sweep
+from modelopt.sweep import load_sweep, run_sweep
 from modelopt.search import STRATEGIES
 
 app = typer.Typer(

@@ -66,7 +66,7 @@ def small_run(tmp_path_factory, small_workload) -> Path:
 def small_sweep(tmp_path_factory, small_workload) -> Path:
     """A finished sweep (random and MCTS, seeds 0 and 1, budget 4) on `small_workload`: its folder
     holds sweep.json, table.md and runs/resnet20/<strategy>/seed<k>/. Read-only."""
-    from modelopt.run.sweep import run_sweep
+    from modelopt.sweep import run_sweep
 
     root = tmp_path_factory.mktemp("small_sweep")
     (root / "small.yaml").write_text(

@@ -23,14 +23,11 @@ from modelopt.report.document import (
     Table,
     write_document,
 )
+from modelopt.run.layout import RUNS, TABLE_MD
 from modelopt.run.run_folder import RunFolder, is_run_folder, read_run
-from modelopt.run.sweep_table import RUNS, TABLE_MD, _layout
+from modelopt.run.sweep_folder import is_sweep_folder, sweep_layout
 
 __all__ = ["is_sweep_folder", "sweep_blocks", "write_sweep_report"]
-
-
-def is_sweep_folder(path: str | Path) -> bool:
-    return (Path(path) / RUNS).is_dir() and not is_run_folder(path)
 
 
 def _cells(out: Path, model: str, strategy: str, seeds: list[int] | None) -> list[RunFolder]:
@@ -42,7 +39,7 @@ def _cells(out: Path, model: str, strategy: str, seeds: list[int] | None) -> lis
 def sweep_blocks(sweep_dir: str | Path) -> list[Block]:
     """The sweep report's content, independent of its format."""
     out = Path(sweep_dir)
-    models, strategies, seeds, budgets, saved = _layout(out)
+    models, strategies, seeds, budgets, saved = sweep_layout(out)
     if not models:
         raise LoadError(f"{str(out)!r} holds no sweep run folders (expected {RUNS}/<model>/<strategy>/seed<k>/); "
                         "pass a folder written by `modelopt sweep`, or a run folder")

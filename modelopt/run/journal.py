@@ -99,3 +99,14 @@ def _parse(raw: bytes, path: Path, *, strict: bool = True) -> tuple[list[dict[st
             raise LoadError(f"journal {str(path)!r} is corrupt at record {len(records) + 1}") from None
         good_end += len(line)
     return records, good_end
+
+
+def read_json(path: str | Path) -> dict[str, Any] | None:
+    """A run or sweep folder's JSON file (summary, layer table, sweep.json), or None when it is
+    missing, unreadable or not a JSON object (a report reads what is there)."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (ValueError, OSError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None
+    return doc if isinstance(doc, dict) else None

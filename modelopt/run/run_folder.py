@@ -29,7 +29,7 @@ from modelopt.metrics import Metrics
 from modelopt.models import load_model
 from modelopt.objective import Objective, best_of
 from modelopt.plan import Plan
-from modelopt.run.journal import read_journal
+from modelopt.run.journal import read_journal, read_json
 from modelopt.run.layout import CONFIG, JOURNAL, LAYERS, SUMMARY
 from modelopt.space import SearchSpace
 from modelopt.zoo import MODELS, ZooEntry
@@ -211,13 +211,6 @@ def is_run_folder(path: str | Path) -> bool:
     return (Path(path) / CONFIG).is_file()
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text()) if path.is_file() else None
-    except (json.JSONDecodeError, OSError):
-        return None
-
-
 def _read_records(path: Path) -> tuple[Record, ...]:
     raw = read_journal(path)
     out, cum = [], 0.0
@@ -252,7 +245,7 @@ def save_layers(run_dir: str | Path, layers: Sequence[Layer]) -> Path:
 
 
 def _layers_from_file(path: Path) -> tuple[Layer, ...] | None:
-    doc = _read_json(path)
+    doc = read_json(path)
     if doc is None or doc.get("version") != LAYERS_VERSION:
         return None
     if doc["layers"] and "channel_consumer" not in doc["layers"][0]:
@@ -300,7 +293,7 @@ def read_run(run_dir: str | Path, *, layers: Sequence[Layer] | None = None, with
         >>> run.best.metrics.compression if run.best else None
     """
     path = Path(run_dir)
-    config = _read_json(path / CONFIG)
+    config = read_json(path / CONFIG)
     if config is None:
         what = "does not exist" if not path.exists() else f"is not a modelopt run folder (no readable {CONFIG})"
         raise LoadError(f"{str(path)!r} {what}; pass a folder written by `modelopt optimize --out`")
@@ -313,4 +306,4 @@ def read_run(run_dir: str | Path, *, layers: Sequence[Layer] | None = None, with
         names = {layer.name for layer in found}
         if any(name.rsplit("/", 1)[0] not in names for name in records[0].plan if "/" in name):
             found = None
-    return RunFolder(path, config, records, _read_json(path / SUMMARY), found)
+    return RunFolder(path, config, records, read_json(path / SUMMARY), found)

@@ -12,11 +12,12 @@ import pytest
 from typer.testing import CliRunner
 
 from modelopt.cli import app
-from modelopt.testing.cli import assert_one_line_error
+from modelopt.config import RunConfig
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Metrics
 from modelopt.objective import Objective
-from modelopt.run.sweep import load_sweep, run_sweep
+from modelopt.sweep import load_sweep, run_sweep
+from modelopt.testing.cli import assert_one_line_error
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -88,7 +89,8 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("old,new,line,needles", BAD, ids=[(b[1].strip().splitlines() or ["no name"])[-1][:30] for b in BAD])
+@pytest.mark.parametrize(("old", "new", "line", "needles"), BAD,
+                         ids=[(b[1].strip().splitlines() or ["no name"])[-1][:30] for b in BAD])
 def test_a_malformed_file_names_the_key_its_line_and_what_is_right(tmp_path, old, new, line, needles):
     assert old in GOOD
     path = _write(tmp_path, GOOD.replace(old, new, 1))
@@ -150,8 +152,8 @@ def mini(tmp_path_factory, resnet20_workload):
     path = _write(tmp_path_factory.mktemp("sweep"), MINI)
     sweep = load_sweep(path)
     partial = sweep.cell_dir("resnet20", "random", 1)
-    modelopt.optimize(resnet20_workload, strategy="random", budget=1, out=partial, seed=1, bits=[8], granularity=["per_channel"],
-                      progress=False, compressors=["quantize"])
+    modelopt.optimize(resnet20_workload, strategy="random", budget=1, out=partial, seed=1, bits=[8],
+                      granularity=["per_channel"], progress=False, compressors=["quantize"])
     (partial / "summary.json").unlink()  # killed before it finished
     before = [c.status for c in sweep.cells()]
     first_trial = (partial / "trials.jsonl").read_bytes()
@@ -160,7 +162,7 @@ def mini(tmp_path_factory, resnet20_workload):
 
 
 def test_the_mini_sweep_runs_each_cell_once_at_the_largest_budget(mini):
-    path, result, before, first_trial = mini
+    _, result, before, first_trial = mini
     out = result.sweep.out
     assert before == ["todo", "partial"]
     assert [(c.strategy, c.seed) for c in result.ran] == [("random", 0), ("random", 1)]
@@ -226,8 +228,6 @@ def test_smaller_budgets_are_read_from_the_largest_budgets_trace(mini):
 
 def test_a_second_run_skips_finished_cells_and_rebuilds_the_table_from_the_folders(mini, resnet20_workload,
                                                                                   monkeypatch):
-    import modelopt.api
-
     path, first, *_ = mini
     out = first.sweep.out
     journals = {p: p.read_bytes() for p in out.glob("runs/*/*/*/trials.jsonl")}
@@ -238,11 +238,11 @@ def test_a_second_run_skips_finished_cells_and_rebuilds_the_table_from_the_folde
     assert [c.status for c in load_sweep(path).cells()] == ["done", "done"]
     calls = []
 
-    def fake_build(model, data, **kw):  # make_table rebuilds the workload from run.json
-        calls.append((model, data, kw["weights"], kw["data_seed"]))
+    def fake_load(config, **kw):  # make_table rebuilds the workload from run.json
+        calls.append((config.model, config.data, config.weights, config.data_seed))
         return resnet20_workload
 
-    monkeypatch.setattr(modelopt.api, "build_workload", fake_build)
+    monkeypatch.setattr(RunConfig, "load_workload", fake_load)
     result = runner.invoke(app, ["sweep", str(path), "--no-progress"])
     assert result.exit_code == 0, result.output
     assert "Ran 0 of 2 cells" in result.stdout and "resnet20" in result.stdout

@@ -12,7 +12,7 @@ from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from modelopt.errors import ConfigError, ModeloptError
-from modelopt.run.sweep import load_sweep
+from modelopt.sweep import load_sweep
 
 KEYS = ("name", "out", "models", "strategies", "budgets", "seeds", "objective", "min_retention", "confidence",
         "compressors", "bits", "granularity", "rounding", "device")

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from modelopt.errors import StorageError
-from modelopt.run.sweep_table import SEEDS_CSV, TABLE_CSV, TABLE_MD, make_table
+from modelopt.sweep.table import SEEDS_CSV, TABLE_CSV, TABLE_MD, make_table
 
 TABLES = (TABLE_MD, TABLE_CSV, SEEDS_CSV)
 

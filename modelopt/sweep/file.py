@@ -12,13 +12,20 @@ from typing import Any
 import yaml
 
 from modelopt._version import __version__
+from modelopt.assemble import build_compressors
+from modelopt.compressors import COMPRESSORS
+from modelopt.data import list_data_sources
 from modelopt.errors import ConfigError, UnknownNameError
+from modelopt.models import list_models
 from modelopt.objective import Target
-from modelopt.run.journal import read_journal
-from modelopt.run.layout import CONFIG, JOURNAL, SUMMARY
-from modelopt.run.sweep_table import EPS, RUNS, _read_json  # the table reads what the sweep writes
+from modelopt.run.journal import read_journal, read_json
+from modelopt.run.layout import CONFIG, JOURNAL, RUNS, SUMMARY
+from modelopt.search import STRATEGIES
+from modelopt.workload import resolve_device
 
-__all__ = ["Cell", "Sweep", "SweepModel", "cell_status", "load_sweep"]
+__all__ = ["EPS", "Cell", "Sweep", "SweepModel", "cell_status", "load_sweep"]
+
+EPS = 1e-9  # budgets are sums of float costs
 
 _REQUIRED = ("name", "models", "strategies", "budgets", "seeds")
 _DEFAULTS: dict[str, Any] = {  # `out` defaults to the sweep's name, beside the sweep file
@@ -214,13 +221,11 @@ def load_sweep(path: str | Path) -> Sweep:
     top = f.mapping(root, "(top level)", _KEYS, "sweep file")
     for key in _REQUIRED:
         if key not in top:
-            raise f.error(root, key, f"missing; a sweep file needs {', '.join(_REQUIRED)} (see modelopt/run/sweep.py)")
+            raise f.error(root, key, f"missing; a sweep file needs {', '.join(_REQUIRED)} (see modelopt/sweep/run.py)")
     base = path.resolve().parent
     name = f.string(top["name"][1], "name", "mcts_vs_baselines")
     out = base / (f.string(top["out"][1], "out", "results/my_sweep") if "out" in top else name)
     models = _models(f, top["models"][1], base)
-    from modelopt.search import STRATEGIES
-
     strategies = f.names(top["strategies"][1], "strategies", "[random, mcts]", STRATEGIES.names(), "strategy")
     b_nodes = f.items(top["budgets"][1], "budgets", "[50, 100, 200]")
     budgets = [float(f.checked(n, "budgets", lambda v: _is_number(v) and v > 0,
@@ -265,8 +270,6 @@ def _compose(path: Path) -> yaml.Node:
 
 def _settings(f: _File, top: Mapping[str, tuple[yaml.Node, yaml.Node]]) -> dict[str, Any]:
     """The optional keys: each checked where the file gives it, else `_DEFAULTS`."""
-    from modelopt.compressors import COMPRESSORS
-
     settings: dict[str, Any] = {**_DEFAULTS, "compressors": None}
     given = {key: vnode for key, (_, vnode) in top.items()}
     if (n := given.get("objective")) is not None:
@@ -298,8 +301,6 @@ def _settings(f: _File, top: Mapping[str, tuple[yaml.Node, yaml.Node]]) -> dict[
 
 
 def _device(f: _File, n: yaml.Node) -> str:
-    from modelopt.workload import resolve_device
-
     device = f.string(n, "device", "auto")
     try:
         resolve_device(device)
@@ -309,8 +310,6 @@ def _device(f: _File, n: yaml.Node) -> str:
 
 
 def _check_quantizer(f: _File, top: Mapping[str, tuple[yaml.Node, yaml.Node]], settings: Mapping[str, Any]) -> None:
-    from modelopt.api import build_compressors
-
     try:
         build_compressors(["quantize"], {"quantize": {"bits": settings["bits"], "granularity": settings["granularity"],
                                                       "rounding": settings["rounding"]}})
@@ -328,9 +327,6 @@ def _models(f: _File, node: yaml.Node, base: Path) -> list[SweepModel]:
 
 def _model(f: _File, entry: yaml.Node, where: str, base: Path) -> tuple[SweepModel, yaml.Node]:
     """One entry of `models` and the node of its name."""
-    from modelopt.data import list_data_sources
-    from modelopt.models import list_models
-
     keys = {k: vnode for k, (_, vnode) in f.mapping(entry, where, _MODEL_KEYS, "model entry").items()}
     for req in ("name", "model"):
         if req not in keys:
@@ -395,6 +391,6 @@ def cell_status(run_dir: Path, model: str, strategy: str, seed: int, budget: flo
     stopped early at that budget because the strategy had nothing new to propose."""
     records = read_journal(run_dir / JOURNAL)
     spent = sum(float(r.get("cost", 0.0)) for r in records)
-    summary = _read_json(run_dir / SUMMARY)
+    summary = read_json(run_dir / SUMMARY)
     done = summary is not None and (spent >= budget - EPS or float(summary.get("budget", 0)) >= budget - EPS)
     return Cell(model, strategy, seed, run_dir, len(records), spent, done)

@@ -42,18 +42,13 @@ from modelopt.config import RunConfig
 from modelopt.errors import ConfigError
 from modelopt.report import write_sweep_report
 from modelopt.run.journal import write_json_atomic
-from modelopt.run.layout import CONFIG
-from modelopt.run.runner import RunResult, free_cuda_memory
-from modelopt.run.sweep_file import Cell, Sweep, SweepModel, cell_status, load_sweep
-from modelopt.run.sweep_table import (  # the table reads what the sweep writes
-    SWEEP_JSON,
-    TABLE_CSV,
-    TABLE_MD,
-    make_table,
-)
+from modelopt.run.layout import CONFIG, SWEEP_JSON, TABLE_CSV, TABLE_MD
+from modelopt.run.runner import free_cuda_memory
+from modelopt.sweep.file import Cell, Sweep, SweepModel, load_sweep
+from modelopt.sweep.table import make_table
 from modelopt.workload import Workload
 
-__all__ = ["Cell", "Sweep", "SweepModel", "SweepResult", "cell_status", "load_sweep", "make_table", "run_sweep"]
+__all__ = ["SweepResult", "run_sweep"]
 
 # ---- running --------------------------------------------------------------------------------
 
@@ -137,11 +132,7 @@ def run_sweep(
     console = console or Console(stderr=True)
     workloads = dict(workloads or {})
     ran: list[Cell] = []
-    todo = [c for c in cells if not c.done]
-    if only:
-        label = {id(c): f"{c.model}/{c.strategy}/seed{c.seed}" for c in todo}
-        ordered = [c for pattern in only for c in todo if fnmatch.fnmatch(label[id(c)], pattern)]
-        todo = list({id(c): c for c in ordered}.values())
+    todo = _selected([c for c in cells if not c.done], only)
     columns = (TextColumn("[bold]sweep {task.fields[name]}"), BarColumn(), MofNCompleteColumn(), TextColumn("cells"),
                TimeElapsedColumn(), TextColumn("{task.description}"))
     with Progress(*columns, console=console, disable=not progress) as bar:
@@ -153,45 +144,54 @@ def run_sweep(
             bar.update(task, description=f"loading {model.name}")
             if model.name not in workloads:
                 workloads[model.name] = _build_workload(model, sweep.device)
-            wl = workloads[model.name]
             for cell in mine:
                 bar.update(task, description=f"{cell.model}/{cell.strategy}/seed{cell.seed}"
                            + (f" (resuming at {cell.spent:g})" if cell.started else ""))
-                result: RunResult | None = None
-                out_of_memory = False
-                try:
-                    result = optimize(
-                        wl, strategy=cell.strategy, budget=sweep.budget, seed=cell.seed, out=cell.run_dir,
-                        resume=cell.started, objective=sweep.objective,
-                        min_retention=sweep.min_retention, confidence=sweep.confidence, bits=sweep.bits,
-                        granularity=sweep.granularity,
-                        rounding=sweep.rounding,
-                        compressors=sweep.compressors, weights=model.weights, progress=False,
-                    )
-                except Exception as exc:  # one broken cell must not stop the grid; its journal is kept
-                    if isinstance(exc, ConfigError):
-                        raise
-                    bar.console.print(f"[red]{cell.model}/{cell.strategy}/seed{cell.seed} failed:[/] "
-                                      f"{type(exc).__name__}: {exc}; rerun the sweep to retry it", highlight=False)
-                    out_of_memory = isinstance(exc, torch.cuda.OutOfMemoryError)
-                if result is None:
-                    if out_of_memory:  # past the except clause, whose traceback held the cell's tensors
-                        free_cuda_memory()
-                    bar.advance(task)
-                    continue
-                ran.append(cell)
-                best = result.best
-                found = "no feasible plan" if best is None else (
-                    f"best {best.scored.compression:.2f}x at {best.scored.retention:.2%} val retention")
-                if progress:
-                    bar.console.print(f"{cell.model}/{cell.strategy}/seed{cell.seed}: "
-                                      f"{len(result.trials)} trials, {found}", highlight=False)
+                if _run_cell(sweep, model, cell, workloads[model.name], bar.console, progress):
+                    ran.append(cell)
                 bar.advance(task)
         bar.update(task, description="re-scoring the chosen plans on test")
         rows = make_table(sweep.out, workloads=workloads, device=sweep.device)
     _write_sweep_report(sweep.out)
     return SweepResult(sweep, tuple(cells), tuple(ran), tuple(rows), (sweep.out / TABLE_MD).read_text(),
                        sweep.out / TABLE_MD, sweep.out / TABLE_CSV)
+
+
+def _selected(todo: list[Cell], only: Sequence[str]) -> list[Cell]:
+    """The cells matching any of the `only` patterns (on model/strategy/seedK), in the patterns' order."""
+    if not only:
+        return todo
+    label = {id(c): f"{c.model}/{c.strategy}/seed{c.seed}" for c in todo}
+    ordered = [c for pattern in only for c in todo if fnmatch.fnmatch(label[id(c)], pattern)]
+    return list({id(c): c for c in ordered}.values())
+
+
+def _run_cell(sweep: Sweep, model: SweepModel, cell: Cell, wl: Workload, console: Console, progress: bool) -> bool:
+    """Runs (or resumes) one cell through the API; False when it failed (said on `console`, journal kept)."""
+    name = f"{cell.model}/{cell.strategy}/seed{cell.seed}"
+    try:
+        result = optimize(
+            wl, strategy=cell.strategy, budget=sweep.budget, seed=cell.seed, out=cell.run_dir, resume=cell.started,
+            objective=sweep.objective, min_retention=sweep.min_retention, confidence=sweep.confidence,
+            bits=sweep.bits, granularity=sweep.granularity, rounding=sweep.rounding, compressors=sweep.compressors,
+            weights=model.weights, progress=False,
+        )
+    except Exception as exc:  # one broken cell must not stop the grid; its journal is kept
+        if isinstance(exc, ConfigError):
+            raise
+        console.print(f"[red]{name} failed:[/] {type(exc).__name__}: {exc}; rerun the sweep to retry it",
+                      highlight=False)
+        out_of_memory = isinstance(exc, torch.cuda.OutOfMemoryError)
+    else:
+        if progress:
+            best = result.best
+            found = "no feasible plan" if best is None else (
+                f"best {best.scored.compression:.2f}x at {best.scored.retention:.2%} val retention")
+            console.print(f"{name}: {len(result.trials)} trials, {found}", highlight=False)
+        return True
+    if out_of_memory:  # past the except clause, whose traceback held the cell's tensors
+        free_cuda_memory()
+    return False
 
 
 def _write_sweep_report(out: Path) -> None:
