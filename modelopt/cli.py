@@ -28,8 +28,8 @@ from modelopt.export import export as do_export
 from modelopt.models import list_models
 from modelopt.report import report as make_report
 from modelopt.run.optuna_storage import export_run
-from modelopt.sweep import load_sweep, run_sweep
 from modelopt.search import STRATEGIES
+from modelopt.sweep import load_sweep, run_sweep
 
 app = typer.Typer(
     name="modelopt",

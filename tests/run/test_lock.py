@@ -21,7 +21,8 @@ def test_a_second_lock_on_the_folder_is_refused_until_the_first_is_released(tmp_
     run = tmp_path / "run"
     first = lock_run_folder(run)  # creates the folder
     assert first.held and (run / LOCK).is_file()
-    with pytest.raises(RunFolderBusy, match=rf"run folder '{run}' is in use by another modelopt process \(pid {os.getpid()}\)"):
+    busy = rf"run folder '{run}' is in use by another modelopt process \(pid {os.getpid()}\)"
+    with pytest.raises(RunFolderBusy, match=busy):
         lock_run_folder(run)  # flock conflicts across open files, even in one process
     with pytest.raises(RunFolderBusy):
         check_unlocked(run)

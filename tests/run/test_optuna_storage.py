@@ -24,7 +24,7 @@ def test_an_mcts_run_is_exported_with_every_trial_and_reexport_adds_nothing(tmp_
     trials = study.get_trials()
     assert len(trials) == len(journal) == len(result.trials)
     space_names = {name for name, _ in result.trials[0].plan.choices}
-    for t, rec in zip(sorted(trials, key=lambda t: t.user_attrs[NUMBER_ATTR]), journal):
+    for t, rec in zip(sorted(trials, key=lambda t: t.user_attrs[NUMBER_ATTR]), journal, strict=True):
         assert t.user_attrs[NUMBER_ATTR] == rec["number"] and t.user_attrs["plan_key"] == rec["plan_key"]
         assert t.state == optuna.trial.TrialState.COMPLETE
         m = rec["metrics"]

@@ -46,7 +46,7 @@ def test_run_writes_journal_best_plan_and_summary(tmp_path):
 
 def test_an_existing_run_folder_is_not_overwritten(tmp_path):
     modelopt.optimize(budget=1, out=tmp_path / "run", progress=False)
-    with pytest.raises(ConfigError, match="already holds a run .1 trials.; pass --resume"):
+    with pytest.raises(ConfigError, match=r"already holds a run .1 trials.; pass --resume"):
         modelopt.optimize(budget=1, out=tmp_path / "run", progress=False)
     with pytest.raises(ConfigError, match="it was run with seed=0, not 5"):
         modelopt.optimize(budget=2, out=tmp_path / "run", progress=False, resume=True, seed=5)
@@ -93,7 +93,8 @@ def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path):
 @pytest.mark.slow
 def test_resume_after_sigkill_loses_and_repeats_nothing(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "modelopt", "optimize", "--budget", "20", "--compressors", "quantize", "--out", str(run_dir), "--no-progress"]
+    cmd = [sys.executable, "-m", "modelopt", "optimize", "--budget", "20", "--compressors", "quantize",
+           "--out", str(run_dir), "--no-progress"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     journal = run_dir / "trials.jsonl"
