@@ -110,6 +110,7 @@ def faulty(monkeypatch):
     (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
      "OutOfMemoryError: CUDA out of memory"),
 ], ids=["compressor_raises", "nan_logits", "cuda_oom"])
+@pytest.mark.slow
 def test_a_failing_plan_is_recorded_and_the_run_resumes(tmp_path, small_workload, faulty, fault, needle, monkeypatch):
     faulty.FAULT, faulty.choice = fault, f"fault-{needle}"
     run = tmp_path / "run"
@@ -153,6 +154,7 @@ def test_a_compressor_that_raises_in_the_pre_pass_does_not_end_the_run(tmp_path,
     assert any(r["status"] == "failed" for r in _valid_journal(tmp_path / "run"))
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_the_run_in_one_line_and_resume_continues(tmp_path, small_data, small_workload, monkeypatch):
     run = tmp_path / "run"
     real_write, calls = os.write, {"n": 0}
@@ -204,6 +206,7 @@ def _wait_for_trials(run: Path, n: int, proc: subprocess.Popen) -> None:
 
 @pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
                          ids=["sigint", "sigterm"])
+@pytest.mark.slow
 def test_a_signal_mid_trial_leaves_a_valid_journal_that_resumes(tmp_path, small_data, small_workload, sig, code, word):
     run = tmp_path / "run"
     proc = _start(run, small_data)
@@ -223,6 +226,7 @@ def test_a_signal_mid_trial_leaves_a_valid_journal_that_resumes(tmp_path, small_
     assert after[: len(before)] == before and len(after) > len(before)
 
 
+@pytest.mark.slow
 def test_a_second_process_on_the_same_out_is_refused_by_the_lock(tmp_path, small_data, small_workload, monkeypatch):
     run = tmp_path / "run"
     proc = _start(run, small_data)

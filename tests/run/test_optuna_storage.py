@@ -14,6 +14,7 @@ from modelopt.run.optuna_storage import NUMBER_ATTR, export_run
 optuna = pytest.importorskip("optuna")
 
 
+@pytest.mark.slow
 def test_an_mcts_run_is_exported_with_every_trial_and_reexport_adds_nothing(tmp_path, resnet20_workload):
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     result = modelopt.optimize(resnet20_workload, strategy="mcts", budget=1, seed=3, out=tmp_path / "r20",
@@ -41,6 +42,7 @@ def test_an_mcts_run_is_exported_with_every_trial_and_reexport_adds_nothing(tmp_
     assert len(optuna.load_study(study_name="r20", storage=url).trials) == len(journal)
 
 
+@pytest.mark.slow
 def test_failed_trials_are_fail_and_a_longer_run_adds_only_its_new_trials(tmp_path, small_run):
     run = tmp_path / "seed0"
     run.mkdir()

@@ -24,6 +24,7 @@ def _journal(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "trials.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_run_writes_journal_best_plan_and_summary(tmp_path):
     result = modelopt.optimize(budget=6, out=tmp_path / "run", progress=False, seed=1)
     records = _journal(tmp_path / "run")
@@ -44,6 +45,7 @@ def test_run_writes_journal_best_plan_and_summary(tmp_path):
     assert all(t.metrics.split == "val" for t, _ in result.pareto)
 
 
+@pytest.mark.slow
 def test_an_existing_run_folder_is_not_overwritten(tmp_path):
     modelopt.optimize(budget=1, out=tmp_path / "run", progress=False)
     with pytest.raises(ConfigError, match=r"already holds a run .1 trials.; pass --resume"):
@@ -73,6 +75,7 @@ class _Poison(Compressor):
         return layer.params * 4
 
 
+@pytest.mark.slow
 def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path):
     COMPRESSORS.register("poison")(_Poison)
     try:
@@ -129,6 +132,7 @@ def test_resume_after_sigkill_loses_and_repeats_nothing(tmp_path):
     assert len(before) < n
 
 
+@pytest.mark.slow
 def test_a_moved_run_folder_resumes_and_other_weights_are_refused(tmp_path, resnet20_workload):
     import shutil
 
@@ -148,6 +152,7 @@ def test_a_moved_run_folder_resumes_and_other_weights_are_refused(tmp_path, resn
 # ---- confidence and confirmation (issue 11) ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_confidence_zero_runs_on_point_estimates(tmp_path, resnet20_workload):
     """--confidence 0 is today's rule: a plan is feasible when its val retention meets the floor."""
     result = modelopt.optimize(resnet20_workload, budget=4, seed=1, out=tmp_path / "r", progress=False, report=False,
@@ -159,6 +164,7 @@ def test_confidence_zero_runs_on_point_estimates(tmp_path, resnet20_workload):
     assert result.summary["confirmation"]["split"] == "confirm"  # the bundled sample's own confirm images
 
 
+@pytest.mark.slow
 def test_the_summary_leads_with_test_and_bounds(tmp_path, resnet20_workload):
     result = modelopt.optimize(resnet20_workload, budget=4, seed=0, out=tmp_path / "r", progress=False, report=False,
                                compressors=["quantize"], min_retention=0.97)

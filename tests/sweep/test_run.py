@@ -161,6 +161,7 @@ def mini(tmp_path_factory, resnet20_workload):
     return path, result, before, first_trial
 
 
+@pytest.mark.slow
 def test_the_mini_sweep_runs_each_cell_once_at_the_largest_budget(mini):
     _, result, before, first_trial = mini
     out = result.sweep.out
@@ -198,6 +199,7 @@ def _best_within(records, budget):
     return best
 
 
+@pytest.mark.slow
 def test_smaller_budgets_are_read_from_the_largest_budgets_trace(mini):
     _, result, *_ = mini
     out = result.sweep.out
@@ -226,6 +228,7 @@ def test_smaller_budgets_are_read_from_the_largest_budgets_trace(mini):
         assert row["budget_to_random_best"] == "never" or 0 < row["budget_to_random_best"] <= 3
 
 
+@pytest.mark.slow
 def test_a_second_run_skips_finished_cells_and_rebuilds_the_table_from_the_folders(mini, resnet20_workload,
                                                                                   monkeypatch):
     path, first, *_ = mini
@@ -252,6 +255,7 @@ def test_a_second_run_skips_finished_cells_and_rebuilds_the_table_from_the_folde
     assert len(_csv(out / "table_seeds.csv")) == 4  # 2 seeds x 2 budgets
 
 
+@pytest.mark.slow
 def test_a_changed_sweep_file_does_not_mix_with_cells_run_before(mini):
     path, *_ = mini
     changed = _write(path.parent, MINI.replace("bits: [8]", "bits: [8, 4]"), "changed.yaml")
@@ -263,6 +267,7 @@ def test_a_changed_sweep_file_does_not_mix_with_cells_run_before(mini):
 
 
 
+@pytest.mark.slow
 def test_cli_dry_run_lists_cells_and_which_are_done(mini, tmp_path):
     path, *_ = mini
     result = runner.invoke(app, ["sweep", str(path), "--dry-run"])
@@ -288,6 +293,7 @@ def test_cli_malformed_file_is_one_line_exit_2(tmp_path, text, needles):
         assert_one_line_error(runner.invoke(app, args), *needles)
 
 
+@pytest.mark.slow
 def test_only_runs_the_matching_cells_in_the_order_given(tmp_path, resnet20_workload):
     path = _write(tmp_path, MINI.replace("budgets: [2, 3]", "budgets: [1]"))
     result = run_sweep(path, progress=False, workloads={"resnet20": resnet20_workload}, only=["*/random/seed1"])
@@ -297,6 +303,7 @@ def test_only_runs_the_matching_cells_in_the_order_given(tmp_path, resnet20_work
     assert not (sweep.cell_dir("resnet20", "random", 0) / "trials.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_compressors_key_is_checked_by_name_and_against_started_cells(tmp_path, resnet20_workload):
     import modelopt
 
@@ -312,6 +319,7 @@ def test_compressors_key_is_checked_by_name_and_against_started_cells(tmp_path, 
         run_sweep(path, progress=False, workloads={"resnet20": resnet20_workload})
 
 
+@pytest.mark.slow
 def test_a_cell_out_of_cuda_memory_frees_the_cache_and_the_grid_goes_on(tmp_path, resnet20_workload, monkeypatch):
     import torch
 

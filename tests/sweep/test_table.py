@@ -13,6 +13,7 @@ from modelopt.sweep.table import SEEDS_CSV, TABLE_CSV, TABLE_MD, make_table
 TABLES = (TABLE_MD, TABLE_CSV, SEEDS_CSV)
 
 
+@pytest.mark.slow
 def test_a_failed_rewrite_leaves_the_old_tables_whole(small_sweep, small_workload, tmp_path, monkeypatch):
     out = tmp_path / "sweep"
     shutil.copytree(small_sweep, out)
