@@ -26,7 +26,9 @@ def architecture(meta: dict[str, Any], path: str | Path) -> nn.Module:
         try:
             import torchvision
         except ImportError:
-            raise LoadError(f"rebuilding {name!r} needs torchvision; install it with pip install 'modelopt[vision]'") from None
+            raise LoadError(
+                f"rebuilding {name!r} needs torchvision; install it with pip install 'modelopt[vision]'"
+            ) from None
         return torchvision.models.get_model(name.removeprefix("torchvision:"), weights=None,
                                             num_classes=int(meta["num_classes"]))
     if ":" in name and "/" not in name and "\\" not in name:

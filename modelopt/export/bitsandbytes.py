@@ -5,7 +5,8 @@ pruning, re-estimated batch norms and quantize-dequantized weights included) and
 ``nn.Linear`` the plan quantizes to 8 or 4 bits for a bitsandbytes module:
 
 - INT8 -> ``bnb.nn.Linear8bitLt`` (``has_fp16_weights=False``, ``threshold=0.0``: no fp16 outlier
-  path; a subclass whose int8 state follows the model's ``.to(device)``). Per-channel and per-tensor plans load *our* int8 codes as its ``CB`` and our float16
+  path; a subclass whose int8 state follows the model's ``.to(device)``). Per-channel and
+  per-tensor plans load *our* int8 codes as its ``CB`` and our float16
   scales as its row statistics (``SCB = scale * 127``), so its weight is exactly the one the
   evaluator scored. bitsandbytes also quantizes each input row to int8 (absmax, via float16),
   which the QDQ evaluation does not: that is where the two differ. Group-wise scales do not fit
@@ -220,7 +221,9 @@ def _linear8bitlt(bnb: ModuleType) -> type[nn.Module]:
     cls = _CLASSES.get("Linear8bitLt")
     if cls is None:
 
-        def _apply(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
+        # `self` is a bnb.nn.Linear8bitLt: Any, as bitsandbytes ships no types (its weight and state
+        # carry the CB/SCB attributes it sets at run time).
+        def _apply(self: Any, fn: Any, recurse: bool = True) -> nn.Module:
             bnb.nn.Linear8bitLt._apply(self, fn, recurse)
             w = self.weight
             for holder in (w, self.state):

@@ -10,11 +10,11 @@ blocked DequantizeLinear over the weight flattened to (out channels, fan-in), re
 the Conv. Batch norms are folded into their convs, each channel's factor going into its scale.
 
 With ``activations=True`` every activation around a Conv/Gemm/Add (but the network input, by
-default) gets a uint8 QDQ pair whose range is calibrated on the workload's calib split (min/max or percentile). ONNX Runtime's CPU
-provider then fuses int8-weight layers into QLinearConv / QLinearAdd (integer kernels; see
-`fused_op_counts`); int4 and group-scaled layers run as DequantizeLinear + float Conv, the
-activation QDQ still simulating 8-bit activations (``widen_int4=True`` stores them as int8 so
-per-channel ones fuse too).
+default) gets a uint8 QDQ pair whose range is calibrated on the workload's calib split (min/max or
+percentile). ONNX Runtime's CPU provider then fuses int8-weight layers into QLinearConv /
+QLinearAdd (integer kernels; see `fused_op_counts`); int4 and group-scaled layers run as
+DequantizeLinear + float Conv, the activation QDQ still simulating 8-bit activations
+(``widen_int4=True`` stores them as int8 so per-channel ones fuse too).
 """
 
 from __future__ import annotations
@@ -290,14 +290,17 @@ def _torch_export(evaluator: Evaluator, plan: Plan) -> Any:
         warnings.simplefilter("ignore")
         # The TorchScript exporter keeps parameter names as initializer names (the weights are
         # found by layer name) and leaves batch norms for our folding.
-        torch.onnx.export(model, (x,), buf, dynamo=False, opset_version=17, input_names=["input"],
-                          output_names=["logits"], dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
-                          do_constant_folding=False)
+        torch.onnx.export(
+            model, (x,),
+            buf,  # type: ignore[arg-type]  # torch annotates str | PathLike, yet writes to file objects too
+            dynamo=False, opset_version=17, input_names=["input"], output_names=["logits"],
+            dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, do_constant_folding=False,
+        )
     return onnx.load_from_string(buf.getvalue())
 
 
-def ort_session(path: str | Path, threads: int | None = None, level: str = "all", optimized_path: str | Path | None = None
-                ) -> Any:
+def ort_session(path: str | Path, threads: int | None = None, level: str = "all",
+                optimized_path: str | Path | None = None) -> Any:
     """An ONNX Runtime CPU session with fixed intra-op threads (None: ORT's default)."""
     import onnxruntime as ort
 

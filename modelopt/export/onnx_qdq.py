@@ -179,7 +179,7 @@ def calibrate(
     rng = np.random.default_rng(seed)
     for x in batches:
         outs = sess.run(names, {in_name: x})
-        for name, v in zip(names, outs):
+        for name, v in zip(names, outs, strict=True):
             v = v.reshape(-1)
             lo[name], hi[name] = min(lo[name], float(v.min())), max(hi[name], float(v.max()))
             if method == "percentile":

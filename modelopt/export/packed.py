@@ -13,8 +13,9 @@ The file holds only tensors, ints and strings, so `torch.load(weights_only=True)
   and the channels each structurally pruned block keeps (its modules are stored at that size);
   for layers whose inputs are quantized (``activations: 8``), their input bits and uint8 zero
   point (``a``), their float32 input scales following the other floats, in that order;
-- ``plan``: the plan (`SearchSpace.dump_plan`) as zlib-compressed JSON (`read_plan`; YAML in version 1), ``model``: JSON with the model's name and
-  input normalisation, so `load` can rebuild zoo, torchvision and factory models by name.
+- ``plan``: the plan (`SearchSpace.dump_plan`) as zlib-compressed JSON (`read_plan`; YAML in version 1),
+  ``model``: JSON with the model's name and input normalisation, so `load` can rebuild zoo,
+  torchvision and factory models by name.
 
 Small tensors are concatenated because every tensor in a torch.save zip costs a record header and
 64-byte alignment: ResNet-20 has ~80 of them, which alone would add ~10 % to an INT4 file.

@@ -51,7 +51,7 @@ def test_export_best_and_trial(run_dir, r20_evaluator):
 def test_export_errors(run_dir, r20_evaluator, tmp_path):
     with pytest.raises(ConfigError, match="no trial 7"):
         modelopt.export(run_dir, plan=7)
-    with pytest.raises(ConfigError, match="trial 2 .* failed"):
+    with pytest.raises(ConfigError, match=r"trial 2 .* failed"):
         modelopt.export(run_dir, plan="2")
     with pytest.raises(ConfigError, match="unknown export format 'tflite'"):
         modelopt.export(run_dir, format="tflite")

@@ -100,7 +100,7 @@ def test_a_failed_write_leaves_the_old_onnx_file_whole(r20_evaluator, r20_plans,
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", full_disk)
-    with pytest.raises(StorageError, match="cannot write .*m.onnx"):
+    with pytest.raises(StorageError, match=r"cannot write .*m\.onnx"):
         export_onnx(r20_evaluator, r20_plans["int4_group"], path, activations=False)
     assert path.read_bytes() == old and os.listdir(tmp_path) == ["m.onnx"]
     onnx.checker.check_model(onnx.load(path))

@@ -168,7 +168,7 @@ def test_a_failed_write_leaves_the_old_checkpoint_whole(r20_evaluator, r20_plans
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", full_disk)
-    with pytest.raises(StorageError, match="cannot write .*m.pt.*No space left"):
+    with pytest.raises(StorageError, match=r"cannot write .*m\.pt.*No space left"):
         export_packed(r20_evaluator, r20_plans["int4_group"], path)
     assert path.read_bytes() == old and os.listdir(tmp_path) == ["m.pt"]  # no half zip, no temporary
     monkeypatch.undo()

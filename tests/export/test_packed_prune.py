@@ -18,7 +18,8 @@ from modelopt.space import SearchSpace
 @pytest.fixture(scope="module")
 def ev(resnet20_workload) -> Evaluator:
     # A short clip search and few calibration images keep it quick; export uses the same options.
-    comps = build_compressors(["quantize", "prune"], {"prune": {"bn_samples": 64}, "quantize": {"clip_ratios": [0.8, 0.9, 1.0]}})
+    options = {"prune": {"bn_samples": 64}, "quantize": {"clip_ratios": [0.8, 0.9, 1.0]}}
+    comps = build_compressors(["quantize", "prune"], options)
     return Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, comps))
 
 
