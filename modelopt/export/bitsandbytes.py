@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -39,6 +39,9 @@ from modelopt.evaluator import Evaluator
 from modelopt.export._forms import layer_steps
 from modelopt.layers import LayerKind
 from modelopt.plan import Plan
+
+if TYPE_CHECKING:  # annotations only: bitsandbytes is imported on first use (`_bnb`)
+    import bitsandbytes
 
 __all__ = ["BitsandbytesAgreement", "LinearConversion", "bitsandbytes_agreement", "to_bitsandbytes"]
 
@@ -221,12 +224,12 @@ def _linear8bitlt(bnb: ModuleType) -> type[nn.Module]:
     cls = _CLASSES.get("Linear8bitLt")
     if cls is None:
 
-        # `self` is a bnb.nn.Linear8bitLt: Any, as bitsandbytes ships no types (its weight and state
-        # carry the CB/SCB attributes it sets at run time).
-        def _apply(self: Any, fn: Any, recurse: bool = True) -> nn.Module:
+        def _apply(self: bitsandbytes.nn.Linear8bitLt, fn: Any, recurse: bool = True) -> nn.Module:
             bnb.nn.Linear8bitLt._apply(self, fn, recurse)
             w = self.weight
-            for holder in (w, self.state):
+            # The weight is an Int8Params (nn.Linear types it Tensor): CB/SCB are bitsandbytes' attributes.
+            holders: tuple[Any, ...] = (w, self.state)
+            for holder in holders:
                 if getattr(holder, "CB", None) is not None:
                     holder.CB = w.data  # the codes are the weight's data (bitsandbytes aliases them)
                 scb = getattr(holder, "SCB", None)

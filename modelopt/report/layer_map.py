@@ -45,8 +45,8 @@ def register_columns(compressor: str, *columns: Column) -> None:
     """Declares the columns `compressor` contributes to the per-layer map (replacing earlier ones).
 
     Example:
-        >>> register_columns("prune", Column("sparsity", "prune", "Purples",
-        ...                  lambda raw: Cell("dense", None) if raw is None else Cell(f"{raw['amount']:.0%}", raw["amount"])))
+        >>> register_columns("prune", Column("sparsity", "prune", "Purples", lambda raw: Cell("dense", None)
+        ...                  if raw is None else Cell(f"{raw['amount']:.0%}", raw["amount"])))
     """
     COLUMNS[compressor] = tuple(columns)
 
@@ -208,7 +208,7 @@ def plan_mix(plan: Mapping[str, Any]) -> str:
         if layer is None:
             continue
         counts.setdefault(comp, Counter())[columns_for(comp)[0].cell(raw)] += 1
-    parts = []
+    parts: list[str] = []
     for counter in counts.values():  # off first, then from the mildest setting to the most aggressive
         ordered = sorted(counter.items(), key=lambda kv: (-1.0 if kv[0].level is None else kv[0].level, kv[0].label))
         parts.extend(f"{cell.label}×{n}" for cell, n in ordered)

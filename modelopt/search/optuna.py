@@ -111,7 +111,8 @@ class _OptunaSearch(Strategy):
             # A plan this strategy never asked for (resume, warm start): enter it as if asked.
             ot = self._add_running(self._params(trial.plan))
             sampler = self._study.sampler
-            if isinstance(sampler, getattr(self._optuna.samplers, "BaseGASampler", ())):  # Optuna >= 4
+            ga_sampler = getattr(self._optuna.samplers, "BaseGASampler", None)  # Optuna >= 4
+            if ga_sampler is not None and isinstance(sampler, ga_sampler):
                 # A genetic sampler breeds only from trials it gave a generation; let it count this one.
                 sampler.get_trial_generation(self._study, self._study.get_trials(deepcopy=False)[-1])
         values = self._values(trial)
