@@ -19,7 +19,7 @@ from modelopt.models import LoadedModel, list_models, load_model
 from modelopt.objective import Objective
 from modelopt.plan import Decision, Plan
 from modelopt.report import report  # the function; modelopt.report.* modules stay importable by path
-from modelopt.run import RunResult
+from modelopt.run.runner import RunResult
 from modelopt.search import STRATEGIES, Strategy
 from modelopt.space import SearchSpace
 from modelopt.trial import Trial

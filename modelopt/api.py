@@ -29,10 +29,11 @@ from modelopt.data import Dataset, load_data
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator, Metrics
 from modelopt.fidelity import Fidelity
+from modelopt.latency.plan import PlanLatency
+from modelopt.latency.spec import LatencySpec
 from modelopt.models import LoadedModel, load_model
 from modelopt.objective import Target
 from modelopt.plan import Plan
-from modelopt.plan_latency import LatencySpec, PlanLatency
 from modelopt.report import write_report
 from modelopt.run.layout import CONFIG
 from modelopt.run.optuna_storage import check_storage, export_run

@@ -39,10 +39,10 @@ from modelopt.data import load_data
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluator import Evaluator
 from modelopt.fidelity import Fidelity
+from modelopt.latency.spec import LatencySpec
 from modelopt.layers import Layer
 from modelopt.models import load_model
 from modelopt.objective import Objective, Target
-from modelopt.plan_latency import LatencySpec
 from modelopt.run.confirm import check_certifiable
 from modelopt.run.layout import CONFIG
 from modelopt.search import STRATEGIES, Strategy

@@ -30,7 +30,7 @@ class Metrics:
     eval_seconds: float
     float_bitops: int = 0  # the uncompressed model's, for reduction factors
     float_macs: int = 0
-    latency_ms: float | None = None  # measured (modelopt.plan_latency), backend named in latency_backend
+    latency_ms: float | None = None  # measured (modelopt.latency.plan), backend named in latency_backend
     latency_backend: str | None = None
     float_latency_ms: float | None = None  # the uncompressed model's, same backend
     # Multi-fidelity: why scoring stopped on a subset ("infeasible": below the floor beyond

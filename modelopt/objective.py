@@ -17,7 +17,7 @@ class Target(str, Enum):
     SIZE = "size"
     BITOPS = "bitops"
     MACS = "macs"
-    LATENCY = "latency"  # measured per plan (modelopt.plan_latency), in ms
+    LATENCY = "latency"  # measured per plan (modelopt.latency.plan), in ms
 
     @classmethod
     def parse(cls, value: object) -> Target:

@@ -12,7 +12,7 @@ import modelopt
 from modelopt.config import CONFIG_FORMAT, RunConfig
 from modelopt.errors import ConfigError, LoadError
 from modelopt.fidelity import Fidelity
-from modelopt.plan_latency import LatencySpec
+from modelopt.latency.spec import LatencySpec
 from modelopt.run.layout import CONFIG
 
 

@@ -1,6 +1,6 @@
-"""The search loop, its journal and resume."""
+"""A search run on disk: the loop (`runner`), its journal and locks, confirmation on held-out
+images, the folder's layout, and the read-only views reports use (`run_folder`, `sweep_folder`).
 
-from modelopt.run.journal import Journal
-from modelopt.run.runner import Runner, RunResult
-
-__all__ = ["Journal", "RunResult", "Runner"]
+Import from the modules (`modelopt.run.runner.Runner`, `modelopt.run.run_folder.read_run`): this
+package loads none of them, so a module that needs one part (the layout) does not load the loop.
+"""

@@ -22,9 +22,9 @@ from modelopt._version import __version__
 from modelopt.errors import ConfigError, ModeloptError
 from modelopt.evaluator import Evaluator, Metrics
 from modelopt.fidelity import Fidelity
+from modelopt.latency.plan import PlanLatency
 from modelopt.objective import Objective, Target, best_of
 from modelopt.plan import Plan
-from modelopt.plan_latency import PlanLatency
 from modelopt.run.confirm import Confirmation, check_certifiable, confirm, finalists
 from modelopt.run.journal import Journal, write_json_atomic
 from modelopt.run.layout import BEST_PLAN, CONFIG, JOURNAL, STATE, STATE_NEXT, SUMMARY

@@ -8,7 +8,8 @@ from modelopt import api
 from modelopt.compressors import Quantize
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator
-from modelopt.plan_latency import LatencySpec, PlanLatency
+from modelopt.latency.plan import PlanLatency
+from modelopt.latency.spec import LatencySpec
 from modelopt.space import SearchSpace
 
 QUICK = LatencySpec("torch", batch_size=8, threads=1, warmup=1, repeats=3)

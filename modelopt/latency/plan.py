@@ -14,36 +14,14 @@ The metric's name carries the backend and device (`latency_backend`, e.g.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator
-from modelopt.latency import BACKENDS, Latency, onnx_latency, torch_latency
+from modelopt.export.onnx import export_onnx
+from modelopt.latency.measure import Latency, onnx_latency, torch_latency
+from modelopt.latency.spec import LatencySpec
 from modelopt.plan import Plan
-
-
-@dataclass(frozen=True)
-class LatencySpec:
-    """How latency is measured: backend, batch size, threads and repeats.
-
-    Example:
-        >>> LatencySpec("onnxruntime", batch_size=1).name("cpu")
-        'onnxruntime/cpu/b1'
-    """
-
-    backend: str = "torch"
-    batch_size: int = 1
-    threads: int = 1
-    warmup: int = 5
-    repeats: int = 30
-
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"unknown latency backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
-
-    def name(self, device: str) -> str:
-        return f"{self.backend}/{device}/b{self.batch_size}"
 
 
 class PlanLatency:
@@ -88,8 +66,6 @@ class PlanLatency:
         if self.evaluator.exit_policy(plan) is not None:
             raise ConfigError("latency backend 'onnxruntime' cannot run early exit (the exported graph has no "
                               "data-dependent return); use the torch backend for plans with exits")
-        from modelopt.export.onnx import export_onnx
-
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "plan.onnx"
             export_onnx(self.evaluator, plan, path)
