@@ -28,6 +28,7 @@ def test_list():
     assert "quantize" in items["compressors"] and "cifar10-sample" in items["data"]
 
 
+@pytest.mark.slow
 def test_optimize_json_last_line(tmp_path):
     result = _run("optimize", "--budget", 4, "--compressors", "quantize", "--out", tmp_path / "r", "--no-progress",
                   "--json")
@@ -41,6 +42,7 @@ def test_optimize_json_last_line(tmp_path):
         assert "Best plan" in result.stdout
 
 
+@pytest.mark.slow
 def test_evaluate_a_hand_written_plan(tmp_path):
     plan = tmp_path / "p.yaml"
     plan.write_text("default: {quantize: {bits: 8}}\nlayers:\n  linear: {quantize: null}\n")
@@ -60,12 +62,14 @@ def test_unknown_model():
                     "cifar10_resnet20")
 
 
+@pytest.mark.slow
 def test_unknown_layer_in_plan(tmp_path):
     plan = tmp_path / "p.yaml"
     plan.write_text("layers:\n  conv99: {quantize: {bits: 8}}\n")
     _one_line_error(_run("evaluate", "--plan", plan), "unknown layer 'conv99'", "layer1.0.conv1")
 
 
+@pytest.mark.slow
 def test_bit_width_not_offered(tmp_path):
     plan = tmp_path / "p.yaml"
     plan.write_text("default: {quantize: {bits: 16}}\n")
@@ -98,6 +102,7 @@ def test_data_that_does_not_fit_the_model(tmp_path):
     _one_line_error(_run("evaluate", "--data", path), "48x48", "32x32")
 
 
+@pytest.mark.slow
 def test_bad_bits_option(tmp_path):
     _one_line_error(_run("optimize", "--bits", "8,four", "--out", tmp_path / "r"), "--bits", "8,four")
     _one_line_error(_run("optimize", "--bits", "8,1", "--out", tmp_path / "r"), "bits 1")
@@ -110,6 +115,7 @@ def test_bad_rounding_is_refused_before_the_model_loads(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_evaluate_rounds_plan_entries_by_gptq_unless_told(tmp_path):
     plan = tmp_path / "int2.yaml"
     plan.write_text("default: {quantize: {bits: 2, granularity: group}}\n")

@@ -29,6 +29,7 @@ def test_unknown_backend_is_a_config_error():
         LatencySpec("tvm")
 
 
+@pytest.mark.slow
 def test_latency_objective_measures_every_plan(resnet20_workload, tmp_path):
     result = api.optimize(resnet20_workload, strategy="random", budget=3, objective="latency", out=tmp_path / "r",
                           progress=False, report=False, latency=QUICK, compressors=["quantize"])
@@ -40,6 +41,7 @@ def test_latency_objective_measures_every_plan(resnet20_workload, tmp_path):
             assert t.reward == pytest.approx(m.float_latency_ms / m.latency_ms)
 
 
+@pytest.mark.slow
 def test_final_pareto_set_gets_latency_by_default(resnet20_workload, tmp_path):
     result = api.optimize(resnet20_workload, strategy="random", budget=2, out=tmp_path / "r", progress=False,
                           report=False, latency=QUICK, compressors=["quantize"])
@@ -48,6 +50,7 @@ def test_final_pareto_set_gets_latency_by_default(resnet20_workload, tmp_path):
     assert result.summary["pareto"][0]["test"]["latency_backend"] == "torch/cpu/b8"
 
 
+@pytest.mark.slow
 def test_exit_plan_latency_times_the_module_that_stops_early(resnet20_workload):
     """With exits, the torch backend times `EarlyExitNet` over every val image (its work depends on
     the input); the speed itself is for benchmarks/early_exit.py to show, not a timed unit test."""
