@@ -12,7 +12,7 @@
    the share of the float model's right answers broken, unless gains count).
 2. Knapsack: assuming losses add up, pick one option per layer minimising the target
    (bytes, or bitops) with total loss <= L, exactly, by dynamic programming over a
-   discretised loss axis. L starts at 1 - min_retention and adapts to how wrong the
+   discretised loss axis (`modelopt.search.mckp`). L starts at 1 - min_retention and adapts to how wrong the
    additivity assumption is: shrink (x0.7) after an infeasible result, grow (/0.7) after a
    feasible one, bisect once both are known.
 3. When no L gives an unseen plan, seeded random neighbours of the best feasible plan.
@@ -32,6 +32,7 @@ from modelopt.objective import Objective, Target
 from modelopt.plan import Decision, Plan
 from modelopt.search._base import Strategy
 from modelopt.search._registry import STRATEGIES
+from modelopt.search.mckp import solve_mckp
 from modelopt.space import SearchSpace
 from modelopt.trial import Trial
 
@@ -40,67 +41,6 @@ _MIN_L = 1e-6  # loss budgets below this are zero: one image in a million
 SHRINK = 0.7  # L step after an infeasible result (and 1/SHRINK after a feasible one) until bracketed
 _MAX_SOLVES = 200  # DP solves one ask may spend looking for an unseen plan before perturbing
 _MAX_LEVEL = 4  # candidate-L refinement rounds (2**level more L values each round)
-
-
-def solve_mckp(losses: Sequence[Sequence[float]], costs: Sequence[Sequence[float]], budget: float,
-               bins: int = 2000) -> list[int]:
-    """Multiple-choice knapsack: one option per group, least total cost, total loss <= budget.
-
-    Exact dynamic programming over the loss axis cut into `bins` steps of budget/bins;
-    each loss is rounded to the nearest step, so with G groups the answer's true loss is
-    within G * step / 2 of the budget (usually far less: the roundings cancel), and it is
-    exactly optimal when the losses lie on the grid. Rounding up instead would guarantee
-    the budget but tax every group half a step on average, which adds up over hundreds of
-    layers. Options with infinite loss are never picked; each group needs an option of
-    zero loss (its float option) unless the budget is large enough. Ties go to the lower index.
-
-    Args:
-        losses: per group, the loss of each option.
-        costs: per group, the cost of each option.
-        budget: the allowed total loss.
-        bins: resolution of the loss axis.
-
-    Example:
-        >>> solve_mckp([[0, .004, .01], [0, .002, .008]], [[4, 1, .5], [4, 1, .5]], budget=.01)
-        [1, 1]
-    """
-    groups = [(np.asarray(ls, dtype=float), np.asarray(cs, dtype=float)) for ls, cs in zip(losses, costs)]
-    if budget >= sum(float(ls[np.isfinite(ls)].max(initial=0.0)) for ls, _ in groups):
-        # Every finite option fits together: the unconstrained minimum per group.
-        return [_argmin_allowed(cs, np.isfinite(ls)) for ls, cs in groups]
-    if budget <= 1e-12:  # (a subnormal budget would overflow the bin arithmetic below)
-        return [_argmin_allowed(cs, ls <= 0.0) for ls, cs in groups]
-    cap = int(bins)
-    step = budget / cap
-    cols = np.arange(cap + 1)
-    dp = np.zeros(cap + 1)  # dp[w]: least cost of the groups so far with total weight <= w
-    picks = np.zeros((len(groups), cap + 1), dtype=np.int32)
-    weights = []
-    for g, (loss, cost) in enumerate(groups):
-        w = np.full(loss.shape, cap + 1, dtype=np.int64)
-        fin = np.isfinite(loss)
-        w[fin] = np.rint(np.maximum(loss[fin], 0.0) / step).clip(0, cap + 1)
-        weights.append(w)
-        src = cols[None, :] - w[:, None]  # options x capacities: where each option comes from
-        cand = np.where(src >= 0, dp[src.clip(0, cap)] + cost[:, None], np.inf)
-        arg = cand.argmin(axis=0)  # first minimum: the lower option index wins ties
-        dp = cand[arg, cols]
-        if not np.isfinite(dp[cap]):
-            raise ValueError(f"group {g} has no option within the loss budget {budget!r}")
-        picks[g] = arg
-    out = [0] * len(groups)
-    w_left = cap
-    for g in range(len(groups) - 1, -1, -1):
-        o = int(picks[g, w_left])
-        out[g] = o
-        w_left -= int(weights[g][o])
-    return out
-
-
-def _argmin_allowed(cost: np.ndarray, allowed: np.ndarray) -> int:
-    if not allowed.any():
-        raise ValueError("a group has no option within the loss budget")
-    return int(np.argmin(np.where(allowed, cost, np.inf)))
 
 
 @STRATEGIES.register("knapsack")
@@ -217,7 +157,10 @@ class KnapsackSearch(Strategy):
         return min(pos) if pos else 1e-4
 
     def solve(self, L: float) -> Plan:
-        """The knapsack plan for loss budget `L` under the sensitivities measured so far."""
+        """The knapsack plan for loss budget `L` under the sensitivities measured so far.
+
+        One `solve_mckp` per L (memoised until a loss changes), mapped back to decisions;
+        `_knapsack_plans` searches over L, it does not solve the knapsack a second way."""
         picks = self._memo.get(L)
         if picks is None:
             losses = self._option_losses()
@@ -227,13 +170,13 @@ class KnapsackSearch(Strategy):
 
     def _indices(self, picks: Sequence[int]) -> list[int]:
         idx = [0] * len(self.space.decisions)
-        for (dec_idx, options, _), o in zip(self._groups, picks):
-            for i, j in zip(dec_idx, options[o]):
+        for (dec_idx, options, _), o in zip(self._groups, picks, strict=True):
+            for i, j in zip(dec_idx, options[o], strict=True):
                 idx[i] = j
         return idx
 
     def _plan_of(self, idx: Sequence[int]) -> Plan:
-        return self.space.plan({d.name: d.choices[j] for d, j in zip(self.space.decisions, idx)})
+        return self.space.plan({d.name: d.choices[j] for d, j in zip(self.space.decisions, idx, strict=True)})
 
     # ---- ask -------------------------------------------------------------------------------
 
@@ -260,6 +203,7 @@ class KnapsackSearch(Strategy):
         return out
 
     def _knapsack_plans(self, m: int) -> list[Plan]:
+        """Up to `m` unseen plans: `solve(L)` at candidate budgets L, best first, moving the bracket."""
         out: list[Plan] = []
         solves = level = 0
         while len(out) < m and solves < _MAX_SOLVES and level <= _MAX_LEVEL:
@@ -287,15 +231,8 @@ class KnapsackSearch(Strategy):
         k = m << level
         lo, hi = self.lo, self.hi
         top = self._top(self._option_losses())
-        if lo is None and hi is None:
-            base = max(0.0, 1.0 - self.objective.min_retention) or self._floor()
-            out = [base]
-            for i in itertools.count(1):
-                if len(out) >= k:
-                    break
-                out += [base * SHRINK**i, base / SHRINK**i]
-        elif hi is None:
-            out = [max(lo, self._floor()) / SHRINK**i for i in range(1, k + 1)]
+        if hi is None:
+            out = self._opening(k) if lo is None else [max(lo, self._floor()) / SHRINK**i for i in range(1, k + 1)]
         elif lo is None:
             if hi < _MIN_L:
                 return []  # even the least lossy plans failed: nothing left to solve for
@@ -309,6 +246,16 @@ class KnapsackSearch(Strategy):
                 if len(out) >= k:
                     break
         return [min(max(L, 0.0), top) for L in out[: k + 1]]
+
+    def _opening(self, k: int) -> list[float]:
+        """Before any bracket: the floor's loss, then alternately below and above it."""
+        base = max(0.0, 1.0 - self.objective.min_retention) or self._floor()
+        out = [base]
+        for i in itertools.count(1):
+            if len(out) >= k:
+                break
+            out += [base * SHRINK**i, base / SHRINK**i]
+        return out
 
     def _update_bounds(self, L: float, feasible: bool) -> bool:
         """Moves the bracket; returns whether it changed. The largest feasible L only grows."""

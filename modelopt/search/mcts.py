@@ -16,13 +16,15 @@ data-free prior (kappa x the choice's relative weight-quantization error, kappa
 fitted too). Rollouts draw delta from its posterior (Thompson sampling), so they
 explore where the model is unsure and exploit where it is sure. The cost side of
 the knapsack (bytes, or bitops) is known exactly, so the search spends its
-evaluations only on what it cannot compute: accuracy.
+evaluations only on what it cannot compute: accuracy. The model lives in
+`modelopt.search.loss_model`, the knapsack DP in `modelopt.search.mckp`.
 
 A trial's raw value is 1 + log(reduction) when feasible, below 1 by how far it
 misses the floor when infeasible, 0 when it failed. For UCB, values are normalised
 to [0, 1] between the median and the best raw value seen so far, so that the
 differences that matter (8.5x against 9x) are not lost in the gap between feasible
-and infeasible plans. A node's value mixes the mean and the best found below it. Statistics are also shared across the tree per (decision, choice) (RAVE),
+and infeasible plans. A node's value mixes the mean and the best found below it.
+Statistics are also shared across the tree per (decision, choice) (RAVE),
 a transposition table by plan key means no plan is paid twice, and virtual loss
 lets `ask(n)` return n different plans for parallel evaluation.
 """
@@ -39,17 +41,14 @@ from modelopt.objective import Objective, Target
 from modelopt.plan import Plan
 from modelopt.search._base import Strategy
 from modelopt.search._registry import STRATEGIES
+from modelopt.search.loss_model import LossModel
+from modelopt.search.mckp import solve_binned
 from modelopt.space import SearchSpace
 from modelopt.trial import Trial
 
 C_PUCT = 0.5
 RAVE_K = 60.0  # visits at which a node's own value and the shared (RAVE) value weigh the same
 MAX_WEIGHT = 0.5  # share of the best-below value in a node's value (the rest is the mean)
-NOISE_SIGMA = 0.02  # noise of sqrt(drop) near a 1 % floor when one measurement is +-0.4 % (2 in 400 images)
-LAYER_REL = 1.0  # prior std of a decision's sensitivity, relative to the global kappa
-PRIOR_REL = 0.3  # prior std of a per-(decision, choice) residual, relative to kappa_d x error
-PRIOR_FLOOR = 1e-3  # ... plus this absolute floor, in sqrt(drop) units
-KAPPA0 = 0.5  # sqrt(drop) per unit of relative weight error before any data (ResNet-20: 0.4-0.8)
 DP_BINS = 160
 MAX_ROLLOUT_TRIES = 16
 PRIOR_ROLLOUTS = 12  # rollouts whose choices at a node form its children's prior
@@ -73,14 +72,6 @@ class _Node:
             return 0.0
         raw = (1 - MAX_WEIGHT) * (self.w + self.virtual * lo) / visits + MAX_WEIGHT * self.best
         return _norm(raw, lo, hi)
-
-
-def _solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Ridge normal equations; least squares if a degenerate prior made them singular."""
-    try:
-        return np.linalg.solve(a, b)
-    except np.linalg.LinAlgError:
-        return np.linalg.lstsq(a, b, rcond=None)[0]
 
 
 def _norm(raw: float, lo: float, hi: float) -> float:
@@ -117,25 +108,11 @@ class MCTS(Strategy):
         # Impact order: decisions whose choices move the cost most come first (largest layers).
         spread = [c.max() - c.min() for c in self.cost]
         self.order = sorted(range(self.n_dec), key=lambda i: (-spread[i], i))
-        # Model features: one column per (decision, non-None choice).
-        self.col = [[-1] * len(d.choices) for d in self.decisions]
-        k = 0
-        for i, d in enumerate(self.decisions):
-            for j, c in enumerate(d.choices):
-                if c is not None:
-                    self.col[i][j] = k
-                    k += 1
-        self.n_cols = k
         width = max(len(d.choices) for d in self.decisions)
-        self._colmat = np.full((self.n_dec, width), self.n_cols, dtype=int)  # n_cols: "no loss"
+        self.model = LossModel(self.error, [[c is None for c in d.choices] for d in self.decisions], width)
         self._costmat = np.full((self.n_dec, width), np.inf)  # padding is never affordable
         for i in range(self.n_dec):
-            for j, k in enumerate(self.col[i]):
-                self._colmat[i, j] = k if k >= 0 else self.n_cols
             self._costmat[i, : len(self.cost[i])] = self.cost[i]
-        self._col_dec = np.array([i for i in range(self.n_dec) for k in self.col[i] if k >= 0], dtype=int)
-        self._err_flat = np.array([self.error[i][j] for i in range(self.n_dec) for j, k in enumerate(self.col[i])
-                                   if k >= 0])
         self.tree: dict[tuple[int, ...], _Node] = {(): _Node()}
         self.amaf_n = [np.zeros(len(d.choices)) for d in self.decisions]
         self.amaf_w = [np.zeros(len(d.choices)) for d in self.decisions]
@@ -174,58 +151,10 @@ class MCTS(Strategy):
     # ---- the learned loss model -----------------------------------------------------------
 
     def _fit(self) -> None:
-        """Hierarchical ridge fit on all completed trials, in sqrt(drop) units.
-
-        delta[d, c] = kappa_d x error[d, c] + beta[d, c]: a sensitivity per decision, shrunk
-        toward one global kappa, and a per-choice residual shrunk toward zero. A decision's
-        sensitivity is learned from every choice tried there, so a few trials go a long way.
-        """
+        """Refits the loss model on every completed trial (failed ones teach it nothing)."""
         ok = [r for r in self.records if r.retention is not None]
-        err, dec = self._err_flat, self._col_dec
-        if not ok:
-            self.kappa = KAPPA0
-            self.kd_mean = np.full(self.n_dec, KAPPA0)
-            self.kd_std = np.full(self.n_dec, LAYER_REL * KAPPA0)
-            self.beta_mean = np.zeros(self.n_cols)
-            self.beta_std = PRIOR_REL * KAPPA0 * err + PRIOR_FLOOR
-            return
-        x = np.zeros((len(ok), self.n_cols + 1))  # the last column collects None choices
-        x[np.arange(len(ok))[:, None], self._colmat[np.arange(self.n_dec), np.array([r.idx for r in ok])]] = 1.0
-        x = x[:, :-1]
-        drop = np.array([1.0 - r.retention for r in ok])  # type: ignore[operator]
-        y = np.sign(drop) * np.sqrt(np.abs(drop))
-        # Weighted least squares: a plan scored on a quarter of the split is a quarter as sure.
-        wt = np.array([r.weight for r in ok])
-        s = x @ err
-        sws = float(s @ (wt * s))
-        self.kappa = float(np.clip((s @ (wt * y)) / sws, 1e-3, 100.0)) if sws > 1e-18 else KAPPA0
-        # Per-decision sensitivity: z[t, d] = error of the choice trial t made at decision d.
-        z = np.zeros((len(ok), self.n_dec))
-        np.add.at(z.T, dec, (x * err).T)
-        lam_u = (NOISE_SIGMA / (LAYER_REL * self.kappa)) ** 2
-        zw = z * wt[:, None]
-        a = zw.T @ z + lam_u * np.eye(self.n_dec)
-        u = _solve(a, zw.T @ (y - z.sum(axis=1) * self.kappa))
-        self.kd_mean = np.maximum(self.kappa + u, 0.0)
-        self.kd_std = NOISE_SIGMA / np.sqrt(np.diag(a))
-        prior = self.kd_mean[dec] * err
-        tau = PRIOR_REL * prior + PRIOR_FLOOR
-        lam = (NOISE_SIGMA / tau) ** 2  # per-column ridge: trust the prior as far as it is sure
-        xw = x * wt[:, None]
-        b = xw.T @ x + np.diag(lam)
-        self.beta_mean = _solve(b, xw.T @ (y - x @ prior))
-        self.beta_std = NOISE_SIGMA / np.sqrt(np.diag(b))
-
-    def _deltas(self, rng: np.random.Generator | None, draws: int = 1) -> np.ndarray:
-        """(decisions x choices) losses: the posterior mean, or (with `rng`) `draws` posterior draws
-        (Thompson) stacked as (draws x decisions x choices)."""
-        if rng is None:
-            flat = np.maximum(self.kd_mean[self._col_dec] * self._err_flat + self.beta_mean, 0.0)
-            return np.append(flat, 0.0)[self._colmat]  # None and padding read the appended 0
-        kd = np.maximum(self.kd_mean + rng.standard_normal((draws, self.n_dec)) * self.kd_std, 0.0)
-        beta = self.beta_mean + rng.standard_normal((draws, self.n_cols)) * self.beta_std
-        flat = np.maximum(kd[:, self._col_dec] * self._err_flat + beta, 0.0)
-        return np.concatenate([flat, np.zeros((draws, 1))], axis=1)[:, self._colmat]
+        self.model.fit(np.array([r.idx for r in ok], dtype=int).reshape(len(ok), self.n_dec),
+                       np.array([r.retention for r in ok], dtype=float), np.array([r.weight for r in ok], dtype=float))
 
     # ---- rollout: knapsack under the (sampled) model --------------------------------------
 
@@ -233,7 +162,7 @@ class MCTS(Strategy):
         """`draws` completions of `prefix`, each the cheapest choices whose losses, drawn from the
         model's posterior, fit the allowed loss: a knapsack solved exactly by dynamic programming
         over a discretised loss axis, all draws at once. Returns (draws x decisions) choice indices."""
-        deltas = self._deltas(rng, draws)  # (R, n, C)
+        deltas = self.model.deltas(rng, draws)  # (R, n, C)
         allowed = self._allowed() * self.margin * rng.uniform(0.8, 1.1, size=draws)
         idx = np.zeros((draws, self.n_dec), dtype=int)
         fixed = [self.order[d] for d in range(len(prefix))]
@@ -245,29 +174,15 @@ class MCTS(Strategy):
             return idx
         over = budget <= 0  # the prefix alone spends the loss: finish with the least lossy choices
         if over.any():
-            idx[np.ix_(over, rest)] = np.argmin(deltas[over][:, rest] + 1e-12 * self._costmat[rest], axis=2)
+            idx[np.ix_(over, np.asarray(rest))] = np.argmin(deltas[over][:, rest] + 1e-12 * self._costmat[rest], axis=2)
         live = np.flatnonzero(~over)
         if live.size == 0:
             return idx
         step = (budget[live] / DP_BINS)[:, None]  # (R', 1)
         d = deltas[live]
-        rows, cols = np.arange(live.size)[:, None], np.arange(DP_BINS + 1)
-        best = np.zeros((live.size, DP_BINS + 1))  # best[r, b]: min cost so far with loss <= b*step
-        picks, sizes = [], []
-        for i in rest:
-            k = np.ceil(d[:, i, :] / step - 1e-9).astype(int)  # (R', C) loss in bins
-            src = cols[None, None, :] - k[:, :, None]  # (R', C, B+1)
-            cand = best[rows[:, :, None], np.maximum(src, 0)] + self._costmat[i][None, :, None]
-            cand[src < 0] = np.inf
-            arg = cand.argmin(axis=1)  # (R', B+1)
-            best = cand[rows, arg, cols]
-            picks.append(arg)
-            sizes.append(k)
-        b = np.full(live.size, DP_BINS)
-        for i, arg, k in zip(reversed(rest), reversed(picks), reversed(sizes)):
-            j = arg[rows[:, 0], b]
-            idx[live, i] = j
-            b = b - k[rows[:, 0], j]
+        # Losses rounded up to whole bins (within 1e-9 of an edge counts as on it): each draw's plan fits.
+        weights = [np.ceil(d[:, i, :] / step - 1e-9).astype(int) for i in rest]
+        idx[np.ix_(live, np.asarray(rest))] = solve_binned(weights, [self._costmat[i] for i in rest], DP_BINS)
         return idx
 
     # ---- the tree -------------------------------------------------------------------------
@@ -285,7 +200,7 @@ class MCTS(Strategy):
         # A private generator keyed by (seed, history, node): priors never shift the search's own
         # random stream.
         rng = np.random.default_rng([self.seed, n, *path])
-        counts = np.bincount(self._rollouts(path, rng, PRIOR_ROLLOUTS)[:, i], minlength=len(self.col[i]))
+        counts = np.bincount(self._rollouts(path, rng, PRIOR_ROLLOUTS)[:, i], minlength=len(self.decisions[i].choices))
         prior = PRIOR_MIX * counts / counts.sum() + (1 - PRIOR_MIX) * self._static_prior(i)
         node.prior, node.prior_at = [float(p) for p in prior], n
         return prior
@@ -299,7 +214,7 @@ class MCTS(Strategy):
 
     def _static_prior(self, i: int) -> np.ndarray:
         allowed = self._allowed()
-        loss = self._deltas(None)[i, : len(self.col[i])]
+        loss = self.model.deltas(None)[i, : len(self.decisions[i].choices)]
         saving = 1.0 - self.cost[i] / max(self.cost[i].max(), 1e-12)
         z = 2.0 * saving - 2.0 * loss / allowed
         p = np.exp(z - z.max())
@@ -318,7 +233,7 @@ class MCTS(Strategy):
             parent_q = parent.q(lo, hi) if parent.n else 0.5
             scores = []
             for j in range(len(prior)):
-                child = self.tree.get(path + (j,))
+                child = self.tree.get((*path, j))
                 n_child = 0 if child is None else child.n + child.virtual
                 amaf_n = self.amaf_n[i][j]
                 q_amaf = _norm(self.amaf_w[i][j] / amaf_n, lo, hi) if amaf_n else parent_q
@@ -329,7 +244,7 @@ class MCTS(Strategy):
                     q = (1 - beta) * child.q(lo, hi) + beta * q_amaf
                 scores.append(q + C_PUCT * prior[j] * sqrt_n / (1 + n_child))
             j = int(np.argmax(scores))
-            path = path + (j,)
+            path = (*path, j)
             if path not in self.tree:
                 self.tree[path] = _Node()
                 return path
@@ -340,7 +255,7 @@ class MCTS(Strategy):
             fn(self.tree.setdefault(path[:depth], _Node()))
 
     def _plan(self, idx: list[int]) -> Plan:
-        return self.space.plan({d.name: d.choices[j] for d, j in zip(self.decisions, idx)})
+        return self.space.plan({d.name: d.choices[j] for d, j in zip(self.decisions, idx, strict=True)})
 
     # ---- ask / tell -----------------------------------------------------------------------
 
@@ -391,9 +306,9 @@ class MCTS(Strategy):
         else:
             path = ()
             for i in self.order:  # a plan not asked: credit the deepest matching path in the tree
-                if path + (idx[i],) not in self.tree:
+                if (*path, idx[i]) not in self.tree:
                     break
-                path = path + (idx[i],)
+                path = (*path, idx[i])
         if trial.plan.key in self.seen:
             return
         self.seen[trial.plan.key] = value

@@ -1,11 +1,10 @@
-"""The sensitivity + knapsack baseline: the DP against brute force, synthetic objectives with known optima."""
+"""The sensitivity + knapsack baseline on synthetic objectives with known optima (its DP: test_mckp.py)."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import math
-import time
 
 import numpy as np
 import pytest
@@ -14,86 +13,9 @@ from modelopt.compressors import Granularity, Prune, PruneKind, PruneSpec, Quant
 from modelopt.layers import Layer, LayerKind
 from modelopt.objective import Objective
 from modelopt.search import STRATEGIES
-from modelopt.search.knapsack import KnapsackSearch, solve_mckp
+from modelopt.search.knapsack import KnapsackSearch
 from modelopt.space import SearchSpace
 from modelopt.testing.strategies import check_strategy, make_trial, synthetic_metrics
-
-# ---- the DP ---------------------------------------------------------------------------------
-
-
-def brute(losses, costs, budget):
-    """Least total cost over all combinations with total loss <= budget (inf when none)."""
-    best = math.inf
-    for combo in itertools.product(*(range(len(l)) for l in losses)):
-        loss = sum(losses[g][o] for g, o in enumerate(combo))
-        if loss <= budget + 1e-12:
-            best = min(best, sum(costs[g][o] for g, o in enumerate(combo)))
-    return best
-
-
-def total(table, picks):
-    return sum(table[g][o] for g, o in enumerate(picks))
-
-
-def test_dp_is_exact_on_grid_losses():
-    rng = np.random.default_rng(0)
-    for trial in range(20):
-        # 5 groups x 3 options; float option first (loss 0, the largest cost)
-        losses = [[0.0, *(rng.integers(0, 40, 2) * 1e-3)] for _ in range(5)]
-        costs = [[100.0, *rng.integers(1, 100, 2).astype(float)] for _ in range(5)]
-        for budget in (0.0, 0.01, 0.025, 0.04, 0.2):
-            picks = solve_mckp(losses, costs, budget, bins=1000)
-            assert total(losses, picks) <= budget + 1e-9
-            assert total(costs, picks) == brute(losses, costs, budget), (trial, budget, losses, costs)
-
-
-def test_dp_off_grid_is_within_half_a_bin_per_group_of_the_budget():
-    rng = np.random.default_rng(1)
-    groups, bins = 5, 200
-    for _ in range(30):
-        losses = [[0.0, *rng.uniform(0, 0.02, 2)] for _ in range(groups)]
-        costs = [[100.0, *rng.uniform(1, 100, 2)] for _ in range(groups)]
-        budget = float(rng.uniform(0.005, 0.05))
-        slack = groups * budget / bins / 2  # each loss is rounded to the nearest bin
-        picks = solve_mckp(losses, costs, budget, bins=bins)
-        got = total(costs, picks)
-        assert total(losses, picks) <= budget + slack
-        assert brute(losses, costs, budget + slack) <= got <= brute(losses, costs, budget - slack)
-
-
-def test_dp_rounds_to_nearest_rather_than_taxing_every_group_a_bin():
-    # Ten losses of 1.2 bins fit a 12-bin budget; rounding each up to 2 bins would drop four of them.
-    step = 0.001
-    losses = [[0.0, 1.2 * step]] * 10 + [[0.0, 5 * step]]  # the last group keeps the budget binding
-    picks = solve_mckp(losses, [[2.0, 1.0]] * 10 + [[2.0, 1.9]], 12 * step, bins=12)
-    assert picks == [1] * 10 + [0]
-
-
-def test_dp_ties_go_to_the_first_option():
-    # Equal costs (a global decision costs nothing): keep the float option, not a lossy one.
-    assert solve_mckp([[0.0, 0.001], [0.0, 0.0]], [[5.0, 5.0], [3.0, 3.0]], 0.01) == [0, 0]
-    assert solve_mckp([[0.0, 0.001], [0.0, 0.0]], [[5.0, 5.0], [3.0, 3.0]], 0.0005) == [0, 0]
-
-
-def test_dp_never_picks_infinite_loss_and_budget_zero_keeps_loss_free_options():
-    losses = [[0.0, math.inf, 0.001], [0.0, 0.0, math.inf]]
-    costs = [[10.0, 1.0, 5.0], [10.0, 7.0, 1.0]]
-    assert solve_mckp(losses, costs, 1.0) == [2, 1]
-    assert solve_mckp(losses, costs, 0.0) == [0, 1]
-
-
-def test_dp_is_fast_on_a_large_instance():
-    rng = np.random.default_rng(2)
-    losses = [[0.0, *rng.uniform(0, 0.002, 4)] for _ in range(300)]
-    costs = [[4000.0, *rng.uniform(100, 1000, 4)] for _ in range(300)]
-    solve_mckp(losses, costs, 0.01, bins=2000)  # warm-up
-    t = time.perf_counter()
-    picks = solve_mckp(losses, costs, 0.01, bins=2000)
-    assert time.perf_counter() - t < 1.0
-    assert total(losses, picks) <= 0.01 and any(picks)
-
-
-# ---- the strategy ---------------------------------------------------------------------------
 
 CONFORMANCE_LAYERS = [
     Layer("a", LayerKind.CONV, (16, 16, 3, 3), 1000, False),
@@ -138,7 +60,7 @@ def _optimum(score):
     """The true best plan by brute force over all 4**6 plans."""
     best = None
     for combo in itertools.product(*(d.choices for d in SPACE.decisions)):
-        plan = SPACE.plan(dict(zip((d.name for d in SPACE.decisions), combo)))
+        plan = SPACE.plan(dict(zip((d.name for d in SPACE.decisions), combo, strict=True)))
         r, s = score(plan)
         if r >= OBJ.min_retention and (best is None or s < best[1]):
             best = (plan, s, r)
@@ -280,7 +202,8 @@ def test_state_restores_the_same_future_mid_knapsack():
 
 
 def test_a_known_plan_moves_L_without_spending_a_trial():
-    layers = [Layer("big", LayerKind.CONV, (64, 64, 3, 3), 1000, False), Layer("small", LayerKind.CONV, (8, 8, 3, 3), 1, False)]
+    layers = [Layer("big", LayerKind.CONV, (64, 64, 3, 3), 1000, False),
+              Layer("small", LayerKind.CONV, (8, 8, 3, 3), 1, False)]
     space = SearchSpace(layers, [Quantize(bits=(8, 4), granularity=("per_channel",))])
     big, small = space.decisions
     # Only int4 on "big" fits L0 = 0.01: the knapsack's first answer is a sensitivity plan already measured.

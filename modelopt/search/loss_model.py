@@ -1,0 +1,118 @@
+"""MCTS's learned model of accuracy loss: additive in sqrt(drop), fitted by hierarchical ridge regression.
+
+    sqrt(retention drop(plan)) ~= sum over decisions of delta[d, choice]
+    delta[d, c] = kappa_d x error[d, c] + beta[d, c]
+
+`error` is the choice's relative weight-quantization error (data-free, or measured). kappa_d is
+a sensitivity per decision, shrunk toward one global kappa (itself fitted, KAPPA0 before any
+data); beta is a per-choice residual shrunk toward zero. A decision's sensitivity is learned from
+every choice tried there, so a few trials go a long way. Both are Gaussian posteriors, so the
+rollouts can draw deltas from them (Thompson sampling). Why sqrt(drop): see `modelopt.search.mcts`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+NOISE_SIGMA = 0.02  # noise of sqrt(drop) near a 1 % floor when one measurement is +-0.4 % (2 in 400 images)
+LAYER_REL = 1.0  # prior std of a decision's sensitivity, relative to the global kappa
+PRIOR_REL = 0.3  # prior std of a per-(decision, choice) residual, relative to kappa_d x error
+PRIOR_FLOOR = 1e-3  # ... plus this absolute floor, in sqrt(drop) units
+KAPPA0 = 0.5  # sqrt(drop) per unit of relative weight error before any data (ResNet-20: 0.4-0.8)
+
+
+def _solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Ridge normal equations; least squares if a degenerate prior made them singular."""
+    try:
+        return np.linalg.solve(a, b)
+    except np.linalg.LinAlgError:
+        return np.linalg.lstsq(a, b, rcond=None)[0]
+
+
+class LossModel:
+    """The posterior of delta[d, c] given the trials so far; a choice of None (no compression) loses nothing.
+
+    Args:
+        error: per decision, each choice's relative weight error (None choices: any value, unused).
+        is_none: per decision, which choices are None.
+        width: the choice axis of `deltas` (at least the most choices of any decision); padding loses 0.
+
+    Example:
+        >>> model = LossModel(error, is_none, width=5)
+        >>> model.fit(np.array([[1, 0, 2]]), np.array([0.995]), np.array([1.0]))
+        >>> model.deltas(None)[0, 1]  # the posterior mean loss of decision 0's choice 1
+    """
+
+    def __init__(self, error: Sequence[np.ndarray], is_none: Sequence[Sequence[bool]], width: int) -> None:
+        self.n_dec = len(error)
+        # One column per (decision, non-None choice).
+        col = [[-1] * len(nones) for nones in is_none]
+        k = 0
+        for i, nones in enumerate(is_none):
+            for j, none in enumerate(nones):
+                if not none:
+                    col[i][j] = k
+                    k += 1
+        self.n_cols = k
+        self._colmat = np.full((self.n_dec, width), self.n_cols, dtype=int)  # n_cols: "no loss"
+        for i in range(self.n_dec):
+            for j, k in enumerate(col[i]):
+                self._colmat[i, j] = k if k >= 0 else self.n_cols
+        self._col_dec = np.array([i for i in range(self.n_dec) for k in col[i] if k >= 0], dtype=int)
+        self._err_flat = np.array([error[i][j] for i in range(self.n_dec) for j, k in enumerate(col[i]) if k >= 0])
+        self.fit(np.zeros((0, self.n_dec), dtype=int), np.zeros(0), np.zeros(0))
+
+    def fit(self, idx: np.ndarray, retention: np.ndarray, weight: np.ndarray) -> None:
+        """Refits on the trials that completed (from scratch: the fit is cheap, and a restore replays it).
+
+        Args:
+            idx: (trials x decisions) the choice index each trial made.
+            retention: each trial's retention (1 - drop).
+            weight: each trial's share of the val split: a plan scored on a quarter is a quarter as sure.
+        """
+        err, dec = self._err_flat, self._col_dec
+        if len(idx) == 0:
+            self.kappa = KAPPA0
+            self.kd_mean = np.full(self.n_dec, KAPPA0)
+            self.kd_std = np.full(self.n_dec, LAYER_REL * KAPPA0)
+            self.beta_mean = np.zeros(self.n_cols)
+            self.beta_std = PRIOR_REL * KAPPA0 * err + PRIOR_FLOOR
+            return
+        x = np.zeros((len(idx), self.n_cols + 1))  # the last column collects None choices
+        x[np.arange(len(idx))[:, None], self._colmat[np.arange(self.n_dec), idx]] = 1.0
+        x = x[:, :-1]
+        drop = 1.0 - retention
+        y = np.sign(drop) * np.sqrt(np.abs(drop))
+        wt = weight  # weighted least squares
+        s = x @ err
+        sws = float(s @ (wt * s))
+        self.kappa = float(np.clip((s @ (wt * y)) / sws, 1e-3, 100.0)) if sws > 1e-18 else KAPPA0
+        # Per-decision sensitivity: z[t, d] = error of the choice trial t made at decision d.
+        z = np.zeros((len(idx), self.n_dec))
+        np.add.at(z.T, dec, (x * err).T)
+        lam_u = (NOISE_SIGMA / (LAYER_REL * self.kappa)) ** 2
+        zw = z * wt[:, None]
+        a = zw.T @ z + lam_u * np.eye(self.n_dec)
+        u = _solve(a, zw.T @ (y - z.sum(axis=1) * self.kappa))
+        self.kd_mean = np.maximum(self.kappa + u, 0.0)
+        self.kd_std = NOISE_SIGMA / np.sqrt(np.diag(a))
+        prior = self.kd_mean[dec] * err
+        tau = PRIOR_REL * prior + PRIOR_FLOOR
+        lam = (NOISE_SIGMA / tau) ** 2  # per-column ridge: trust the prior as far as it is sure
+        xw = x * wt[:, None]
+        b = xw.T @ x + np.diag(lam)
+        self.beta_mean = _solve(b, xw.T @ (y - x @ prior))
+        self.beta_std = NOISE_SIGMA / np.sqrt(np.diag(b))
+
+    def deltas(self, rng: np.random.Generator | None, draws: int = 1) -> np.ndarray:
+        """(decisions x width) losses: the posterior mean, or (with `rng`) `draws` posterior draws
+        (Thompson) stacked as (draws x decisions x width)."""
+        if rng is None:
+            flat = np.maximum(self.kd_mean[self._col_dec] * self._err_flat + self.beta_mean, 0.0)
+            return np.append(flat, 0.0)[self._colmat]  # None and padding read the appended 0
+        kd = np.maximum(self.kd_mean + rng.standard_normal((draws, self.n_dec)) * self.kd_std, 0.0)
+        beta = self.beta_mean + rng.standard_normal((draws, self.n_cols)) * self.beta_std
+        flat = np.maximum(kd[:, self._col_dec] * self._err_flat + beta, 0.0)
+        return np.concatenate([flat, np.zeros((draws, 1))], axis=1)[:, self._colmat]
