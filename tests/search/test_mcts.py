@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -21,13 +23,13 @@ SENS = RNG.uniform(0.05, 1.0, size=len(LAYERS)) * RNG.choice([0.2, 1.0, 4.0], si
 # Relative weight noise per bit width (as measured on ResNet-20); noise adds up over layers and
 # the accuracy drop grows with its square: drop = (sum of sensitivity x noise)^2.
 NOISE = {32: 0.0, 8: 0.00003, 4: 0.01, 3: 0.04, 2: 0.15}
-FLOAT_BYTES = sum(l.params * 4 for l in LAYERS)
+FLOAT_BYTES = sum(layer.params * 4 for layer in LAYERS)
 OBJ = Objective("size", 0.99)
 
 
 def score(plan):
     noise, size = 0.0, 0
-    for (name, choice), sens in zip(plan.choices, SENS):
+    for (name, choice), sens in zip(plan.choices, SENS, strict=True):
         layer = SPACE.layers[name.split("/")[0]]
         noise += sens * NOISE[32 if choice is None else choice.bits]
         size += SPACE.compressors["quantize"].weight_bytes(layer, choice)
@@ -38,7 +40,7 @@ def optimum() -> float:
     """Exact best feasible size by DP over a fine grid of the (additive) noise."""
     allowed, bins = 0.1, 4000  # drop <= 1 % <=> noise <= 0.1
     best = np.zeros(bins + 1)
-    for d, sens in zip(SPACE.decisions, SENS):
+    for d, sens in zip(SPACE.decisions, SENS, strict=True):
         layer = SPACE.layers[d.layer]
         new = np.full(bins + 1, np.inf)
         for c in d.choices:
@@ -96,8 +98,6 @@ def test_targets(target):
 
 
 def test_rollouts_aim_at_the_drop_the_val_split_can_certify():
-    import dataclasses
-
     strategy = MCTS(SPACE, OBJ, seed=0)
     assert strategy._allowed() == pytest.approx(0.1)  # the floor's sqrt(1 %) before any full score
     (plan,) = strategy.ask(1)
