@@ -323,9 +323,9 @@ def test_compressors_key_is_checked_by_name_and_against_started_cells(tmp_path, 
 def test_a_cell_out_of_cuda_memory_frees_the_cache_and_the_grid_goes_on(tmp_path, resnet20_workload, monkeypatch):
     import torch
 
-    import modelopt.api
+    from modelopt.sweep import run as sweep_run
 
-    real = modelopt.api.optimize
+    real = sweep_run.optimize
     calls: list[str] = []
 
     def optimize(wl, **kw):
@@ -334,7 +334,7 @@ def test_a_cell_out_of_cuda_memory_frees_the_cache_and_the_grid_goes_on(tmp_path
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(wl, **kw)
 
-    monkeypatch.setattr(modelopt.api, "optimize", optimize)
+    monkeypatch.setattr(sweep_run, "optimize", optimize)  # each cell runs through the API
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
     path = _write(tmp_path, MINI.replace("budgets: [2, 3]", "budgets: [1]"))
     result = run_sweep(path, progress=False, workloads={"resnet20": resnet20_workload})
