@@ -224,7 +224,7 @@ class CompressedStates:
     def _norm_images(self, plan: Plan) -> int:
         """Calibration images the plan's batch-norm statistics are re-estimated on (0: none)."""
         n = max((self.space.compressors[d.compressor].norm_calibration(plan.get(d.name))
-                 for d in self.space.decisions if d.layer is not None), default=0)
+                 for d in self.space.decisions), default=0)
         return min(n, len(self.workload.split("calib"))) if self.norm_stats.norms else 0
 
     # ---- one-time preparations ------------------------------------------------------------
@@ -232,7 +232,7 @@ class CompressedStates:
     def _input_images(self, plan: Plan) -> set[int]:
         """Calibration image counts whose layer inputs the plan's choices need (GPTQ)."""
         calib = len(self.workload.split("calib"))
-        return {min(n, calib) for d in self.space.decisions if d.layer is not None
+        return {min(n, calib) for d in self.space.decisions
                 if (n := self.space.compressors[d.compressor].input_images(plan.get(d.name)))}
 
     def input_cost(self, plan: Plan) -> float:

@@ -135,9 +135,19 @@ class RunConfig:
             object.__setattr__(self, "compressors", tuple(self.compressors))
         for name in [*(self.compressors or ()), *self.options]:
             COMPRESSORS.get(name)
+        self._check_options()
         if not isinstance(self.exit_images, int) or isinstance(self.exit_images, bool) or self.exit_images < 1:
             raise ConfigError(f"exit_images must be a positive number of images, got {self.exit_images!r}")
         self._check_latency()
+
+    def _check_options(self) -> None:
+        """Each compressor's options, checked by building it (they need no model): a bad bit width or
+        an unknown option is refused here, before a model loads."""
+        for name, options in self.options.items():
+            try:
+                COMPRESSORS.get(name)(**options)
+            except TypeError as exc:
+                raise ConfigError(f"compressor {name!r} was given an option it does not take ({exc})") from None
 
     def _check_latency(self) -> None:
         if self.latency is None and self.objective == Target.LATENCY.value:

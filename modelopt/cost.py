@@ -122,8 +122,7 @@ class CostModel:
         self.layers = tuple(space.layers.values())
         self.decisions: dict[str, list[Decision]] = {x.name: [] for x in self.layers}
         for d in space.decisions:
-            if d.layer is not None:
-                self.decisions[d.layer].append(d)
+            self.decisions[d.layer].append(d)
         # Internal channels: conv2 -> conv1 of each block whose conv1 outputs structured pruning may remove.
         self.producer = {x.channel_consumer: x.name for x in self.layers if x.channel_consumer is not None}
         self._counts: dict[tuple[str, str, Choice], int | None] = {}

@@ -134,7 +134,6 @@ class LayerMap:
 
     columns: tuple[Column, ...]
     rows: tuple[LayerRow, ...]
-    global_choices: tuple[tuple[str, str], ...]  # decisions that belong to no layer: (name, label)
     size_bytes: int | None  # the whole plan's packed size (weights + scales + float tensors)
     other_bytes: int | None = None  # float tensors outside the layers' weights (biases, norms), all channels
 
@@ -153,9 +152,10 @@ class LayerMap:
         return math.nan if row.params is None or not total else row.params / total
 
 
-def _split(name: str) -> tuple[str | None, str]:
+def _split(name: str) -> tuple[str, str]:
+    """(layer, compressor) of a decision name `layer/compressor`."""
     layer, _, comp = name.rpartition("/")
-    return (layer or None), comp
+    return layer, comp
 
 
 def layer_map(run: RunFolder, record: Record) -> LayerMap:
@@ -171,15 +171,11 @@ def layer_map(run: RunFolder, record: Record) -> LayerMap:
     """
     comps: list[str] = []
     by_layer: dict[str, dict[str, Any]] = {}
-    global_choices = []
     for name, raw in record.plan.items():
         layer, comp = _split(name)
         if comp not in comps:
             comps.append(comp)
-        if layer is None:
-            global_choices.append((name, columns_for(comp)[0].cell(raw).label))
-        else:
-            by_layer.setdefault(layer, {})[comp] = raw
+        by_layer.setdefault(layer, {})[comp] = raw
     columns = tuple(col for comp in comps for col in columns_for(comp))
     order = [layer.name for layer in run.layers] if run.layers is not None else list(by_layer)
     params = {layer.name: layer.params for layer in run.layers} if run.layers is not None else {}
@@ -192,7 +188,7 @@ def layer_map(run: RunFolder, record: Record) -> LayerMap:
     size = None if record.metrics is None else record.metrics.size_bytes
     float_bytes = run.float_size_bytes
     other = None if float_bytes is None or run.layers is None else float_bytes - 4 * sum(x.params for x in run.layers)
-    return LayerMap(columns, tuple(rows), tuple(global_choices), size, other)
+    return LayerMap(columns, tuple(rows), size, other)
 
 
 def plan_mix(plan: Mapping[str, Any]) -> str:
@@ -204,9 +200,7 @@ def plan_mix(plan: Mapping[str, Any]) -> str:
     """
     counts: dict[str, Counter[Cell]] = {}
     for name, raw in plan.items():
-        layer, comp = _split(name)
-        if layer is None:
-            continue
+        _, comp = _split(name)
         counts.setdefault(comp, Counter())[columns_for(comp)[0].cell(raw)] += 1
     parts: list[str] = []
     for counter in counts.values():  # off first, then from the mildest setting to the most aggressive

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from modelopt.metrics import Metrics
 from modelopt.objective import Objective, pareto_front
 from modelopt.report.layer_map import LayerMap
@@ -277,8 +279,6 @@ def sweep_progress_png(
 
     `curves[strategy]` holds one trace per seed: (cumulative cost, best reduction so far, 1.0 when none).
     """
-    import numpy as np
-
     fig = _figure(9.0, 4.6)
     ax = fig.add_subplot()
     top = max((t[-1][0] for traces in curves.values() for t in traces if t), default=1.0)

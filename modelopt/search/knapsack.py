@@ -106,10 +106,10 @@ class KnapsackSearch(Strategy):
     # ---- the model of the objective --------------------------------------------------------
 
     def _build_groups(self) -> list[tuple[list[int], list[tuple[int, ...]], np.ndarray]]:
-        """Per layer (or global decision): decision indices, option combinations, option costs."""
-        by_key: dict[Any, list[int]] = {}
+        """Per layer: decision indices, option combinations, option costs."""
+        by_key: dict[str, list[int]] = {}
         for i, d in enumerate(self.space.decisions):
-            by_key.setdefault(("layer", d.layer) if d.layer is not None else ("global", d.name), []).append(i)
+            by_key.setdefault(d.layer, []).append(i)
         groups = []
         for idx in by_key.values():
             decs = [self.space.decisions[i] for i in idx]
@@ -119,8 +119,6 @@ class KnapsackSearch(Strategy):
         return groups
 
     def _cost(self, decs: list[Decision], opt: tuple[int, ...]) -> float:
-        if decs[0].layer is None:
-            return 0.0  # a global decision: no per-layer cost to charge
         # Priced by the one cost accounting (modelopt.cost), the layer alone: what its option
         # stores (the whole chain: pruned then quantized) and runs (structured pruning's MACs).
         choices = {d.name: d.choices[j] for d, j in zip(decs, opt, strict=True)}
