@@ -45,7 +45,7 @@ import torch
 from modelopt.api import build_compressors, build_workload
 from modelopt.compressors import QuantSpec
 from modelopt.evaluator import Evaluator
-from modelopt.export.bitsandbytes import bitsandbytes_agreement
+from modelopt.exporters.bitsandbytes import bitsandbytes_agreement
 from modelopt.space import SearchSpace
 
 # ResNet-56 has no bundled weights: the shared checkpoint (akamaster/pytorch_resnet_cifar10).

@@ -17,9 +17,9 @@ from pathlib import Path
 import onnx
 import torch
 
-from modelopt.export import export, load
-from modelopt.export._source import resolve
-from modelopt.export.onnx import run_onnx
+from modelopt.exporters import export, load
+from modelopt.exporters._source import resolve
+from modelopt.exporters.onnx import run_onnx
 
 
 def main() -> None:

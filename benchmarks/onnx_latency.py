@@ -20,8 +20,8 @@ import torch
 from modelopt.api import build_compressors, build_workload
 from modelopt.compressors import QuantSpec
 from modelopt.evaluator import Evaluator
-from modelopt.export import export_packed
-from modelopt.export.onnx import export_onnx, fused_op_counts, run_onnx
+from modelopt.exporters import export_packed
+from modelopt.exporters.onnx import export_onnx, fused_op_counts, run_onnx
 from modelopt.latency import onnx_latency, torch_latency
 from modelopt.space import SearchSpace
 

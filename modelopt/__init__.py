@@ -14,11 +14,11 @@ from modelopt.config import RunConfig
 from modelopt.data import Dataset, load_data
 from modelopt.errors import ConfigError, LoadError, ModeloptError, NameClashWarning
 from modelopt.evaluator import Evaluator, Metrics
-from modelopt.export import export, load
+from modelopt.exporters import export, load
 from modelopt.models import LoadedModel, list_models, load_model
 from modelopt.objective import Objective
 from modelopt.plan import Decision, Plan
-from modelopt.report import report  # the function; modelopt.report.* modules stay importable by path
+from modelopt.reports import report  # the verb; the writers are modelopt.reports.*
 from modelopt.run.runner import RunResult
 from modelopt.search import STRATEGIES, Strategy
 from modelopt.space import SearchSpace

@@ -34,7 +34,7 @@ from modelopt.latency.spec import LatencySpec
 from modelopt.models import LoadedModel, load_model
 from modelopt.objective import Target
 from modelopt.plan import Plan
-from modelopt.report import write_report
+from modelopt.reports import write_report
 from modelopt.run.layout import CONFIG
 from modelopt.run.optuna_storage import check_storage, export_run
 from modelopt.run.preflight import check_run_folder

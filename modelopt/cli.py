@@ -24,9 +24,9 @@ from modelopt.compressors import COMPRESSORS
 from modelopt.config import RunConfig
 from modelopt.data import list_data_sources
 from modelopt.errors import ConfigError, ModeloptError
-from modelopt.export import export as do_export
+from modelopt.exporters import export as do_export
 from modelopt.models import list_models
-from modelopt.report import report as make_report
+from modelopt.reports import report as make_report
 from modelopt.run.optuna_storage import export_run
 from modelopt.search import STRATEGIES
 from modelopt.sweep import load_sweep, run_sweep

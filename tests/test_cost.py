@@ -13,7 +13,7 @@ from modelopt.api import build_workload
 from modelopt.compressors import EarlyExit, Prune, Quantize
 from modelopt.cost import CostModel
 from modelopt.evaluator import Evaluator
-from modelopt.report.layer_map import layer_map
+from modelopt.reports.layer_map import layer_map
 from modelopt.run.run_folder import RunFolder
 from modelopt.space import SearchSpace
 

@@ -23,7 +23,7 @@ from modelopt.compressors._base import Choice, Granularity, IntegerWeight, Weigh
 from modelopt.compressors.gptq import LayerInputs
 from modelopt.config import RunConfig
 from modelopt.errors import ConfigError
-from modelopt.export._source import resolve
+from modelopt.exporters._source import resolve
 from modelopt.layers import Layer
 from modelopt.run.optuna_storage import export_run
 from modelopt.run.run_folder import read_run

@@ -2,7 +2,7 @@
 
 Export asks each compressor of a layer's chain, in order, for its part of the stored form
 (`Compressor.pack` -> `WeightForm`): pruning adds the kept-weight mask, quantization the integer
-codes and scales (`IntegerWeight`). The writers (`modelopt.export`) store those forms and never
+codes and scales (`IntegerWeight`). The writers (`modelopt.exporters`) store those forms and never
 ask which compressor made them, so a new compressor exports by implementing `pack`.
 """
 

@@ -5,7 +5,7 @@
   Weight-only quantization is simulated there (dequantized float weights, float kernels), so
   this backend shows what pruning or early exit change, not integer kernels.
 - ``onnxruntime``: the plan exported to ONNX with QuantizeLinear/DequantizeLinear
-  (modelopt.export.onnx), run by ONNX Runtime's CPU integer kernels.
+  (modelopt.exporters.onnx), run by ONNX Runtime's CPU integer kernels.
 
 The metric's name carries the backend and device (`latency_backend`, e.g.
 ``onnxruntime/cpu/b1``), so numbers from different runtimes are never compared as one.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator
-from modelopt.export.onnx import export_onnx
+from modelopt.exporters.onnx import export_onnx
 from modelopt.latency.measure import Latency, onnx_latency, torch_latency
 from modelopt.latency.spec import LatencySpec
 from modelopt.plan import Plan

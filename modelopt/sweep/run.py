@@ -40,7 +40,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from modelopt.api import build_workload, optimize
 from modelopt.config import RunConfig
 from modelopt.errors import ConfigError
-from modelopt.report import write_sweep_report
+from modelopt.reports import write_sweep_report
 from modelopt.run.journal import write_json_atomic
 from modelopt.run.layout import CONFIG, SWEEP_JSON, TABLE_CSV, TABLE_MD
 from modelopt.run.runner import free_cuda_memory

@@ -129,8 +129,8 @@ def test_gptq_plans_keep_accuracy_where_nearest_collapses(gptq_evaluator):
 
 
 def test_export_writes_the_gptq_codes_that_were_scored(gptq_evaluator, tmp_path):
-    from modelopt.export import load
-    from modelopt.export.packed import export_packed
+    from modelopt.exporters import load
+    from modelopt.exporters.packed import export_packed
     from modelopt.layers import compressible_modules
 
     space = gptq_evaluator.space

@@ -116,7 +116,7 @@ def test_default_compressors_follow_the_objective(resnet20_workload):
 
 
 def test_an_exit_plan_exports_and_loads_as_the_module_that_stops_early(ee, resnet20_workload, tmp_path):
-    from modelopt.export.packed import export_packed, load
+    from modelopt.exporters.packed import export_packed, load
 
     q = {d.name: QuantSpec(8) for d in ee.space.decisions if d.compressor == "quantize"}
     plan = ee.space.plan({**q, **_exits(ee, PLAN)})
@@ -135,7 +135,7 @@ def test_an_exit_plan_exports_and_loads_as_the_module_that_stops_early(ee, resne
 
 def test_an_exit_plan_is_refused_by_the_onnx_export_in_one_line(ee, tmp_path):
     pytest.importorskip("onnx")
-    from modelopt.export.onnx import export_onnx
+    from modelopt.exporters.onnx import export_onnx
 
     with pytest.raises(ConfigError, match="early exits cannot be exported to ONNX"):
         export_onnx(ee, ee.space.plan(_exits(ee, PLAN)), tmp_path / "x.onnx")

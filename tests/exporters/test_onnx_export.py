@@ -9,7 +9,7 @@ pytest.importorskip("onnxruntime")
 import onnx
 
 from modelopt.errors import ConfigError
-from modelopt.export.onnx import export_onnx, fused_op_counts, run_onnx
+from modelopt.exporters.onnx import export_onnx, fused_op_counts, run_onnx
 
 
 def _torch_logits(evaluator, plan, x):
@@ -61,7 +61,7 @@ def test_float_export_and_bad_options(r20_evaluator, tmp_path):
 
 
 def test_qparams_keep_zero_exact():
-    from modelopt.export.onnx_qdq import QParams
+    from modelopt.exporters.onnx_qdq import QParams
 
     relu = QParams.from_range(0.0, 2.55)
     assert relu.zero_point == 0 and relu.scale == pytest.approx(0.01)  # ORT drops a ReLU before zp 0
@@ -73,7 +73,7 @@ def test_qparams_keep_zero_exact():
 def test_percentile_calibration_clips_the_tails():
     from onnx import TensorProto, helper
 
-    from modelopt.export.onnx_qdq import calibrate
+    from modelopt.exporters.onnx_qdq import calibrate
 
     node = helper.make_node("Relu", ["x"], ["y"])
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 1000])],

@@ -14,8 +14,8 @@ from modelopt._version import __version__
 from modelopt.layers import Layer
 from modelopt.metrics import Metrics
 from modelopt.objective import pareto_front
-from modelopt.report import plots
-from modelopt.report.document import (
+from modelopt.reports import plots
+from modelopt.reports.document import (
     Block,
     Figure,
     Heading,
@@ -24,7 +24,7 @@ from modelopt.report.document import (
     Table,
     write_document,
 )
-from modelopt.report.layer_map import layer_map, plan_mix
+from modelopt.reports.layer_map import layer_map, plan_mix
 from modelopt.run.run_folder import Record, RunFolder, read_run
 
 __all__ = ["ReportPaths", "run_blocks", "write_report"]

@@ -14,7 +14,7 @@ from modelopt.compressors import QuantSpec
 from modelopt.compressors.quantize import quantize
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator
-from modelopt.export.bitsandbytes import _quiet, bitsandbytes_agreement, to_bitsandbytes
+from modelopt.exporters.bitsandbytes import _quiet, bitsandbytes_agreement, to_bitsandbytes
 from modelopt.space import SearchSpace
 
 FC = "linear"

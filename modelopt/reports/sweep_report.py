@@ -12,8 +12,8 @@ from pathlib import Path
 
 from modelopt._version import __version__
 from modelopt.errors import LoadError
-from modelopt.report import plots
-from modelopt.report.document import (
+from modelopt.reports import plots
+from modelopt.reports.document import (
     Block,
     Figure,
     Heading,

@@ -36,7 +36,7 @@ from torch import nn
 from modelopt.compressors._base import Granularity, IntegerWeight
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator
-from modelopt.export._forms import layer_steps
+from modelopt.exporters._forms import layer_steps
 from modelopt.layers import LayerKind
 from modelopt.plan import Plan
 

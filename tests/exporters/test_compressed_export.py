@@ -20,9 +20,9 @@ from modelopt.api import build_compressors
 from modelopt.compressors import ExitChoice
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator
-from modelopt.export import export_packed, load
-from modelopt.export._forms import layer_forms
-from modelopt.export.onnx import export_onnx, run_onnx
+from modelopt.exporters import export_packed, load
+from modelopt.exporters._forms import layer_forms
+from modelopt.exporters.onnx import export_onnx, run_onnx
 from modelopt.space import SearchSpace
 
 

@@ -12,7 +12,7 @@ import modelopt
 from modelopt.api import build_compressors, build_workload
 from modelopt.compressors import ExitChoice, QuantSpec
 from modelopt.evaluator import Evaluator
-from modelopt.export import export_packed, load
+from modelopt.exporters import export_packed, load
 from modelopt.space import SearchSpace
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -10,7 +10,7 @@ from _norms import assert_norms_run_on_cuda
 
 from modelopt.api import build_compressors
 from modelopt.evaluator import Evaluator
-from modelopt.export import export_packed, load
+from modelopt.exporters import export_packed, load
 from modelopt.layers import compressible_modules
 from modelopt.space import SearchSpace
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from modelopt.errors import LoadError
-from modelopt.report import write_sweep_report
+from modelopt.reports import write_sweep_report
 from modelopt.run.run_folder import read_run
 
 pytestmark = pytest.mark.slow  # both tests read the session fixture small_sweep: a finished 4-cell sweep, ~45 s to make

@@ -2,7 +2,7 @@
 
 The graph is the plan's physical model (`Evaluator.physical_model`): structurally pruned blocks
 as smaller convolutions, re-estimated batch norms, unstructured sparsity as zeros. Each layer's
-stored form comes from its compressors (`Compressor.pack`, `modelopt.export._forms`); an integer
+stored form comes from its compressors (`Compressor.pack`, `modelopt.exporters._forms`); an integer
 form keeps the plan's own codes and float16 scales (never re-quantized): INT5..INT8 as int8
 initializers, INT2..INT4 as ONNX's packed int4 type (opset 21; 2 and 3 bits are widened to 4,
 and 5..7 to 8, ONNX having no narrower type ONNX Runtime runs). Group scales use opset 21's
@@ -34,8 +34,8 @@ from modelopt._files import save_atomic
 from modelopt.compressors._base import Granularity, IntegerWeight, WeightForm
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator
-from modelopt.export._forms import layer_forms
-from modelopt.export.onnx_qdq import (
+from modelopt.exporters._forms import layer_forms
+from modelopt.exporters.onnx_qdq import (
     Graph,
     QParams,
     activation_tensors,

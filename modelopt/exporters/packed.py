@@ -49,8 +49,8 @@ from modelopt.compressors.activations import InputQParams, install_input_quantiz
 from modelopt.compressors.prune import remove_channels  # rebuilds the smaller blocks the index names
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluator import Evaluator
-from modelopt.export._forms import layer_forms
-from modelopt.export._rebuild import HEAD_TENSORS, architecture, with_exits
+from modelopt.exporters._forms import layer_forms
+from modelopt.exporters._rebuild import HEAD_TENSORS, architecture, with_exits
 from modelopt.layers import compressible_modules
 from modelopt.plan import Plan
 

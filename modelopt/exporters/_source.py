@@ -1,6 +1,6 @@
 """What an export starts from: an evaluator and one plan, resolved from a run folder or a live workload.
 
-Each layer's stored form (codes and scales, masks) comes from its compressors: `modelopt.export._forms`.
+Each layer's stored form (codes and scales, masks) comes from its compressors: `modelopt.exporters._forms`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import numpy as np
 
 from modelopt.metrics import Metrics
 from modelopt.objective import Objective, pareto_front
-from modelopt.report.layer_map import LayerMap
+from modelopt.reports.layer_map import LayerMap
 from modelopt.run.run_folder import Record, RunFolder
 
 if TYPE_CHECKING:

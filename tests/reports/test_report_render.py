@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from modelopt.report import write_report
+from modelopt.reports import write_report
 
 pytestmark = pytest.mark.slow  # reads the session fixture small_run (a finished MCTS run, ~35 s) and drives chromium
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator
-from modelopt.export._source import PlanRef, resolve
-from modelopt.export.onnx import export_onnx
-from modelopt.export.packed import export_packed
+from modelopt.exporters._source import PlanRef, resolve
+from modelopt.exporters.onnx import export_onnx
+from modelopt.exporters.packed import export_packed
 from modelopt.workload import Workload
 
 FORMATS = {"modelopt": ".pt", "onnx": ".onnx"}
@@ -36,7 +36,7 @@ def export(
         out: the file to write; default ``<run folder>/model-<plan>.pt`` or ``.onnx``.
         device: where a workload rebuilt from a run folder lives.
         **options: for ``onnx``: activations, calibration, percentile, calib_samples, quantize_input,
-            widen_int4 (see `modelopt.export.onnx.export_onnx`).
+            widen_int4 (see `modelopt.exporters.onnx.export_onnx`).
 
     Returns:
         The path written.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from modelopt.report.layer_map import columns_for, plan_mix
+from modelopt.reports.layer_map import columns_for, plan_mix
 
 
 def test_each_builtin_compressor_has_readable_columns():

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from modelopt.errors import LoadError
-from modelopt.report.document import ReportPaths
-from modelopt.report.run_report import write_report
-from modelopt.report.sweep_report import is_sweep_folder, write_sweep_report
+from modelopt.reports.document import ReportPaths
+from modelopt.reports.run_report import write_report
+from modelopt.reports.sweep_report import is_sweep_folder, write_sweep_report
 from modelopt.run.run_folder import is_run_folder
 
 __all__ = ["ReportPaths", "report", "write_report", "write_sweep_report"]

@@ -13,7 +13,7 @@ from modelopt.api import build_compressors, build_workload
 from modelopt.compressors import QuantSpec
 from modelopt.errors import LoadError, StorageError
 from modelopt.evaluator import Evaluator
-from modelopt.export import export_packed, load
+from modelopt.exporters import export_packed, load
 from modelopt.layers import compressible_modules
 from modelopt.space import SearchSpace
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import modelopt
 from modelopt.cli import app
 from modelopt.errors import LoadError
-from modelopt.report import write_report
+from modelopt.reports import write_report
 from modelopt.testing.cli import assert_one_line_error
 
 pytestmark = pytest.mark.slow  # every test reads the session fixture small_run: a finished MCTS run, ~35 s to make

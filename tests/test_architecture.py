@@ -1,0 +1,128 @@
+"""The package's import structure (issue 14): no import cycle, and no import inside a function
+except of an optional dependency (or of a module of ours that needs one at import)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "modelopt"
+# Extras a user may not have installed (pyproject.toml's optional dependencies): imported where used.
+OPTIONAL = frozenset({"torchvision", "optuna", "optuna_dashboard", "onnx", "onnxruntime", "bitsandbytes",
+                      "matplotlib", "ray"})
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> list[str]:
+    """The modules an import statement loads (a `from pkg import name` loads pkg.name when it is a module)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:
+        parts = module.split(".")[: None if is_package else -1]
+        parts = parts[: len(parts) - (node.level - 1)]
+        base = ".".join([*parts, base] if base else parts)
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+
+
+def _type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _imports(module: str) -> tuple[set[str], list[tuple[str, int]]]:
+    """(modules imported when `module` is imported, [(module, line) imported inside a function])."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    is_package = path.name == "__init__.py"
+    top: set[str] = set()
+    inner: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        if _type_checking(node):
+            return
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for target in _targets(node, module, is_package):
+                (inner.append((target, node.lineno)) if in_function else top.add(target))
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(tree, False)
+    # Importing a.b.c runs a/b/__init__.py first: a package other than the importer's own (and the
+    # root, the public facade, which Python has always begun) is imported too.
+    own = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 2)}
+    top |= {".".join(t.split(".")[:i]) for t in set(top) for i in range(2, t.count(".") + 1)} & set(MODULES) - own
+    return top, inner
+
+
+GRAPH = {m: _imports(m) for m in MODULES}
+
+
+def _needs_optional(module: str) -> bool:
+    return any(t.split(".")[0] in OPTIONAL for t in GRAPH[module][0])
+
+
+def test_no_import_cycle() -> None:
+    """Counting imports inside functions too: deferring an import hides a cycle, it does not remove it."""
+    edges = {m: sorted({t for t in [*GRAPH[m][0], *(t for t, _ in GRAPH[m][1])] if t in MODULES and t != m})
+             for m in MODULES}
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def dfs(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in edges[m]:
+            if state.get(t) == 1:
+                cycles.append([*stack[stack.index(t):], t])
+            elif t not in state:
+                dfs(t, stack)
+        stack.pop()
+        state[m] = 2
+
+    for m in MODULES:
+        if m not in state:
+            dfs(m, [])
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_imports_inside_functions_are_optional_dependencies_only() -> None:
+    bad = []
+    for m in MODULES:
+        for target, line in GRAPH[m][1]:
+            root = target.split(".")[0]
+            if root in OPTIONAL or (target in MODULES and _needs_optional(target)):
+                continue
+            bad.append(f"{MODULES[m].relative_to(PACKAGE.parent)}:{line} imports {target}")
+    assert not bad, f"{len(bad)} imports inside functions:\n" + "\n".join(bad)
+
+
+MAX_FILE_LINES = 400
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_file_over_the_line_limit() -> None:
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in MODULES.values()
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_FILE_LINES}
+    assert not long, f"files over {MAX_FILE_LINES} lines: {long}"
+
+
+def test_no_function_over_the_line_limit() -> None:
+    """Docstrings count: a function whose documentation needs that much room does too much."""
+    long = []
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({n} lines)")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
