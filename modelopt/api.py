@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -281,14 +282,6 @@ def with_settings(config: RunConfig, **given: Any) -> RunConfig:
     return dataclasses.replace(config, **fields)
 
 
-# optimize's keywords that are run settings (RunConfig's, or the quantizer's menu), with their defaults.
-KEYWORD_SETTINGS: dict[str, Any] = {
-    "weights": None, "strategy": "mcts", "budget": DEFAULT_BUDGET, "objective": "size", "min_retention": 0.99,
-    "confidence": DEFAULT_CONFIDENCE, "count_gains": False, "seed": 0, "device": "auto",
-    "bits": DEFAULT_BITS, "granularity": DEFAULT_GRANULARITY, "rounding": DEFAULT_ROUNDING,
-    "norm_images": DEFAULT_NORM_IMAGES, "compressors": DEFAULT_COMPRESSORS, "activations": None, "exit_data": None,
-    "exit_images": 10000, "data_seed": 0, "fidelity": DEFAULT_FIDELITY, "latency": "torch",
-}
 
 
 def run(
@@ -337,3 +330,10 @@ def _after_run(result: RunResult, wl: Workload, *, report: bool, storage: str | 
         except Exception as exc:  # noqa: BLE001 -- an extra, as the report
             warnings.warn(f"the run finished but was not written to {storage!r} ({type(exc).__name__}: {exc}); "
                           f"retry with `modelopt dashboard {result.run_dir} --storage {storage}`", stacklevel=3)
+
+
+# optimize's keywords that are run settings (RunConfig's fields, or the quantizer's menu), with their
+# defaults: the ones a RunConfig passed as `model` must leave alone, and the CLI's for a new run.
+_NOT_SETTINGS = frozenset({"model", "data", "out", "resume", "report", "storage", "allow_pickle", "progress"})
+KEYWORD_SETTINGS: dict[str, Any] = {name: p.default for name, p in inspect.signature(optimize).parameters.items()
+                                    if name not in _NOT_SETTINGS}

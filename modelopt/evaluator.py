@@ -152,6 +152,13 @@ class Evaluator:
         """
         return self.states.activation_quant(plan)
 
+    def logits(self, plan: Plan, x: torch.Tensor) -> torch.Tensor:
+        """The plan's logits on `x` as scored (compressed weights, quantized activations; no exits):
+        what an exported model must reproduce."""
+        state, _ = self.compressed_state(plan)
+        with torch.inference_mode(), self.workload.state(state), self.activation_quant(plan):
+            return self.workload.logits(x)
+
     def input_qparams(self, plan: Plan) -> tuple[dict[str, InputQParams], float]:
         """Per activation-quantized layer, its input's quantization, and the budget calibrating cost now."""
         return self.states.input_qparams(plan)
