@@ -121,6 +121,7 @@ class MCTS(Strategy):
         self.pending: dict[str, list[tuple[int, ...]]] = {}  # plan key -> tree paths awaiting tell
         self.margin = 1.0  # scales the allowed loss in rollouts; adapts to the model's calibration
         self.val_split: tuple[int, int] | None = None  # (images, float-right) of val, from a full score
+        self.prior_trials: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # see use_prior_trials
         self._fit()
 
     def _cost_of(self, f: Any) -> float:
@@ -151,10 +152,32 @@ class MCTS(Strategy):
     # ---- the learned loss model -----------------------------------------------------------
 
     def _fit(self) -> None:
-        """Refits the loss model on every completed trial (failed ones teach it nothing)."""
+        """Refits the loss model on every completed trial (failed ones teach it nothing), then, when
+        warm-started, once more with the prior trials at the scale (kappa) this run's own trials show."""
         ok = [r for r in self.records if r.retention is not None]
-        self.model.fit(np.array([r.idx for r in ok], dtype=int).reshape(len(ok), self.n_dec),
-                       np.array([r.retention for r in ok], dtype=float), np.array([r.weight for r in ok], dtype=float))
+        idx = np.array([r.idx for r in ok], dtype=int).reshape(len(ok), self.n_dec)
+        retention = np.array([r.retention for r in ok], dtype=float)
+        weight = np.array([r.weight for r in ok], dtype=float)
+        self.model.fit(idx, retention, weight)
+        if self.prior_trials is not None:
+            p_idx, rel, p_weight = self.prior_trials
+            y = rel * self.model.kappa  # sqrt(drop), at this run's scale (KAPPA0 before any trial)
+            self.model.fit(np.concatenate([idx, p_idx]), np.concatenate([retention, 1.0 - y**2]),
+                           np.concatenate([weight, p_weight]))
+
+    def use_prior_trials(self, idx: np.ndarray, rel_loss: np.ndarray, weight: np.ndarray) -> None:
+        """Warm start (`modelopt.knowledge.warm_start`): pseudo-trials only the loss model sees.
+
+        Row t is a plan (choice indices in space order) whose sqrt(drop) earlier runs put at
+        `rel_loss[t]` x kappa, kappa this run's own fitted scale, worth `weight[t]` trials. They
+        shape the loss model's prior, hence rollouts and node priors; they are not trials: no
+        budget, no tree or RAVE statistics, not seen. Saved with the state, so a resumed run keeps
+        the priors it started with. Call before the first `ask`."""
+        self.prior_trials = (np.asarray(idx, dtype=int).reshape(-1, self.n_dec), np.asarray(rel_loss, dtype=float),
+                             np.asarray(weight, dtype=float))
+        for node in self.tree.values():
+            node.prior = None
+        self._fit()
 
     # ---- rollout: knapsack under the (sampled) model --------------------------------------
 
@@ -336,7 +359,9 @@ class MCTS(Strategy):
             "seen": self.seen,
             "margin": self.margin,
             "val_split": None if self.val_split is None else list(self.val_split),
-        }
+            # Plans asked and not yet told (in flight on other workers): their virtual losses come back with them.
+            "pending": {key: [list(path) for path in paths] for key, paths in self.pending.items()},
+        } | ({} if self.prior_trials is None else {"prior_trials": [a.tolist() for a in self.prior_trials]})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["rng"]
@@ -346,9 +371,15 @@ class MCTS(Strategy):
         self.margin = float(state["margin"])
         vs = state.get("val_split")
         self.val_split = None if vs is None else (int(vs[0]), int(vs[1]))
-        self.pending = {}
+        self.pending = {key: [tuple(path) for path in paths] for key, paths in state.get("pending", {}).items()}
+        for paths in self.pending.values():
+            for path in paths:
+                self._walk(path, lambda node: setattr(node, "virtual", node.virtual + 1))
         self.amaf_n = [np.zeros(len(d.choices)) for d in self.decisions]
         self.amaf_w = [np.zeros(len(d.choices)) for d in self.decisions]
         for r in self.records:
             self._amaf(r.idx, r.value)
+        pt = state.get("prior_trials")  # the priors the run started with (none: a cold start)
+        self.prior_trials = None if pt is None else (np.array(pt[0], dtype=int).reshape(-1, self.n_dec),
+                                                     np.array(pt[1], dtype=float), np.array(pt[2], dtype=float))
         self._fit()
