@@ -88,3 +88,25 @@ Storage = Annotated[
     ),
 ]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")]
+Workers = Annotated[
+    int | None,
+    typer.Option(
+        help="Plans scored at once: N Ray workers, each with its own copy of the model (a GPU each where there "
+        "are GPUs; the CPU's threads split between them). Needs the `distributed` extra. Default 1: in this process."
+    ),
+]
+Executor = Annotated[
+    str | None,
+    typer.Option(help="Who scores plans: local (this process) or ray (default: ray when --workers > 1 or "
+                 "--ray-address is given)."),
+]
+RayAddress = Annotated[
+    str | None, typer.Option(help="Join a running Ray cluster at this address (e.g. ray://head:10001 or auto).")
+]
+Knowledge = Annotated[
+    Path | None,
+    typer.Option(
+        help="A knowledge store (a folder): warm-start the search's priors from what earlier runs learned per "
+        "layer, and add this run's. Off by default."
+    ),
+]

@@ -246,6 +246,11 @@ class CompressedStates:
         choice), charged once with the first plan scored after it (and paid on resume)."""
         self._pre_passes[key] = cost
 
+    @property
+    def pre_passes(self) -> dict[str, float]:
+        """Work done for the search before any plan, by key (`add_pre_pass`), charged with the first plan."""
+        return dict(self._pre_passes)
+
     def mark_paid(self, plan: Plan) -> None:
         """Records the one-time preparations `plan` needed as paid (a resumed run, for the trials
         its journal holds): what the killed process charged is not charged again."""

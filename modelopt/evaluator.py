@@ -14,6 +14,8 @@ assembled from one part per seam, each in its own module:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -162,6 +164,16 @@ class Evaluator:
     def input_qparams(self, plan: Plan) -> tuple[dict[str, InputQParams], float]:
         """Per activation-quantized layer, its input's quantization, and the budget calibrating cost now."""
         return self.states.input_qparams(plan)
+
+    def settle(self, metrics: Metrics, charges: Mapping[str, float]) -> Metrics:
+        """`metrics` of a plan scored elsewhere (a worker that charged it `charges`, every one-time
+        preparation it needed, in full), charged as this run charges: each preparation once, to the
+        first trial recorded that needed it, and this run's own pre-passes with the first of all."""
+        due = {**charges, **self.states.pre_passes}
+        paid = [self.one_time.charge(key, cost) for key, cost in due.items()]
+        if all(p == due[k] for p, k in zip(paid, due, strict=True)) and not self.states.pre_passes:
+            return metrics  # everything it charged is this run's first: the worker's sum stands as it is
+        return dataclasses.replace(metrics, prep_cost=metrics.prep_cost - sum(charges.values()) + sum(paid))
 
     def mark_paid(self, plan: Plan) -> None:
         """Records the one-time preparations `plan` needed as paid (a resumed run)."""

@@ -25,6 +25,7 @@ class OneTimeCosts:
         self._paid: set[str] = set()
         self.charged: dict[str, float] = {}  # what this process charged, by key (budget units)
         self.seconds: dict[str, float] = {}  # wall seconds preparations took in this process, by key
+        self.since_forget: dict[str, float] = {}  # what was charged since `forget_paid` (a worker's trial)
 
     def charge(self, key: str, cost: float) -> float:
         """`cost` the first time `key` is charged in this run, 0 after (or once marked paid)."""
@@ -32,7 +33,15 @@ class OneTimeCosts:
             return 0.0
         self._paid.add(key)
         self.charged[key] = cost
+        self.since_forget[key] = cost
         return cost
+
+    def forget_paid(self) -> None:
+        """Charges every preparation again from here on, and starts `since_forget` afresh: a worker
+        scoring plans for a run elsewhere reports each plan's preparations in full, and the run
+        charges each once (`modelopt.evaluator.Evaluator.settle`)."""
+        self._paid.clear()
+        self.since_forget = {}
 
     def timed(self, key: str, seconds: float) -> None:
         """Records that preparation `key` took `seconds` (added up when it recurs)."""

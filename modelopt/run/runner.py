@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 import json
 import math
 import os
 import time
-import traceback
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from modelopt._version import __version__
 from modelopt.errors import ConfigError, ModeloptError
 from modelopt.evaluator import Evaluator, Metrics
+from modelopt.executors import Executor, Job, LocalExecutor, Scored
+from modelopt.executors.scoring import failure_text, free_cuda_memory
 from modelopt.fidelity import Fidelity
 from modelopt.latency.plan import PlanLatency
 from modelopt.objective import Objective, Target, best_of
@@ -29,11 +30,14 @@ from modelopt.run.confirm import Confirmation, check_certifiable, confirm, final
 from modelopt.run.journal import Journal, write_json_atomic
 from modelopt.run.layout import BEST_PLAN, CONFIG, JOURNAL, STATE, STATE_NEXT, SUMMARY
 from modelopt.run.lock import lock_run_folder
+from modelopt.run.summary import run_summary
 from modelopt.search._base import Strategy
 from modelopt.trial import Trial, TrialStatus
 
 if TYPE_CHECKING:  # the config imports this package (run.confirm): its type only, no import at run time
     from modelopt.config import RunConfig
+
+__all__ = ["MAX_IDLE_ASKS", "RunResult", "Runner", "free_cuda_memory"]
 
 MAX_IDLE_ASKS = 2000  # consecutive already-seen plans before the space counts as exhausted
 
@@ -76,6 +80,9 @@ class Runner:
         latency: measures plan latency: for every plan when latency is the objective, else for
             the best plan and the Pareto front at the end; None measures none (unless the
             objective needs it, then a default torch measurement).
+        executor: scores the plans (`modelopt.executors`); None: this process, one plan at a time.
+            With `executor.slots` > 1 the strategy is asked for that many plans ahead (`ask` with
+            virtual loss or a constant liar), and trials are recorded in the order they were asked.
     """
 
     def __init__(
@@ -92,6 +99,7 @@ class Runner:
         console: Console | None = None,
         fidelity: Fidelity | None = None,
         latency: PlanLatency | None = None,
+        executor: Executor | None = None,
     ) -> None:
         if not 0 < budget < math.inf:
             raise ConfigError(f"budget must be a positive number, got {budget!r}")
@@ -106,6 +114,8 @@ class Runner:
         if latency is None and objective.target is Target.LATENCY:
             latency = PlanLatency(evaluator)
         self.latency = latency
+        self.executor = executor or LocalExecutor(evaluator, objective, fidelity)
+        self._reissue: list[Plan] = []  # plans in flight when the run last stopped: asked again first
         self.console = console or Console(stderr=True)
         self.journal = Journal(self.run_dir / JOURNAL)
         self.trials: list[Trial] = []
@@ -147,9 +157,14 @@ class Runner:
             if state is not None and fits(state.get("n_trials", 0)):
                 self.strategy.load_state_dict(state["strategy"])
                 told = state["n_trials"]
+                # The plans it had asked for and not yet recorded: the resumed loop scores them first,
+                # instead of asking again (the restored strategy still awaits them).
+                self._reissue = [self.space.plan_from_flat(flat) for flat in state.get("in_flight", [])]
                 break
         for trial in self.trials[told:]:
             self.strategy.tell(trial)
+        recorded = {t.plan.key for t in self.trials}
+        self._reissue = [plan for plan in self._reissue if plan.key not in recorded]
 
     # ---- the loop -------------------------------------------------------------------------
 
@@ -173,42 +188,32 @@ class Runner:
         feasible = [self.objective.value(t.metrics) for t in self.trials if t.feasible and t.metrics is not None]
         return bool(feasible) and self._target_value(plan) > min(feasible)
 
-    def _evaluate(self, plan: Plan) -> Trial:
+    def _trial(self, job: Job, scored: Scored) -> Trial:
+        """The trial of a scored job, charged and judged by this run (a failed one is charged in full)."""
         t0 = time.perf_counter()
-        cost = self.evaluator.cost("val")  # a failed trial is charged in full
-        trial = functools.partial(Trial, number=len(self.trials), plan=plan, strategy=self.strategy.name,
+        trial = functools.partial(Trial, number=len(self.trials), plan=job.plan, strategy=self.strategy.name,
                                   seed=self.strategy.seed, version=__version__)
-        failed: Trial | None = None
-        out_of_memory = False
-        try:
-            if self.fidelity is None:
-                metrics = self.evaluator.evaluate(plan, split="val")
-            else:
-                finish = not (self.fidelity.dominated and self._cannot_improve(plan))
-                metrics = self.evaluator.evaluate_staged(plan, self.objective.min_retention, self.fidelity,
-                                                         finish=finish, confidence=self.objective.confidence,
-                                                         count_gains=self.objective.count_gains)
-            cost = self.evaluator.trial_cost(metrics)  # images scored + any preparation (BN re-estimation)
-            if self.objective.target is Target.LATENCY and metrics.stopped is None:
-                metrics = self._with_latency(metrics, plan)
-            reward = self.objective.reward(metrics)
-            if math.isnan(metrics.retention) or not math.isfinite(reward):
-                raise ModeloptError(f"plan {plan.key} gives a non-finite score")
-        except Exception as exc:  # noqa: BLE001 -- a crashing plan is recorded as failed; the search goes on
-            msg = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ModeloptError) else str(exc)
-            if not isinstance(exc, ModeloptError):
-                msg += " | " + traceback.format_exc(limit=3).strip().splitlines()[-1]
-            failed = trial(status=TrialStatus.FAILED, metrics=None, reward=None, feasible=False, cost=cost,
-                           seconds=time.perf_counter() - t0, error=msg)
-            out_of_memory = isinstance(exc, torch.cuda.OutOfMemoryError)
-        finally:
-            self.eval_seconds += time.perf_counter() - t0
-        if failed is not None:
-            if out_of_memory:  # here, past the except clause: its traceback no longer holds the trial's tensors
-                free_cuda_memory()
-            return failed
+        cost, error = self.evaluator.cost("val"), scored.error
+        if scored.metrics is not None:
+            try:
+                metrics = scored.metrics
+                if scored.charges is not None:  # scored by a worker: its preparations are charged here, once
+                    metrics = self.evaluator.settle(metrics, scored.charges)
+                cost = self.evaluator.trial_cost(metrics)  # images scored + any preparation (BN re-estimation)
+                if self.objective.target is Target.LATENCY and metrics.stopped is None:
+                    metrics = self._with_latency(metrics, job.plan)
+                reward = self.objective.reward(metrics)
+                if math.isnan(metrics.retention) or not math.isfinite(reward):
+                    raise ModeloptError(f"plan {job.plan.key} gives a non-finite score")
+            except Exception as exc:  # noqa: BLE001 -- a crashing plan is recorded as failed; the search goes on
+                error = failure_text(exc)
+        seconds = scored.seconds + time.perf_counter() - t0
+        self.eval_seconds += seconds
+        if error is not None or scored.metrics is None:
+            return trial(status=TrialStatus.FAILED, metrics=None, reward=None, feasible=False, cost=cost,
+                         seconds=seconds, error=error)
         return trial(status=TrialStatus.COMPLETE, metrics=metrics, reward=reward, cost=cost,
-                     feasible=self.objective.feasible(metrics), seconds=time.perf_counter() - t0)
+                     feasible=self.objective.feasible(metrics), seconds=seconds)
 
     def _with_latency(self, metrics: Metrics, plan: Plan) -> Metrics:
         assert self.latency is not None
@@ -216,14 +221,16 @@ class Runner:
                                    latency_backend=self.latency.name,
                                    float_latency_ms=self.latency.reference().median_ms)
 
-    def _record(self, trial: Trial) -> None:
+    def _record(self, trial: Trial, in_flight: tuple[Plan, ...] = ()) -> None:
         self.trials.append(trial)
         self.strategy.tell(trial)
         # The state after this trial is written before its journal line and moved into place after it,
         # so a kill between the two leaves the state that matches the journal: replaying `tell` on an
         # older state would skip what `ask` changed, and the resumed search would propose other plans.
         # Not fsynced: after a power cut an older state plus the journal's later trials rebuild it.
-        state = {"n_trials": len(self.trials), "strategy": self.strategy.state_dict()}
+        # The plans asked and not yet recorded go with it: a resumed run scores them before asking anew.
+        state = {"n_trials": len(self.trials), "strategy": self.strategy.state_dict(),
+                 "in_flight": [plan.to_flat() for plan in in_flight]}
         write_json_atomic(self.run_dir / STATE_NEXT, state, durable=False)
         self.journal.append(trial.to_json())
         os.replace(self.run_dir / STATE_NEXT, self.run_dir / STATE)
@@ -239,7 +246,8 @@ class Runner:
         """Runs the search to its budget, then re-scores the best and Pareto plans on test."""
         try:
             return self._run()
-        finally:  # the folder is free again however the run ends, even if this runner lives on
+        finally:  # the folder and the workers are free again however the run ends, even if this runner lives on
+            self.executor.close()
             if getattr(self, "_lock", None) is not None:
                 self._lock.release()
 
@@ -247,7 +255,6 @@ class Runner:
         t_start = time.perf_counter()
         self._open()
         seen = {t.plan.key: t for t in self.trials}
-        idle = 0
         # Progress is budget spent (full val evaluations), which multi-fidelity makes differ from trials.
         columns = (TextColumn("[bold]{task.description}"), BarColumn(),
                    TextColumn("{task.completed:.1f}/{task.total:g} evals, {task.fields[trials]} trials"),
@@ -256,31 +263,77 @@ class Runner:
             task = bar.add_task(f"{self.strategy.name} search", total=self.budget, best=self._best_text(),
                                 trials=len(self.trials))
             bar.update(task, completed=self.spent)  # budget is fractional: update takes a float
+            def update() -> None:
+                bar.update(task, completed=self.spent, best=self._best_text(), trials=len(self.trials))
+
             if not self.trials and self.objective.confidence > 0 and len(self.space):
                 # Trial 0 is the anchor, the safest compressed plan (modelopt.space.SearchSpace.anchor):
                 # under a confidence bound few plans can be certified, and this one usually can; every
                 # strategy is told it like its own trials, and confirmation has a safe plan to fall back on.
-                trial = self._evaluate(self.space.anchor())
+                anchor = Job(0, self.space.anchor())
+                self.executor.submit(anchor)
+                trial = self._trial(anchor, self._scored(anchor, {}))
                 self._record(trial)
                 seen[trial.plan.key] = trial
-                bar.update(task, completed=self.spent, best=self._best_text(), trials=len(self.trials))
-            while self.spent < self.budget - 1e-9:
-                plan = self.strategy.ask(1)[0]
-                if plan.key in seen:
-                    # Never pay twice for a plan: tell the strategy what it already scored.
-                    self.strategy.tell(seen[plan.key])
-                    idle += 1
-                    if idle >= MAX_IDLE_ASKS:
-                        self.console.print("[yellow]search space exhausted: the strategy only proposes seen plans")
-                        break
-                    continue
-                idle = 0
-                trial = self._evaluate(plan)
-                self._record(trial)
-                seen[plan.key] = trial
-                bar.update(task, completed=self.spent, best=self._best_text(), trials=len(self.trials))
+                update()
+            self._search(seen, update)
+        self.executor.close()  # the workers' memory is free before the final re-scoring
         search_wall = time.perf_counter() - t_start
         return self._finish(search_wall)
+
+    def _search(self, seen: dict[str, Trial], update: Callable[[], None]) -> None:
+        """Asks, scores and records until the budget is spent, with up to `executor.slots` plans in
+        flight. Trials are recorded in the order their plans were asked, and the strategy is asked
+        only after a record, so the trials do not depend on which worker finished first."""
+        window: deque[tuple[Plan, Job | None]] = deque()  # asked, not yet recorded (None: a repeat in flight)
+        done: dict[int, Scored] = {}
+        seq, idle = len(self.trials), 0
+        while True:
+            while idle < MAX_IDLE_ASKS and (free := self._room(window)):
+                reissued, self._reissue = self._reissue[:free], self._reissue[free:]
+                for plan in reissued or self.strategy.ask(free):
+                    if plan.key in seen:  # never pay twice for a plan: tell the strategy what it already scored
+                        self.strategy.tell(seen[plan.key])
+                        idle += 1
+                    elif any(plan.key == p.key for p, _ in window):  # told the first one's trial once recorded
+                        window.append((plan, None))
+                        idle += 1
+                    else:
+                        idle = 0
+                        asked = Job(seq, plan, finish=self._worth_finishing(plan))
+                        seq += 1
+                        self.executor.submit(asked)
+                        window.append((plan, asked))
+                if idle >= MAX_IDLE_ASKS:
+                    self.console.print("[yellow]search space exhausted: the strategy only proposes seen plans")
+            if not window or self.spent >= self.budget - 1e-9:
+                return  # what is still in flight was asked ahead and is not charged: the budget is spent
+            plan, job = window.popleft()
+            if job is None:
+                self.strategy.tell(seen[plan.key])
+                continue
+            trial = self._trial(job, self._scored(job, done))
+            self._record(trial, tuple(p for p, _ in window))
+            seen[plan.key] = trial
+            update()
+
+    def _room(self, window: deque[tuple[Plan, Job | None]]) -> int:
+        """How many more plans to ask for: free slots, while the budget left covers every plan in
+        flight scored in full (one slot: the budget is not yet spent, as the serial loop asks)."""
+        scoring = sum(job is not None for _, job in window)
+        if self.spent + scoring * self.evaluator.cost("val") >= self.budget - 1e-9:
+            return 0
+        return max(self.executor.slots - scoring, 0)
+
+    def _scored(self, job: Job, done: dict[int, Scored]) -> Scored:
+        """`job`'s result, waiting for the executor; results of later jobs wait in `done` for their turn."""
+        while job.seq not in done:
+            done.update((j.seq, scored) for j, scored in self.executor.wait())
+        return done.pop(job.seq)
+
+    def _worth_finishing(self, plan: Plan) -> bool:
+        """Under multi-fidelity, whether to score `plan` to the end even once it cannot beat the best."""
+        return self.fidelity is None or not (self.fidelity.dominated and self._cannot_improve(plan))
 
     # ---- the end: re-score on test, write the run folder ----------------------------------
 
@@ -299,72 +352,9 @@ class Runner:
         pareto = tuple((t, test_metrics.get(t.plan.key)) for t in front)
         if best is not None:
             self.space.save_plan(best.plan, self.run_dir / BEST_PLAN)
-        summary = self._summary(best, search_best, confirmation, test_metrics, pareto, search_wall)
+        summary = run_summary(self, best, search_best, confirmation, test_metrics, pareto, search_wall)
         write_json_atomic(self.run_dir / SUMMARY, summary)
         confirmed = {t.plan.key: m for t, m in confirmation.finalists}
         return RunResult(self.run_dir, tuple(self.trials), best, best_test, pareto, self.spent, summary,
                          best_confirm=confirmed.get(best.plan.key) if best else None, search_best=search_best,
                          confirmation=confirmation)
-
-    def _summary(
-        self, best: Trial | None, search_best: Trial | None, confirmation: Confirmation,
-        test: dict[str, Metrics], pareto: tuple[tuple[Trial, Metrics | None], ...], search_wall: float,
-    ) -> dict[str, Any]:
-        wl = self.evaluator.workload
-        confirmed = {t.plan.key: m for t, m in confirmation.finalists}
-        conf = self.objective.confidence
-
-        def metrics(m: Metrics | None) -> dict[str, Any] | None:
-            if m is None:
-                return None
-            lo, hi = m.retention_bounds(conf)
-            return {**m.to_dict(), "retention_lower": lo, "retention_upper": hi,
-                    "retention_certified": self.objective.retention_lower(m)}
-
-        def entry(t: Trial) -> dict[str, Any]:
-            return {"trial": t.number, "plan_key": t.plan.key, "plan": self.space.dump_plan(t.plan),
-                    "test": metrics(test.get(t.plan.key)), "confirm": metrics(confirmed.get(t.plan.key)),
-                    "val": metrics(t.metrics)}
-
-        splits = ("val", "confirm", "test") if "confirm" in wl.splits else ("val", "test")
-        return {
-            "version": __version__,
-            "run_dir": str(self.run_dir),
-            "config": self.config.to_json(),
-            "objective": {"target": self.objective.target.value, "min_retention": self.objective.min_retention,
-                          "confidence": conf, "count_gains": self.objective.count_gains},
-            "budget": self.budget,
-            "budget_used": self.spent,
-            "n_trials": len(self.trials),
-            "n_failed": sum(not t.ok for t in self.trials),
-            "n_feasible": sum(t.feasible for t in self.trials),
-            "baseline": {s: {"accuracy": wl.baseline_accuracy(s), "n_samples": len(wl.split(s))} for s in splits},
-            "float_size_bytes": wl.float_size_bytes,
-            "device": str(wl.device),
-            # The reported best: confirmed on images that did not select it (when the data have a
-            # confirm split); `search_best` is the search's own pick on val, a search-time estimate.
-            "best": None if best is None else {**entry(best), "confirmed": confirmation.usable},
-            "search_best": None if search_best is None else entry(search_best),
-            "confirmation": {
-                "split": confirmation.split,
-                "usable": confirmation.usable,
-                "ceiling": confirmation.ceiling,
-                "confirmed": confirmation.confirmed,
-                "finalists": [{"trial": t.number, "plan_key": t.plan.key, "confirmed": i < confirmation.confirmed,
-                               "confirm": metrics(m)} for i, (t, m) in enumerate(confirmation.finalists)],
-            },
-            "pareto": [entry(t) for t, _ in pareto],
-            # One-time work: wall seconds in this process, and the budget units charged for it.
-            "preparation": {"seconds": dict(self.evaluator.one_time.seconds),
-                            "charged": dict(self.evaluator.one_time.charged)},
-            "search_wall_seconds": search_wall,
-            "eval_seconds_this_session": self.eval_seconds,
-        }
-
-
-def free_cuda_memory() -> None:
-    """Frees what a trial that ran out of CUDA memory left behind, so the next plan does not meet a full
-    or fragmented pool: collects the failed trial's unreachable tensors, then hands the caching
-    allocator's unused blocks back to the device. A no-op where CUDA was never initialised."""
-    gc.collect()
-    torch.cuda.empty_cache()
