@@ -29,7 +29,9 @@ from modelopt.config import RunConfig
 from modelopt.data import Dataset, load_data
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator, Metrics
+from modelopt.executors import make_executor
 from modelopt.fidelity import Fidelity
+from modelopt.knowledge import record_run
 from modelopt.latency.plan import PlanLatency
 from modelopt.latency.spec import LatencySpec
 from modelopt.models import LoadedModel, load_model
@@ -191,6 +193,10 @@ def optimize(
     progress: bool = True,
     fidelity: Fidelity | None = DEFAULT_FIDELITY,
     latency: str | LatencySpec | None = "torch",
+    workers: int = 1,
+    executor: str | None = None,
+    ray_address: str | None = None,
+    knowledge: str | Path | None = None,
 ) -> RunResult:
     """Searches for the smallest plan that keeps `min_retention` of the float accuracy.
 
@@ -214,8 +220,9 @@ def optimize(
             options); activations (input bits per layer, None = float) default to (None, 8) for
             bitops, else float only.
         weights, strategy, budget, objective, min_retention, confidence, count_gains, seed, device,
-        compressors, exit_data, exit_images, data_seed, fidelity, latency: the run settings of
-            `RunConfig`'s fields of the same names (see there).
+        compressors, exit_data, exit_images, data_seed, fidelity, latency, workers, ray_address,
+        knowledge: the run settings of `RunConfig`'s fields of the same names (see there).
+        executor: `local` or `ray`; None: `ray` when `workers` > 1 or `ray_address` is given, else `local`.
 
     Example:
         >>> result = modelopt.optimize(budget=20)
@@ -250,6 +257,9 @@ def run_config(
 ) -> RunConfig:
     """A RunConfig from `optimize`'s keywords: the quantizer's menu given as its own keywords."""
     parse_rounding(rounding)
+    fields["executor"] = _executor(fields.get("executor"), fields.get("workers", 1), fields.get("ray_address"))
+    if fields.get("knowledge") is not None:
+        fields["knowledge"] = str(fields["knowledge"])
     if activations is None:  # quantized inputs lower only bitops here
         activations = (None, 8) if fields.get("objective") == Target.BITOPS.value else (None,)
     quantize: dict[str, Any] = {"bits": list(bits), "granularity": list(granularity), "rounding": list(rounding),
@@ -276,10 +286,23 @@ def with_settings(config: RunConfig, **given: Any) -> RunConfig:
         fields["compressors"] = None if fields["compressors"] is None else tuple(fields["compressors"])
     if isinstance(fields.get("latency"), str):
         fields["latency"] = LatencySpec(fields["latency"])
-    for path in ("weights", "exit_data"):
+    for path in ("weights", "exit_data", "knowledge"):
         if fields.get(path) is not None:
             fields[path] = str(fields[path])
+    if {"workers", "ray_address"} & fields.keys() and fields.get("executor") is None:
+        fields["executor"] = _executor(None, fields.get("workers", config.workers),
+                                       fields.get("ray_address", config.ray_address))
+    elif "executor" in fields and fields["executor"] is None:
+        del fields["executor"]
     return dataclasses.replace(config, **fields)
+
+
+def _executor(name: str | None, workers: int, ray_address: str | None) -> str:
+    """The executor a run's keywords ask for: the one named, else Ray when more than one worker or a
+    cluster address is given (a local run scores one plan at a time)."""
+    if name is not None:
+        return name
+    return "ray" if ray_address is not None or (isinstance(workers, int) and workers > 1) else "local"
 
 
 
@@ -308,9 +331,13 @@ def run(
     built = config.build(workload, allow_pickle=allow_pickle)
     timer = None if config.latency is None else PlanLatency(built.evaluator, config.latency)
     run_dir = Path(out) if out is not None else default_run_dir(built.workload.name, config.strategy, config.seed)
+    executor = make_executor(built, workload=workload, allow_pickle=allow_pickle)
     runner = Runner(built.evaluator, built.strategy, built.objective, budget=config.budget, run_dir=run_dir,
-                    config=built.config, resume=resume, progress=progress, fidelity=config.fidelity, latency=timer)
+                    config=built.config, resume=resume, progress=progress, fidelity=config.fidelity, latency=timer,
+                    executor=executor)
     result = runner.run()
+    if config.knowledge is not None:  # what this run learned per layer, for later runs to start from
+        record_run(config.knowledge, result, built.evaluator)
     _after_run(result, built.workload, report=report, storage=storage)
     return result
 

@@ -126,6 +126,10 @@ def optimize(
     json_out: opt.JsonOut = False,
     progress: opt.Progress = True,
     storage: opt.Storage = None,
+    workers: opt.Workers = None,
+    executor: opt.Executor = None,
+    ray_address: opt.RayAddress = None,
+    knowledge: opt.Knowledge = None,
     verbose: opt.Verbose = False,
 ) -> None:
     """Search for the smallest plan above the retention floor; with no options, ResNet-20 on bundled CIFAR-10."""
@@ -133,7 +137,8 @@ def optimize(
     given: dict[str, Any] = dict(
         model=model, weights=weights, data=data, strategy=strategy, budget=budget, objective=objective,
         min_retention=min_retention, confidence=confidence, count_gains=count_gains or None, seed=seed,
-        device=device, exit_data=exit_data, exit_images=exit_images,
+        device=device, exit_data=exit_data, exit_images=exit_images, workers=workers, executor=executor,
+        ray_address=ray_address, knowledge=knowledge,
         latency=None if latency is None else None if latency.lower() == "none" else latency,
         bits=None if bits is None else _csv(bits, int, "bits"),
         granularity=None if granularity is None else _csv(granularity, str, "granularity"),

@@ -39,6 +39,7 @@ from modelopt.data import load_data
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluator import Evaluator
 from modelopt.fidelity import Fidelity
+from modelopt.knowledge import warm_start
 from modelopt.latency.spec import LatencySpec
 from modelopt.layers import Layer
 from modelopt.models import load_model
@@ -50,6 +51,8 @@ from modelopt.sensitivity import estimate_losses
 from modelopt.space import SearchSpace
 from modelopt.workload import Workload
 
+# The executors a run may name (modelopt.executors; listed here so a config is checked without importing Ray).
+EXECUTOR_NAMES = ("local", "ray")
 CONFIG_FORMAT = 1  # run.json's layout; files without `format` are format 0 and read the same way
 # The settings a resumed run must share with the run it continues (a changed one is refused).
 RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "confidence",
@@ -97,6 +100,12 @@ class RunConfig:
         exit_data, exit_images: an `.npz` of images the search never scores (e.g. the training set)
             and how many of them (a seeded subset) early-exit heads are also fitted on.
         fingerprints: content hashes of the model and data a run was searched on (set by `build`).
+        executor, workers, ray_address: who scores plans (`modelopt.executors`): `local` (in this
+            process) or `ray` (one actor per worker, on this machine or the cluster at `ray_address`),
+            and how many plans are in flight at once (each worker one; the local executor scores its
+            `workers` plans one after another, the same trials Ray gives).
+        knowledge: a knowledge store (`modelopt.knowledge`) the run warm-starts its priors from and
+            adds what it learned to; None: neither.
     """
 
     model: str = "cifar10_resnet20"
@@ -118,12 +127,16 @@ class RunConfig:
     exit_data: str | None = None
     exit_images: int = 10000
     fingerprints: Mapping[str, str] = field(default_factory=dict)
+    executor: str = "local"
+    workers: int = 1
+    ray_address: str | None = None
+    knowledge: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("model", "data", "device", "strategy"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ConfigError(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
-        for name in ("weights", "exit_data"):  # paths are kept as the strings the user gave
+        for name in ("weights", "exit_data", "knowledge"):  # paths are kept as the strings the user gave
             if isinstance(getattr(self, name), Path):
                 object.__setattr__(self, name, str(getattr(self, name)))
         check_seed(self.seed)
@@ -139,6 +152,15 @@ class RunConfig:
         if not isinstance(self.exit_images, int) or isinstance(self.exit_images, bool) or self.exit_images < 1:
             raise ConfigError(f"exit_images must be a positive number of images, got {self.exit_images!r}")
         self._check_latency()
+        self._check_executor()
+
+    def _check_executor(self) -> None:
+        if self.executor not in EXECUTOR_NAMES:
+            raise ConfigError(f"unknown executor {self.executor!r}; choose one of {', '.join(EXECUTOR_NAMES)}")
+        if not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 1:
+            raise ConfigError(f"workers must be a positive number of plans in flight, got {self.workers!r}")
+        if self.ray_address is not None and self.executor != "ray":
+            raise ConfigError(f"ray_address {self.ray_address!r} needs executor 'ray', not {self.executor!r}")
 
     def _check_options(self) -> None:
         """Each compressor's options, checked by building it (they need no model): a bad bit width or
@@ -217,6 +239,8 @@ class RunConfig:
         strategy = STRATEGIES.get(self.strategy)(evaluator.space, objective, seed=self.seed)
         if strategy.wants_loss_estimates:  # knapsack's one-pass sensitivities
             strategy.use_loss_estimates(estimate_losses(evaluator))
+        if self.knowledge is not None:  # priors from earlier runs' lessons (a missing store: none yet)
+            warm_start(self.knowledge, evaluator, strategy)
         return BuiltRun(self.resolved(wl, evaluator.space), wl, evaluator, strategy, objective)
 
     # ---- run.json ----------------------------------------------------------------------------
@@ -233,6 +257,8 @@ class RunConfig:
             "latency": None if self.latency is None else dataclasses.asdict(self.latency),
             "exit_data": None if self.exit_data is None else {"path": self.exit_data, "images": self.exit_images},
             **self.fingerprints, "budget": float(self.budget), "version": __version__,
+            "executor": self.executor, "workers": self.workers, "ray_address": self.ray_address,
+            "knowledge": self.knowledge,
         }
         if comps is None:
             out["options"] = {n: dict(o) for n, o in self.options.items()}
@@ -323,7 +349,7 @@ def objective_from_json(raw: Mapping[str, Any]) -> Objective:
 # every plan scored on the whole val split.
 _BEFORE: dict[str, Any] = {"confidence": 0.0, "fidelity": None}
 _SCALARS = ("model", "weights", "data", "data_seed", "strategy", "seed", "budget", "objective", "min_retention",
-            "confidence", "count_gains", "device")
+            "confidence", "count_gains", "device", "executor", "workers", "ray_address", "knowledge")
 
 
 def _fidelity_args(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -350,6 +376,8 @@ _FORMS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "data_seed": (_is(int), "an integer"), "budget": (_is(int, float), "a number"), "device": (_is(str), "a device"),
     "min_retention": (_is(int, float), "a number"), "confidence": (_is(int, float), "a number"),
     "count_gains": (_is(bool), "true or false"),
+    "executor": (_is(str), "an executor name"), "workers": (_is(int), "a positive integer"),
+    "ray_address": (_is(str), "a Ray address or null"), "knowledge": (_is(str), "a path or null"),
     "compressors": (_mapping_of_mappings, "a mapping of compressor names to their options"),
     "options": (_mapping_of_mappings, "a mapping of compressor names to their options"),
     "fidelity": (lambda v: isinstance(v, dict), "a mapping or null"),
