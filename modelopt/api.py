@@ -30,6 +30,7 @@ from modelopt.data import Dataset, load_data
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Evaluator, Metrics
 from modelopt.executors import make_executor
+from modelopt.executors.on_ray import import_ray
 from modelopt.fidelity import Fidelity
 from modelopt.knowledge import record_run
 from modelopt.latency.plan import PlanLatency
@@ -328,6 +329,8 @@ def run(
     if resume and out is None:
         out = latest_run_dir()
     check_run_folder(out)  # unwritable or busy: refused before the model loads
+    if config.executor == "ray":
+        import_ray()  # the `distributed` extra missing: refused before the model loads, too
     built = config.build(workload, allow_pickle=allow_pickle)
     timer = None if config.latency is None else PlanLatency(built.evaluator, config.latency)
     run_dir = Path(out) if out is not None else default_run_dir(built.workload.name, config.strategy, config.seed)

@@ -8,6 +8,7 @@ for this executor.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -65,7 +66,9 @@ class RayExecutor(Executor):
         in_memory = "<in memory>" in (config.model, config.data)
         payload = ray.put(workload) if in_memory and workload is not None else None
         actor = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=0)(PlanWorker)
-        self._spawn = lambda: actor.remote(config.to_json(), payload, threads, allow_pickle)
+        # A worker sees only the GPU Ray gave it, as cuda:0.
+        settings = dataclasses.replace(config, device="cuda" if gpus else config.device).to_json()
+        self._spawn = lambda: actor.remote(settings, payload, threads, allow_pickle)
         self._free: list[Any] = []
         self._busy: dict[Any, tuple[Any, Job]] = {}  # object ref -> (actor, job)
         self._queue: deque[Job] = deque()

@@ -71,9 +71,9 @@ def test_ray_workers_give_the_local_executors_trials(cluster, small_data, tmp_pa
 
 
 def _runner(small_data, out: Path, budget: float, **settings) -> tuple[Runner, RayExecutor]:
-    config = api.run_config(model="cifar10_resnet20", data=str(small_data),
-                            **{**api.KEYWORD_SETTINGS, **{k: v for k, v in SMALL.items() if k not in ("report", "progress")},
-                               "budget": budget, "workers": 2, "executor": "ray", **settings})
+    small = {k: v for k, v in SMALL.items() if k not in ("report", "progress")}
+    config = api.run_config(model="cifar10_resnet20", data=str(small_data), **{
+        **api.KEYWORD_SETTINGS, **small, "budget": budget, "workers": 2, "executor": "ray", **settings})
     built = config.build()
     executor = RayExecutor(built.config)
     return Runner(built.evaluator, built.strategy, built.objective, budget=budget, run_dir=out, config=built.config,
@@ -133,7 +133,7 @@ def _ray_processes(session_pid: int) -> list[str]:
 
 
 def _in_flight(run: Path, n_trials: int) -> list[dict]:
-    """The plans (journal form) the killed driver had asked and not recorded, from the state that matches its journal."""
+    """The plans (journal form) the killed driver had asked and not recorded (the state matching its journal)."""
     for name in (STATE_NEXT, STATE):
         path = run / name
         if path.is_file() and (state := json.loads(path.read_text()))["n_trials"] == n_trials:

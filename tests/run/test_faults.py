@@ -275,15 +275,22 @@ def _timeless(records: list[dict]) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("compressors,budget", [("prune,quantize", 6), ("early_exit,prune,quantize", 10)])
-def test_a_kill_right_after_a_journal_line_resumes_as_the_uninterrupted_run(tmp_path, small_data, compressors, budget):
+@pytest.mark.parametrize("compressors,budget,ahead", [
+    ("prune,quantize", 6, ()),
+    ("early_exit,prune,quantize", 10, ()),
+    # Two plans asked at a time: the kill leaves one in flight, which the resumed run scores first.
+    ("prune,quantize", 8, ("--workers", "2", "--executor", "local")),
+])
+def test_a_kill_right_after_a_journal_line_resumes_as_the_uninterrupted_run(tmp_path, small_data, compressors, budget,
+                                                                            ahead):
     """The one window where a kill used to change the search: after a trial's journal line, before the
     strategy's state after it. A resumed MCTS then replayed `tell` on the state from before that
     trial's `ask` and proposed other plans (seen with pruning in the space). Both runs are fresh
-    processes, so no cache of this one (the session's workload) can make them differ."""
+    processes, so no cache of this one (the session's workload) can make them differ. With plans asked
+    ahead, the state also holds the plans in flight and MCTS's virtual losses on their paths."""
     # (Fitting the exit heads costs several evaluations: that run needs a larger budget for 3+ trials.)
     args = ["optimize", "--data", str(small_data), "--budget", str(budget), "--compressors", compressors,
-            "--min-retention", str(FLOOR), "--latency", "none", "--no-progress"]
+            "--min-retention", str(FLOOR), "--latency", "none", "--no-progress", *ahead]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "KILL_AFTER": "1"}
     script = tmp_path / "die_after_journal.py"
     script.write_text(_KILL_AFTER_JOURNAL)

@@ -1,0 +1,50 @@
+"""Executor settings: checked before any model loads, one line each; recorded in run.json."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from modelopt import api
+from modelopt.cli import app
+from modelopt.config import RunConfig
+from modelopt.errors import ConfigError
+from modelopt.executors.on_ray import import_ray
+from modelopt.testing.cli import assert_one_line_error
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--workers", "0"], "workers must be a positive number of plans in flight, got 0"),
+    (["--executor", "dask"], "unknown executor 'dask'; choose one of local, ray"),
+    (["--executor", "local", "--ray-address", "auto"], "ray_address 'auto' needs executor 'ray', not 'local'"),
+])
+def test_bad_executor_settings_are_one_line(tmp_path, flags, needle):
+    args = ["optimize", "--budget", "2", "--no-progress", "--out", str(tmp_path / "r"), *flags]
+    result = CliRunner().invoke(app, args)
+    assert_one_line_error(result, needle)
+    assert not (tmp_path / "r").exists()  # refused before the run folder is made
+
+
+def test_more_than_one_worker_means_ray_unless_told_otherwise():
+    fresh = {**api.KEYWORD_SETTINGS, "model": "cifar10_resnet20", "data": "cifar10-sample"}
+    assert api.run_config(**fresh).executor == "local"
+    assert api.run_config(**{**fresh, "workers": 2}).executor == "ray"
+    assert api.run_config(**{**fresh, "workers": 2, "executor": "local"}).executor == "local"
+    assert api.run_config(**{**fresh, "ray_address": "auto"}).executor == "ray"
+    resumed = api.with_settings(api.run_config(**fresh), workers=3)  # `--resume --workers 3`
+    assert (resumed.executor, resumed.workers) == ("ray", 3)
+
+
+def test_run_json_keeps_the_executor_settings():
+    config = RunConfig(executor="ray", workers=4, ray_address="auto")
+    again = RunConfig.from_json(config.to_json())
+    assert (again.executor, again.workers, again.ray_address) == ("ray", 4, "auto")
+    assert RunConfig.from_json({k: v for k, v in config.to_json().items() if k != "workers"}).workers == 1
+
+
+def test_ray_not_installed_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as when the `distributed` extra is not installed
+    with pytest.raises(ConfigError, match=r"needs Ray: pip install 'modelopt\[distributed\]'"):
+        import_ray()
