@@ -223,7 +223,12 @@ class OptunaTPE(_OptunaSearch):
         super().__init__(space, objective, seed=seed)
 
     def _sampler(self, seed: int) -> optuna.samplers.BaseSampler:
-        return self._optuna.samplers.TPESampler(seed=seed, n_startup_trials=self.n_startup_trials)
+        # A constant liar: plans asked and not yet told (in flight on other workers) count as bad results,
+        # so a batch of asks spreads out instead of repeating one guess. With one plan at a time none is.
+        with warnings.catch_warnings():  # experimental before Optuna 4
+            warnings.simplefilter("ignore", self._optuna.exceptions.ExperimentalWarning)
+            return self._optuna.samplers.TPESampler(seed=seed, n_startup_trials=self.n_startup_trials,
+                                                    constant_liar=True)
 
     def _values(self, trial: Trial) -> list[float] | None:
         if trial.reward is None or math.isnan(trial.reward):
