@@ -14,8 +14,8 @@ confidence); the README's `cifar10_exact_test.npz` (846 images, 169 val) is refu
 There is no ResNet-32 checkpoint here, so the source runs are ResNet-20's. Search quality at equal
 budget is what is compared, so a contended CPU does not bias the figures, only the wall time.
 
-    python benchmarks/knowledge_warmstart.py                         # ~1 h on 2 contended cores
-    python benchmarks/knowledge_warmstart.py --seeds 0 --budgets 25 50 100 --jobs 2
+    python benchmarks/knowledge_warmstart.py                   # the full grid: some 3 h on 2 contended cores
+    python benchmarks/knowledge_warmstart.py --seeds 0 --budgets 25 50   # what the README reports (~50 min)
 """
 
 from __future__ import annotations
