@@ -221,9 +221,9 @@ def optimize(
             options); activations (input bits per layer, None = float) default to (None, 8) for
             bitops, else float only.
         weights, strategy, budget, objective, min_retention, confidence, count_gains, seed, device,
-        compressors, exit_data, exit_images, data_seed, fidelity, latency, workers, ray_address,
-        knowledge: the run settings of `RunConfig`'s fields of the same names (see there).
-        executor: `local` or `ray`; None: `ray` when `workers` > 1 or `ray_address` is given, else `local`.
+        compressors, exit_data, exit_images, data_seed, fidelity, latency, workers, executor,
+        ray_address, knowledge: `RunConfig`'s fields of the same names (executor None: `ray` when
+            `workers` > 1 or `ray_address` is given, else `local`).
 
     Example:
         >>> result = modelopt.optimize(budget=20)
@@ -240,13 +240,8 @@ def optimize(
     named = isinstance(model, (str, Path)) and isinstance(data, (str, Path))
     config = run_config(model=str(model) if named else "<in memory>", data=str(data) if named else "<in memory>",
                         **settings)  # every setting is checked before a model loads
-    if isinstance(model, Workload):
-        workload: Workload | None = model
-    elif not named:
-        workload = build_workload(model, data, weights=weights, device=device, data_seed=data_seed,
-                                  allow_pickle=allow_pickle)
-    else:
-        workload = None
+    workload = None if named else model if isinstance(model, Workload) else build_workload(
+        model, data, weights=weights, device=device, data_seed=data_seed, allow_pickle=allow_pickle)
     return run(config, workload=workload, out=out, resume=resume, report=report, storage=storage,
                progress=progress, allow_pickle=allow_pickle)
 

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.table import Table
 
 from modelopt import api
@@ -246,12 +247,22 @@ def sweep(
     progress: Annotated[bool, typer.Option(help="Show the progress display.")] = True,
     only: Annotated[list[str] | None, typer.Option(help="Run only cells matching model/strategy/seedK (shell pattern, "
                                             "repeatable; run in the order given), e.g. 'resnet56/mcts/*'.")] = None,
+    workers: Annotated[int, typer.Option(help="Cells run at once on Ray, each in its own process "
+                                         "(needs modelopt[distributed]); 1: one after another.")] = 1,
+    ray_address: Annotated[str | None, typer.Option(help="A running Ray cluster, e.g. ray://head:10001 "
+                                                    "(default: a local one for the sweep).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Run every model × strategy × seed of a sweep file (skipping finished cells), then write its table."""
     _setup_logging(verbose)
-    if dry_run:
+    try:
         spec = load_sweep(file)
+        result = None if dry_run else run_sweep(file, progress=progress, only=only or (), workers=workers,
+                                                ray_address=ray_address)
+    except ModeloptError as exc:  # said here, escaped: rich would take '[distributed]' or '[random, mcts]' for markup
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    if result is None:
         cells = spec.cells()
         table = Table(title=f"sweep {spec.name}: {len(cells)} cells at budget {spec.budget:g} -> {spec.out}")
         for col in ("model", "strategy", "seed", "status", "trials", "spent", "run folder"):
@@ -264,7 +275,6 @@ def sweep(
         n_done = sum(c.done for c in cells)
         out.print(f"{n_done} of {len(cells)} cells done; budgets {', '.join(f'{b:g}' for b in spec.budgets)}")
         return
-    result = run_sweep(file, progress=progress, only=only or ())
     out.print(Markdown(result.markdown))
     out.print(f"Ran {len(result.ran)} of {len(result.cells)} cells. Table: {result.table_md} and {result.table_csv}")
 

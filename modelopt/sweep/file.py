@@ -30,10 +30,10 @@ EPS = 1e-9  # budgets are sums of float costs
 _REQUIRED = ("name", "models", "strategies", "budgets", "seeds")
 _DEFAULTS: dict[str, Any] = {  # `out` defaults to the sweep's name, beside the sweep file
     "objective": "size", "min_retention": 0.99, "confidence": 0.95, "bits": [8, 4],
-    "granularity": ["per_channel", "group"], "rounding": ["gptq"], "device": "auto",
+    "granularity": ["per_channel", "group"], "rounding": ["gptq"], "device": "auto", "workers_per_cell": 1,
 }
 _KEYS = (*_REQUIRED[:1], "out", *_REQUIRED[1:], "objective", "min_retention", "confidence", "compressors", "bits",
-         "granularity", "rounding", "device")
+         "granularity", "rounding", "device", "workers_per_cell")
 _MODEL_KEYS = ("name", "model", "weights", "data")
 _MODELS_EXAMPLE = "[{name: resnet20, model: cifar10_resnet20}]"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -68,6 +68,7 @@ class Sweep:
     rounding: tuple[str, ...] = ("gptq",)
     device: str = "auto"
     compressors: tuple[str, ...] | None = None  # None: the API's default for the objective
+    workers_per_cell: int = 1  # > 1: each cell's evaluations fanned over that many Ray workers
 
     @property
     def budget(self) -> float:
@@ -87,8 +88,8 @@ class Sweep:
     def to_json(self) -> dict[str, Any]:
         return {
             "version": 1, "modelopt": __version__, "path": str(self.path), "name": self.name, "out": str(self.out),
-            "models": [vars(m) for m in self.models], "strategies": list(self.strategies),
-            "budgets": list(self.budgets), "seeds": list(self.seeds), "objective": self.objective,
+            "models": [vars(m) for m in self.models], "strategies": list(self.strategies), "seeds": list(self.seeds),
+            "budgets": list(self.budgets), "objective": self.objective, "workers_per_cell": self.workers_per_cell,
             "min_retention": self.min_retention, "confidence": self.confidence, "bits": list(self.bits),
             "granularity": list(self.granularity), "rounding": list(self.rounding), "device": self.device,
             "compressors": None if self.compressors is None else list(self.compressors),
@@ -242,7 +243,7 @@ def load_sweep(path: str | Path) -> Sweep:
         budgets=tuple(sorted(budgets)), seeds=tuple(seeds), objective=settings["objective"],
         min_retention=settings["min_retention"], confidence=settings["confidence"], bits=tuple(settings["bits"]),
         granularity=tuple(settings["granularity"]), rounding=tuple(settings["rounding"]), device=settings["device"],
-        compressors=settings["compressors"],
+        compressors=settings["compressors"], workers_per_cell=settings["workers_per_cell"],
     )
 
 
@@ -297,6 +298,9 @@ def _settings(f: _File, top: Mapping[str, tuple[yaml.Node, yaml.Node]]) -> dict[
                                                 COMPRESSORS.names(), "compressor", unique=False))
     if "device" in given:
         settings["device"] = _device(f, given["device"])
+    if (n := given.get("workers_per_cell")) is not None:
+        settings["workers_per_cell"] = f.checked(n, "workers_per_cell", lambda v: _is_int(v) and v >= 1,
+                                                 "expected a positive number of Ray workers per cell like 4")
     return settings
 
 

@@ -1,0 +1,58 @@
+"""The form each field of a run.json must have: a damaged or foreign file is refused in one line
+naming the first field that is wrong (`check_forms`), before `RunConfig` reads it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from modelopt.errors import LoadError
+
+__all__ = ["check_forms"]
+
+
+def _is(*kinds: type) -> Callable[[Any], bool]:
+    """isinstance, where a bool passes only when bool is named (JSON's true is no seed)."""
+    return lambda v: isinstance(v, kinds) and (not isinstance(v, bool) or bool in kinds)
+
+
+def _list_of(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, list) and all(ok(x) for x in v)
+
+
+def _mapping_of_mappings(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(o, dict) for o in v.values())
+
+
+# The form each run.json field must have (null is always allowed: the default then applies).
+_FORMS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "model": (_is(str), "a model name"), "weights": (_is(str), "a path or null"), "data": (_is(str), "a data source"),
+    "strategy": (_is(str), "a strategy name"), "seed": (_is(int), "an integer"), "objective": (_is(str), "a name"),
+    "data_seed": (_is(int), "an integer"), "budget": (_is(int, float), "a number"), "device": (_is(str), "a device"),
+    "min_retention": (_is(int, float), "a number"), "confidence": (_is(int, float), "a number"),
+    "count_gains": (_is(bool), "true or false"),
+    "executor": (_is(str), "an executor name"), "workers": (_is(int), "a positive integer"),
+    "ray_address": (_is(str), "a Ray address or null"), "knowledge": (_is(str), "a path or null"),
+    "compressors": (_mapping_of_mappings, "a mapping of compressor names to their options"),
+    "options": (_mapping_of_mappings, "a mapping of compressor names to their options"),
+    "fidelity": (lambda v: isinstance(v, dict), "a mapping or null"),
+    "latency": (lambda v: isinstance(v, dict), "a mapping or null"),
+    "exit_data": (lambda v: isinstance(v, dict) and _is(str)(v.get("path")) and _is(int)(v.get("images")),
+                  "null or {path, images}"),
+}
+_QUANTIZE_FORMS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "bits": (_list_of(_is(int)), "a list of bit widths"), "granularity": (_list_of(_is(str)), "a list of names"),
+    "rounding": (_list_of(_is(str)), "a list of names"),
+    "activations": (_list_of(_is(int, type(None))), "a list of bit widths or nulls"),
+}
+
+
+def check_forms(raw: Mapping[str, Any], where: str) -> None:
+    comps = raw.get("compressors")
+    quantize = comps.get("quantize") if isinstance(comps, dict) else None
+    quantize = quantize if isinstance(quantize, dict) else {}
+    for prefix, table, values in (("", _FORMS, raw), ("compressors.quantize.", _QUANTIZE_FORMS, quantize)):
+        for key, (ok, form) in table.items():
+            if values.get(key) is not None and not ok(values[key]):
+                raise LoadError(f"{where!r} has {prefix}{key} = {values[key]!r}, not {form}; its run.json was "
+                                "damaged or is not a modelopt run's")
