@@ -51,8 +51,8 @@ def _friendly(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except ModeloptError as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        except ModeloptError as exc:  # escaped: rich would take '[distributed]' or '[random, mcts]' for markup
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (`_Terminated`) from a scheduler or `kill`
             what = "terminated" if isinstance(exc, _Terminated) else "interrupted"
@@ -255,13 +255,9 @@ def sweep(
 ) -> None:
     """Run every model × strategy × seed of a sweep file (skipping finished cells), then write its table."""
     _setup_logging(verbose)
-    try:
-        spec = load_sweep(file)
-        result = None if dry_run else run_sweep(file, progress=progress, only=only or (), workers=workers,
-                                                ray_address=ray_address)
-    except ModeloptError as exc:  # said here, escaped: rich would take '[distributed]' or '[random, mcts]' for markup
-        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+    spec = load_sweep(file)
+    result = None if dry_run else run_sweep(file, progress=progress, only=only or (), workers=workers,
+                                            ray_address=ray_address)
     if result is None:
         cells = spec.cells()
         table = Table(title=f"sweep {spec.name}: {len(cells)} cells at budget {spec.budget:g} -> {spec.out}")

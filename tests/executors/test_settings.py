@@ -48,3 +48,10 @@ def test_ray_not_installed_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # as when the `distributed` extra is not installed
     with pytest.raises(ConfigError, match=r"needs Ray: pip install 'modelopt\[distributed\]'"):
         import_ray()
+
+
+def test_workers_without_ray_is_one_line_before_the_model_loads(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    args = ["optimize", "--budget", "2", "--no-progress", "--out", str(tmp_path / "r"), "--workers", "2"]
+    result = CliRunner().invoke(app, args)
+    assert_one_line_error(result, "--workers N, --ray-address) needs Ray: pip install 'modelopt[distributed]'")
