@@ -37,6 +37,9 @@ class PlanWorker:
         self.config = RunConfig.from_json(config)
         wl = workload if workload is not None else self.config.load_workload(allow_pickle=allow_pickle)
         self.evaluator = self.config.make_evaluator(wl)
+        # Every choice's tensors (GPTQ's layer inputs and solves), computed once before the first plan as
+        # the driver's build computes them: the first plans do not each wait for them.
+        self.evaluator.measure_errors()
         self.objective = self.config.make_objective()
 
     def ready(self) -> int:
