@@ -86,6 +86,9 @@ class RayExecutor(Executor):
                 self.close()
                 cause = exc.cause if isinstance(exc.cause, ModeloptError) else exc
                 raise ModeloptError(f"a Ray worker could not start: {cause}") from None
+            except self._ray.exceptions.RayActorError as exc:  # killed while loading (e.g. out of memory)
+                self.close()
+                raise ModeloptError(f"a Ray worker died while starting ({str(exc).strip().splitlines()[0]})") from None
         self._free.append(worker)
 
     def worker_pids(self) -> list[int]:

@@ -1,5 +1,5 @@
 """A compressor whose "crash" choice kills the process that applies it, armed only in Ray workers
-(their setup hook, `arm`): the driver's data-free pre-pass computes every choice and must survive."""
+scoring plans (their setup hook, `arm`): the pre-pass that computes every choice must survive."""
 
 from __future__ import annotations
 
@@ -36,6 +36,15 @@ def register() -> None:
 
 
 def arm() -> None:
-    """The Ray workers' setup hook."""
+    """The Ray workers' setup hook: armed once the worker scores its first plan (its start-up computes
+    every choice's tensors, as the driver's build does, and must survive like the driver's)."""
+    from modelopt.executors.ray_worker import PlanWorker
+
     register()
-    CrashWorker.armed = True
+    score = PlanWorker.score
+
+    def armed_score(self, job):
+        CrashWorker.armed = True
+        return score(self, job)
+
+    PlanWorker.score = armed_score

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from modelopt import api
+from modelopt.compressors import COMPRESSORS
 from modelopt.executors import RayExecutor
 from modelopt.run.layout import STATE, STATE_NEXT
 from modelopt.run.runner import Runner
@@ -117,6 +118,7 @@ def test_a_plan_that_kills_its_workers_twice_is_recorded_failed(small_data, tmp_
         runner.run()
     finally:
         ray.shutdown()
+        COMPRESSORS._items.pop("crash_worker", None)  # other tests see the registry as shipped
     records = _journal(out)
     crashed = [r for r in records if r["plan"].get("linear/crash_worker") == "crash"]
     assert crashed, "the random search never tried the crashing choice"
