@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist each test process gets its share of the cores as torch threads, and so do the
+    runs it starts in subprocesses (OMP_NUM_THREADS): n processes of all-core OpenMP pools on n cores
+    spin against each other and run far slower than one thread each."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+
+
+_share_the_cores()  # before anything imports torch
 
 
 @pytest.fixture(scope="session")

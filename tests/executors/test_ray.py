@@ -22,7 +22,7 @@ from modelopt.run.layout import STATE, STATE_NEXT
 from modelopt.run.runner import Runner
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one test process runs the clusters
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -83,7 +83,7 @@ def _runner(small_data, out: Path, budget: float, **settings) -> tuple[Runner, R
 
 def test_a_worker_killed_mid_run_costs_a_retry(cluster, small_data, tmp_path):
     out = tmp_path / "run"
-    runner, executor = _runner(small_data, out, budget=10)
+    runner, executor = _runner(small_data, out, budget=8)
     killed: list[int] = []
 
     def kill_one_worker() -> None:  # SIGKILL a worker once two trials are journaled
@@ -99,7 +99,7 @@ def test_a_worker_killed_mid_run_costs_a_retry(cluster, small_data, tmp_path):
     records = _journal(out)
     assert killed and sum(executor.deaths.values()) == 1
     assert all(r["status"] == "complete" for r in records)  # the lost plan was scored again, not failed
-    assert result.budget_used >= 10 and sum(r["cost"] for r in records) == pytest.approx(result.budget_used)
+    assert result.budget_used >= 8 and sum(r["cost"] for r in records) == pytest.approx(result.budget_used)
     print(f"\nkilled worker pid {killed[0]}; {len(records)} trials, every plan once; retries {dict(executor.deaths)}")
 
 
@@ -149,7 +149,7 @@ def test_a_driver_killed_with_plans_in_flight_resumes(small_data, tmp_path):
            "--compressors", "quantize", "--bits", "8,4", "--granularity", "per_channel", "--min-retention", "0.9",
            "--latency", "none", "--workers", "2", "--no-progress", "--out", str(run)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    driver = subprocess.Popen([*cmd, "--budget", "14"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+    driver = subprocess.Popen([*cmd, "--budget", "10"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 300
@@ -164,10 +164,10 @@ def test_a_driver_killed_with_plans_in_flight_resumes(small_data, tmp_path):
     assert in_flight, "the driver had no plan in flight when it was killed"
     time.sleep(3)
     assert _ray_processes(driver.pid) == [], "the killed driver's Ray processes outlived it"
-    resumed = subprocess.run([*cmd, "--budget", "14", "--resume"], cwd=tmp_path, env=env, capture_output=True,
+    resumed = subprocess.run([*cmd, "--budget", "10", "--resume"], cwd=tmp_path, env=env, capture_output=True,
                              text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     after = _journal(run)  # numbered 0..n-1, no plan twice
-    assert after[: len(before)] == before and sum(r["cost"] for r in after) >= 14
+    assert after[: len(before)] == before and sum(r["cost"] for r in after) >= 10
     assert [r["plan"] for r in after[len(before): len(before) + len(in_flight)]] == in_flight
     print(f"\nkilled after {len(before)} trials with {len(in_flight)} in flight; resumed to {len(after)} trials")

@@ -15,7 +15,7 @@ from modelopt.cli import app
 from modelopt.knowledge import read_store
 from modelopt.testing.cli import assert_one_line_error
 
-SMALL = {"compressors": ["quantize"], "bits": (8, 4, 2), "progress": False, "report": False}
+SMALL = {"compressors": ["quantize"], "bits": (8, 4, 2), "progress": False, "report": False, "min_retention": 0.9}
 
 
 def _trials(run_dir):
@@ -40,18 +40,21 @@ def test_cli_refuses_a_damaged_store_in_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_warm_run_differs_only_through_priors_and_resumes(tmp_path):
+def test_warm_run_differs_only_through_priors_and_resumes(tmp_path, small_workload):
+    """One workload for all five runs (the priors, not the build, are under test)."""
     store = tmp_path / "store.json"
-    modelopt.optimize(budget=2, seed=1, out=tmp_path / "source", knowledge=store, **SMALL)  # no store yet: cold
+    # No store yet: a cold run that writes one.
+    modelopt.optimize(small_workload, budget=2, seed=1, out=tmp_path / "source", knowledge=store, **SMALL)
     assert len(read_store(store).runs) == 1
     shutil.copy(store, tmp_path / "a.json")
     shutil.copy(store, tmp_path / "b.json")
 
-    cold = modelopt.optimize(budget=4, out=tmp_path / "cold", **SMALL)
-    whole = modelopt.optimize(budget=4, out=tmp_path / "whole", knowledge=tmp_path / "a.json", **SMALL)
-    modelopt.optimize(budget=2.5, out=tmp_path / "part", knowledge=tmp_path / "b.json", **SMALL)
+    cold = modelopt.optimize(small_workload, budget=4, out=tmp_path / "cold", **SMALL)
+    whole = modelopt.optimize(small_workload, budget=4, out=tmp_path / "whole", knowledge=tmp_path / "a.json", **SMALL)
+    modelopt.optimize(small_workload, budget=2.5, out=tmp_path / "part", knowledge=tmp_path / "b.json", **SMALL)
     assert len(read_store(tmp_path / "b.json").runs) == 2  # the store changed before the resume...
-    modelopt.optimize(budget=4, out=tmp_path / "part", knowledge=tmp_path / "b.json", resume=True, **SMALL)
+    modelopt.optimize(small_workload, budget=4, out=tmp_path / "part", knowledge=tmp_path / "b.json", resume=True,
+                      **SMALL)
     assert _trials(tmp_path / "part") == _trials(tmp_path / "whole")  # ...yet the resumed run kept its priors
 
     # The evaluator and the budget's accounting are the cold run's: a plan both runs scored has the

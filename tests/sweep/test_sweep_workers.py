@@ -80,6 +80,7 @@ def ray_cluster():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # the test process that runs the other Ray clusters (tests/executors/test_ray.py)
 def test_workers_give_the_serial_journals_and_table_and_resume_a_partial_cell(tmp_path, resnet20_workload,
                                                                            ray_cluster):
     serial, ray_sweep = _write(tmp_path / "serial", MINI), _write(tmp_path / "ray", MINI)
