@@ -32,7 +32,7 @@ from modelopt.evaluator import Evaluator, Metrics
 from modelopt.executors import make_executor
 from modelopt.executors.on_ray import import_ray
 from modelopt.fidelity import Fidelity
-from modelopt.knowledge import record_run
+from modelopt.knowledge import read_store, record_run
 from modelopt.latency.plan import PlanLatency
 from modelopt.latency.spec import LatencySpec
 from modelopt.models import LoadedModel, load_model
@@ -326,6 +326,8 @@ def run(
     check_run_folder(out)  # unwritable or busy: refused before the model loads
     if config.executor == "ray":
         import_ray()  # the `distributed` extra missing: refused before the model loads, too
+    if config.knowledge is not None:
+        read_store(config.knowledge)  # a damaged store: refused before the model loads, too
     built = config.build(workload, allow_pickle=allow_pickle)
     timer = None if config.latency is None else PlanLatency(built.evaluator, config.latency)
     run_dir = Path(out) if out is not None else default_run_dir(built.workload.name, config.strategy, config.seed)

@@ -15,7 +15,9 @@ from modelopt.errors import LoadError
 from modelopt.reports import write_sweep_report
 from modelopt.run.run_folder import read_run
 
-pytestmark = pytest.mark.slow  # both tests read the session fixture small_sweep: a finished 4-cell sweep, ~45 s to make
+# Both tests read the session fixture small_sweep (a finished 4-cell sweep, ~45 s to make): one test process
+# (xdist_group) makes it once for them and tests/sweep/test_table.py.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("small_sweep")]
 
 
 def _copy_sweep(sweep: Path, tmp_path: Path, strategies=("random", "mcts"), seeds=(0, 1)) -> Path:

@@ -193,7 +193,10 @@ def _start(run: Path, data: Path, budget: int = 200) -> subprocess.Popen:
            "--min-retention", str(FLOOR), "--latency", "none", "--out", str(run), "--no-progress"]
     # One intra-op thread: on a busy 2-core box torch's thread pool makes this run ~5x slower.
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C's default handling, as from a terminal: a test process (pytest-xdist's workers, a background
+    # job) may ignore SIGINT, and a child that inherits SIG_IGN never sees KeyboardInterrupt.
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_for_trials(run: Path, n: int, proc: subprocess.Popen) -> None:

@@ -21,6 +21,7 @@ from modelopt.testing.cli import assert_one_line_error
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
+pytestmark = pytest.mark.xdist_group("sweep_mini")  # one test process makes the module's `mini` sweep once
 
 GOOD = """\
 name: t

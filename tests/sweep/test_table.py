@@ -14,6 +14,7 @@ TABLES = (TABLE_MD, TABLE_CSV, SEEDS_CSV)
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("small_sweep")  # the test process that makes small_sweep for the sweep report
 def test_a_failed_rewrite_leaves_the_old_tables_whole(small_sweep, small_workload, tmp_path, monkeypatch):
     out = tmp_path / "sweep"
     shutil.copytree(small_sweep, out)
