@@ -22,6 +22,12 @@ def _share_the_cores() -> None:
 _share_the_cores()  # before anything imports torch
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one test process per core and one more. Many slow tests wait on a subprocess or a
+    Ray cluster that uses a core of its own, and the extra process keeps the cores busy meanwhile."""
+    return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) + 1
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     if not (SHARED / "data" / "cifar10").is_dir():
