@@ -10,13 +10,18 @@ import pytest
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
+def _cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _share_the_cores() -> None:
     """Under pytest-xdist each test process gets its share of the cores as torch threads, and so do the
     runs it starts in subprocesses (OMP_NUM_THREADS): n processes of all-core OpenMP pools on n cores
     spin against each other and run far slower than one thread each."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
-        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+        os.environ["OMP_NUM_THREADS"] = str(max(1, _cores() // workers))
 
 
 _share_the_cores()  # before anything imports torch
@@ -25,7 +30,7 @@ _share_the_cores()  # before anything imports torch
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: one test process per core and one more. Many slow tests wait on a subprocess or a
     Ray cluster that uses a core of its own, and the extra process keeps the cores busy meanwhile."""
-    return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) + 1
+    return _cores() + 1
 
 
 @pytest.fixture(scope="session")
