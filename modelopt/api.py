@@ -27,7 +27,7 @@ from modelopt.compressors.quantize import parse_rounding
 from modelopt.confidence import DEFAULT_CONFIDENCE
 from modelopt.config import RunConfig
 from modelopt.data import Dataset, load_data
-from modelopt.errors import ConfigError
+from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluator import Evaluator, Metrics
 from modelopt.executors import make_executor
 from modelopt.executors.on_ray import import_ray
@@ -71,6 +71,7 @@ DEFAULT_FIDELITY: Fidelity | None = Fidelity()
 
 ModelLike = str | Path | nn.Module | LoadedModel
 DataLike = str | Path | DataLoader | Dataset
+UnlabeledLike = str | Path | DataLoader | None
 PlanLike = Plan | Mapping[str, Any] | str | Path | None
 
 
@@ -80,8 +81,8 @@ def _model(model: ModelLike, weights: str | Path | None, allow_pickle: bool) -> 
     return load_model(model, weights, allow_pickle=allow_pickle)
 
 
-def _data(data: DataLike, seed: int) -> Dataset:
-    return data if isinstance(data, Dataset) else load_data(data, seed=seed)
+def _data(data: DataLike, seed: int, unlabeled: UnlabeledLike = None) -> Dataset:
+    return data if isinstance(data, Dataset) else load_data(data, seed=seed, unlabeled=unlabeled)
 
 
 def build_workload(
@@ -92,9 +93,11 @@ def build_workload(
     device: str = "auto",
     data_seed: int = 0,
     allow_pickle: bool = False,
+    unlabeled: UnlabeledLike = None,
 ) -> Workload:
-    """Loads model and data and puts both, with the baseline predictions, on the device."""
-    return Workload(_model(model, weights, allow_pickle), _data(data, data_seed), device=device)
+    """Loads model and data and puts both, with the baseline predictions, on the device (`unlabeled`:
+    images for calibration and fitting, see `modelopt.data.load_data`)."""
+    return Workload(_model(model, weights, allow_pickle), _data(data, data_seed, unlabeled), device=device)
 
 
 def resolve_plan(plan: PlanLike, space: SearchSpace) -> Plan:
@@ -174,7 +177,8 @@ def optimize(
     objective: str = "size",
     min_retention: float = 0.99,
     confidence: float = DEFAULT_CONFIDENCE,
-    count_gains: bool = False,
+    count_gains: bool = True,
+    unlabeled: UnlabeledLike = None,
     seed: int = 0,
     device: str = "auto",
     out: str | Path | None = None,
@@ -220,7 +224,7 @@ def optimize(
         bits, granularity, rounding, norm_images, activations: the quantizer's menu (`Quantize`'s
             options); activations (input bits per layer, None = float) default to (None, 8) for
             bitops, else float only.
-        weights, strategy, budget, objective, min_retention, confidence, count_gains, seed, device,
+        weights, strategy, budget, objective, min_retention, confidence, count_gains, unlabeled, seed, device,
         compressors, exit_data, exit_images, data_seed, fidelity, latency, workers, executor,
         ray_address, knowledge: `RunConfig`'s fields of the same names (executor None: `ray` when
             `workers` > 1 or `ray_address` is given, else `local`).
@@ -237,11 +241,14 @@ def optimize(
             raise ConfigError(f"{changed[0]!r} was passed beside a RunConfig; set it in the RunConfig instead")
         return run(model, out=out, resume=resume, report=report, storage=storage, progress=progress,
                    allow_pickle=allow_pickle)
-    named = isinstance(model, (str, Path)) and isinstance(data, (str, Path))
+    named = isinstance(model, (str, Path)) and isinstance(data, (str, Path)) and not isinstance(unlabeled, DataLoader)
+    if isinstance(unlabeled, DataLoader):
+        settings["unlabeled"] = "<in memory>"
     config = run_config(model=str(model) if named else "<in memory>", data=str(data) if named else "<in memory>",
                         **settings)  # every setting is checked before a model loads
     workload = None if named else model if isinstance(model, Workload) else build_workload(
-        model, data, weights=weights, device=device, data_seed=data_seed, allow_pickle=allow_pickle)
+        model, data, weights=weights, device=device, data_seed=data_seed, allow_pickle=allow_pickle,
+        unlabeled=unlabeled)
     return run(config, workload=workload, out=out, resume=resume, report=report, storage=storage,
                progress=progress, allow_pickle=allow_pickle)
 
@@ -254,8 +261,9 @@ def run_config(
     """A RunConfig from `optimize`'s keywords: the quantizer's menu given as its own keywords."""
     parse_rounding(rounding)
     fields["executor"] = _executor(fields.get("executor"), fields.get("workers", 1), fields.get("ray_address"))
-    if fields.get("knowledge") is not None:
-        fields["knowledge"] = str(fields["knowledge"])
+    for path in ("knowledge", "unlabeled"):
+        if fields.get(path) is not None:
+            fields[path] = str(fields[path])
     if activations is None:  # quantized inputs lower only bitops here
         activations = (None, 8) if fields.get("objective") == Target.BITOPS.value else (None,)
     quantize: dict[str, Any] = {"bits": list(bits), "granularity": list(granularity), "rounding": list(rounding),
@@ -282,7 +290,7 @@ def with_settings(config: RunConfig, **given: Any) -> RunConfig:
         fields["compressors"] = None if fields["compressors"] is None else tuple(fields["compressors"])
     if isinstance(fields.get("latency"), str):
         fields["latency"] = LatencySpec(fields["latency"])
-    for path in ("weights", "exit_data", "knowledge"):
+    for path in ("weights", "exit_data", "knowledge", "unlabeled"):
         if fields.get(path) is not None:
             fields[path] = str(fields[path])
     if {"workers", "ray_address"} & fields.keys() and fields.get("executor") is None:
@@ -328,6 +336,9 @@ def run(
         import_ray()  # the `distributed` extra missing: refused before the model loads, too
     if config.knowledge is not None:
         read_store(config.knowledge)  # a damaged store: refused before the model loads, too
+    if workload is None and config.unlabeled is not None and not Path(config.unlabeled).expanduser().exists():
+        raise LoadError(f"unlabeled images {config.unlabeled!r} do not exist; pass an .npz (x, or jpeg and offsets) "
+                        "or an image folder")  # before the model loads, too
     built = config.build(workload, allow_pickle=allow_pickle)
     timer = None if config.latency is None else PlanLatency(built.evaluator, config.latency)
     run_dir = Path(out) if out is not None else default_run_dir(built.workload.name, config.strategy, config.seed)

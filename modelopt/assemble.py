@@ -27,7 +27,9 @@ DEFAULT_ROUNDING: tuple[str, ...] = ("gptq",)
 # Batch-norm statistics re-estimated on this many calib images for plans with a layer at 4 bits or
 # fewer (`Quantize(norm_images=...)`): INT2 group-64 confirm agreement 88.5 -> 94.9 % (GPTQ).
 DEFAULT_NORM_IMAGES = 64
-DEFAULT_BITS: tuple[int, ...] = (8, 4)
+# INT3 is offered by default: with GPTQ, uniform INT3 per channel keeps 99.8 % of ResNet-56's accuracy on
+# 4,000 JPEG test images (94 % agreement), and the plans that beat uniform INT4 mix it in.
+DEFAULT_BITS: tuple[int, ...] = (8, 4, 3)
 DEFAULT_GRANULARITY: tuple[str, ...] = ("per_channel", "group")
 
 

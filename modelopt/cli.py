@@ -105,13 +105,14 @@ def optimize(
     model: opt.Model = None,
     weights: opt.Weights = None,
     data: opt.Data = None,
+    unlabeled: opt.Unlabeled = None,
     strategy: opt.Strategy = None,
     budget: opt.Budget = None,
     objective: opt.Objective = None,
     latency: opt.Latency = None,
     min_retention: opt.MinRetention = None,
     confidence: opt.Confidence = None,
-    count_gains: opt.CountGains = False,
+    count_gains: opt.CountGains = None,
     seed: opt.Seed = None,
     bits: opt.Bits = None,
     granularity: opt.Granularity = None,
@@ -136,8 +137,9 @@ def optimize(
     """Search for the smallest plan above the retention floor; with no options, ResNet-20 on bundled CIFAR-10."""
     _setup_logging(verbose)
     given: dict[str, Any] = dict(
-        model=model, weights=weights, data=data, strategy=strategy, budget=budget, objective=objective,
-        min_retention=min_retention, confidence=confidence, count_gains=count_gains or None, seed=seed,
+        model=model, weights=weights, data=data, unlabeled=unlabeled, strategy=strategy, budget=budget,
+        objective=objective,
+        min_retention=min_retention, confidence=confidence, count_gains=count_gains, seed=seed,
         device=device, exit_data=exit_data, exit_images=exit_images, workers=workers, executor=executor,
         ray_address=ray_address, knowledge=knowledge,
         latency=None if latency is None else None if latency.lower() == "none" else latency,

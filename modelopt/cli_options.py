@@ -34,11 +34,19 @@ Confidence = Annotated[
     ),
 ]
 CountGains = Annotated[
-    bool,
+    bool | None,
     typer.Option(
-        "--count-gains",
-        help="Let images a plan fixes offset images it breaks in that bound (default: only "
-        "breaks count; gains on few images are mostly luck).",
+        "--count-gains/--breaks-only",
+        help="Bound retention itself: images a plan fixes offset images it breaks (default); --breaks-only "
+        "bounds the stricter share of the float model's right answers kept.",
+    ),
+]
+Unlabeled = Annotated[
+    Path | None,
+    typer.Option(
+        help="Unlabeled images for calibration and fitting (an .npz of x or JPEG bytes, or an image folder; "
+        "e.g. ../shared/data/cifar10/cifar10_jpeg_train.npz): every labeled --data image then goes to "
+        "val, confirm and test."
     ),
 ]
 Seed = Annotated[int | None, typer.Option(help="Seed of the search.")]

@@ -86,6 +86,14 @@ class PairedCounts:
         """Retention that holds with probability `confidence` on unseen images like these."""
         return self.retention_bounds(confidence)[0]
 
+    def scaled(self, n: int) -> PairedCounts:
+        """These rates on `n` images (each count scaled and rounded): what the same plan would show on a
+        split of that size, if its rates held there."""
+        if self.n <= 0 or n == self.n:
+            return self
+        f = n / self.n
+        return PairedCounts(n, round(self.base_right * f), round(self.lost * f), round(self.gained * f))
+
     def plus(self, other: PairedCounts) -> PairedCounts:
         return PairedCounts(self.n + other.n, self.base_right + other.base_right, self.lost + other.lost,
                             self.gained + other.gained)

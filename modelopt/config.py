@@ -34,7 +34,7 @@ from modelopt.assemble import (
     load_exit_images,
 )
 from modelopt.compressors import COMPRESSORS, Compressor
-from modelopt.confidence import DEFAULT_CONFIDENCE
+from modelopt.confidence import DEFAULT_CONFIDENCE, PairedCounts
 from modelopt.config_forms import check_forms
 from modelopt.data import load_data
 from modelopt.errors import ConfigError, LoadError
@@ -57,7 +57,7 @@ EXECUTOR_NAMES = ("local", "ray")
 CONFIG_FORMAT = 1  # run.json's layout; files without `format` are format 0 and read the same way
 # The settings a resumed run must share with the run it continues (a changed one is refused).
 RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "confidence",
-               "count_gains", "compressors", "data_seed", "fidelity", "exit_data")
+               "count_gains", "compressors", "data_seed", "fidelity", "exit_data", "unlabeled")
 
 
 def check_budget(budget: float) -> None:
@@ -86,8 +86,10 @@ class RunConfig:
         min_retention: floor on accuracy / float accuracy, on images the search never saw.
         confidence: a plan meets the floor when a one-sided lower bound on its retention at this
             confidence does (`modelopt.confidence`); 0: the point estimate.
-        count_gains: let images a plan fixes offset those it breaks in that bound (off: only the
-            breaks count; gains on a few hundred images are mostly luck a search harvests).
+        count_gains: let images a plan fixes offset those it breaks in that bound, as they do in
+            retention (off: the stricter share of the float model's right answers kept).
+        unlabeled: unlabeled images (an `.npz` or image folder) for calibration and fitting; every
+            labeled `data` image then goes to val, confirm and test (`modelopt.data.load_data`).
         compressors: registry names contributing decisions; None: every registered one that can
             lower `objective` on the model (`default_compressors`: quantize and prune for size;
             early exit and prune for macs; all three for bitops and latency), resolved by `build`.
@@ -119,7 +121,8 @@ class RunConfig:
     objective: str = "size"
     min_retention: float = 0.99
     confidence: float = DEFAULT_CONFIDENCE
-    count_gains: bool = False
+    count_gains: bool = True
+    unlabeled: str | None = None
     compressors: tuple[str, ...] | None = None
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=default_options)
     device: str = "auto"
@@ -137,7 +140,7 @@ class RunConfig:
         for name in ("model", "data", "device", "strategy"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ConfigError(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
-        for name in ("weights", "exit_data", "knowledge"):  # paths are kept as the strings the user gave
+        for name in ("weights", "exit_data", "knowledge", "unlabeled"):  # paths are kept as the strings the user gave
             if isinstance(getattr(self, name), Path):
                 object.__setattr__(self, name, str(getattr(self, name)))
         check_seed(self.seed)
@@ -183,15 +186,24 @@ class RunConfig:
     def _onnx_timed(self) -> bool:
         return self.latency is not None and self.latency.backend == "onnxruntime"
 
-    def make_objective(self) -> Objective:
-        return Objective(Target.parse(self.objective), self.min_retention, self.confidence, self.count_gains)
+    def make_objective(self, workload: Workload | None = None) -> Objective:
+        """The run's objective; on `workload`, its search bounds are taken at the size of the confirm split
+        (`Objective.claim_images`) when that split can certify the floor."""
+        objective = Objective(Target.parse(self.objective), self.min_retention, self.confidence, self.count_gains)
+        if workload is None or "confirm" not in workload.splits or self.confidence <= 0:
+            return objective
+        confirm = workload.split("confirm")
+        ceiling = PairedCounts(len(confirm), int(confirm.base_correct.sum()), 0, 0).retention_lower(self.confidence)
+        usable = ceiling >= self.min_retention - 1e-12
+        return dataclasses.replace(objective, claim_images=len(confirm)) if usable else objective
 
     # ---- building a run ----------------------------------------------------------------------
 
     def load_workload(self, *, allow_pickle: bool = False) -> Workload:
         """Loads the model and data and puts both, with the float predictions, on the device."""
         model = load_model(self.model, self.weights, allow_pickle=allow_pickle)
-        return Workload(model, load_data(self.data, seed=self.data_seed), device=self.device)
+        return Workload(model, load_data(self.data, seed=self.data_seed, unlabeled=self.unlabeled),
+                        device=self.device)
 
     def compressor_names(self, model: nn.Module | None) -> tuple[str, ...]:
         """The compressors the run uses: the named ones, else those that can lower the objective on `model`."""
@@ -234,7 +246,7 @@ class RunConfig:
         """
         wl = workload if workload is not None else self.load_workload(allow_pickle=allow_pickle)
         evaluator = self.make_evaluator(wl)
-        objective = self.make_objective()
+        objective = self.make_objective(wl)
         check_certifiable(evaluator, objective)  # a val split too small to certify the floor: refused before any work
         evaluator.measure_errors()  # data-free priors the strategies start from; costs no evaluation
         strategy = STRATEGIES.get(self.strategy)(evaluator.space, objective, seed=self.seed)
@@ -253,7 +265,7 @@ class RunConfig:
             "format": CONFIG_FORMAT, "model": self.model, "weights": self.weights, "data": self.data,
             "data_seed": self.data_seed, "strategy": self.strategy, "seed": self.seed, "objective": self.objective,
             "min_retention": self.min_retention, "confidence": self.confidence, "count_gains": self.count_gains,
-            "compressors": comps, "device": self.device,
+            "unlabeled": self.unlabeled, "compressors": comps, "device": self.device,
             "fidelity": None if self.fidelity is None else self.fidelity.to_dict(),
             "latency": None if self.latency is None else dataclasses.asdict(self.latency),
             "exit_data": None if self.exit_data is None else {"path": self.exit_data, "images": self.exit_images},
@@ -343,14 +355,15 @@ def _fields_of(raw: Mapping[str, Any]) -> dict[str, Any]:
 def objective_from_json(raw: Mapping[str, Any]) -> Objective:
     """The objective a run.json names (what reports need even where its compressors cannot be built)."""
     return Objective(Target.parse(raw.get("objective") or "size"), float(raw.get("min_retention") or 0.99),
-                     float(raw.get("confidence", _BEFORE["confidence"]) or 0.0), bool(raw.get("count_gains", False)))
+                     float(raw.get("confidence", _BEFORE["confidence"]) or 0.0),
+                     bool(raw.get("count_gains", _BEFORE["count_gains"])))
 
 
-# What a format-0 run.json without a field ran with (the field came later): point estimates, and
-# every plan scored on the whole val split.
-_BEFORE: dict[str, Any] = {"confidence": 0.0, "fidelity": None}
+# What a run.json without a field ran with (the field came later): point estimates, every plan
+# scored on the whole val split, a bound on breaks only.
+_BEFORE: dict[str, Any] = {"confidence": 0.0, "fidelity": None, "count_gains": False}
 _SCALARS = ("model", "weights", "data", "data_seed", "strategy", "seed", "budget", "objective", "min_retention",
-            "confidence", "count_gains", "device", "executor", "workers", "ray_address", "knowledge")
+            "confidence", "count_gains", "unlabeled", "device", "executor", "workers", "ray_address", "knowledge")
 
 
 def _fidelity_args(raw: Mapping[str, Any]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ _FORMS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "count_gains": (_is(bool), "true or false"),
     "executor": (_is(str), "an executor name"), "workers": (_is(int), "a positive integer"),
     "ray_address": (_is(str), "a Ray address or null"), "knowledge": (_is(str), "a path or null"),
+    "unlabeled": (_is(str), "a path or null"),
     "compressors": (_mapping_of_mappings, "a mapping of compressor names to their options"),
     "options": (_mapping_of_mappings, "a mapping of compressor names to their options"),
     "fidelity": (lambda v: isinstance(v, dict), "a mapping or null"),

@@ -134,13 +134,16 @@ class NpzArchive:
         self.close()
 
 
-def read_npz(path: str | Path, pick: Callable[[int], np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def read_npz(path: str | Path, pick: Callable[[int], np.ndarray],
+             labeled: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """uint8 (N, H, W, 3) RGB images, their int64 labels and positions from an `.npz` of pixels (`x`, `y`)
     or of JPEG files end to end (`jpeg`, `offsets`, `y`), checked as `load_data` checks them.
 
     Args:
         path: The archive.
         pick: Given the archive's sample count, the positions to read (only those JPEGs are decoded).
+        labeled: False reads images alone (`x`, or `jpeg` and `offsets`): labels, if any, are not
+            read, and every label returned is -1.
 
     Raises:
         LoadError: the archive or an array in it is malformed; the message names the file and what is wrong.
@@ -151,31 +154,41 @@ def read_npz(path: str | Path, pick: Callable[[int], np.ndarray]) -> tuple[np.nd
     where = repr(str(path))
     with NpzArchive(path) as f:
         keys = set(f.files)
-        if {"x", "y"} <= keys:
-            y = f["y"]
+        need = set() if labeled else {"y"}  # images alone: y is neither needed nor read
+        if {"x", "y"} - need <= keys:
             x = f["x"]
             _check_images(x, where)
-            y = _check_labels(y, len(x), where)
+            y = _check_labels(f["y"], len(x), where) if labeled else np.full(len(x), -1, dtype=np.int64)
             keep = _picked(pick, len(y), where)
             return np.ascontiguousarray(x[keep]), y[keep], keep
-        if {"jpeg", "offsets", "y"} <= keys:
-            data, offsets, y = f["jpeg"], f["offsets"], f["y"]
+        if {"jpeg", "offsets", "y"} - need <= keys:
+            data, offsets = f["jpeg"], f["offsets"]
+            labels = f["y"] if labeled else None
         else:
-            raise LoadError(
-                f"{where} has arrays {sorted(keys)}; expected 'x' and 'y', "
-                f"or 'jpeg', 'offsets' and 'y'"
-            )
-    y = _check_labels(y, None, where)
+            wanted = "'x' and 'y', or 'jpeg', 'offsets' and 'y'" if labeled else "'x', or 'jpeg' and 'offsets'"
+            raise LoadError(f"{where} has arrays {sorted(keys)}; expected {wanted}")
+    if labels is None:
+        if getattr(offsets, "ndim", 0) != 1 or len(offsets) < 1:
+            raise LoadError(f"offsets in {where} must be a 1-D array of JPEG start positions")
+        y = np.full(len(offsets) - 1, -1, dtype=np.int64)
+    else:
+        y = _check_labels(labels, None, where)
     _check_jpeg_index(data, offsets, len(y), where)
     keep = _picked(pick, len(y), where)
+    return decode_jpegs(data, offsets, where, keep), y[keep], keep
+
+
+def decode_jpegs(data: np.ndarray, offsets: np.ndarray, where: str, keep: np.ndarray | None = None) -> np.ndarray:
+    """uint8 (N, H, W, 3) RGB images from JPEG files end to end (image i is data[offsets[i]:offsets[i + 1]]),
+    only those at `keep` (default: all)."""
     images = []
-    for i in keep:
+    for i in range(len(offsets) - 1) if keep is None else keep:
         try:
             im = Image.open(io.BytesIO(data[offsets[i] : offsets[i + 1]].tobytes()))
             images.append(np.asarray(im.convert("RGB")))
         except (UnidentifiedImageError, OSError, ValueError) as e:
             raise LoadError(f"image {i} in {where} is not a readable JPEG: {e}") from None
-    return _stack(images, where), y[keep], keep
+    return _stack(images, where)
 
 
 def _picked(pick: Callable[[int], np.ndarray], n: int, where: str) -> np.ndarray:
@@ -227,21 +240,28 @@ def _read_cifar_batch(root: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _read_image_folder(
-    root: Path, max_samples: int | None, seed: int
+    root: Path, max_samples: int | None, seed: int, labeled: bool = True
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Images of root/<class>/* (labels: the classes in sorted order); with `labeled=False` every image
+    under `root`, at any depth, with label -1."""
     where = repr(str(root))
-    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     files: list[Path] = []
     labels: list[int] = []
-    for label, folder in enumerate(classes):
-        found = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-        if not found:
-            logger.warning("class folder %s holds no images; label %d gets no samples", folder, label)
-        files += found
-        labels += [label] * len(found)
+    if labeled:
+        classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        for label, folder in enumerate(classes):
+            found = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+            if not found:
+                logger.warning("class folder %s holds no images; label %d gets no samples", folder, label)
+            files += found
+            labels += [label] * len(found)
+    else:
+        files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        labels = [-1] * len(files)
     if not files:
+        layout = "root/<class_name>/*" if labeled else "root/**/*"
         raise LoadError(
-            f"no images in {where}; expected an image folder root/<class_name>/*"
+            f"no images in {where}; expected an image folder {layout}"
             f"{{{','.join(IMAGE_SUFFIXES)}}} (or an .npz, or a CIFAR10 root)"
         )
     keep = _subset(len(files), max_samples, seed)
@@ -296,3 +316,41 @@ def _read_loader(loader: DataLoader) -> tuple[torch.Tensor, torch.Tensor]:
     if y.min() < 0:
         raise LoadError(f"the DataLoader's labels must be >= 0; found {int(y.min())}")
     return torch.cat(xs), y
+
+
+def read_unlabeled(source: str | Path | DataLoader, n: int, seed: int) -> tuple[torch.Tensor, bool]:
+    """At most `n` images (a seeded subset) from an `.npz` (`x`, or `jpeg` and `offsets`; labels in it are
+    ignored), an image folder (any depth) or a DataLoader (of preprocessed float batches, or (x, y)
+    batches whose y is ignored). Returns the images (uint8 NHWC, or float NCHW) and whether they are
+    preprocessed; LoadError in one line naming the source and what is wrong.
+
+    Example:
+        >>> x, pre = read_unlabeled("../shared/data/cifar10/cifar10_jpeg_train.npz", 2000, seed=0)
+    """
+    if isinstance(source, DataLoader):
+        xs = [torch.as_tensor(b[0] if isinstance(b, (tuple, list)) else b).detach().cpu() for b in source]
+        if not xs:
+            raise LoadError("the unlabeled DataLoader yielded no batches")
+        x = torch.cat(xs)
+        if not x.is_floating_point() or x.ndim != 4:
+            raise LoadError(f"the unlabeled DataLoader must yield preprocessed float (N, C, H, W) images; got "
+                            f"{x.dtype} {tuple(x.shape)}")
+        return x[torch.from_numpy(_subset(len(x), n, seed))], True
+    path = Path(source).expanduser()
+    where = repr(str(source))
+    if not path.exists():
+        raise LoadError(f"unlabeled images {where} do not exist; pass an .npz (x, or jpeg and offsets) or an "
+                        "image folder")
+    if path.is_file():
+        if path.suffix.lower() != ".npz":
+            raise LoadError(f"unlabeled images {where} are not an .npz or a folder of "
+                            f"{'/'.join(IMAGE_SUFFIXES)} images")
+        with NpzArchive(path) as f:
+            if "y" in f.files:
+                logger.warning("the labels (y) in %s are ignored: unlabeled images only calibrate", path)
+        images, _, _ = read_npz(path, lambda total: _subset(total, n, seed), labeled=False)
+    elif path.is_dir():
+        images, _, _ = _read_image_folder(path, n, seed, labeled=False)
+    else:
+        raise LoadError(f"unlabeled images {where} are neither a file nor a folder")
+    return torch.from_numpy(images), False

@@ -211,8 +211,8 @@ class Evaluator:
         return self.scorer.evaluate(plan, split, n)
 
     def evaluate_staged(self, plan: Plan, min_retention: float, fidelity: Fidelity, *, finish: bool = True,
-                        confidence: float = 0.0, count_gains: bool = True) -> Metrics:
+                        confidence: float = 0.0, count_gains: bool = True, claim_images: int | None = None) -> Metrics:
         """Scores `plan` on the val split in stages, stopping once the rest cannot matter
         (`Scorer.evaluate_staged`)."""
         return self.scorer.evaluate_staged(plan, min_retention, fidelity, finish=finish, confidence=confidence,
-                                           count_gains=count_gains)
+                                           count_gains=count_gains, claim_images=claim_images)

@@ -77,7 +77,7 @@ class Scorer:
         return metrics
 
     def evaluate_staged(self, plan: Plan, min_retention: float, fidelity: Fidelity, *, finish: bool = True,
-                        confidence: float = 0.0, count_gains: bool = True) -> Metrics:
+                        confidence: float = 0.0, count_gains: bool = True, claim_images: int | None = None) -> Metrics:
         """Scores `plan` on the val split in stages, stopping once the rest cannot matter.
 
         After each stage of `fidelity`, the plan stops if an upper confidence bound on its
@@ -103,7 +103,7 @@ class Scorer:
                 if stop == len(data):
                     break
                 stopped = "dominated" if not finish else _hopeless(
-                    data, _joined(preds)[0], min_retention, fidelity.delta, confidence, count_gains)
+                    data, _joined(preds)[0], min_retention, fidelity.delta, confidence, count_gains, claim_images)
                 if stopped is not None:
                     return self._metrics(plan, "val", _joined(preds), time.perf_counter() - t0, stopped=stopped,
                                          prep_cost=prep, policy=policy)
@@ -169,10 +169,11 @@ class Scorer:
 
 
 def _hopeless(data: SplitData, pred: torch.Tensor, min_retention: float, delta: float, confidence: float,
-              count_gains: bool) -> str | None:
+              count_gains: bool, claim_images: int | None = None) -> str | None:
     """"infeasible" when the first len(pred) samples of val already rule the plan out: an upper bound
     on its whole-split retention under the floor, or (`confidence` > 0) not even the best case for the
-    rest could certify it; None while it may still meet the floor."""
+    rest could certify it (at its rates on `claim_images` images, when given: `Objective.bounded`);
+    None while it may still meet the floor."""
     stop = int(pred.shape[0])
     base_right = data.base_correct
     right = pred == data.y[:stop]
@@ -187,6 +188,8 @@ def _hopeless(data: SplitData, pred: torch.Tensor, min_retention: float, delta: 
     )
     stage = PairedCounts(stop, int(br.sum()), int((br & ~right).sum()), int((bw & right).sum()) if count_gains else 0)
     best = best_case(stage, right_rest, wrong_rest, delta) if confidence > 0 else None
+    if best is not None and claim_images:
+        best = best.scaled(claim_images)
     hopeless = best is not None and best.retention_lower(confidence) < min_retention
     return "infeasible" if hopeless or bound < min_retention * int(base_right.sum()) else None
 

@@ -5,9 +5,10 @@ choice): a second-order Taylor estimate of the loss a choice adds,
 
     loss(W + dW) - loss(W) ~ 1/2 * sum_i F_ii * dW_i^2,
 
-with F the empirical Fisher (the mean squared gradient of the cross-entropy loss, an estimate of
-the loss Hessian's diagonal at a trained model) measured in one forward and backward pass over
-calibration images, and dW the weight change the choice makes. One pass prices every choice.
+with F the Fisher (the mean squared gradient of the cross-entropy loss against the float model's own
+top-1 answer, an estimate of the loss Hessian's diagonal at a trained model that needs no labels)
+measured in one forward and backward pass over calibration images, and dW the weight change the
+choice makes. One pass prices every choice.
 
 Choices that change no weight (an early exit) get no estimate; the knapsack measures those.
 """
@@ -31,7 +32,8 @@ def fisher_diagonals(evaluator: Evaluator, images: int = DEFAULT_IMAGES) -> dict
     """Per compressible layer, the empirical Fisher diagonal of its weight over `images` calib images."""
     wl = evaluator.workload
     data = wl.split("calib")
-    x, y = data.x[:images], data.y[:images]
+    # The float model's own answers stand for labels: calib images need none (they may be unlabeled).
+    x, y = data.x[:images], data.base_pred[:images]
     weights = {n: m.get_parameter("weight") for n, m in wl.modules.items()}
     fisher = {n: torch.zeros_like(w, dtype=torch.float32) for n, w in weights.items()}
     with wl.weights(wl.original):

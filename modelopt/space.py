@@ -19,7 +19,11 @@ from modelopt.layers import Layer
 from modelopt.plan import Decision, Plan, decision_name, jsonable
 from modelopt.plan_file import read_plan_file
 
-__all__ = ["ChoiceFeatures", "SearchSpace", "read_plan_file"]
+__all__ = ["ANCHOR_BITS", "ChoiceFeatures", "SearchSpace", "read_plan_file"]
+
+# Widths of the uniform anchor plans scored beside every search (besides INT8): the no-search answers
+# a search must beat (uniform INT4 with GPTQ holds 99.5-101 % on every model and data tried here).
+ANCHOR_BITS = (4, 3)
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,31 @@ class SearchSpace:
             if ok:
                 chosen[d.name] = d.choices[min(ok)[3]]
         return self.plan(chosen)
+
+    def anchors(self, widths: Sequence[int] = ANCHOR_BITS) -> tuple[Plan, ...]:
+        """The uniform plans every run scores beside its search, safest first: `anchor()` (INT8), then
+        each narrower width of `widths` the menus offer, every layer that offers it at that width with
+        the fewest bytes (per channel rather than group-wise scales) and, among those, the smallest
+        error (GPTQ codes where offered), every other decision off. A search that reports less than
+        a confirmed anchor has failed, and confirmation tests them first (`modelopt.run.confirm`).
+
+        Example:
+            >>> len(space.anchors())  # INT8, INT4 and INT3 per channel, when quantize offers them
+            3
+        """
+        plans = [self.anchor()] if self.decisions else []
+        for width in widths:
+            chosen = {}
+            for d in self.decisions:
+                feats = self.features[d.name]
+                ok = [(f.bytes, f.error, i) for i, (c, f) in enumerate(zip(d.choices, feats, strict=True))
+                      if c is not None and f.bits == width and f.act_bits == 32]
+                if ok:
+                    chosen[d.name] = d.choices[min(ok)[2]]
+            plan = self.plan(chosen)
+            if chosen and all(plan.key != p.key for p in plans):
+                plans.append(plan)
+        return tuple(plans)
 
     def uniform(self, compressor: str, choice: Choice) -> Plan:
         """The plan giving every layer the same `choice` of `compressor` (canonicalised per layer)."""

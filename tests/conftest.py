@@ -44,7 +44,7 @@ def shared_dir() -> Path:
 def resnet20_workload():
     from modelopt.api import build_workload
 
-    return build_workload("cifar10_resnet20", "cifar10-sample", device="cpu")
+    return build_workload("cifar10_resnet20", "cifar10-exact-sample", device="cpu")
 
 
 # ---- small real runs that report, export and storage tests read (built once per session) ----

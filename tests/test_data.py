@@ -42,11 +42,11 @@ def assert_partition(data: Dataset, n: int, x: np.ndarray, y: np.ndarray) -> Non
 # --- the bundled sample (no shared/ needed) ---
 
 
-def test_bundled_sample_sizes_and_partition() -> None:
-    data = load_data()
-    assert list_data_sources() == ["cifar10-sample"]
+def test_bundled_exact_sample_sizes_and_partition() -> None:
+    data = load_data("cifar10-exact-sample")
+    assert list_data_sources() == ["cifar10-exact-sample", "cifar10-sample"]
     assert (len(data.calib), len(data.val), len(data.confirm), len(data.test)) == (1000, 423, 1000, 423)
-    assert data.source == "cifar10-sample" and data.num_classes == 10 and not data.preprocessed
+    assert data.source == "cifar10-exact-sample" and data.num_classes == 10 and not data.preprocessed
     assert data.val.x.dtype == torch.uint8 and tuple(data.val.x.shape[1:]) == (32, 32, 3)
     with np.load(SAMPLE_PATH) as f:
         test_x, test_y, calib_x, calib_y = f["test_x"], f["test_y"], f["calib_x"], f["calib_y"]
@@ -71,12 +71,13 @@ def test_split_is_seeded() -> None:
     assert c.seed == 1
 
 
-def test_bundled_sample_max_samples_and_fractions() -> None:
-    data = load_data(max_samples=100)
+def test_bundled_exact_sample_max_samples_and_fractions() -> None:
+    data = load_data("cifar10-exact-sample", max_samples=100)
     assert (len(data.calib), len(data.val), len(data.test)) == (20, 40, 40)
-    data = load_data(calib_fraction=0.2, val_fraction=0.6, confirm_fraction=0.0)
+    data = load_data("cifar10-exact-sample", calib_fraction=0.2, val_fraction=0.6, confirm_fraction=0.0)
     assert (len(data.calib), len(data.val), len(data.test)) == (1000, 634, 212) and data.confirm is None
-    data = load_data(val_fraction=0.3, confirm_fraction=0.1)  # confirm cut from the test images instead
+    # confirm cut from the test images instead
+    data = load_data("cifar10-exact-sample", val_fraction=0.3, confirm_fraction=0.1)
     assert (len(data.calib), len(data.val), len(data.confirm), len(data.test)) == (1000, 317, 106, 423)
 
 

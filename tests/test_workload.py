@@ -62,7 +62,7 @@ def test_devices():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_workload_on_gpu_matches_cpu(resnet20_workload):
-    gpu = build_workload("cifar10_resnet20", "cifar10-sample", device="cuda")
+    gpu = build_workload("cifar10_resnet20", "cifar10-exact-sample", device="cuda")
     assert gpu.split("val").x.is_cuda
     agree = (gpu.split("test").base_pred.cpu() == resnet20_workload.split("test").base_pred).float().mean()
     assert agree >= 0.995

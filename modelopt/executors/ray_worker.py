@@ -40,7 +40,7 @@ class PlanWorker:
         # Every choice's tensors (GPTQ's layer inputs and solves), computed once before the first plan as
         # the driver's build computes them: the first plans do not each wait for them.
         self.evaluator.measure_errors()
-        self.objective = self.config.make_objective()
+        self.objective = self.config.make_objective(wl)
 
     def ready(self) -> int:
         """The worker's process id, once its workload is loaded (the driver waits on this)."""

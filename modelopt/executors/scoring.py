@@ -27,7 +27,8 @@ def score(evaluator: Evaluator, objective: Objective, fidelity: Fidelity | None,
             metrics = evaluator.evaluate(job.plan, split="val")
         else:
             metrics = evaluator.evaluate_staged(job.plan, objective.min_retention, fidelity, finish=job.finish,
-                                                confidence=objective.confidence, count_gains=objective.count_gains)
+                                                confidence=objective.confidence, count_gains=objective.count_gains,
+                                                claim_images=objective.claim_images)
         return Scored(metrics, time.perf_counter() - t0)
     except Exception as exc:  # noqa: BLE001 -- a crashing plan is recorded as failed; the search goes on
         error = failure_text(exc)

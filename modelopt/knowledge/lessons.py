@@ -36,10 +36,11 @@ def choice_key(choice: Choice) -> str:
     return json.dumps(jsonable(choice, for_key=True), sort_keys=True, separators=(",", ":"))
 
 
-def loss_measure(count_gains: bool) -> str:
-    """What the sensitivities measure: the share of the float model's right answers a plan breaks
-    ("broken"), or its net retention drop ("net", when gains count); runs of one measure only mix."""
-    return "net" if count_gains else "broken"
+def loss_measure(net: bool) -> str:
+    """What the sensitivities measure (`Objective.point_retention`): the share of the float model's right
+    answers a plan breaks ("broken", under a confidence bound), or its net retention drop ("net", point
+    estimates); runs of one measure only mix."""
+    return "net" if net else "broken"
 
 
 @dataclass(frozen=True)
@@ -110,25 +111,25 @@ class RunLessons:
                    tuple(LayerLesson.from_json(e) for e in raw["layers"]))
 
 
-def _retention(trial: Trial, count_gains: bool) -> float | None:
+def _retention(trial: Trial, net: bool) -> float | None:
     """The loss model's target for a trial (`Objective.point_retention`); None for a failed trial."""
     m = trial.metrics
     if m is None or trial.reward is None:
         return None
     c = m.counts()
-    if c is None or count_gains or c.base_right <= 0:
+    if c is None or net or c.base_right <= 0:
         return float(m.retention)
     return 1.0 - c.lost / c.base_right
 
 
-def _fitted(space: SearchSpace, trials: tuple[Trial, ...], count_gains: bool) -> tuple[LossModel, int]:
+def _fitted(space: SearchSpace, trials: tuple[Trial, ...], net: bool) -> tuple[LossModel, int]:
     """MCTS's loss model fitted on a run's completed trials (weighted by the share of val each scored)."""
     decisions = space.decisions
     errors = [np.nan_to_num(np.array([f.error for f in space.features[d.name]], dtype=float), nan=1.0, posinf=1.0)
               for d in decisions]
     width = max(len(d.choices) for d in decisions)
     model = LossModel(errors, [[c is None for c in d.choices] for d in decisions], width)
-    rows = [(t, r) for t in trials if (r := _retention(t, count_gains)) is not None]
+    rows = [(t, r) for t in trials if (r := _retention(t, net)) is not None]
     idx = np.array([[d.choices.index(t.plan.get(d.name)) for d in decisions] for t, _ in rows], dtype=int)
     weight = [1.0 if t.metrics is None or t.metrics.stopped is None else float(min(max(t.cost, 0.05), 1.0))
               for t, _ in rows]
@@ -140,10 +141,10 @@ def _fitted(space: SearchSpace, trials: tuple[Trial, ...], count_gains: bool) ->
 def learn(run: str, result: RunResult, evaluator: Evaluator) -> RunLessons | None:
     """What `result`'s trials teach about each layer of `evaluator`'s space; None when no trial completed."""
     space, workload = evaluator.space, evaluator.workload
-    count_gains = bool(((result.summary or {}).get("objective") or {}).get("count_gains", False))
+    net = float(((result.summary or {}).get("objective") or {}).get("confidence", 0.0) or 0.0) <= 0
     if not space.decisions:
         return None
-    model, n = _fitted(space, result.trials, count_gains)
+    model, n = _fitted(space, result.trials, net)
     if n == 0:
         return None
     kappa = float(model.kappa)
@@ -160,5 +161,5 @@ def learn(run: str, result: RunResult, evaluator: Evaluator) -> RunLessons | Non
                                                       float(model.beta_std[k]) / kappa)
         layers.append(LayerLesson(d.layer, d.compressor, lp, float(model.kd_mean[i]) / kappa,
                                   float(model.kd_std[i]) / kappa, choices))
-    return RunLessons(run, workload.name, model_family(workload.name), loss_measure(count_gains), n, kappa,
+    return RunLessons(run, workload.name, model_family(workload.name), loss_measure(net), n, kappa,
                       tuple(layers))

@@ -117,7 +117,7 @@ def warm_start(path: str, evaluator: Evaluator, strategy: Strategy) -> None:
     if not isinstance(strategy, _TakesPriorTrials):
         log.info("knowledge: strategy %r takes no priors; %s not used", strategy.name, path)
         return
-    measure = loss_measure(strategy.objective.count_gains)
+    measure = loss_measure(strategy.objective.confidence <= 0)
     index = KnowledgeIndex(store, family=model_family(evaluator.workload.name), measure=measure)
     if index.runs == 0:
         log.info("knowledge: %s holds no %s run of this model family yet", path, measure)

@@ -2,21 +2,23 @@
 
 The search scores hundreds of plans on val and keeps the best; near the floor the winner is
 partly the plan whose val images were kindest (the winner's curse). So before any claim the
-finalists (the val-feasible plans of the Pareto front, the best among them) are re-scored on the
-confirm split, which the search never saw, and a plan is *confirmed* when its retention bound
-there clears the floor.
+finalists (the val-feasible plans of the Pareto fronts, the search's best, and the uniform anchors
+every run scores) are re-scored on the confirm split, which the search never saw, and a plan is
+*confirmed* when its retention bound there clears the floor.
 
-Finalists are tested in a fixed sequence, safest first (by their val agreement with the float
-model, then size), and the sequence stops at the first plan that fails. Fixed-sequence testing
-keeps the chance of confirming any plan that is in truth below the floor within 1 - confidence
-without a correction for the number of finalists (each claim is tested at the full level only if
-every safer claim before it held; the order is fixed from val alone), and the reported best is
-the smallest plan confirmed.
+Finalists are tested in a fixed sequence planned on val alone (`modelopt.run.sequence`): from the
+least to the most compressed, the subsequence with the largest expected reported compression given
+each plan's predicted chance to pass, with the likely anchors always in it. The sequence stops at
+the first plan that fails. Fixed-sequence testing keeps the chance of confirming any plan that is in
+truth below the floor within 1 - confidence without a correction for the number of finalists (each
+claim is tested at the full level only if every claim before it held; the order is fixed from val
+alone), and the reported best is the smallest plan confirmed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -28,9 +30,18 @@ from modelopt.evaluator import Evaluator
 from modelopt.fidelity import binom_upper
 from modelopt.metrics import Metrics
 from modelopt.objective import Objective, best_of, pareto_front
+from modelopt.run.sequence import (
+    ANCHOR_PASS,
+    SELECTION_SHIFT,
+    Candidate,
+    most_changed,
+    pass_chance,
+    plan_sequence,
+)
 from modelopt.trial import Trial
 
-__all__ = ["Confirmation", "Finalists", "certifiable_retention", "check_certifiable", "confirm", "finalists"]
+__all__ = ["Confirmation", "Finalists", "certifiable_retention", "check_certifiable", "confirm", "evidence",
+           "finalists"]
 
 T = TypeVar("T")
 SPLIT = "confirm"
@@ -40,11 +51,13 @@ MAX_RESCORED = 16  # Pareto plans re-scored on confirm and test (spread along th
 @dataclass(frozen=True)
 class Finalists:
     """The search's own pick on val, its Pareto front (by the val retention bound, at most
-    `MAX_RESCORED` plans spread along it), and the plans among them that go to confirmation."""
+    `MAX_RESCORED` plans spread along it), the plans among them that go to confirmation, and the
+    anchors (uniform plans, `SearchSpace.anchors`) among the trials."""
 
     search_best: Trial | None
     front: tuple[Trial, ...]
     candidates: tuple[Trial, ...]
+    anchors: tuple[Trial, ...] = ()
 
 
 def _spread(items: list[T], k: int) -> list[T]:
@@ -54,7 +67,7 @@ def _spread(items: list[T], k: int) -> list[T]:
     return [items[i] for i in sorted({round(i * (len(items) - 1) / (k - 1)) for i in range(k)})]
 
 
-def finalists(trials: list[Trial], objective: Objective) -> Finalists:
+def finalists(trials: list[Trial], objective: Objective, anchors: Sequence[str] = ()) -> Finalists:
     """What a finished search hands to confirmation: its best, and the val-feasible plans of two fronts.
 
     The retention front (size against the val retention bound) holds the plans val rates best; the
@@ -70,7 +83,9 @@ def finalists(trials: list[Trial], objective: Objective) -> Finalists:
                                  Objective(objective.target, 0.0, 0.0)), MAX_RESCORED)
     feasible = [t for t in ([best] if best else []) + front + agree
                 if t.metrics is not None and objective.feasible(t.metrics)]
-    return Finalists(best, tuple(front), tuple(dict.fromkeys(feasible)))
+    keys = set(anchors)
+    anchor_trials = tuple(t for t in ok if t.plan.key in keys)
+    return Finalists(best, tuple(front), tuple(dict.fromkeys(feasible)), anchor_trials)
 
 
 def _as_agreement(m: Metrics, confidence: float) -> Metrics:
@@ -87,7 +102,7 @@ class Confirmation:
     Attributes:
         split: the split that vouched ("confirm"), or None when the data have none (the best
             plan is then the search's, unconfirmed).
-        finalists: each finalist and its confirm metrics, in the order tested (safest first).
+        finalists: each finalist and its confirm metrics, in the order tested (least compressed first).
         confirmed: how many finalists, from the first, were confirmed before the first failure.
         best: the smallest confirmed plan (None when none was, or when there is no confirm split).
         ceiling: the retention bound a plan that agrees with the float model on every confirm
@@ -101,6 +116,7 @@ class Confirmation:
     best: Trial | None
     ceiling: float | None
     floor: float = 0.0
+    chances: tuple[float, ...] = ()  # each tested finalist's predicted chance to pass, from val
 
     @property
     def usable(self) -> bool:
@@ -120,6 +136,8 @@ def check_certifiable(evaluator: Evaluator, objective: Objective, console: Conso
     with the float model on every image (the search would be pointless); says so for confirm."""
     if objective.confidence <= 0:
         return
+    if console is not None:
+        console.print(evidence(evaluator, objective), highlight=False, soft_wrap=True)
     floor, conf = objective.min_retention, objective.confidence
     for split in ("val", SPLIT):
         if split not in evaluator.workload.splits:
@@ -138,16 +156,40 @@ def check_certifiable(evaluator: Evaluator, objective: Objective, console: Conso
                           "as unconfirmed", highlight=False, soft_wrap=True)
 
 
-def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial]) -> Confirmation:
-    """Re-scores `finalists` on the confirm split and confirms them in a fixed sequence.
+def evidence(evaluator: Evaluator, objective: Objective) -> str:
+    """One line: what each labeled split can certify at the floor (the largest share of its images a plan
+    may change, as many fixed as broken), and what four times the images would buy (twice the resolution).
+
+    Example:
+        >>> evidence(ev, Objective("size", 0.99, 0.95))
+        'evidence at 99.0 % (95 % confidence): val 1,500 images (float 81.5 %) certify plans that change up to ...'
+    """
+    floor, conf = objective.min_retention, objective.confidence
+    parts = []
+    for split in ("val", SPLIT, "test"):
+        if split not in evaluator.workload.splits:
+            continue
+        data = evaluator.workload.split(split)
+        n, right = len(data), int(data.base_correct.sum())
+        now, more = most_changed(n, right, conf, floor), most_changed(4 * n, 4 * right, conf, floor)
+        parts.append(f"{split} {n:,} images (float {right / max(n, 1):.1%}) up to {now:.1%} (4x: {more:.1%})")
+    return (f"evidence at {floor:.1%} ({conf:g} confidence): the share of answers a plan may change, as many fixed "
+            "as broken, and still be certified: " + "; ".join(parts))
+
+
+def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
+            anchors: Sequence[Trial] = ()) -> Confirmation:
+    """Re-scores finalists on the confirm split and confirms them in a fixed sequence planned on val.
 
     Args:
         evaluator: scores plans (its workload must hold a confirm split, else nothing is re-scored).
         objective: the floor, the confidence, and the target that orders the finalists.
-        finalists: val-feasible plans (any order; duplicates by plan key are dropped).
+        finalists: val-feasible plans the search found (any order; duplicates by plan key are dropped).
+        anchors: the uniform plans the run scored (`SearchSpace.anchors`), pre-specified and so not
+            discounted for selection; those likely to pass are always tested.
 
     Example:
-        >>> c = confirm(ev, Objective("size", 0.99, 0.95), finalists)
+        >>> c = confirm(ev, Objective("size", 0.99, 0.95), finalists, anchors)
         >>> c.best.number if c.best else None
     """
     if SPLIT not in evaluator.workload.splits:
@@ -155,11 +197,14 @@ def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial]) 
     ceiling = certifiable_retention(evaluator, SPLIT, objective.confidence)
     if ceiling < objective.min_retention - 1e-12:
         return Confirmation(SPLIT, (), 0, None, ceiling, objective.min_retention)
-    unique = list({t.plan.key: t for t in finalists if t.metrics is not None}.values())
-    # Safest first: the order is fixed from val alone (most agreement with the float model first,
-    # then the larger plan), so the confirm split's verdicts cannot reorder it.
-    order = sorted(unique, key=lambda t: (-_as_agreement(_scored(t), objective.confidence).retention,
-                                          -objective.value(_scored(t))))
+    data = evaluator.workload.split(SPLIT)
+    n, base_right = len(data), int(data.base_correct.sum())
+    anchor_keys = {t.plan.key for t in anchors}
+    pool = [t for t in [*anchors, *finalists] if t.metrics is not None and t.metrics.stopped is None]
+    unique = list({t.plan.key: t for t in pool}.values())
+    candidates = {t.plan.key: _candidate(t, t.plan.key in anchor_keys, objective, n, base_right) for t in unique}
+    order = _order(unique, candidates, anchor_keys)
+    chance = {key: c.chance for key, c in candidates.items()}
     scored: list[tuple[Trial, Metrics]] = []
     for t in order:  # the sequence stops at the first failure: nothing after it could be claimed
         scored.append((t, evaluator.evaluate(t.plan, split=SPLIT)))
@@ -169,7 +214,33 @@ def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial]) 
     held = [t for t, _ in scored[:confirmed]]
     best = min(held, key=lambda t: (objective.value(_scored(t)), -objective.retention_lower(_scored(t))),
                default=None)
-    return Confirmation(SPLIT, tuple(scored), confirmed, best, ceiling, objective.min_retention)
+    return Confirmation(SPLIT, tuple(scored), confirmed, best, ceiling, objective.min_retention,
+                        tuple(chance[t.plan.key] for t, _ in scored))
+
+
+def _order(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[str]) -> list[Trial]:
+    """The fixed sequence: the likely anchors but the most compressed one (INT8, INT4), least compressed
+    first; then, planned by `plan_sequence`, the most compressed anchor and the plans beyond the last."""
+    by_reduction = sorted((t for t in trials if t.plan.key in anchors), key=lambda t: candidates[t.plan.key].reduction)
+    gate = [t for t in by_reduction[:-1] if candidates[t.plan.key].forced]
+    reached = max((candidates[t.plan.key].reduction for t in gate), default=1.0)
+    rest = [t for t in trials if t not in gate and candidates[t.plan.key].reduction > reached]
+    return gate + [rest[i] for i in plan_sequence([candidates[t.plan.key] for t in rest], start=reached)]
+
+
+def _candidate(trial: Trial, anchor: bool, objective: Objective, n: int, base_right: int) -> Candidate:
+    """`trial` as the sequence planner sees it: its reduction on val and its chance to pass on confirm."""
+    m = _scored(trial)
+    counts = m.counts()
+    if counts is None:  # no paired counts (an old record): certain only if it agrees everywhere
+        chance = 1.0 if m.agreement >= 1.0 else 0.5
+    elif objective.confidence <= 0:  # point estimates: pass when the confirm retention is at the floor
+        chance = 1.0 if objective.meets_floor(m) else 0.0
+    else:
+        chance = pass_chance(counts, n, base_right, objective.confidence, objective.min_retention,
+                             shift=0.0 if anchor else SELECTION_SHIFT)
+    reduction = objective.reference(m) / max(objective.value(m), 1e-12)
+    return Candidate(reduction, chance, forced=anchor and chance >= ANCHOR_PASS)
 
 
 def _scored(trial: Trial) -> Metrics:

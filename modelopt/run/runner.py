@@ -266,20 +266,30 @@ class Runner:
             def update() -> None:
                 bar.update(task, completed=self.spent, best=self._best_text(), trials=len(self.trials))
 
-            if not self.trials and self.objective.confidence > 0 and len(self.space):
-                # Trial 0 is the anchor, the safest compressed plan (modelopt.space.SearchSpace.anchor):
-                # under a confidence bound few plans can be certified, and this one usually can; every
-                # strategy is told it like its own trials, and confirmation has a safe plan to fall back on.
-                anchor = Job(0, self.space.anchor())
-                self.executor.submit(anchor)
-                trial = self._trial(anchor, self._scored(anchor, {}))
-                self._record(trial)
-                seen[trial.plan.key] = trial
-                update()
+            self._score_anchors(seen, update)
             self._search(seen, update)
         self.executor.close()  # the workers' memory is free before the final re-scoring
         search_wall = time.perf_counter() - t_start
         return self._finish(search_wall)
+
+    def _score_anchors(self, seen: dict[str, Trial], update: Callable[[], None]) -> None:
+        """The first trials are the anchors (`SearchSpace.anchors`: uniform INT8, INT4, INT3), scored
+        before any strategy asks: the no-search answers the search must beat, told to every strategy like
+        its own trials, and the plans confirmation tests first. A run resumed before they were all
+        scored scores the rest; a run whose search had begun (or under point estimates) scores none."""
+        anchors = self.space.anchors() if self.objective.confidence > 0 else ()
+        keys = {plan.key for plan in anchors}
+        if any(t.plan.key not in keys for t in self.trials):
+            return
+        for plan in anchors:
+            if plan.key in seen or self.spent >= self.budget - 1e-9:
+                continue
+            job = Job(len(self.trials), plan)
+            self.executor.submit(job)
+            trial = self._trial(job, self._scored(job, {}))
+            self._record(trial)
+            seen[trial.plan.key] = trial
+            update()
 
     def _search(self, seen: dict[str, Trial], update: Callable[[], None]) -> None:
         """Asks, scores and records until the budget is spent, with up to `executor.slots` plans in
@@ -338,13 +348,16 @@ class Runner:
     # ---- the end: re-score on test, write the run folder ----------------------------------
 
     def _finish(self, search_wall: float) -> RunResult:
-        final = finalists(self.trials, self.objective)
+        anchor_keys = [p.key for p in self.space.anchors()] if self.objective.confidence > 0 else []
+        final = finalists(self.trials, self.objective, anchor_keys)
         search_best, front = final.search_best, list(final.front)
-        confirmation = confirm(self.evaluator, self.objective, list(final.candidates))
+        confirmation = confirm(self.evaluator, self.objective, list(final.candidates), final.anchors)
         # With a confirm split the reported best is the smallest plan it confirmed; without one (or
         # with one too small to certify the floor), the search's best on the val bound, unconfirmed.
         best = confirmation.best if confirmation.usable else search_best
-        to_score = {t.plan.key: t for t in ([best] if best else []) + ([search_best] if search_best else []) + front}
+        # The anchors are re-scored on test too: every result stands beside the no-search answers.
+        to_score = {t.plan.key: t for t in ([best] if best else []) + ([search_best] if search_best else []) + front
+                    + list(final.anchors)}
         test_metrics = {key: self.evaluator.evaluate(t.plan, split="test") for key, t in to_score.items()}
         if self.latency is not None:  # measured once per distinct plan, for the final set only
             test_metrics = {key: self._with_latency(m, to_score[key].plan) for key, m in test_metrics.items()}
@@ -352,7 +365,8 @@ class Runner:
         pareto = tuple((t, test_metrics.get(t.plan.key)) for t in front)
         if best is not None:
             self.space.save_plan(best.plan, self.run_dir / BEST_PLAN)
-        summary = run_summary(self, best, search_best, confirmation, test_metrics, pareto, search_wall)
+        summary = run_summary(self, best, search_best, confirmation, test_metrics, pareto, search_wall,
+                              final.anchors)
         write_json_atomic(self.run_dir / SUMMARY, summary)
         confirmed = {t.plan.key: m for t, m in confirmation.finalists}
         return RunResult(self.run_dir, tuple(self.trials), best, best_test, pareto, self.spent, summary,

@@ -19,6 +19,7 @@ __all__ = ["run_summary"]
 def run_summary(
     self: Runner, best: Trial | None, search_best: Trial | None, confirmation: Confirmation,
     test: dict[str, Metrics], pareto: tuple[tuple[Trial, Metrics | None], ...], search_wall: float,
+    anchors: tuple[Trial, ...] = (),
 ) -> dict[str, Any]:
     wl = self.evaluator.workload
     confirmed = {t.plan.key: m for t, m in confirmation.finalists}
@@ -61,8 +62,11 @@ def run_summary(
             "ceiling": confirmation.ceiling,
             "confirmed": confirmation.confirmed,
             "finalists": [{"trial": t.number, "plan_key": t.plan.key, "confirmed": i < confirmation.confirmed,
+                           "pass_chance": confirmation.chances[i] if i < len(confirmation.chances) else None,
                            "confirm": metrics(m)} for i, (t, m) in enumerate(confirmation.finalists)],
         },
+        # The uniform plans (INT8, INT4, INT3 per channel) scored beside the search on the same images.
+        "anchors": [entry(t) for t in anchors],
         "pareto": [entry(t) for t, _ in pareto],
         # One-time work: wall seconds in this process, and the budget units charged for it.
         "preparation": {"seconds": dict(self.evaluator.one_time.seconds),

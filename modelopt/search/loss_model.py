@@ -4,7 +4,8 @@
     delta[d, c] = kappa_d x error[d, c] + beta[d, c]
 
 `error` is the choice's relative weight-quantization error (data-free, or measured). kappa_d is
-a sensitivity per decision, shrunk toward one global kappa (itself fitted, KAPPA0 before any
+a sensitivity per decision, shrunk toward its group's kappa (one per compressor: a pruned weight's
+error and a quantized one's do not cost accuracy at the same rate; each fitted, KAPPA0 before any
 data); beta is a per-choice residual shrunk toward zero. A decision's sensitivity is learned from
 every choice tried there, so a few trials go a long way. Both are Gaussian posteriors, so the
 rollouts can draw deltas from them (Thompson sampling). Why sqrt(drop): see `modelopt.search.mcts`.
@@ -45,8 +46,12 @@ class LossModel:
         >>> model.deltas(None)[0, 1]  # the posterior mean loss of decision 0's choice 1
     """
 
-    def __init__(self, error: Sequence[np.ndarray], is_none: Sequence[Sequence[bool]], width: int) -> None:
+    def __init__(self, error: Sequence[np.ndarray], is_none: Sequence[Sequence[bool]], width: int,
+                 groups: Sequence[int] | None = None) -> None:
         self.n_dec = len(error)
+        # Each decision's group (its compressor): the kappa its sensitivity is shrunk toward.
+        self.group = np.zeros(self.n_dec, dtype=int) if groups is None else np.asarray(groups, dtype=int)
+        self.n_groups = int(self.group.max()) + 1 if self.n_dec else 1
         # One column per (decision, non-None choice).
         col = [[-1] * len(nones) for nones in is_none]
         k = 0
@@ -75,6 +80,7 @@ class LossModel:
         err, dec = self._err_flat, self._col_dec
         if len(idx) == 0:
             self.kappa = KAPPA0
+            self.kappa_g = np.full(self.n_groups, KAPPA0)
             self.kd_mean = np.full(self.n_dec, KAPPA0)
             self.kd_std = np.full(self.n_dec, LAYER_REL * KAPPA0)
             self.beta_mean = np.zeros(self.n_cols)
@@ -92,11 +98,13 @@ class LossModel:
         # Per-decision sensitivity: z[t, d] = error of the choice trial t made at decision d.
         z = np.zeros((len(idx), self.n_dec))
         np.add.at(z.T, dec, (x * err).T)
-        lam_u = (NOISE_SIGMA / (LAYER_REL * self.kappa)) ** 2
+        self.kappa_g = self._group_kappas(z, y, wt)
+        base = self.kappa_g[self.group]
+        lam_u = (NOISE_SIGMA / (LAYER_REL * base)) ** 2
         zw = z * wt[:, None]
-        a = zw.T @ z + lam_u * np.eye(self.n_dec)
-        u = _solve(a, zw.T @ (y - z.sum(axis=1) * self.kappa))
-        self.kd_mean = np.maximum(self.kappa + u, 0.0)
+        a = zw.T @ z + np.diag(lam_u)
+        u = _solve(a, zw.T @ (y - z @ base))
+        self.kd_mean = np.maximum(base + u, 0.0)
         self.kd_std = NOISE_SIGMA / np.sqrt(np.diag(a))
         prior = self.kd_mean[dec] * err
         tau = PRIOR_REL * prior + PRIOR_FLOOR
@@ -105,6 +113,18 @@ class LossModel:
         b = xw.T @ x + np.diag(lam)
         self.beta_mean = _solve(b, xw.T @ (y - x @ prior))
         self.beta_std = NOISE_SIGMA / np.sqrt(np.diag(b))
+
+    def _group_kappas(self, z: np.ndarray, y: np.ndarray, wt: np.ndarray) -> np.ndarray:
+        """Each group's kappa: weighted least squares of y on the groups' summed errors, shrunk toward
+        the global kappa (a group no trial has varied keeps it)."""
+        if self.n_groups == 1:
+            return np.array([self.kappa])
+        s = np.zeros((len(y), self.n_groups))
+        np.add.at(s.T, self.group, z.T)
+        lam = (NOISE_SIGMA / (LAYER_REL * self.kappa)) ** 2
+        a = (s * wt[:, None]).T @ s + lam * np.eye(self.n_groups)
+        k = _solve(a, (s * wt[:, None]).T @ y + lam * self.kappa)
+        return np.clip(k, 1e-3, 100.0)
 
     def deltas(self, rng: np.random.Generator | None, draws: int = 1) -> np.ndarray:
         """(decisions x width) losses: the posterior mean, or (with `rng`) `draws` posterior draws

@@ -109,7 +109,9 @@ class MCTS(Strategy):
         spread = [c.max() - c.min() for c in self.cost]
         self.order = sorted(range(self.n_dec), key=lambda i: (-spread[i], i))
         width = max(len(d.choices) for d in self.decisions)
-        self.model = LossModel(self.error, [[c is None for c in d.choices] for d in self.decisions], width)
+        compressors = sorted({d.compressor for d in self.decisions})
+        self.model = LossModel(self.error, [[c is None for c in d.choices] for d in self.decisions], width,
+                               groups=[compressors.index(d.compressor) for d in self.decisions])
         self._costmat = np.full((self.n_dec, width), np.inf)  # padding is never affordable
         for i in range(self.n_dec):
             self._costmat[i, : len(self.cost[i])] = self.cost[i]
@@ -121,6 +123,9 @@ class MCTS(Strategy):
         self.pending: dict[str, list[tuple[int, ...]]] = {}  # plan key -> tree paths awaiting tell
         self.margin = 1.0  # scales the allowed loss in rollouts; adapts to the model's calibration
         self.val_split: tuple[int, int] | None = None  # (images, float-right) of val, from a full score
+        # Images fixed and broken over the plans scored on all of val: how many answers a plan fixes for
+        # each it breaks, which lets a plan that breaks more still be certified when gains count.
+        self.swaps = [0, 0]
         self.prior_trials: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # see use_prior_trials
         self._fit()
 
@@ -233,7 +238,12 @@ class MCTS(Strategy):
         on the val split (known from the first plan scored on all of it; the floor's until then)."""
         if self.val_split is None:
             return math.sqrt(max(1.0 - self.objective.min_retention, 1e-6))
-        return math.sqrt(max(self.objective.allowed_drop(*self.val_split), 1e-6))
+        return math.sqrt(max(self.objective.allowed_drop(*self.val_split, gain_ratio=self.gain_ratio), 1e-6))
+
+    @property
+    def gain_ratio(self) -> float:
+        """Images fixed per image broken over the plans scored so far (half a swap of prior each way)."""
+        return (self.swaps[0] + 0.5) / (self.swaps[1] + 0.5) if self.swaps[1] else 0.0
 
     def _static_prior(self, i: int) -> np.ndarray:
         allowed = self._allowed()
@@ -341,6 +351,8 @@ class MCTS(Strategy):
         retention = None if m is None or trial.reward is None else self.objective.point_retention(m)
         if self.val_split is None and m is not None and m.stopped is None and m.split == "val" and m.counts():
             self.val_split = (m.n_samples, m.base_right)  # type: ignore[assignment]
+        if m is not None and m.stopped is None and m.lost is not None and m.gained is not None:
+            self.swaps = [self.swaps[0] + m.gained, self.swaps[1] + m.lost]
         self.records.append(_Record(idx, retention, value, self._weight(trial)))
         if retention is not None:
             # Aim rollouts at the floor: about half land feasible (one measurement is noisy there).
@@ -359,6 +371,7 @@ class MCTS(Strategy):
             "seen": self.seen,
             "margin": self.margin,
             "val_split": None if self.val_split is None else list(self.val_split),
+            "swaps": list(self.swaps),
             # Plans asked and not yet told (in flight on other workers): their virtual losses come back with them.
             "pending": {key: [list(path) for path in paths] for key, paths in self.pending.items()},
         } | ({} if self.prior_trials is None else {"prior_trials": [a.tolist() for a in self.prior_trials]})
@@ -371,6 +384,7 @@ class MCTS(Strategy):
         self.margin = float(state["margin"])
         vs = state.get("val_split")
         self.val_split = None if vs is None else (int(vs[0]), int(vs[1]))
+        self.swaps = [int(v) for v in state.get("swaps", (0, 0))]
         self.pending = {key: [tuple(path) for path in paths] for key, paths in state.get("pending", {}).items()}
         for paths in self.pending.values():
             for path in paths:

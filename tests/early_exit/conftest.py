@@ -28,7 +28,7 @@ def r20():
     torch.set_num_threads(1)
     lm = load_model("cifar10_resnet20")
     bb = split_backbone(lm.module)
-    data = load_data("cifar10-sample")
+    data = load_data("cifar10-exact-sample")
     spec = HeadSpec((1, 2), (1,))
     calib = extract_features(bb, normalise(data.calib.x[:160], lm.mean, lm.std), spec, labels=data.calib.y[:160])
     val = extract_features(bb, normalise(data.val.x[:96], lm.mean, lm.std), spec, labels=data.val.y[:96])

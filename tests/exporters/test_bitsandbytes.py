@@ -222,7 +222,7 @@ def test_old_bitsandbytes_on_cpu_is_refused(bnb, monkeypatch, r20_evaluator, r20
 def test_on_cuda_agrees_with_qdq(bnb):
     from modelopt.api import build_workload
 
-    wl = build_workload("cifar10_resnet20", "cifar10-sample", device="cuda")
+    wl = build_workload("cifar10_resnet20", "cifar10-exact-sample", device="cuda")
     ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize"], {"quantize": {"bits": [8, 4]}})))
     int8 = bitsandbytes_agreement(ev, ev.space.uniform("quantize", QuantSpec(8)), "val")
     assert int8.device.startswith("cuda") and int8.converted[0].module == "Linear8bitLt"

@@ -40,7 +40,7 @@ def test_a_cuda_run_exports_reloads_and_reports(tmp_path):
 
 @pytest.fixture(scope="module")
 def cuda_ev():
-    wl = build_workload("cifar10_resnet20", "cifar10-sample", device="cuda")
+    wl = build_workload("cifar10_resnet20", "cifar10-exact-sample", device="cuda")
     comps = build_compressors(["quantize", "prune", "early_exit"],
                               {"prune": {"bn_samples": 64}, "quantize": {"activations": [None, 8]}}, model=wl.model)
     return Evaluator(wl, SearchSpace(wl.layers, comps))

@@ -141,7 +141,7 @@ def test_a_moved_run_folder_resumes_and_other_weights_are_refused(tmp_path, resn
     result = modelopt.optimize(resnet20_workload, budget=3, out=tmp_path / "b", progress=False, strategy="random",
                                resume=True, compressors=["quantize"])
     assert len(result.trials) == 3
-    other = modelopt.build_workload("cifar10_resnet20", "cifar10-sample", device="cpu")
+    other = modelopt.build_workload("cifar10_resnet20", "cifar10-exact-sample", device="cpu")
     other.model.linear.bias.data += 1.0  # different weights, same name and path
     with pytest.raises(ConfigError, match="model_sha256"):
         modelopt.optimize(other, budget=4, out=tmp_path / "b", progress=False, strategy="random", resume=True,

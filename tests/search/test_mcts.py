@@ -103,8 +103,12 @@ def test_rollouts_aim_at_the_drop_the_val_split_can_certify():
     (plan,) = strategy.ask(1)
     m = dataclasses.replace(synthetic_metrics(plan, SPACE, score), n_samples=2000, base_right=1621, lost=3, gained=1)
     strategy.tell(make_trial(0, plan, m, OBJ, strategy))
-    # 2,000 images, 1,621 right: at most 9 broken answers are certified at 99 % (95 % confidence).
-    assert strategy._allowed() == pytest.approx((9 / 1621) ** 0.5)
+    # 2,000 images, 1,621 right: with gains counted at the rate seen so far (1.5 per 3.5 broken, half a
+    # swap of prior each way), more than the 9 broken answers that breaks alone would allow are certified.
+    assert strategy.gain_ratio == pytest.approx(1.5 / 3.5)
+    assert strategy._allowed() == pytest.approx(OBJ.allowed_drop(2000, 1621, gain_ratio=1.5 / 3.5) ** 0.5)
+    assert strategy._allowed() > (9 / 1621) ** 0.5
+    assert dataclasses.replace(OBJ, count_gains=False).allowed_drop(2000, 1621, gain_ratio=1.5 / 3.5) == 9 / 1621
     restored = MCTS(SPACE, OBJ, seed=0)
     restored.load_state_dict(strategy.state_dict())
     assert restored._allowed() == strategy._allowed()

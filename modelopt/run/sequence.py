@@ -1,0 +1,147 @@
+"""Which finalists confirmation tests, and in what order: a fixed sequence planned on val alone.
+
+Fixed-sequence testing (Maurer, Hothorn & Lehmacher 1995; Westfall & Krishen 2001) tests claims one
+after another, each at the full level, and stops at the first that fails. Whatever the order, as
+long as it is fixed before the confirm images are looked at, the chance of confirming any plan that
+is in truth under the floor stays within 1 - confidence: the first such plan in the order is
+confirmed only if its own test errs. So the order may be chosen freely from val, and choosing it
+well is what turns evidence into compression:
+
+- a plan's *chance to pass* on confirm is predicted from its val counts (`pass_chance`): its net loss
+  on confirm is normal around the val estimate (shifted by `SELECTION_SHIFT` val standard errors for
+  a plan the search selected, since the best of many is partly the luckiest; anchors are pre-specified
+  and carry no such bias), with the variance of both samples, against the largest net loss the
+  confirm split can certify at that disagreement;
+- the anchors likely to pass come first, least compressed first (INT8, then INT4): the no-search answers
+  are claimed before any plan the search picked can end the sequence, so the reported plan is never
+  less than those anchors when they hold on confirm;
+- then the most compressed anchor (INT3) and the search's plans beyond the anchors already tested, from
+  the least to the most compressed: `plan_sequence` picks the subsequence that maximises the expected
+  reduction reported (one failure ends the sequence, so a long chain of small steps costs more than it
+  buys).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+
+from modelopt.confidence import PairedCounts
+from modelopt.objective import SELECTION_SHIFT
+
+__all__ = ["ANCHOR_PASS", "SELECTION_SHIFT", "Candidate", "most_changed", "pass_chance", "plan_sequence"]
+
+# SELECTION_SHIFT (modelopt.objective): val errors a search's pick is assumed lucky by; it changes the
+# order and so the power, never the guarantee, which holds for any order.
+# Anchors at least this likely to pass are always tested (before every more compressed plan).
+ANCHOR_PASS = 0.5
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A finalist as the planner sees it: how much it reduces the target, how likely it is to be
+    confirmed, and whether it must be tested (a likely anchor)."""
+
+    reduction: float
+    chance: float
+    forced: bool = False
+
+
+def _largest_net(n: int, base_right: int, disagree: int, confidence: float, floor: float) -> float:
+    """The largest net loss (lost - gained) / n the bound still certifies on `n` images when `disagree`
+    of them change their answer; -inf when none does."""
+    def passes(k: int) -> bool:
+        lost, gained = (disagree + k) // 2, (disagree - k) // 2
+        return PairedCounts(n, base_right, lost, gained).retention_lower(confidence) >= floor - 1e-12
+
+    lo, hi = -disagree, disagree  # net k runs over -D..D in steps of 2 (lost + gained = D)
+    if not passes(lo):
+        return -math.inf
+    if passes(hi):  # even all D broken passes: the net may grow past D (with D), up to L lost and none fixed
+        lo, hi = disagree, n
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            ok = PairedCounts(n, base_right, mid, 0).retention_lower(confidence) >= floor - 1e-12
+            lo, hi = (mid, hi) if ok else (lo, mid)
+        return lo / n
+    while hi - lo > 2:  # the bound falls as the net loss grows: bisect on the grid of the parity of D
+        mid = lo + ((hi - lo) // 4) * 2
+        lo, hi = (mid, hi) if passes(mid) else (lo, mid)
+    return (hi if passes(hi) else lo) / n
+
+
+def most_changed(n: int, base_right: int, confidence: float, floor: float) -> float:
+    """The largest share of `n` images a plan may change (as many fixed as broken) and still be certified
+    at `floor`: what a split of that size can tell apart (0 when even a plan that changes nothing fails).
+
+    Example:
+        >>> round(most_changed(3000, 2430, 0.95, 0.99), 3)  # 3,000 images at 81 % float accuracy
+        0.068
+    """
+    def passes(d: int) -> bool:
+        return PairedCounts(n, base_right, (d + 1) // 2, d // 2).retention_lower(confidence) >= floor - 1e-12
+
+    if n <= 0 or not passes(0):
+        return 0.0
+    lo, hi = 0, n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if passes(mid) else (lo, mid)
+    return (hi if passes(hi) else lo) / n
+
+
+def pass_chance(val: PairedCounts, n: int, base_right: int, confidence: float, floor: float,
+                shift: float = SELECTION_SHIFT) -> float:
+    """The predicted chance that a plan with `val` counts is confirmed on a split of `n` images the float
+    model gets `base_right` of.
+
+    Example:
+        >>> round(pass_chance(PairedCounts(2000, 1620, 20, 25), 3000, 2430, 0.95, 0.99, shift=0.0), 2)
+        0.89
+    """
+    if val.n <= 0 or n <= 0:
+        return 0.0
+    d = max((val.lost + val.gained) / val.n, 0.5 / val.n)  # disagreement rate (never quite zero)
+    mu = (val.lost - val.gained) / val.n + shift * math.sqrt(d / val.n)
+    allowed = _largest_net(n, base_right, round(d * n), confidence, floor)
+    if allowed == -math.inf:
+        return 0.0
+    sd = math.sqrt(d / n + d / val.n)
+    return NormalDist().cdf((allowed + 0.5 / n - mu) / sd)
+
+
+def plan_sequence(candidates: Sequence[Candidate], start: float = 1.0) -> list[int]:
+    """The indices to test, in order: from the least to the most reducing, the subsequence whose
+    expected reported reduction (the last confirmed before the first failure; `start` when none is) is
+    the largest, with every forced candidate in it.
+
+    Example:
+        >>> plan_sequence([Candidate(3.8, 1.0), Candidate(5.0, 0.5), Candidate(7.6, 0.95, True), Candidate(9.0, 0.2)])
+        [0, 2, 3]
+    """
+    order = sorted(range(len(candidates)), key=lambda i: (candidates[i].reduction, -candidates[i].chance))
+    items = [candidates[i] for i in order]
+    m = len(items)
+    # value[i]: the expected reduction reported once item i (or the start, i = m) has been confirmed,
+    # continuing optimally; nxt[i]: the item tested next (None: stop there).
+    value: list[float] = [0.0] * (m + 1)
+    nxt: list[int | None] = [None] * (m + 1)
+    for i in [*range(m - 1, -1, -1), m]:
+        here = items[i].reduction if i < m else start
+        start = i + 1 if i < m else 0
+        later_forced = [j for j in range(start, m) if items[j].forced]
+        best, pick = (-math.inf, None) if later_forced else (here, None)
+        for j in range(start, m):
+            if later_forced and j > later_forced[0]:
+                break  # a forced candidate cannot be skipped
+            v = items[j].chance * value[j] + (1.0 - items[j].chance) * here
+            if v > best + 1e-12:
+                best, pick = v, j
+        value[i], nxt[i] = best, pick
+    out, at = [], nxt[m]
+    while at is not None:
+        out.append(order[at])
+        at = nxt[at]
+    return out
