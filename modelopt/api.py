@@ -205,32 +205,28 @@ def optimize(
 ) -> RunResult:
     """Searches for the smallest plan that keeps `min_retention` of the float accuracy.
 
-    Every trial is journaled as it finishes (`resume=True` continues a killed run, nothing lost or
-    repeated); at the end the best plan and the Pareto front are re-scored on held-out test images.
+    Every trial is journaled as it finishes (`resume=True` continues a killed run); at the end the best
+    plan, confirmed on images that did not select it, is re-scored on held-out test images.
 
     Args:
-        model: a zoo name, `torchvision:NAME`, `pkg.module:factory`, a file, an nn.Module, a
-            `Workload` already built (then `data`, `device` and `data_seed` are its own), or a
-            `RunConfig` holding every run setting (then only `out`, `resume`, `report`, `storage`,
-            `allow_pickle` and `progress` may be passed beside it).
+        model: a zoo name, `torchvision:NAME`, `pkg.module:factory`, a file, an nn.Module, a `Workload`
+            (then `data`, `device` and `data_seed` are its own), or a `RunConfig` holding every run setting
+            (then only `out`, `resume`, `report`, `storage`, `allow_pickle` and `progress` may be passed).
         data: a named source, a path, a DataLoader or a Dataset.
-        out: the run folder (default: runs/<time>-<model>-<strategy>-s<seed>).
-        resume: continue the run in `out` (default: the latest under runs/).
-        report: write report.md and report.html into the run folder at the end (a failure warns).
-        storage: an Optuna storage URL (e.g. `sqlite:///studies.db`): every trial is written into a
-            study there at the end, for optuna-dashboard (a failure warns; the run folder is kept).
-        allow_pickle: allow full unpickling of model files (trusted files only).
-        progress: show a progress bar.
+        out, resume: the run folder (default: runs/<time>-<model>-<strategy>-s<seed>); continue the
+            run in it (default: the latest under runs/).
+        report, storage: write report.md and report.html at the end; an Optuna storage URL (e.g.
+            `sqlite:///studies.db`) every trial is written into at the end (a failure of either warns).
+        allow_pickle, progress: allow full unpickling of model files (trusted files only); show a bar.
         bits, granularity, rounding, norm_images, activations: the quantizer's menu (`Quantize`'s
             options); activations (input bits per layer, None = float) default to (None, 8) for
             bitops, else float only.
-        weights, strategy, budget, objective, min_retention, confidence, count_gains, unlabeled, seed, device,
-        compressors, exit_data, exit_images, data_seed, fidelity, latency, workers, executor,
-        ray_address, knowledge: `RunConfig`'s fields of the same names (executor None: `ray` when
-            `workers` > 1 or `ray_address` is given, else `local`).
+        weights, strategy, budget, objective, min_retention, confidence, count_gains, unlabeled (or a
+        DataLoader), seed, device, compressors, exit_data, exit_images, data_seed, fidelity, latency, workers,
+        executor, ray_address, knowledge: `RunConfig`'s fields of the same names (executor None: `ray`
+            when `workers` > 1 or `ray_address` is given, else `local`).
 
     Example:
-        >>> result = modelopt.optimize(budget=20)
         >>> result = modelopt.optimize(RunConfig(strategy="random", budget=20), out="runs/r20-random")
         >>> result.best.metrics.compression, result.best_test.retention
     """
@@ -241,9 +237,9 @@ def optimize(
             raise ConfigError(f"{changed[0]!r} was passed beside a RunConfig; set it in the RunConfig instead")
         return run(model, out=out, resume=resume, report=report, storage=storage, progress=progress,
                    allow_pickle=allow_pickle)
-    named = isinstance(model, (str, Path)) and isinstance(data, (str, Path)) and not isinstance(unlabeled, DataLoader)
-    if isinstance(unlabeled, DataLoader):
-        settings["unlabeled"] = "<in memory>"
+    in_memory = isinstance(unlabeled, DataLoader)
+    named = isinstance(model, (str, Path)) and isinstance(data, (str, Path)) and not in_memory
+    settings["unlabeled"] = "<in memory>" if in_memory else unlabeled
     config = run_config(model=str(model) if named else "<in memory>", data=str(data) if named else "<in memory>",
                         **settings)  # every setting is checked before a model loads
     workload = None if named else model if isinstance(model, Workload) else build_workload(

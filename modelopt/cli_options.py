@@ -14,7 +14,7 @@ Model = Annotated[
 Weights = Annotated[Path | None, typer.Option(help="Checkpoint (state dict) for --model.")]
 Data = Annotated[str | None, typer.Option(help="cifar10-sample, an .npz, an image folder or a CIFAR10 root.")]
 Strategy = Annotated[str | None, typer.Option(help="Search strategy (see `modelopt list`).")]
-Budget = Annotated[float | None, typer.Option(help="Budget in full evaluations of the val split (default 150).")]
+Budget = Annotated[float | None, typer.Option(help="Budget in full evaluations of the val split (default 100).")]
 Objective = Annotated[str | None, typer.Option(help="What to minimise: size, bitops, macs or latency (measured).")]
 Latency = Annotated[
     str | None,

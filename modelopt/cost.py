@@ -165,6 +165,19 @@ class CostModel:
             freed = (layer.out_channels - stored.out_channels) * 4 * (2 + int(layer.has_bias))
         return LayerCost(stored, storage, head, freed, weight_bits, activation_bits)
 
+    def marginal_bytes(self, center: Plan) -> list[list[int]]:
+        """Per decision of the space, each choice's layer bytes with the layer's other decisions at
+        `center`'s choices. Where a layer is both pruned and quantized, pruning saves a share of the
+        quantized weight, not of the float one: priced alone (the features' bytes), pruning looked four
+        to ten times more valuable next to INT4 codes than it is, and MCTS's rollouts pruned nearly
+        every layer (default run: its plans lost 40-80 answers of 2,000 where INT4 alone lost 38)."""
+        out = []
+        for d in self.space.decisions:
+            layer = self.space.layers[d.layer]
+            others = {o.name: center.get(o.name) for o in self.decisions[d.layer] if o.name != d.name}
+            out.append([self.choice_cost(layer, {**others, d.name: c}).bytes for c in d.choices])
+        return out
+
     def choice_cost(self, layer: Layer, choices: Mapping[str, Choice]) -> LayerCost:
         """One layer's cost under its `choices` {decision name: choice}, every other layer float (its
         producer keeps all channels): the price of a layer's option for strategies that price layers

@@ -46,9 +46,8 @@ UNLABELED_FRACTIONS = (0.0, 0.25, 0.35)
 UNLABELED_IMAGES = 2000  # calibration images kept from `unlabeled` (GPTQ reads 256, batch norms 512)
 MIN_UNLABELED = 256  # GPTQ's second moments and the one-pass sensitivities read this many
 SAMPLE_VAL_FRACTION = 0.4  # cifar10-exact-sample's test images: val 423 / test 423 (it confirms on its own images)
-# cifar10-sample's 9,154 JPEG images: val 2,000 (what the search scores, fast enough for a 3-minute run) and
-# confirm 7,154 (the claim: at 81 % float accuracy, 99 % is certified for a plan changing up to 15 % of answers
-# with no net loss, 3.1 % on 1,500 images).
+# cifar10-sample's 9,154 JPEG images: val 2,000 (the search's, fast enough for a 3-minute run), confirm 7,154
+# (the claim's: 99 % is certified for a plan changing up to 16 % of answers with no net loss, 4 % on 2,000).
 SAMPLE_VAL_SHARE = 2000 / 9154
 
 
@@ -267,9 +266,8 @@ def _load_path(source: str | Path, max_samples: int | None, opts: _SplitOptions)
 def _cifar10_sample(
     *, seed: int, calib_fraction: float, val_fraction: float, confirm_fraction: float, max_samples: int | None
 ) -> Dataset:
-    """The default run's data: val and confirm from the sample's 9,154 JPEG test images (2,000 / 7,154
-    by default, else in the ratio val_fraction : confirm_fraction), test the 846 exact test images, calib
-    the 1,000 training images (see `modelopt.zoo.make_sample`)."""
+    """The default run's data (`modelopt.zoo.make_sample`): val / confirm from 9,154 JPEG test images (2,000 /
+    7,154, or val_fraction : confirm_fraction), test the 846 exact test images, calib 1,000 training ones."""
     with np.load(SAMPLE_PATH) as f:
         cx, tx, ty = (torch.from_numpy(f[k]) for k in ("calib_x", "test_x", "test_y"))
         jx = torch.from_numpy(decode_jpegs(f["jpeg"], f["jpeg_offsets"], repr(str(SAMPLE_PATH))))
@@ -296,9 +294,8 @@ def _cifar10_sample(
 def _cifar10_exact_sample(
     *, seed: int, calib_fraction: float, val_fraction: float, confirm_fraction: float, max_samples: int | None
 ) -> Dataset:
-    """Exact pixels only, small and fast (the layout of the sample before it held JPEG images): the 846
-    exact test images cut val / test, confirm 1,000 training images the search never scores, calib 1,000
-    more. Its 423 val images certify 99 % only for a plan that breaks almost nothing."""
+    """Exact pixels only, small and fast (the sample before it held JPEG images): 846 test images cut val / test,
+    confirm and calib 1,000 training images each. 423 val images certify 99 % for plans that break ~nothing."""
     with np.load(SAMPLE_PATH) as f:
         cx, cy, tx, ty = (torch.from_numpy(f[k]) for k in ("calib_x", "calib_y", "test_x", "test_y"))
         fx, fy = (torch.from_numpy(f[k]) for k in ("confirm_x", "confirm_y"))
@@ -308,10 +305,8 @@ def _cifar10_exact_sample(
         n_calib = min(len(cy), round(max_samples * calib_fraction))
         c_keep = _subset(len(cy), n_calib, seed)
         t_keep = _subset(len(ty), min(len(ty), max_samples - n_calib), seed)
-    # The 846 test images are too few for a confirm split that could certify a 99 % floor (212 images
-    # cap a plan that agrees everywhere at 98.2 % at 95 % confidence), so by default they are cut val :
-    # test only, and the sample's own 1,000 confirmation images (training images the search never
-    # scores) confirm. A confirm_fraction other than the default cuts confirm from the test images.
+    # 846 images are too few to also confirm 99 % (212 cap a perfect plan at 98.2 %): by default the sample's
+    # 1,000 confirmation images confirm; another confirm_fraction cuts confirm from the test images.
     own_confirm = confirm_fraction == DEFAULT_CONFIRM_FRACTION
     confirm_fraction = 0.0 if own_confirm else confirm_fraction
     val_fraction = SAMPLE_VAL_FRACTION if val_fraction == DEFAULT_VAL_FRACTION else val_fraction

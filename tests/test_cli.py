@@ -46,7 +46,7 @@ def test_optimize_json_last_line(tmp_path):
 def test_evaluate_a_hand_written_plan(tmp_path):
     plan = tmp_path / "p.yaml"
     plan.write_text("default: {quantize: {bits: 8}}\nlayers:\n  linear: {quantize: null}\n")
-    result = _run("evaluate", "--plan", plan, "--split", "test", "--json")
+    result = _run("evaluate", "--plan", plan, "--data", "cifar10-exact-sample", "--split", "test", "--json")
     assert result.exit_code == 0, result.output
     m = json.loads(result.stdout.strip().splitlines()[-1])
     assert m["split"] == "test" and m["n_samples"] == 423
@@ -121,7 +121,8 @@ def test_evaluate_rounds_plan_entries_by_gptq_unless_told(tmp_path):
     plan.write_text("default: {quantize: {bits: 2, granularity: group}}\n")
     got = {}
     for rounding in ("gptq", "nearest"):
-        result = _run("evaluate", "--plan", plan, "--split", "test", "--rounding", rounding, "--json")
+        result = _run("evaluate", "--plan", plan, "--data", "cifar10-exact-sample", "--split", "test",
+                      "--rounding", rounding, "--json")
         assert result.exit_code == 0, result.output
         got[rounding] = json.loads(result.stdout.strip().splitlines()[-1])
     assert got["gptq"]["compression"] == got["nearest"]["compression"]  # same codes and scales stored

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from modelopt.confidence import PairedCounts
 from modelopt.errors import ConfigError
 from modelopt.evaluator import Metrics
 from modelopt.objective import Objective, Target, best_of, pareto_front
@@ -256,20 +257,33 @@ def test_a_floor_above_what_any_plan_can_certify_is_one_clear_error(bad):
         Objective("size", bad)
 
 
-def test_gains_offset_losses_only_when_asked():
-    """A plan that breaks 6 answers and fixes 10 on 423 images: its two-count bound clears 99 %
-    (it looks better than float), but by default only the breaks count, and 6 of them do not."""
+def test_gains_offset_losses_unless_breaks_only():
+    """A plan that breaks 6 answers and fixes 10 on 423 images: its two-count bound on retention clears
+    99 % (the default, the quantity promised); bounding breaks only (`count_gains=False`), 6 do not."""
     lucky = paired(423, 389, lost=6, gained=10)
     assert lucky.retention > 1.0
-    assert Objective("size", 0.99, 0.95, count_gains=True).feasible(lucky)
-    assert not Objective("size", 0.99, 0.95).feasible(lucky)
-    assert Objective("size", 0.99, 0.95).feasible(paired(423, 389, lost=0, gained=3))
+    assert Objective("size", 0.99, 0.95).feasible(lucky)
+    assert not Objective("size", 0.99, 0.95, count_gains=False).feasible(lucky)
+    assert Objective("size", 0.99, 0.95, count_gains=False).feasible(paired(423, 389, lost=0, gained=3))
 
 
-def test_point_retention_counts_breaks_only_unless_gains_count():
+def test_a_search_bound_is_taken_at_the_claim_size_one_val_error_worse():
+    """With a confirm split of 3,000 images, val counts of 1,500 are judged as they would show there,
+    with sqrt(lost + gained) more lost (the selection shift); test and confirm counts as they are."""
+    obj = Objective("size", 0.99, 0.95, claim_images=3000)
+    c = PairedCounts(1500, 1215, 14, 17)
+    assert obj.bounded(c) == PairedCounts(3000, 2430, 40, 34)  # 14 + round(sqrt(31)) = 20 lost, doubled
+    assert obj.bounded(c, search=False) == c
+    val = dataclasses.replace(paired(1500, 1215, 14, 17), split="val")
+    assert obj.retention_lower(val) == pytest.approx(PairedCounts(3000, 2430, 40, 34).retention_lower(0.95))
+    assert obj.retention_lower(dataclasses.replace(val, split="confirm")) == pytest.approx(c.retention_lower(0.95))
+
+
+def test_point_retention_models_breaks_under_a_bound_and_retention_at_confidence_zero():
     m = dataclasses.replace(metrics(1.0), n_samples=400, base_right=360, lost=9, gained=9)
     assert Objective("size", 0.99).point_retention(m) == pytest.approx(1 - 9 / 360)
-    assert Objective("size", 0.99, count_gains=True).point_retention(m) == m.retention
+    assert Objective("size", 0.99, count_gains=False).point_retention(m) == pytest.approx(1 - 9 / 360)
+    assert Objective("size", 0.99, 0.0).point_retention(m) == m.retention
 
 
 @pytest.mark.parametrize(("n", "base_right"), [(423, 388), (2000, 1621), (4000, 3303)])

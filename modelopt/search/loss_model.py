@@ -1,6 +1,6 @@
-"""MCTS's learned model of accuracy loss: additive in sqrt(drop), fitted by hierarchical ridge regression.
+"""MCTS's learned model of accuracy loss: additive in drop^power, fitted by hierarchical ridge regression.
 
-    sqrt(retention drop(plan)) ~= sum over decisions of delta[d, choice]
+    retention drop(plan) ** power ~= sum over decisions of delta[d, choice]
     delta[d, c] = kappa_d x error[d, c] + beta[d, c]
 
 `error` is the choice's relative weight-quantization error (data-free, or measured). kappa_d is
@@ -8,7 +8,15 @@ a sensitivity per decision, shrunk toward its group's kappa (one per compressor:
 error and a quantized one's do not cost accuracy at the same rate; each fitted, KAPPA0 before any
 data); beta is a per-choice residual shrunk toward zero. A decision's sensitivity is learned from
 every choice tried there, so a few trials go a long way. Both are Gaussian posteriors, so the
-rollouts can draw deltas from them (Thompson sampling). Why sqrt(drop): see `modelopt.search.mcts`.
+rollouts can draw deltas from them (Thompson sampling).
+
+The power is chosen from the trials (`POWERS`, the best fit of the drops themselves, once there are
+`POWER_TRIALS` of them; sqrt before). How losses add up depends on the data: on clean CIFAR images a
+model is sure of most answers, noise must pass a margin before it flips one, and sqrt(drop) adds up
+(see `modelopt.search.mcts`); on JPEG images many answers sit near a boundary and flip as soon as any
+layer is perturbed, so the flips grow with the noise's standard deviation and drop^2 adds up (default
+run, ResNet-20, 2,000 JPEG val images: any one layer at INT3 breaks 6-27 answers, all 20 break 61;
+20 x 15^2 = 61^2 within a fifth, where sqrt additivity predicts ten times too many).
 """
 
 from __future__ import annotations
@@ -18,6 +26,9 @@ from collections.abc import Sequence
 import numpy as np
 
 NOISE_SIGMA = 0.02  # noise of sqrt(drop) near a 1 % floor when one measurement is +-0.4 % (2 in 400 images)
+POWERS = (0.5, 1.0, 2.0)  # candidate exponents of the additive model
+POWER_TRIALS = 6  # completed trials before the exponent is fitted (sqrt until then)
+DROP_REF = 0.01  # the drop at which each power's noise is NOISE_SIGMA carried through d(drop^p)
 LAYER_REL = 1.0  # prior std of a decision's sensitivity, relative to the global kappa
 PRIOR_REL = 0.3  # prior std of a per-(decision, choice) residual, relative to kappa_d x error
 PRIOR_FLOOR = 1e-3  # ... plus this absolute floor, in sqrt(drop) units
@@ -52,6 +63,7 @@ class LossModel:
         # Each decision's group (its compressor): the kappa its sensitivity is shrunk toward.
         self.group = np.zeros(self.n_dec, dtype=int) if groups is None else np.asarray(groups, dtype=int)
         self.n_groups = int(self.group.max()) + 1 if self.n_dec else 1
+        self.power = POWERS[0]
         # One column per (decision, non-None choice).
         col = [[-1] * len(nones) for nones in is_none]
         k = 0
@@ -70,14 +82,39 @@ class LossModel:
         self.fit(np.zeros((0, self.n_dec), dtype=int), np.zeros(0), np.zeros(0))
 
     def fit(self, idx: np.ndarray, retention: np.ndarray, weight: np.ndarray) -> None:
-        """Refits on the trials that completed (from scratch: the fit is cheap, and a restore replays it).
+        """Refits on the trials that completed (from scratch: the fit is cheap, and a restore replays it),
+        with the power (`POWERS`) whose predicted drops fit the trials' best once there are enough.
 
         Args:
             idx: (trials x decisions) the choice index each trial made.
             retention: each trial's retention (1 - drop).
             weight: each trial's share of the val split: a plan scored on a quarter is a quarter as sure.
         """
+        if len(idx) >= POWER_TRIALS:
+            drop = np.maximum(1.0 - retention, 0.0)
+            misfit = {}
+            for p in POWERS:
+                self.power = p
+                self._fit(idx, retention, weight)
+                misfit[p] = float((weight * (self.predicted_drop(idx) - drop) ** 2).sum())
+            self.power = min(POWERS, key=lambda p: (misfit[p], p != POWERS[0]))
+        else:
+            self.power = POWERS[0]
+        self._fit(idx, retention, weight)
+
+    def predicted_drop(self, idx: np.ndarray) -> np.ndarray:
+        """The posterior-mean drop of each plan (rows of choice indices)."""
+        y = self.deltas(None)[np.arange(self.n_dec)[None, :], idx].sum(axis=1)
+        return np.maximum(y, 0.0) ** (1.0 / self.power)
+
+    @property
+    def noise(self) -> float:
+        """NOISE_SIGMA in this power's units (its derivative at DROP_REF carries the noise of a drop)."""
+        return NOISE_SIGMA * (self.power / 0.5) * DROP_REF ** (self.power - 0.5)
+
+    def _fit(self, idx: np.ndarray, retention: np.ndarray, weight: np.ndarray) -> None:
         err, dec = self._err_flat, self._col_dec
+        noise_sigma = self.noise
         if len(idx) == 0:
             self.kappa = KAPPA0
             self.kappa_g = np.full(self.n_groups, KAPPA0)
@@ -90,7 +127,7 @@ class LossModel:
         x[np.arange(len(idx))[:, None], self._colmat[np.arange(self.n_dec), idx]] = 1.0
         x = x[:, :-1]
         drop = 1.0 - retention
-        y = np.sign(drop) * np.sqrt(np.abs(drop))
+        y = np.sign(drop) * np.abs(drop) ** self.power
         wt = weight  # weighted least squares
         s = x @ err
         sws = float(s @ (wt * s))
@@ -100,19 +137,19 @@ class LossModel:
         np.add.at(z.T, dec, (x * err).T)
         self.kappa_g = self._group_kappas(z, y, wt)
         base = self.kappa_g[self.group]
-        lam_u = (NOISE_SIGMA / (LAYER_REL * base)) ** 2
+        lam_u = (noise_sigma / (LAYER_REL * base)) ** 2
         zw = z * wt[:, None]
         a = zw.T @ z + np.diag(lam_u)
         u = _solve(a, zw.T @ (y - z @ base))
         self.kd_mean = np.maximum(base + u, 0.0)
-        self.kd_std = NOISE_SIGMA / np.sqrt(np.diag(a))
+        self.kd_std = noise_sigma / np.sqrt(np.diag(a))
         prior = self.kd_mean[dec] * err
         tau = PRIOR_REL * prior + PRIOR_FLOOR
-        lam = (NOISE_SIGMA / tau) ** 2  # per-column ridge: trust the prior as far as it is sure
+        lam = (noise_sigma / tau) ** 2  # per-column ridge: trust the prior as far as it is sure
         xw = x * wt[:, None]
         b = xw.T @ x + np.diag(lam)
         self.beta_mean = _solve(b, xw.T @ (y - x @ prior))
-        self.beta_std = NOISE_SIGMA / np.sqrt(np.diag(b))
+        self.beta_std = noise_sigma / np.sqrt(np.diag(b))
 
     def _group_kappas(self, z: np.ndarray, y: np.ndarray, wt: np.ndarray) -> np.ndarray:
         """Each group's kappa: weighted least squares of y on the groups' summed errors, shrunk toward
@@ -121,7 +158,7 @@ class LossModel:
             return np.array([self.kappa])
         s = np.zeros((len(y), self.n_groups))
         np.add.at(s.T, self.group, z.T)
-        lam = (NOISE_SIGMA / (LAYER_REL * self.kappa)) ** 2
+        lam = (self.noise / (LAYER_REL * self.kappa)) ** 2
         a = (s * wt[:, None]).T @ s + lam * np.eye(self.n_groups)
         k = _solve(a, (s * wt[:, None]).T @ y + lam * self.kappa)
         return np.clip(k, 1e-3, 100.0)

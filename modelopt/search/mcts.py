@@ -5,19 +5,17 @@ first) fixed. Each `ask` walks the tree by PUCT (value + prior-weighted
 exploration), expands one new child, and completes the plan with a *rollout*
 that solves a knapsack under a learned additive model of accuracy loss:
 
-    sqrt(retention drop(plan)) ~= sum over decisions of delta[d, choice]
+    retention drop(plan) ** power ~= sum over decisions of delta[d, choice]
 
-Quantization noise adds up across layers roughly as variance, and accuracy falls
-roughly with the square of the total noise near the floor, so the square root of
-the drop is what adds up (measured on ResNet-20: a linear-in-error model needs a
-7x larger slope for uniform INT3 than for INT4; the square-root model under 2x).
-`delta` is fitted by ridge regression on every trial so far, shrunk toward a
-data-free prior (kappa x the choice's relative weight-quantization error, kappa
-fitted too). Rollouts draw delta from its posterior (Thompson sampling), so they
-explore where the model is unsure and exploit where it is sure. The cost side of
-the knapsack (bytes, or bitops) is known exactly, so the search spends its
-evaluations only on what it cannot compute: accuracy. The model lives in
-`modelopt.search.loss_model`, the knapsack DP in `modelopt.search.mckp`.
+Quantization noise adds up across layers roughly as variance. Where accuracy falls with the square
+of the total noise (clean images: ResNet-20, a linear model needs a 7x larger slope for uniform INT3
+than INT4, the square-root one under 2x) the power is 1/2; where it falls with the noise itself
+(JPEG images, many answers near a boundary) it is 2; the loss model picks it from the trials. The
+cost side is bytes priced with the layer's other decisions at the INT4 anchor. `delta` is fitted by
+ridge regression on every trial so far, shrunk toward a data-free prior (kappa x the choice's
+relative weight-quantization error, kappa fitted too). Rollouts draw delta from its posterior
+(Thompson sampling): they explore where the model is unsure and exploit where it is sure, spending
+evaluations only on accuracy. Model: `search/loss_model.py`; knapsack DP: `search/mckp.py`.
 
 A trial's raw value is 1 + log(reduction) when feasible, below 1 by how far it
 misses the floor when infeasible, 0 when it failed. For UCB, values are normalised
@@ -37,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from modelopt.cost import CostModel
 from modelopt.objective import Objective, Target
 from modelopt.plan import Plan
 from modelopt.search._base import Strategy
@@ -53,7 +52,10 @@ DP_BINS = 160
 MAX_ROLLOUT_TRIES = 16
 PRIOR_ROLLOUTS = 12  # rollouts whose choices at a node form its children's prior
 PRIOR_MIX = 0.75  # share of the rollout policy in a prior (the rest: data-free saving vs loss)
-MIN_MARGIN = 0.2  # the rollouts' allowed loss shrinks to this share of the floor's after misses
+# The rollouts aim at no less than this share of the drop the floor allows, however many plans miss it:
+# when every plan that changes anything breaks some answers (JPEG images: any layer at INT3 breaks 6-27
+# of 2,000), aiming lower only yields plans that leave layers in float.
+MIN_MARGIN = 0.4
 
 
 @dataclass
@@ -104,6 +106,9 @@ class MCTS(Strategy):
         self.n_dec = len(self.decisions)
         feats = [space.features[d.name] for d in self.decisions]
         self.cost = [np.array([self._cost_of(f) for f in fs], dtype=float) for fs in feats]
+        if objective.target is Target.SIZE:  # priced around the INT4 anchor: pruning saves quantized bytes
+            center = (*space.anchors(), space.plan())[min(1, len(space.anchors()) - 1)]  # INT4, else INT8, else none
+            self.cost = [np.array(c, dtype=float) for c in CostModel(space).marginal_bytes(center)]
         self.error = [np.nan_to_num(np.array([f.error for f in fs], dtype=float), nan=1.0, posinf=1.0) for fs in feats]
         # Impact order: decisions whose choices move the cost most come first (largest layers).
         spread = [c.max() - c.min() for c in self.cost]
@@ -121,11 +126,9 @@ class MCTS(Strategy):
         self.records: list[_Record] = []
         self.seen: dict[str, float] = {}  # transposition table: plan key -> value
         self.pending: dict[str, list[tuple[int, ...]]] = {}  # plan key -> tree paths awaiting tell
-        self.margin = 1.0  # scales the allowed loss in rollouts; adapts to the model's calibration
+        self.margin = 1.0  # the share of the allowed drop rollouts aim at; adapts to the model's calibration
         self.val_split: tuple[int, int] | None = None  # (images, float-right) of val, from a full score
-        # Images fixed and broken over the plans scored on all of val: how many answers a plan fixes for
-        # each it breaks, which lets a plan that breaks more still be certified when gains count.
-        self.swaps = [0, 0]
+        self.swaps = [0, 0]  # answers fixed, broken over plans scored on all of val (see gain_ratio)
         self.prior_trials: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # see use_prior_trials
         self._fit()
 
@@ -166,8 +169,8 @@ class MCTS(Strategy):
         self.model.fit(idx, retention, weight)
         if self.prior_trials is not None:
             p_idx, rel, p_weight = self.prior_trials
-            y = rel * self.model.kappa  # sqrt(drop), at this run's scale (KAPPA0 before any trial)
-            self.model.fit(np.concatenate([idx, p_idx]), np.concatenate([retention, 1.0 - y**2]),
+            y = rel * self.model.kappa  # drop^power, at this run's scale (KAPPA0 before any trial)
+            self.model.fit(np.concatenate([idx, p_idx]), np.concatenate([retention, 1.0 - y ** (1 / self.model.power)]),
                            np.concatenate([weight, p_weight]))
 
     def use_prior_trials(self, idx: np.ndarray, rel_loss: np.ndarray, weight: np.ndarray) -> None:
@@ -191,7 +194,7 @@ class MCTS(Strategy):
         model's posterior, fit the allowed loss: a knapsack solved exactly by dynamic programming
         over a discretised loss axis, all draws at once. Returns (draws x decisions) choice indices."""
         deltas = self.model.deltas(rng, draws)  # (R, n, C)
-        allowed = self._allowed() * self.margin * rng.uniform(0.8, 1.1, size=draws)
+        allowed = self._allowed() * (self.margin * rng.uniform(0.8, 1.1, size=draws)) ** self.model.power
         idx = np.zeros((draws, self.n_dec), dtype=int)
         fixed = [self.order[d] for d in range(len(prefix))]
         idx[:, fixed] = prefix
@@ -234,15 +237,17 @@ class MCTS(Strategy):
         return prior
 
     def _allowed(self) -> float:
-        """The retention floor in the model's units: sqrt of the largest drop that is still certified
+        """The retention floor in the model's units: the largest drop still certified, to the model's power,
         on the val split (known from the first plan scored on all of it; the floor's until then)."""
+        power = self.model.power
         if self.val_split is None:
-            return math.sqrt(max(1.0 - self.objective.min_retention, 1e-6))
-        return math.sqrt(max(self.objective.allowed_drop(*self.val_split, gain_ratio=self.gain_ratio), 1e-6))
+            return max(1.0 - self.objective.min_retention, 1e-6) ** power
+        return max(self.objective.allowed_drop(*self.val_split, gain_ratio=self.gain_ratio), 1e-6) ** power
 
     @property
     def gain_ratio(self) -> float:
-        """Images fixed per image broken over the plans scored so far (half a swap of prior each way)."""
+        """Answers fixed per answer broken so far (half of each as prior): with gains counted, a plan
+        that breaks more is still certified."""
         return (self.swaps[0] + 0.5) / (self.swaps[1] + 0.5) if self.swaps[1] else 0.0
 
     def _static_prior(self, i: int) -> np.ndarray:
@@ -318,14 +323,11 @@ class MCTS(Strategy):
     def _backup(self, path: tuple[int, ...], value: float) -> None:
         for depth in range(len(path) + 1):
             node = self.tree.setdefault(path[:depth], _Node())
-            node.n += 1
-            node.w += value
-            node.best = max(node.best, value)
+            node.n, node.w, node.best = node.n + 1, node.w + value, max(node.best, value)
 
     def _amaf(self, idx: list[int], value: float) -> None:
         for i, j in enumerate(idx):
-            self.amaf_n[i][j] += 1
-            self.amaf_w[i][j] += value
+            self.amaf_n[i][j], self.amaf_w[i][j] = self.amaf_n[i][j] + 1, self.amaf_w[i][j] + value
 
     def tell(self, trial: Trial) -> None:
         idx = [d.choices.index(trial.plan.get(d.name)) for d in self.decisions]
@@ -356,8 +358,6 @@ class MCTS(Strategy):
         self.records.append(_Record(idx, retention, value, self._weight(trial)))
         if retention is not None:
             # Aim rollouts at the floor: about half land feasible (one measurement is noisy there).
-            # Down to a fifth of the floor's loss: a confidence bound that counts only broken answers
-            # can demand plans that break almost none, and the rollouts must be able to aim there.
             self.margin = float(np.clip(self.margin * (1.04 if trial.meets_floor else 0.95), MIN_MARGIN, 1.3))
         self._fit()
 
@@ -397,3 +397,4 @@ class MCTS(Strategy):
         self.prior_trials = None if pt is None else (np.array(pt[0], dtype=int).reshape(-1, self.n_dec),
                                                      np.array(pt[1], dtype=float), np.array(pt[2], dtype=float))
         self._fit()
+

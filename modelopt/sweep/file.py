@@ -1,4 +1,4 @@
-"""The sweep file: its parsing (errors name the key and its line) and its cells' run folders."""
+"""The sweep file and its parsing (errors name the key and its line); its cells are in `modelopt.sweep.cells`."""
 
 from __future__ import annotations
 
@@ -18,14 +18,12 @@ from modelopt.data import list_data_sources
 from modelopt.errors import ConfigError, UnknownNameError
 from modelopt.models import list_models
 from modelopt.objective import Target
-from modelopt.run.journal import read_journal, read_json
-from modelopt.run.layout import CONFIG, JOURNAL, RUNS, SUMMARY
+from modelopt.run.layout import RUNS
 from modelopt.search import STRATEGIES
+from modelopt.sweep.cells import EPS, Cell, cell_status
 from modelopt.workload import resolve_device
 
 __all__ = ["EPS", "Cell", "Sweep", "SweepModel", "cell_status", "load_sweep"]
-
-EPS = 1e-9  # budgets are sums of float costs
 
 _REQUIRED = ("name", "models", "strategies", "budgets", "seeds")
 _DEFAULTS: dict[str, Any] = {  # `out` defaults to the sweep's name, beside the sweep file
@@ -34,7 +32,7 @@ _DEFAULTS: dict[str, Any] = {  # `out` defaults to the sweep's name, beside the 
 }
 _KEYS = (*_REQUIRED[:1], "out", *_REQUIRED[1:], "objective", "min_retention", "confidence", "compressors", "bits",
          "granularity", "rounding", "device", "workers_per_cell")
-_MODEL_KEYS = ("name", "model", "weights", "data")
+_MODEL_KEYS = ("name", "model", "weights", "data", "unlabeled")
 _MODELS_EXAMPLE = "[{name: resnet20, model: cifar10_resnet20}]"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -47,6 +45,7 @@ class SweepModel:
     model: str
     weights: str | None = None
     data: str = "cifar10-sample"
+    unlabeled: str | None = None  # images for calibration (`load_data(unlabeled=...)`)
 
 
 @dataclass(frozen=True)
@@ -347,13 +346,8 @@ def _model(f: _File, entry: yaml.Node, where: str, base: Path) -> tuple[SweepMod
                           f"({', '.join(list_models())}), torchvision:NAME, pkg.module:factory, nor a file "
                           f"(looked for {str(resolved)!r})")
         model = str(resolved.resolve())
-    weights = None
-    if "weights" in keys:
-        weights_path = base / f.string(keys["weights"], f"{where}.weights", "../models/resnet56.th")
-        if not weights_path.is_file():
-            raise f.error(keys["weights"], f"{where}.weights", f"no such file {str(weights_path.resolve())!r} "
-                          "(relative paths are resolved against the sweep file's folder)")
-        weights = str(weights_path.resolve())
+    weights, unlabeled = (_path(f, keys, key, where, base, example) for key, example in
+                          (("weights", "../models/resnet56.th"), ("unlabeled", "../data/cifar10_jpeg_train.npz")))
     data = "cifar10-sample"
     if "data" in keys:
         data = f.string(keys["data"], f"{where}.data", "cifar10-sample")
@@ -363,38 +357,15 @@ def _model(f: _File, entry: yaml.Node, where: str, base: Path) -> tuple[SweepMod
                 raise f.error(keys["data"], f"{where}.data", f"{data!r} is neither a data source "
                               f"({', '.join(list_data_sources())}) nor a path (looked for {str(resolved)!r})")
             data = str(resolved.resolve())
-    return SweepModel(name, model, weights, data), keys["name"]
+    return SweepModel(name, model, weights, data, unlabeled), keys["name"]
 
 
-# ---- cells ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One run of the grid and how far it got."""
-
-    model: str
-    strategy: str
-    seed: int
-    run_dir: Path
-    n_trials: int
-    spent: float
-    done: bool  # summary.json written and the budget reached (or the space exhausted at it)
-
-    @property
-    def started(self) -> bool:
-        return (self.run_dir / CONFIG).exists() or (self.run_dir / JOURNAL).exists()
-
-    @property
-    def status(self) -> str:
-        return "done" if self.done else "partial" if self.started else "todo"
-
-
-def cell_status(run_dir: Path, model: str, strategy: str, seed: int, budget: float) -> Cell:
-    """A cell is done when its summary exists and its trials' cost reaches `budget`, or its run
-    stopped early at that budget because the strategy had nothing new to propose."""
-    records = read_journal(run_dir / JOURNAL)
-    spent = sum(float(r.get("cost", 0.0)) for r in records)
-    summary = read_json(run_dir / SUMMARY)
-    done = summary is not None and (spent >= budget - EPS or float(summary.get("budget", 0)) >= budget - EPS)
-    return Cell(model, strategy, seed, run_dir, len(records), spent, done)
+def _path(f: _File, keys: dict[str, yaml.Node], key: str, where: str, base: Path, example: str) -> str | None:
+    """An existing path named by `key` (relative to the sweep file's folder), resolved; None when absent."""
+    if key not in keys:
+        return None
+    path = base / f.string(keys[key], f"{where}.{key}", example)
+    if not path.exists():
+        raise f.error(keys[key], f"{where}.{key}", f"no such file {str(path.resolve())!r} "
+                      "(relative paths are resolved against the sweep file's folder)")
+    return str(path.resolve())

@@ -100,7 +100,7 @@ def _check_started(sweep: Sweep, cells: Sequence[Cell]) -> None:
 
 
 def _build_workload(model: SweepModel, device: str) -> Workload:
-    return build_workload(model.model, model.data, weights=model.weights, device=device)
+    return build_workload(model.model, model.data, weights=model.weights, device=device, unlabeled=model.unlabeled)
 
 
 def run_sweep(
@@ -264,7 +264,7 @@ def _run_cell(sweep: Sweep, model: SweepModel, cell: Cell, wl: Workload, ray_add
             wl, strategy=cell.strategy, budget=sweep.budget, seed=cell.seed, out=cell.run_dir, resume=cell.started,
             objective=sweep.objective, min_retention=sweep.min_retention, confidence=sweep.confidence,
             bits=sweep.bits, granularity=sweep.granularity, rounding=sweep.rounding, compressors=sweep.compressors,
-            weights=model.weights, progress=False, **spread,
+            weights=model.weights, unlabeled=model.unlabeled, progress=False, **spread,
         )
     except Exception as exc:  # one broken cell must not stop the grid; its journal is kept
         if isinstance(exc, ConfigError):

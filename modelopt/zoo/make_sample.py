@@ -21,10 +21,12 @@ where lucky gains offset losses.
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 ASSET = Path(__file__).parent / "assets" / "cifar10_sample.npz"
 DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "cifar10"
@@ -48,10 +50,6 @@ def _exact_in_jpeg(exact: np.ndarray, labels: np.ndarray, jpeg: list[np.ndarray]
 
 def _jpeg_pool(data_dir: Path, exact: np.ndarray, labels: np.ndarray) -> dict[str, np.ndarray]:
     """`JPEG_IMAGES` JPEG test images that are not re-encodings of the exact test images, as bytes."""
-    import io
-
-    from PIL import Image
-
     f = np.load(data_dir / "cifar10_jpeg_test.npz")
     data, offsets, y = f["jpeg"], f["offsets"], f["y"]
     decoded = [np.asarray(Image.open(io.BytesIO(data[offsets[i] : offsets[i + 1]].tobytes())).convert("RGB"))

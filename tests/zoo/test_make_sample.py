@@ -12,9 +12,12 @@ CIFAR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "cifar1
 
 
 def test_bundled_sample_is_small_and_well_formed() -> None:
-    assert SAMPLE_PATH.stat().st_size < 8 * 2**20  # kept under 8 MiB
+    assert SAMPLE_PATH.stat().st_size < 12 * 2**20  # kept under 12 MiB (the package under about 15 MB)
     with np.load(SAMPLE_PATH) as f:
-        assert sorted(f.files) == ["calib_x", "calib_y", "confirm_x", "confirm_y", "test_x", "test_y"]
+        assert sorted(f.files) == ["calib_x", "calib_y", "confirm_x", "confirm_y", "jpeg", "jpeg_index",
+                                   "jpeg_offsets", "jpeg_y", "test_x", "test_y"]
+        assert len(f["jpeg_y"]) == len(f["jpeg_index"]) == len(f["jpeg_offsets"]) - 1 == 9154
+        assert len(set(f["jpeg_index"].tolist())) == 9154 and f["jpeg_index"].max() < 10000
         assert f["test_x"].shape == (846, 32, 32, 3) and f["calib_x"].shape == (1000, 32, 32, 3)
         assert f["confirm_x"].shape == (1000, 32, 32, 3)
         assert f["test_x"].dtype == f["calib_x"].dtype == f["confirm_x"].dtype == np.uint8
@@ -36,6 +39,9 @@ def test_bundled_sample_holds_the_documented_images(tmp_path: Path) -> None:
         conf = np.concatenate([b * 932 + 200 + np.arange(200) for b in range(5)])
         np.testing.assert_array_equal(f["confirm_x"], train_x[conf])
         np.testing.assert_array_equal(f["confirm_y"], train_y[conf])
+        # The JPEG images: the test file's entries at jpeg_index, none a re-encoding of an exact test image.
+        with np.load(CIFAR / "cifar10_jpeg_test.npz") as j:
+            np.testing.assert_array_equal(f["jpeg_y"], j["y"][f["jpeg_index"]])
     rebuilt = build(CIFAR, tmp_path / "s.npz")
     with np.load(rebuilt) as a, np.load(SAMPLE_PATH) as b:
         for k in b.files:
