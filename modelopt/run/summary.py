@@ -16,6 +16,13 @@ if TYPE_CHECKING:  # the runner imports this module: its type only
 __all__ = ["run_summary"]
 
 
+def _uniform_name(self: Runner, trial: Trial) -> str:
+    """"INT4" for a plan whose compressed layers all store 4-bit weights."""
+    bits = {self.space.compressors[d.compressor].weight_bits(c) for d in self.space.decisions
+            if (c := trial.plan.get(d.name)) is not None}
+    return f"INT{bits.pop()}" if len(bits) == 1 else "mixed"
+
+
 def run_summary(
     self: Runner, best: Trial | None, search_best: Trial | None, confirmation: Confirmation,
     test: dict[str, Metrics], pareto: tuple[tuple[Trial, Metrics | None], ...], search_wall: float,
@@ -43,7 +50,8 @@ def run_summary(
         "run_dir": str(self.run_dir),
         "config": self.config.to_json(),
         "objective": {"target": self.objective.target.value, "min_retention": self.objective.min_retention,
-                      "confidence": conf, "count_gains": self.objective.count_gains},
+                      "confidence": conf, "count_gains": self.objective.count_gains,
+                      "claim_images": self.objective.claim_images},
         "budget": self.budget,
         "budget_used": self.spent,
         "n_trials": len(self.trials),
@@ -66,7 +74,7 @@ def run_summary(
                            "confirm": metrics(m)} for i, (t, m) in enumerate(confirmation.finalists)],
         },
         # The uniform plans (INT8, INT4, INT3 per channel) scored beside the search on the same images.
-        "anchors": [entry(t) for t in anchors],
+        "anchors": [{**entry(t), "name": _uniform_name(self, t)} for t in anchors],
         "pareto": [entry(t) for t, _ in pareto],
         # One-time work: wall seconds in this process, and the budget units charged for it.
         "preparation": {"seconds": dict(self.evaluator.one_time.seconds),

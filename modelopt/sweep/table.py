@@ -29,6 +29,7 @@ from modelopt.run.confirm import confirm, finalists
 from modelopt.run.journal import read_journal, read_json
 from modelopt.run.layout import CONFIG, JOURNAL, RUNS, SEEDS_CSV, SUMMARY, TABLE_CSV, TABLE_MD
 from modelopt.run.sweep_folder import sweep_layout
+from modelopt.sweep.anchors import anchor_lines
 from modelopt.sweep.file import EPS
 from modelopt.trial import Trial
 from modelopt.workload import Workload
@@ -36,10 +37,7 @@ from modelopt.workload import Workload
 __all__ = ["make_table"]
 
 
-
 # ---- the table ------------------------------------------------------------------------------
-
-
 @dataclass
 class _Seed:
     """One cell read back: its best-so-far trace and the plans the table needs."""
@@ -50,6 +48,7 @@ class _Seed:
     trace: list[tuple[float, dict[str, Any] | None]]  # (cumulative cost, best feasible record so far)
     covered: float  # the largest budget this cell's trace answers for
     records: list[tuple[float, dict[str, Any]]]  # (cumulative cost, record) of every journal line
+    run_dir: Path
 
     def records_within(self, budget: float) -> list[dict[str, Any]]:
         return [rec for cost, rec in self.records if cost <= budget + EPS]
@@ -83,8 +82,9 @@ def _reduction(obj: Objective, rec: Mapping[str, Any]) -> float:
 def _read_cell(run_dir: Path, seed: int) -> _Seed | None:
     if not (run_dir / CONFIG).is_file():
         return None
-    config = RunConfig.read(run_dir)
-    obj = config.make_objective()
+    config, summary = RunConfig.read(run_dir), read_json(run_dir / SUMMARY)
+    obj = dataclasses.replace(config.make_objective(), claim_images=((summary or {}).get("objective") or {}).get(
+        "claim_images"))  # the search's bound as the run took it
     trace: list[tuple[float, dict[str, Any] | None]] = []
     records: list[tuple[float, dict[str, Any]]] = []
     cum, best = 0.0, None
@@ -95,10 +95,9 @@ def _read_cell(run_dir: Path, seed: int) -> _Seed | None:
             # The runner's rule (best_of): the best so far stays unless this one beats it.
             best = best_of([r for r in (best, rec) if r is not None], _metrics, obj)
         trace.append((cum, best))
-    summary = read_json(run_dir / SUMMARY)
     # A run that stopped early (nothing new to propose) covers its whole budget.
     covered = max(cum, float(summary.get("budget", 0.0)) if summary else 0.0)
-    return _Seed(seed, config, obj, trace, covered, records)
+    return _Seed(seed, config, obj, trace, covered, records, run_dir)
 
 
 def _stats(values: Sequence[float]) -> tuple[float, float, float]:
@@ -130,12 +129,12 @@ class _Scorer:
         return ev.evaluate(plan, split="test")
 
     def reported(self, model: str, cell: _Seed, budget: float) -> dict[str, Any] | None:
-        """The plan a run stopped at `budget` would report: the smallest of its finalists that the
-        confirm split confirms in turn (`modelopt.run.confirm`), or its val best without one."""
+        """What a run stopped at `budget` would report (`modelopt.run.confirm`), or its val best without confirm."""
         ev = self.evaluator(model, cell.config)
         trials = [Trial.from_json(r, ev.space) for r in cell.records_within(budget)]
-        final = finalists(trials, cell.objective)
-        confirmation = confirm(ev, cell.objective, list(final.candidates))
+        keys = [p.key for p in ev.space.anchors()] if cell.objective.confidence else []
+        final = finalists(trials, cell.objective, keys)
+        confirmation = confirm(ev, cell.objective, list(final.candidates), final.anchors)
         best = confirmation.best if confirmation.split is not None else final.search_best
         return None if best is None else next(r for r in cell.records_within(budget) if r["number"] == best.number)
 
@@ -396,5 +395,5 @@ def _md_model(
                 "–" if o == r["strategy"] or math.isnan(r[f"lead_vs_{o}_pct"]) else f"{r[f'lead_vs_{o}_pct']:+.1f}%"
                 for o in others])
         lines += _md_table(["strategy", "budget", *(f"vs {o}" for o in others)], "lr" + "r" * len(others), body)
-    return "\n".join(lines)
+    return "\n".join(lines + anchor_lines([c.run_dir for cs in cells.values() for c in cs]))
 

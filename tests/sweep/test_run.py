@@ -251,7 +251,7 @@ def test_a_second_run_skips_finished_cells_and_rebuilds_the_table_from_the_folde
     assert result.exit_code == 0, result.output
     assert "Ran 0 of 2 cells" in result.stdout and "resnet20" in result.stdout
     assert {p: p.read_bytes() for p in out.glob("runs/*/*/*/trials.jsonl")} == journals  # no trial added
-    assert calls == [("cifar10_resnet20", "cifar10-sample", None, 0)]
+    assert calls == [("cifar10_resnet20", "cifar10-exact-sample", None, 0)]  # the shared workload's data
     assert (out / "table.csv").read_text() == table
     assert len(_csv(out / "table_seeds.csv")) == 4  # 2 seeds x 2 budgets
 
