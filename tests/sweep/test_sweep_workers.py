@@ -28,6 +28,7 @@ out: results
 models:
   - name: resnet20
     model: cifar10_resnet20
+    data: cifar10-exact-sample
 strategies: [random]
 budgets: [2]
 seeds: [0, 1]
