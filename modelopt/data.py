@@ -40,9 +40,12 @@ SPLIT_NAMES = ("calib", "val", "confirm", "test", "all")
 SAMPLE_PATH = Path(__file__).parent / "zoo" / "assets" / "cifar10_sample.npz"
 DEFAULT_VAL_FRACTION = 0.2
 DEFAULT_CONFIRM_FRACTION = 0.2
-# With unlabeled images for calibration every labeled image is evidence: val 25 %, confirm 35 % (the
-# claim's evidence, so the larger share), test 40 %.
-UNLABELED_FRACTIONS = (0.0, 0.25, 0.35)
+# With unlabeled images for calibration every labeled image is evidence: val 20 %, confirm 50 %, test 30 %.
+# The claim is certified on confirm alone, and its resolution grows with the square root of its images: on
+# 10,000 JPEG CIFAR-10 images, 5,000 confirm images certify 99 % for a plan that changes up to 11 % of the
+# answers with no net loss (3,500: 7.9 %). The search chooses on val (2,000: the bundled default's), led by
+# label-free priors; test (3,000) reports, +-0.6 points at 99 %.
+UNLABELED_FRACTIONS = (0.0, 0.20, 0.50)
 UNLABELED_IMAGES = 2000  # calibration images kept from `unlabeled` (GPTQ reads 256, batch norms 512)
 MIN_UNLABELED = 256  # GPTQ's second moments and the one-pass sensitivities read this many
 SAMPLE_VAL_FRACTION = 0.4  # cifar10-exact-sample's test images: val 423 / test 423 (it confirms on its own images)
@@ -186,7 +189,7 @@ def load_data(
         unlabeled: Images without labels for calib (an `.npz` of `x` or of `jpeg` and `offsets`, an
             image folder at any depth, or a DataLoader; labels in them are ignored): a seeded subset
             of `UNLABELED_IMAGES` of them becomes the calib split, and the labeled images are cut
-            val / confirm / test only (25 / 35 / 40 % unless the fractions are given).
+            val / confirm / test only (20 / 50 / 30 % unless the fractions are given).
 
     Returns:
         The split dataset.

@@ -44,7 +44,7 @@ def test_unlabeled_npz_becomes_calib_and_every_labeled_image_is_evidence(tmp_pat
         data = load_data(labeled, unlabeled=path)
     assert "labels (y)" in caplog.text and "ignored" in caplog.text  # said so
     assert len(data.calib) == UNLABELED_IMAGES and (data.calib.y == -1).all()
-    assert (len(data.val), len(data.confirm), len(data.test)) == (100, 140, 160)  # 25 / 35 / 40 % of 400
+    assert (len(data.val), len(data.confirm), len(data.test)) == (80, 200, 120)  # 20 / 50 / 30 % of 400
     ours = {tuple(img.flatten()[:8].tolist()) for img in _images(3000)}
     assert all(tuple(img.flatten()[:8].tolist()) in ours for img in data.calib.x.numpy())
 

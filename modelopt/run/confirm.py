@@ -2,17 +2,17 @@
 
 The search scores hundreds of plans on val and keeps the best; near the floor the winner is
 partly the plan whose val images were kindest (the winner's curse). So before any claim the
-finalists (the val-feasible plans of the Pareto fronts, the search's best, and the uniform anchors
-every run scores) are re-scored on the confirm split, which the search never saw, and a plan is
-*confirmed* when its retention bound there clears the floor.
+finalists (the plans of the Pareto fronts, the search's best, and the uniform anchors every run
+scores) are re-scored on the confirm split, which the search never saw, and a plan is *confirmed* when
+its retention bound there clears the floor.
 
-Finalists are tested in a fixed sequence planned on val alone (`modelopt.run.sequence`): from the
-least to the most compressed, the subsequence with the largest expected reported compression given
-each plan's predicted chance to pass, with the likely anchors always in it. The sequence stops at
-the first plan that fails. Fixed-sequence testing keeps the chance of confirming any plan that is in
-truth below the floor within 1 - confidence without a correction for the number of finalists (each
-claim is tested at the full level only if every claim before it held; the order is fixed from val
-alone), and the reported best is the smallest plan confirmed.
+Finalists are tested in two fixed sequences planned on val alone (`modelopt.run.sequence`): the anchors
+all but sure to pass (INT8), and, from the least to the most compressed, the subsequence of the search's
+plans and the other anchors with the largest expected reported compression given each plan's predicted
+chance to pass. Each sequence stops at its first failure; the two share the error rate, and a
+sequence whose every claim held hands its share to the other (`confirm_chains`). That keeps the chance
+of confirming any plan that is in truth below the floor within 1 - confidence without a correction for
+the number of finalists, and the reported best is the smallest plan confirmed.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from modelopt.run.sequence import (
     ANCHOR_PASS,
     SELECTION_SHIFT,
     Candidate,
+    confirm_chains,
     most_changed,
     pass_chance,
     plan_sequence,
@@ -68,7 +69,7 @@ def _spread(items: list[T], k: int) -> list[T]:
 
 
 def finalists(trials: list[Trial], objective: Objective, anchors: Sequence[str] = ()) -> Finalists:
-    """What a finished search hands to confirmation: its best, and the val-feasible plans of two fronts.
+    """What a finished search hands to confirmation: its best, and the plans of two fronts.
 
     The retention front (size against the val retention bound) holds the plans val rates best; the
     agreement front (size against the val agreement bound, the share of images whose prediction the
@@ -81,11 +82,14 @@ def finalists(trials: list[Trial], objective: Objective, anchors: Sequence[str] 
     front = _spread(pareto_front(ok, _scored, objective), MAX_RESCORED)
     agree = _spread(pareto_front(ok, lambda t: _as_agreement(_scored(t), objective.confidence),
                                  Objective(objective.target, 0.0, 0.0)), MAX_RESCORED)
-    feasible = [t for t in ([best] if best else []) + front + agree
-                if t.metrics is not None and objective.feasible(t.metrics)]
+    # Every plan of either front goes on, val-feasible or not: whether one is worth testing is its predicted
+    # chance to pass on confirm (`modelopt.run.sequence.pass_chance`), which the sequence weighs; a val bound
+    # judged at the confirm split's size and one val error lucky leaves out plans that pass there half the time.
+    scored = [t for t in ([best] if best else []) + front + agree
+              if t.metrics is not None and t.metrics.stopped is None]
     keys = set(anchors)
     anchor_trials = tuple(t for t in ok if t.plan.key in keys)
-    return Finalists(best, tuple(front), tuple(dict.fromkeys(feasible)), anchor_trials)
+    return Finalists(best, tuple(front), tuple(dict.fromkeys(scored)), anchor_trials)
 
 
 def _as_agreement(m: Metrics, confidence: float) -> Metrics:
@@ -102,8 +106,8 @@ class Confirmation:
     Attributes:
         split: the split that vouched ("confirm"), or None when the data have none (the best
             plan is then the search's, unconfirmed).
-        finalists: each finalist and its confirm metrics, in the order tested (least compressed first).
-        confirmed: how many finalists, from the first, were confirmed before the first failure.
+        finalists: each finalist and its confirm metrics, in the order first tested.
+        confirmed: how many finalists were confirmed (`verdicts`).
         best: the smallest confirmed plan (None when none was, or when there is no confirm split).
         ceiling: the retention bound a plan that agrees with the float model on every confirm
             image would get: below the floor, the split is too small to confirm anything, and
@@ -117,6 +121,7 @@ class Confirmation:
     ceiling: float | None
     floor: float = 0.0
     chances: tuple[float, ...] = ()  # each tested finalist's predicted chance to pass, from val
+    verdicts: tuple[bool, ...] = ()  # each tested finalist's: confirmed or not
 
     @property
     def usable(self) -> bool:
@@ -179,12 +184,12 @@ def evidence(evaluator: Evaluator, objective: Objective) -> str:
 
 def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
             anchors: Sequence[Trial] = ()) -> Confirmation:
-    """Re-scores finalists on the confirm split and confirms them in a fixed sequence planned on val.
+    """Re-scores finalists on the confirm split and confirms them in two fixed sequences planned on val.
 
     Args:
         evaluator: scores plans (its workload must hold a confirm split, else nothing is re-scored).
         objective: the floor, the confidence, and the target that orders the finalists.
-        finalists: val-feasible plans the search found (any order; duplicates by plan key are dropped).
+        finalists: plans the search found (any order; duplicates by plan key are dropped).
         anchors: the uniform plans the run scored (`SearchSpace.anchors`), pre-specified and so not
             discounted for selection; those likely to pass are always tested.
 
@@ -203,29 +208,38 @@ def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
     pool = [t for t in [*anchors, *finalists] if t.metrics is not None and t.metrics.stopped is None]
     unique = list({t.plan.key: t for t in pool}.values())
     candidates = {t.plan.key: _candidate(t, t.plan.key in anchor_keys, objective, n, base_right) for t in unique}
-    order = _order(unique, candidates, anchor_keys)
-    chance = {key: c.chance for key, c in candidates.items()}
-    scored: list[tuple[Trial, Metrics]] = []
-    for t in order:  # the sequence stops at the first failure: nothing after it could be claimed
-        scored.append((t, evaluator.evaluate(t.plan, split=SPLIT)))
-        if not objective.meets_floor(scored[-1][1]):
-            break
-    confirmed = sum(objective.meets_floor(m) for _, m in scored)
-    held = [t for t, _ in scored[:confirmed]]
+    chains = _chains(unique, candidates, anchor_keys)
+    flat = [t for chain in chains for t in chain]
+    scored: dict[int, Metrics] = {}
+
+    def passes(i: int, level: float) -> bool:
+        if i not in scored:
+            scored[i] = evaluator.evaluate(flat[i].plan, split=SPLIT)
+        if objective.confidence <= 0:
+            return objective.meets_floor(scored[i])
+        counts = scored[i].counts()
+        return counts is not None and counts.retention_lower(1.0 - level) >= objective.min_retention - 1e-12
+
+    ids = [list(range(len(chains[0]))), list(range(len(chains[0]), len(flat)))]
+    verdict = confirm_chains(ids, passes, 1.0 - objective.confidence if objective.confidence > 0 else 1.0)
+    tested = list(verdict)  # in the order first tested
+    held = [flat[i] for i in tested if verdict[i]]
     best = min(held, key=lambda t: (objective.value(_scored(t)), -objective.retention_lower(_scored(t))),
                default=None)
-    return Confirmation(SPLIT, tuple(scored), confirmed, best, ceiling, objective.min_retention,
-                        tuple(chance[t.plan.key] for t, _ in scored))
+    return Confirmation(SPLIT, tuple((flat[i], scored[i]) for i in tested), len(held), best, ceiling,
+                        objective.min_retention, tuple(candidates[flat[i].plan.key].chance for i in tested),
+                        tuple(verdict[i] for i in tested))
 
 
-def _order(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[str]) -> list[Trial]:
-    """The fixed sequence: the likely anchors but the most compressed one (INT8, INT4), least compressed
-    first; then, planned by `plan_sequence`, the most compressed anchor and the plans beyond the last."""
-    by_reduction = sorted((t for t in trials if t.plan.key in anchors), key=lambda t: candidates[t.plan.key].reduction)
-    gate = [t for t in by_reduction[:-1] if candidates[t.plan.key].forced]
-    reached = max((candidates[t.plan.key].reduction for t in gate), default=1.0)
-    rest = [t for t in trials if t not in gate and candidates[t.plan.key].reduction > reached]
-    return gate + [rest[i] for i in plan_sequence([candidates[t.plan.key] for t in rest], start=reached)]
+def _chains(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[str]) -> list[list[Trial]]:
+    """The two fixed sequences, both from val alone: the anchors all but sure to pass (`ANCHOR_PASS`: INT8),
+    least compressed first; and, planned by `plan_sequence`, the search's plans and the other anchors, from
+    the least to the most compressed (`modelopt.run.sequence.confirm_chains` shares the error rate)."""
+    gate = sorted((t for t in trials if t.plan.key in anchors and candidates[t.plan.key].forced),
+                  key=lambda t: candidates[t.plan.key].reduction)
+    start = max((candidates[t.plan.key].reduction for t in gate), default=1.0)
+    rest = [t for t in trials if t not in gate and candidates[t.plan.key].reduction > start]
+    return [gate, [rest[i] for i in plan_sequence([candidates[t.plan.key] for t in rest], start=start)]]
 
 
 def _candidate(trial: Trial, anchor: bool, objective: Objective, n: int, base_right: int) -> Candidate:

@@ -69,7 +69,7 @@ def run_summary(
             "usable": confirmation.usable,
             "ceiling": confirmation.ceiling,
             "confirmed": confirmation.confirmed,
-            "finalists": [{"trial": t.number, "plan_key": t.plan.key, "confirmed": i < confirmation.confirmed,
+            "finalists": [{"trial": t.number, "plan_key": t.plan.key, "confirmed": confirmation.verdicts[i],
                            "pass_chance": confirmation.chances[i] if i < len(confirmation.chances) else None,
                            "confirm": metrics(m)} for i, (t, m) in enumerate(confirmation.finalists)],
         },

@@ -41,10 +41,17 @@ class Strategy(ABC):
         """The outcome of a plan (trial.reward is None when it failed)."""
 
     @property
+    def loss_estimator(self) -> str | None:
+        """Which one-pass loss estimates the run should measure for this strategy (charged as preparation)
+        and hand over with `use_loss_estimates`: "fisher" (`modelopt.sensitivity.estimate_losses`, a
+        gradient pass), "output" (`modelopt.output_sensitivity.output_losses`, one label-free probe of the
+        answers per layer), or None."""
+        return None
+
+    @property
     def wants_loss_estimates(self) -> bool:
-        """Whether the run should measure `modelopt.sensitivity.estimate_losses` for this strategy
-        (a gradient pass, charged as preparation) and hand them over with `use_loss_estimates`."""
-        return False
+        """Whether the run should measure loss estimates for this strategy (`loss_estimator`)."""
+        return self.loss_estimator is not None
 
     def use_loss_estimates(self, estimates: Mapping[tuple[str, int], float]) -> None:
         """Takes estimated losses {(decision name, choice index): loss}; only strategies that want them."""

@@ -90,9 +90,9 @@ class KnapsackSearch(Strategy):
         self._olosses: list[np.ndarray] | None = None
 
     @property
-    def wants_loss_estimates(self) -> bool:
-        """Whether the runner should hand this strategy `modelopt.sensitivity.estimate_losses`."""
-        return self.sensitivity == "fisher"
+    def loss_estimator(self) -> str | None:
+        """The one-pass estimates this knapsack prices choices with: the Fisher pass, or none (measured)."""
+        return "fisher" if self.sensitivity == "fisher" else None
 
     def use_loss_estimates(self, estimates: Mapping[tuple[str, int], float]) -> None:
         """Takes estimated losses {(decision, choice index): loss} in place of sensitivity trials;

@@ -58,8 +58,9 @@ class LossModel:
     """
 
     def __init__(self, error: Sequence[np.ndarray], is_none: Sequence[Sequence[bool]], width: int,
-                 groups: Sequence[int] | None = None) -> None:
+                 groups: Sequence[int] | None = None, layer_rel: float = LAYER_REL) -> None:
         self.n_dec = len(error)
+        self.layer_rel = layer_rel  # prior std of a decision's sensitivity around its group's kappa, relative
         # Each decision's group (its compressor): the kappa its sensitivity is shrunk toward.
         self.group = np.zeros(self.n_dec, dtype=int) if groups is None else np.asarray(groups, dtype=int)
         self.n_groups = int(self.group.max()) + 1 if self.n_dec else 1
@@ -119,7 +120,7 @@ class LossModel:
             self.kappa = KAPPA0
             self.kappa_g = np.full(self.n_groups, KAPPA0)
             self.kd_mean = np.full(self.n_dec, KAPPA0)
-            self.kd_std = np.full(self.n_dec, LAYER_REL * KAPPA0)
+            self.kd_std = np.full(self.n_dec, self.layer_rel * KAPPA0)
             self.beta_mean = np.zeros(self.n_cols)
             self.beta_std = PRIOR_REL * KAPPA0 * err + PRIOR_FLOOR
             return
@@ -137,7 +138,7 @@ class LossModel:
         np.add.at(z.T, dec, (x * err).T)
         self.kappa_g = self._group_kappas(z, y, wt)
         base = self.kappa_g[self.group]
-        lam_u = (noise_sigma / (LAYER_REL * base)) ** 2
+        lam_u = (noise_sigma / (self.layer_rel * base)) ** 2
         zw = z * wt[:, None]
         a = zw.T @ z + np.diag(lam_u)
         u = _solve(a, zw.T @ (y - z @ base))
@@ -158,7 +159,7 @@ class LossModel:
             return np.array([self.kappa])
         s = np.zeros((len(y), self.n_groups))
         np.add.at(s.T, self.group, z.T)
-        lam = (self.noise / (LAYER_REL * self.kappa)) ** 2
+        lam = (self.noise / (self.layer_rel * self.kappa)) ** 2
         a = (s * wt[:, None]).T @ s + lam * np.eye(self.n_groups)
         k = _solve(a, (s * wt[:, None]).T @ y + lam * self.kappa)
         return np.clip(k, 1e-3, 100.0)

@@ -30,6 +30,7 @@ lets `ask(n)` return n different plans for parallel evaluation.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +41,7 @@ from modelopt.objective import Objective, Target
 from modelopt.plan import Plan
 from modelopt.search._base import Strategy
 from modelopt.search._registry import STRATEGIES
-from modelopt.search.loss_model import LossModel
+from modelopt.search.loss_model import LAYER_REL, LossModel
 from modelopt.search.mckp import solve_binned
 from modelopt.space import SearchSpace
 from modelopt.trial import Trial
@@ -56,6 +57,9 @@ PRIOR_MIX = 0.75  # share of the rollout policy in a prior (the rest: data-free 
 # when every plan that changes anything breaks some answers (JPEG images: any layer at INT3 breaks 6-27
 # of 2,000), aiming lower only yields plans that leave layers in float.
 MIN_MARGIN = 0.4
+# Prior std of a decision's sensitivity around the global one, relative, once each layer's gain is measured
+# (`use_loss_estimates`): the probes leave about a quarter of doubt within a layer (LAYER_REL without them).
+ESTIMATED_LAYER_REL = 0.3
 
 
 @dataclass
@@ -114,9 +118,8 @@ class MCTS(Strategy):
         spread = [c.max() - c.min() for c in self.cost]
         self.order = sorted(range(self.n_dec), key=lambda i: (-spread[i], i))
         width = max(len(d.choices) for d in self.decisions)
-        compressors = sorted({d.compressor for d in self.decisions})
-        self.model = LossModel(self.error, [[c is None for c in d.choices] for d in self.decisions], width,
-                               groups=[compressors.index(d.compressor) for d in self.decisions])
+        self.estimated = False  # whether `error` holds output estimates (use_loss_estimates)
+        self.model = self._loss_model()
         self._costmat = np.full((self.n_dec, width), np.inf)  # padding is never affordable
         for i in range(self.n_dec):
             self._costmat[i, : len(self.cost[i])] = self.cost[i]
@@ -130,6 +133,41 @@ class MCTS(Strategy):
         self.val_split: tuple[int, int] | None = None  # (images, float-right) of val, from a full score
         self.swaps = [0, 0]  # answers fixed, broken over plans scored on all of val (see gain_ratio)
         self.prior_trials: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # see use_prior_trials
+        self._fit()
+
+    def _loss_model(self) -> LossModel:
+        """The loss model over `self.error`: with measured output estimates, every choice's error is in one
+        unit (the answers' KL) and each layer's gain is measured, so one kappa serves every compressor and
+        a decision's own sensitivity stays near it; otherwise one kappa per compressor, each layer free."""
+        compressors = sorted({d.compressor for d in self.decisions})
+        width = max(len(d.choices) for d in self.decisions)
+        groups = [0 if self.estimated else compressors.index(d.compressor) for d in self.decisions]
+        return LossModel(self.error, [[c is None for c in d.choices] for d in self.decisions], width,
+                         groups=groups, layer_rel=ESTIMATED_LAYER_REL if self.estimated else LAYER_REL)
+
+    @property
+    def loss_estimator(self) -> str | None:
+        """MCTS prices choices by what they do to the answers (`modelopt.output_sensitivity`)."""
+        return "output"
+
+    def use_loss_estimates(self, estimates: Mapping[tuple[str, int], float]) -> None:
+        """Takes each choice's estimated KL of the answers {(decision, choice index): nats} as the error its
+        loss model's prior scales (per-layer gains span 50x where the weight's own error cannot tell layers
+        apart), rescaled so the median layer keeps the scale of its relative error (the loss model's kappa
+        prior is in those units); choices without an estimate keep their error. Call before the first `ask`
+        and before `load_state_dict` (a resumed run)."""
+        index = {d.name: i for i, d in enumerate(self.decisions)}
+        pairs = [(index[name], j, v) for (name, j), v in estimates.items()
+                 if name in index and v > 0 and math.isfinite(v) and self.error[index[name]][j] > 0]
+        if not pairs:
+            return
+        scale = float(np.exp(np.median([math.log(self.error[i][j] / v) for i, j, v in pairs])))
+        for i, j, v in pairs:
+            self.error[i][j] = v * scale
+        self.estimated = True
+        self.model = self._loss_model()
+        for node in self.tree.values():
+            node.prior = None
         self._fit()
 
     def _cost_of(self, f: Any) -> float:
