@@ -34,6 +34,7 @@ from modelopt.run.sequence import (
     ANCHOR_PASS,
     SELECTION_SHIFT,
     Candidate,
+    LossShare,
     confirm_chains,
     most_changed,
     pass_chance,
@@ -183,7 +184,7 @@ def evidence(evaluator: Evaluator, objective: Objective) -> str:
 
 
 def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
-            anchors: Sequence[Trial] = ()) -> Confirmation:
+            anchors: Sequence[Trial] = (), population: Sequence[Trial] = ()) -> Confirmation:
     """Re-scores finalists on the confirm split and confirms them in two fixed sequences planned on val.
 
     Args:
@@ -192,6 +193,9 @@ def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
         finalists: plans the search found (any order; duplicates by plan key are dropped).
         anchors: the uniform plans the run scored (`SearchSpace.anchors`), pre-specified and so not
             discounted for selection; those likely to pass are always tested.
+        population: every trial of the run; with three or more scored on all of val, each finalist's share
+            of broken answers is shrunk toward theirs (`LossShare`) before its chance to pass is predicted,
+            in place of a fixed selection shift.
 
     Example:
         >>> c = confirm(ev, Objective("size", 0.99, 0.95), finalists, anchors)
@@ -207,7 +211,9 @@ def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
     anchor_keys = {t.plan.key for t in anchors}
     pool = [t for t in [*anchors, *finalists] if t.metrics is not None and t.metrics.stopped is None]
     unique = list({t.plan.key: t for t in pool}.values())
-    candidates = {t.plan.key: _candidate(t, t.plan.key in anchor_keys, objective, n, base_right) for t in unique}
+    share = LossShare.fit([c for t in population if (c := _full_val(t)) is not None])
+    candidates = {t.plan.key: _candidate(t, t.plan.key in anchor_keys, objective, n, base_right, share)
+                  for t in unique}
     chains = _chains(unique, candidates, anchor_keys)
     flat = [t for chain in chains for t in chain]
     scored: dict[int, Metrics] = {}
@@ -242,7 +248,13 @@ def _chains(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[
     return [gate, [rest[i] for i in plan_sequence([candidates[t.plan.key] for t in rest], start=start)]]
 
 
-def _candidate(trial: Trial, anchor: bool, objective: Objective, n: int, base_right: int) -> Candidate:
+def _full_val(trial: Trial) -> PairedCounts | None:
+    m = trial.metrics
+    return m.counts() if trial.ok and m is not None and m.stopped is None and m.split == "val" else None
+
+
+def _candidate(trial: Trial, anchor: bool, objective: Objective, n: int, base_right: int,
+               share: LossShare | None = None) -> Candidate:
     """`trial` as the sequence planner sees it: its reduction on val and its chance to pass on confirm."""
     m = _scored(trial)
     counts = m.counts()
@@ -251,8 +263,12 @@ def _candidate(trial: Trial, anchor: bool, objective: Objective, n: int, base_ri
     elif objective.confidence <= 0:  # point estimates: pass when the confirm retention is at the floor
         chance = 1.0 if objective.meets_floor(m) else 0.0
     else:
-        chance = pass_chance(counts, n, base_right, objective.confidence, objective.min_retention,
-                             shift=0.0 if anchor else SELECTION_SHIFT)
+        if share is not None:  # the val luck in which changed answers were broken, taken out by pooling
+            chance = pass_chance(share.shrunk(counts), n, base_right, objective.confidence, objective.min_retention,
+                                 shift=0.0)
+        else:
+            chance = pass_chance(counts, n, base_right, objective.confidence, objective.min_retention,
+                                 shift=0.0 if anchor else SELECTION_SHIFT)
     reduction = objective.reference(m) / max(objective.value(m), 1e-12)
     return Candidate(reduction, chance, forced=anchor and chance >= ANCHOR_PASS)
 

@@ -351,7 +351,7 @@ class Runner:
         anchor_keys = [p.key for p in self.space.anchors()] if self.objective.confidence > 0 else []
         final = finalists(self.trials, self.objective, anchor_keys)
         search_best, front = final.search_best, list(final.front)
-        confirmation = confirm(self.evaluator, self.objective, list(final.candidates), final.anchors)
+        confirmation = confirm(self.evaluator, self.objective, list(final.candidates), final.anchors, self.trials)
         # With a confirm split the reported best is the smallest plan it confirmed; without one (or
         # with one too small to certify the floor), the search's best on the val bound, unconfirmed.
         best = confirmation.best if confirmation.usable else search_best

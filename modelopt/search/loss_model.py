@@ -58,9 +58,13 @@ class LossModel:
     """
 
     def __init__(self, error: Sequence[np.ndarray], is_none: Sequence[Sequence[bool]], width: int,
-                 groups: Sequence[int] | None = None, layer_rel: float = LAYER_REL) -> None:
+                 groups: Sequence[int] | None = None, layer_rel: float = LAYER_REL, prior_floor: float = PRIOR_FLOOR,
+                 power_trials: int = POWER_TRIALS, lognormal: bool = False) -> None:
         self.n_dec = len(error)
         self.layer_rel = layer_rel  # prior std of a decision's sensitivity around its group's kappa, relative
+        self.prior_floor = prior_floor  # absolute prior std of a per-choice residual
+        self.power_trials = power_trials  # trials before the power is fitted
+        self.lognormal = lognormal  # Thompson draws multiplicative around the mean (`_lognormal_draws`)
         # Each decision's group (its compressor): the kappa its sensitivity is shrunk toward.
         self.group = np.zeros(self.n_dec, dtype=int) if groups is None else np.asarray(groups, dtype=int)
         self.n_groups = int(self.group.max()) + 1 if self.n_dec else 1
@@ -91,7 +95,7 @@ class LossModel:
             retention: each trial's retention (1 - drop).
             weight: each trial's share of the val split: a plan scored on a quarter is a quarter as sure.
         """
-        if len(idx) >= POWER_TRIALS:
+        if len(idx) >= self.power_trials:
             drop = np.maximum(1.0 - retention, 0.0)
             misfit = {}
             for p in POWERS:
@@ -122,7 +126,7 @@ class LossModel:
             self.kd_mean = np.full(self.n_dec, KAPPA0)
             self.kd_std = np.full(self.n_dec, self.layer_rel * KAPPA0)
             self.beta_mean = np.zeros(self.n_cols)
-            self.beta_std = PRIOR_REL * KAPPA0 * err + PRIOR_FLOOR
+            self.beta_std = PRIOR_REL * KAPPA0 * err + self.prior_floor
             return
         x = np.zeros((len(idx), self.n_cols + 1))  # the last column collects None choices
         x[np.arange(len(idx))[:, None], self._colmat[np.arange(self.n_dec), idx]] = 1.0
@@ -145,7 +149,7 @@ class LossModel:
         self.kd_mean = np.maximum(base + u, 0.0)
         self.kd_std = noise_sigma / np.sqrt(np.diag(a))
         prior = self.kd_mean[dec] * err
-        tau = PRIOR_REL * prior + PRIOR_FLOOR
+        tau = PRIOR_REL * prior + self.prior_floor
         lam = (noise_sigma / tau) ** 2  # per-column ridge: trust the prior as far as it is sure
         xw = x * wt[:, None]
         b = xw.T @ x + np.diag(lam)
@@ -170,7 +174,22 @@ class LossModel:
         if rng is None:
             flat = np.maximum(self.kd_mean[self._col_dec] * self._err_flat + self.beta_mean, 0.0)
             return np.append(flat, 0.0)[self._colmat]  # None and padding read the appended 0
+        if self.lognormal:
+            return self._lognormal_draws(rng, draws)
         kd = np.maximum(self.kd_mean + rng.standard_normal((draws, self.n_dec)) * self.kd_std, 0.0)
         beta = self.beta_mean + rng.standard_normal((draws, self.n_cols)) * self.beta_std
         flat = np.maximum(kd[:, self._col_dec] * self._err_flat + beta, 0.0)
+        return np.concatenate([flat, np.zeros((draws, 1))], axis=1)[:, self._colmat]
+
+    def _lognormal_draws(self, rng: np.random.Generator, draws: int) -> np.ndarray:
+        """Posterior draws with the posterior's mean and spread, but multiplicative (lognormal): a choice
+        priced as ruinous stays costly in every draw. Gaussian draws clipped at 0 let one draw in a few hundred
+        price any choice at nothing, and a knapsack over dozens of choices finds that draw in most rollouts
+        (channel pruning at 75 % on a large layer, retention 72-77 %)."""
+        mean = np.maximum(self.kd_mean[self._col_dec] * self._err_flat + self.beta_mean, 0.0)
+        std = np.sqrt((self.kd_std[self._col_dec] * self._err_flat) ** 2 + self.beta_std**2)
+        sigma = np.sqrt(np.log1p((std / np.maximum(mean, 1e-30)) ** 2))
+        sigma = np.minimum(sigma, 1.0)  # a mean near 0 is not to be drawn 100x larger
+        z = rng.standard_normal((draws, self.n_cols))
+        flat = mean * np.exp(sigma * z - sigma**2 / 2)
         return np.concatenate([flat, np.zeros((draws, 1))], axis=1)[:, self._colmat]

@@ -134,7 +134,7 @@ class _Scorer:
         trials = [Trial.from_json(r, ev.space) for r in cell.records_within(budget)]
         keys = [p.key for p in ev.space.anchors()] if cell.objective.confidence else []
         final = finalists(trials, cell.objective, keys)
-        confirmation = confirm(ev, cell.objective, list(final.candidates), final.anchors)
+        confirmation = confirm(ev, cell.objective, list(final.candidates), final.anchors, trials)
         best = confirmation.best if confirmation.split is not None else final.search_best
         return None if best is None else next(r for r in cell.records_within(budget) if r["number"] == best.number)
 

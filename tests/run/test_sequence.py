@@ -11,7 +11,7 @@ import pytest
 
 from modelopt.confidence import PairedCounts
 from modelopt.objective import Objective
-from modelopt.run.sequence import Candidate, confirm_chains, most_changed, pass_chance, plan_sequence
+from modelopt.run.sequence import Candidate, LossShare, confirm_chains, most_changed, pass_chance, plan_sequence
 
 FLOOR, CONF = 0.99, 0.95
 
@@ -108,11 +108,11 @@ def _simulate(runs: int, seed: int) -> tuple[float, float]:
         gain = np.maximum((swaps - drop) / 2, 1e-4)
         truth = [(0.0005, 0.0005), (0.0057 + 0.0125, 0.0125), *zip(gain + drop, gain, strict=True)]
         red = [3.8, 7.6, *reduction]
-        int4_val = _draw(rng, n_val, acc, *truth[1])
-        rest = [Candidate(7.6, pass_chance(int4_val, n_conf, round(acc * n_conf), CONF, FLOOR, shift=0.0))]
-        for i in range(k):
-            val = _draw(rng, n_val, acc, *truth[i + 2])
-            rest.append(Candidate(float(reduction[i]), pass_chance(val, n_conf, round(acc * n_conf), CONF, FLOOR)))
+        vals = [_draw(rng, n_val, acc, *truth[i]) for i in range(1, k + 2)]
+        share = LossShare.fit(vals)  # as the runner does: each plan's broken share shrunk toward the run's
+        assert share is not None
+        rest = [Candidate(red[i + 1], pass_chance(share.shrunk(v), n_conf, round(acc * n_conf), CONF, FLOOR, shift=0.0))
+                for i, v in enumerate(vals)]
         chains = [[0], [j + 1 for j in plan_sequence(rest, start=3.8)]]
         held = _confirmed(rng, chains, truth, n_conf, acc)
         claimed = max(held, key=lambda i: red[i], default=None)
@@ -169,3 +169,19 @@ def test_a_failing_sequence_does_not_end_the_other_and_a_finished_one_hands_on_i
     assert calls == [(2, 0.025), (0, 0.025), (2, 0.05), (3, 0.05)]
     # One chain is plain fixed-sequence testing at the full level.
     assert confirm_chains([[], [0, 1, 3]], passes, 0.05) == {0: True, 1: False}
+
+
+def test_loss_share_pools_the_broken_share_and_takes_out_a_plans_luck() -> None:
+    """Forty plans that each break 60 % of the answers they change: one that broke only 37 of 82 on val (luck)
+    is judged at nearly the pooled share; plans whose shares truly differ keep more of their own."""
+    rng = np.random.default_rng(3)
+    same = [PairedCounts(2000, 1640, int(lost), 80 - int(lost)) for lost in rng.binomial(80, 0.6, 40)]
+    share = LossShare.fit(same)
+    assert share is not None and abs(share.mean - 0.6) < 0.02 and share.strength > 200
+    lucky = share.shrunk(PairedCounts(2000, 1640, 37, 45))
+    assert lucky.lost + lucky.gained == 82 and lucky.lost >= 46
+    mixed = [PairedCounts(2000, 1640, int(rng.binomial(80, p)), 0) for p in rng.uniform(0.3, 0.9, 40)]
+    mixed = [PairedCounts(c.n, c.base_right, c.lost, 80 - c.lost) for c in mixed]
+    wide = LossShare.fit(mixed)
+    assert wide is not None and wide.strength < 20
+    assert LossShare.fit(same[:2]) is None  # too few plans to pool
