@@ -322,8 +322,9 @@ def _md_header(saved: Mapping[str, Any], out: Path) -> str:
     lines.append(
         "Every cell ran once at the largest budget; the value at a smaller budget b is the plan that run would "
         "report had it stopped at b: among the trials whose cumulative cost is ≤ b (read from the run's journal), "
-        "the val-feasible finalists (feasible = the retention bound at the run's confidence clears the floor) are "
-        "confirmed in turn on the confirm split and the smallest confirmed is reported. That plan is then re-scored "
+        "the finalists (the plans of the val fronts and the uniform anchors) are confirmed on the confirm split as "
+        "the run does it (two fixed sequences planned on val, sharing the error rate) and the smallest confirmed "
+        "is reported. That plan is then re-scored "
         "on the held-out test split. **Held ×** is its compression when its test retention meets the floor, else "
         "1.00× (a claim that breaks on unseen images delivers nothing); strategies are ranked on it. A seed that "
         "reports no plan counts as the float model (1.00×, 100% retention). Val columns are search-time estimates. "
