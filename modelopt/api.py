@@ -40,6 +40,7 @@ from modelopt.objective import Target
 from modelopt.plan import Plan
 from modelopt.reports import write_report
 from modelopt.run.layout import CONFIG
+from modelopt.run.lock import lock_run_folder
 from modelopt.run.optuna_storage import check_storage, export_run
 from modelopt.run.preflight import check_run_folder
 from modelopt.run.run_folder import save_layers
@@ -327,7 +328,9 @@ def run(
         check_storage(storage)
     if resume and out is None:
         out = latest_run_dir()
-    check_run_folder(out)  # unwritable or busy: refused before the model loads
+    check_run_folder(out, resume=resume)  # unwritable, busy, a run not resumed, a damaged journal: before loading
+    if not resume:
+        config.check_exit_data()  # an option this run would ignore: refused before the model loads
     if config.executor == "ray":
         import_ray()  # the `distributed` extra missing: refused before the model loads, too
     if config.knowledge is not None:
@@ -335,13 +338,21 @@ def run(
     if workload is None and config.unlabeled is not None and not Path(config.unlabeled).expanduser().exists():
         raise LoadError(f"unlabeled images {config.unlabeled!r} do not exist; pass an .npz (x, or jpeg and offsets) "
                         "or an image folder")  # before the model loads, too
-    built = config.build(workload, allow_pickle=allow_pickle)
-    timer = None if config.latency is None else PlanLatency(built.evaluator, config.latency)
-    run_dir = Path(out) if out is not None else default_run_dir(built.workload.name, config.strategy, config.seed)
-    executor = make_executor(built, workload=workload, allow_pickle=allow_pickle)
-    runner = Runner(built.evaluator, built.strategy, built.objective, budget=config.budget, run_dir=run_dir,
-                    config=built.config, resume=resume, progress=progress, fidelity=config.fidelity, latency=timer,
-                    executor=executor)
+    # The folder is this process's from here (a second process on it is refused at once, before it loads);
+    # the runner holds the lock to the end and lets it go however the run ends.
+    lock = lock_run_folder(out) if out is not None else None
+    try:
+        built = config.build(workload, allow_pickle=allow_pickle)
+        timer = None if config.latency is None else PlanLatency(built.evaluator, config.latency)
+        run_dir = Path(out) if out is not None else default_run_dir(built.workload.name, config.strategy, config.seed)
+        executor = make_executor(built, workload=workload, allow_pickle=allow_pickle)
+        runner = Runner(built.evaluator, built.strategy, built.objective, budget=config.budget, run_dir=run_dir,
+                        config=built.config, resume=resume, progress=progress, fidelity=config.fidelity,
+                        latency=timer, executor=executor, lock=lock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
     result = runner.run()
     if config.knowledge is not None:  # what this run learned per layer, for later runs to start from
         record_run(config.knowledge, result, built.evaluator)

@@ -7,6 +7,7 @@ import json
 import logging
 import signal
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, cast
@@ -28,6 +29,7 @@ from modelopt.errors import ConfigError, ModeloptError
 from modelopt.exporters import export as do_export
 from modelopt.models import list_models
 from modelopt.reports import report as make_report
+from modelopt.run.lock import check_unlocked
 from modelopt.run.optuna_storage import export_run
 from modelopt.search import STRATEGIES
 from modelopt.sweep import load_sweep, run_sweep
@@ -51,6 +53,16 @@ def _friendly(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        finally:
+            # The work is done (or has unwound): a SIGTERM from here on ends the process as the signal does,
+            # silently; raised during interpreter shutdown it printed "Exception ignored ... _Terminated".
+            if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    @functools.wraps(fn)
+    def friendly(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return wrapper(*args, **kwargs)
         except ModeloptError as exc:  # escaped: rich would take '[distributed]' or '[random, mcts]' for markup
             err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
@@ -59,7 +71,7 @@ def _friendly(fn: F) -> F:
             err.print(f"[yellow]{what}[/]: finished trials are in the journal; rerun with --resume to continue")
             raise typer.Exit(143 if isinstance(exc, _Terminated) else 130) from None
 
-    return cast(F, wrapper)
+    return cast(F, friendly)
 
 
 class _Terminated(KeyboardInterrupt):
@@ -154,6 +166,7 @@ def optimize(
         given["latency"] = None
     if resume:  # the settings the run was started with, then what the flags change
         out_dir = out_dir or api.latest_run_dir()
+        check_unlocked(out_dir)  # a run still starting there has written no settings yet: say it is busy
         config = api.with_settings(RunConfig.read(out_dir), **given)
     else:
         config = api.run_config(**{**_FRESH, **given})
@@ -323,7 +336,14 @@ def export_(
     out.print(f"Wrote {path} ({fmt_bytes(path.stat().st_size)})", highlight=False, soft_wrap=True)
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      line: str | None = None) -> str:
+    """A warning as one line on stderr, without the source line Python prints under it."""
+    return f"warning: {' '.join(str(message).split())}\n"
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
+    warnings.formatwarning = _one_line_warning
     app(prog_name="modelopt")
     sys.exit(0)

@@ -159,6 +159,17 @@ class RunConfig:
         self._check_latency()
         self._check_executor()
 
+    def check_exit_data(self) -> None:
+        """Refuses `exit_data` on a run that searches no early exit (it would be ignored silently). Checked
+        for a run about to start, not in `__post_init__`: a run folder written before keeps loading."""
+        if self.exit_data is None:
+            return
+        names = self.compressors if self.compressors is not None else tuple(default_compressors(self.objective))
+        if "early_exit" not in names:
+            raise ConfigError(f"--exit-data {self.exit_data!r} fits early-exit heads, but this run searches no early "
+                              f"exit (compressors: {', '.join(names)}); add early_exit to --compressors, or drop "
+                              "--exit-data")
+
     def _check_executor(self) -> None:
         if self.executor not in EXECUTOR_NAMES:
             raise ConfigError(f"unknown executor {self.executor!r}; choose one of {', '.join(EXECUTOR_NAMES)}")

@@ -72,9 +72,16 @@ def _check_jpeg_index(data: np.ndarray, offsets: np.ndarray, n: int, where: str)
                         f"{tuple(offsets.shape)}")
     if offsets.dtype.kind not in "iu":
         raise LoadError(f"offsets in {where} must be integer byte positions; got {offsets.dtype}")
-    if int(offsets[0]) < 0 or int(offsets[-1]) > len(data) or bool((np.diff(offsets.astype(np.int64)) < 0).any()):
-        raise LoadError(f"offsets in {where} must rise from >= 0 to at most the {len(data)} bytes of jpeg; got "
-                        f"{int(offsets.min())} .. {int(offsets.max())}")
+    if int(offsets[0]) < 0:
+        raise LoadError(f"offsets in {where} must start at a byte position >= 0; offsets[0] is {int(offsets[0])}")
+    if int(offsets[-1]) > len(data):
+        raise LoadError(f"offsets in {where} must end within the {len(data)} bytes of jpeg; offsets[{n}] is "
+                        f"{int(offsets[-1])}")
+    falls = np.flatnonzero(np.diff(offsets.astype(np.int64)) < 0)
+    if falls.size:
+        i = int(falls[0]) + 1
+        raise LoadError(f"offsets in {where} must not fall (image i is jpeg[offsets[i]:offsets[i + 1]]); offsets[{i}] "
+                        f"is {int(offsets[i])}, below offsets[{i - 1}] = {int(offsets[i - 1])}")
 
 
 def _one_line(exc: BaseException) -> str:

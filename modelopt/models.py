@@ -11,6 +11,7 @@ import inspect
 import logging
 import pickle
 import re
+import warnings
 from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -167,17 +168,21 @@ def _read(path: Path, allow_pickle: bool) -> Any:
         raise LoadError(f"cannot read {str(path)!r} as a PyTorch checkpoint: it is neither a torch.save zip "
                         "archive nor a pickle (a truncated download, or another kind of file?)")
     try:
-        return torch.load(path, map_location="cpu", weights_only=not allow_pickle)
+        with warnings.catch_warnings():  # torch's pickle-protocol warning and its source line: not the user's
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=not allow_pickle)
     except pickle.UnpicklingError as exc:
         text = str(exc)
-        if allow_pickle or not ("Unsupported global" in text or "can still be loaded" in text):
-            # Not an object the safe loader refused: a damaged file. Torch's text says to retry unsafely.
+        found = re.search(r"GLOBAL ([\w.]+)", text)
+        if allow_pickle or not (found or "Unsupported operand" in text):
             raise LoadError(f"cannot read {str(path)!r} as a PyTorch checkpoint: it is damaged or not one "
-                            f"({_first_line(exc) if allow_pickle else 'the safe loader found no valid pickle'})"
-                            ) from None
+                            f"({_first_line(exc)})") from None
+        # The safe loader read a valid pickle and refused what it asks for: say what, not "damaged".
+        what = (f"a pickled reference to {found.group(1)}" if found else
+                "pickled Python objects beyond tensors (a whole nn.Module, or code)")
         raise LoadError(
-            f"{str(path)!r} holds a pickled Python object (e.g. a whole nn.Module), not only tensors; "
-            "unpickling can run arbitrary code, so pass --allow-pickle (allow_pickle=True) only if you trust it"
+            f"{str(path)!r} holds {what}, which the safe loader (weights_only=True) refused: unpickling it can "
+            "run arbitrary code; pass --allow-pickle (allow_pickle=True) only for a file you trust"
         ) from None
     except Exception as exc:  # torch raises many kinds for corrupt files or missing classes
         raise LoadError(f"cannot read {str(path)!r} as a PyTorch checkpoint: {_first_line(exc)}") from exc
@@ -278,6 +283,8 @@ def _from_factory(source: str) -> LoadedModel:
     module_name, attr = source.split(":")
     try:
         obj: Any = importlib.import_module(module_name)
+    except SystemExit as exc:
+        raise LoadError(f"importing {module_name!r} for model source {source!r} called exit({exc.code!r})") from None
     except ImportError as exc:
         raise LoadError(
             f"cannot import {module_name!r} for model source {source!r}: {_first_line(exc)}; "
@@ -295,7 +302,12 @@ def _from_factory(source: str) -> LoadedModel:
         raise LoadError(f"factory {source!r} needs arguments; it must be callable with none") from None
     except ValueError:  # no signature (builtins): just try it
         pass
-    module = obj()
+    try:
+        module = obj()
+    except SystemExit as exc:  # exit() inside a factory: without this the run ended at once, exit 0, silent
+        raise LoadError(f"factory {source!r} called exit({exc.code!r}) instead of returning an nn.Module") from None
+    except Exception as exc:  # the user's factory failed: one line names it (the cause is chained)
+        raise LoadError(f"factory {source!r} raised {type(exc).__name__}: {_first_line(exc)}") from exc
     if not isinstance(module, nn.Module):
         raise LoadError(f"factory {source!r} returned a {type(module).__name__}, not an nn.Module")
     return LoadedModel(module, source, IMAGENET_MEAN, IMAGENET_STD, None, None)

@@ -153,3 +153,27 @@ def test_resnet56_from_shared_weights(shared_dir, tmp_path):
     assert result.exit_code == 0, result.output
     m = json.loads(result.stdout.strip().splitlines()[-1])
     assert m["n_samples"] == 846 - 2 * round(846 * 0.2) and m["retention"] == 1.0  # calib and confirm take 20 % each
+
+
+def test_once_a_command_is_done_sigterm_ends_the_process_quietly():
+    """The handler that turns SIGTERM into an unwind is dropped when the command returns: raised during
+    interpreter shutdown it printed "Exception ignored ... _Terminated" after the files were complete."""
+    import signal
+
+    from modelopt.cli import _friendly, _on_sigterm
+
+    before = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        assert _friendly(lambda: 7)() == 7
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_warnings_are_one_line_without_a_source_line():
+    from modelopt.cli import _one_line_warning
+
+    text = _one_line_warning(UserWarning("the run finished but its report was not written (OSError: [Errno 28] "
+                                         "No space left on device); retry with `modelopt report runs/r`"),
+                             UserWarning, "/x/api.py", 10, "    warnings.warn(...)")
+    assert text.count("\n") == 1 and text.startswith("warning: the run finished") and "api.py" not in text

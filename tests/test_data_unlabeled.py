@@ -65,6 +65,14 @@ def test_unlabeled_jpeg_npz_and_nested_folder(tmp_path, labeled) -> None:
     assert len(load_data(labeled, unlabeled=tmp_path / "imgs").calib) == 260
 
 
+def _falling_offsets(p):
+    """A JPEG .npz whose third offset falls back: the message names the first offset that falls."""
+    offsets = np.arange(0, 9 * 301, 9)
+    offsets[2] = 5
+    np.savez(p / "fall.npz", jpeg=np.zeros(9 * 300, dtype=np.uint8), offsets=offsets)
+    return p / "fall.npz"
+
+
 @pytest.mark.parametrize(("make", "match"), [
     (lambda p: p / "nowhere.npz", r"'.*nowhere.npz' do not exist; pass an .npz"),
     (lambda p: (p / "a.txt").write_text("x") and p / "a.txt", r"are not an .npz or a folder"),
@@ -74,6 +82,7 @@ def test_unlabeled_jpeg_npz_and_nested_folder(tmp_path, labeled) -> None:
      r"shape \(28, 28, 3\) per image but the data's are \(32, 32, 3\)"),
     (lambda p: np.savez(p / "labels.npz", y=np.zeros(5)) or p / "labels.npz", r"expected 'x', or 'jpeg' and 'offsets'"),
     (lambda p: (p / "empty").mkdir() or p / "empty", r"no images in"),
+    (lambda p: _falling_offsets(p), r"offsets\[2\] is 5, below offsets\[1\] = 9"),
 ])
 def test_bad_unlabeled_images_are_one_clear_error(tmp_path, labeled, make, match) -> None:
     with pytest.raises(LoadError, match=match) as info:

@@ -140,3 +140,33 @@ def test_weights_mismatch_reports_first_keys(tmp_path):
     del state["layer3.2.bn2.bias"]
     with pytest.raises(LoadError, match=r"missing keys layer3\.2\.bn2\.bias; unexpected keys extra\.weight"):
         load_model("cifar10_resnet20", _save(tmp_path, "w.pt", state))
+
+
+def test_a_factory_that_exits_or_raises_is_one_load_error():
+    with pytest.raises(LoadError, match=r"factory 'builtins:exit' called exit\(None\) instead of returning"):
+        load_model("builtins:exit")
+    with pytest.raises(LoadError, match=r"factory 'builtins:dict' returned a dict"):
+        load_model("builtins:dict")
+    with pytest.raises(LoadError, match=r"factory 'tempfile:mkdtemp' returned a str"):
+        load_model("tempfile:mkdtemp")
+
+
+def test_a_malicious_checkpoint_is_called_refused_not_damaged(tmp_path):
+    """A valid pickle that would call os.system: the safe loader refuses it, and the message says what was
+    refused and that --allow-pickle is for trusted files only (not "damaged")."""
+    import os
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    for protocol in (2, 4):
+        path = tmp_path / f"evil{protocol}.th"
+        path.write_bytes(pickle.dumps({"state_dict": Evil()}, protocol=protocol))
+        with pytest.raises(LoadError) as err:
+            load_model("cifar10_resnet20", weights=path)
+        text = str(err.value)
+        assert "refused" in text and "only for a file you trust" in text and "damaged" not in text, text
+        if protocol == 2:
+            assert f"pickled reference to {os.system.__module__}.system" in text

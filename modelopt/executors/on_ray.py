@@ -58,8 +58,8 @@ class RayExecutor(Executor):
             # yield to it and score slower than the local executor. Ours run at the driver's priority.
             os.environ.setdefault("RAY_worker_niceness", "0")
             cpus = None if config.ray_address else max(config.workers, os.cpu_count() or 1)
-            ray.init(address=config.ray_address, num_cpus=cpus, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)
+            _init(ray, address=config.ray_address, num_cpus=cpus, include_dashboard=False, log_to_driver=False,
+                  configure_logging=False)
         total = ray.cluster_resources()
         gpus = 1 if config.device.startswith("cuda") and total.get("GPU", 0) >= 1 else 0
         threads = max(1, int(total.get("CPU", 1)) // config.workers)
@@ -136,3 +136,18 @@ class RayExecutor(Executor):
         self._free, self._busy = [], {}
         if self._started and self._ray.is_initialized():
             self._ray.shutdown()
+
+
+START_TRIES = 3  # Ray gives a starting node 30 s to register (fixed in its code); a loaded machine misses that
+
+
+def _init(ray: Any, **kwargs: Any) -> None:
+    """`ray.init`, tried again when a local node timed out while starting (seen at load 6-12 on 2 cores)."""
+    for attempt in range(START_TRIES):
+        try:
+            ray.init(**kwargs)
+            return
+        except Exception as exc:  # Ray raises a bare Exception for this one case (re-raised unless it is)
+            if "timed out during startup" not in str(exc) or attempt == START_TRIES - 1 or kwargs.get("address"):
+                raise
+            ray.shutdown()

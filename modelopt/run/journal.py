@@ -27,6 +27,16 @@ class Journal:
     def exists(self) -> bool:
         return self.path.is_file() and self.path.stat().st_size > 0
 
+    def check(self) -> int:
+        """The number of finished trials, the file untouched (a torn last line is not counted).
+
+        Raises:
+            LoadError: a line before the last is damaged (it says how to keep the trials before it).
+        """
+        if not self.path.is_file():
+            return 0
+        return len(_parse(self.path.read_bytes(), self.path)[0])
+
     def read(self) -> list[dict[str, Any]]:
         """The finished trials; a line torn by a kill is cut off the file (the writer's reader)."""
         if not self.path.is_file():
@@ -96,7 +106,10 @@ def _parse(raw: bytes, path: Path, *, strict: bool = True) -> tuple[list[dict[st
         except json.JSONDecodeError:
             if not strict or good_end + len(line) == len(raw):
                 break
-            raise LoadError(f"journal {str(path)!r} is corrupt at record {len(records) + 1}") from None
+            n = len(records)
+            raise LoadError(f"journal {str(path)!r} is damaged at line {n + 1} (the {n} trials before it are "
+                            f"intact): keep them with `head -n {n} {path} > kept && mv kept {path}` and "
+                            "resume, or start afresh with another --out") from None
         good_end += len(line)
     return records, good_end
 

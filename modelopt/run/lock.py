@@ -67,8 +67,9 @@ def _try_lock(handle: IO[str]) -> bool:
     return True
 
 
-def lock_run_folder(run_dir: str | Path) -> RunLock:
-    """Creates `run_dir` if needed and locks it for this process.
+def lock_run_folder(run_dir: str | Path, *, record: bool = True) -> RunLock:
+    """Creates `run_dir` if needed and locks it for this process (`record`: writing its pid into the lock
+    file, so a refused process can name the holder; a mere check writes nothing).
 
     Raises:
         RunFolderBusy: another process (or another run in this one) holds it.
@@ -95,6 +96,8 @@ def lock_run_folder(run_dir: str | Path) -> RunLock:
         who = f" (pid {holder})" if holder.isdigit() else ""
         raise RunFolderBusy(f"run folder {str(run_dir)!r} is in use by another modelopt process{who}; "
                             "wait for it to finish, or pass another --out")
+    if not record:
+        return RunLock(path, handle)
     with contextlib.suppress(OSError):  # who holds it, for the message above; the lock works without
         handle.seek(0)
         handle.truncate()
@@ -108,4 +111,4 @@ def check_unlocked(run_dir: str | Path) -> None:
     the run still takes the lock itself when it opens the folder)."""
     run_dir = Path(run_dir)
     if (run_dir / LOCK).is_file():
-        lock_run_folder(run_dir).release()
+        lock_run_folder(run_dir, record=False).release()

@@ -29,7 +29,7 @@ from modelopt.plan import Plan
 from modelopt.run.confirm import Confirmation, check_certifiable, confirm, finalists
 from modelopt.run.journal import Journal, write_json_atomic
 from modelopt.run.layout import BEST_PLAN, CONFIG, JOURNAL, STATE, STATE_NEXT, SUMMARY
-from modelopt.run.lock import lock_run_folder
+from modelopt.run.lock import RunLock, lock_run_folder
 from modelopt.run.summary import run_summary
 from modelopt.search._base import Strategy
 from modelopt.trial import Trial, TrialStatus
@@ -100,6 +100,7 @@ class Runner:
         fidelity: Fidelity | None = None,
         latency: PlanLatency | None = None,
         executor: Executor | None = None,
+        lock: RunLock | None = None,
     ) -> None:
         if not 0 < budget < math.inf:
             raise ConfigError(f"budget must be a positive number, got {budget!r}")
@@ -115,6 +116,7 @@ class Runner:
             latency = PlanLatency(evaluator)
         self.latency = latency
         self.executor = executor or LocalExecutor(evaluator, objective, fidelity)
+        self._given_lock = lock
         self._reissue: list[Plan] = []  # plans in flight when the run last stopped: asked again first
         self.console = console or Console(stderr=True)
         self.journal = Journal(self.run_dir / JOURNAL)
@@ -127,7 +129,9 @@ class Runner:
     def _open(self) -> None:
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise ConfigError(f"run folder {str(self.run_dir)!r} is a file; pass a folder to --out")
-        self._lock = lock_run_folder(self.run_dir)  # held while this runner lives: one writer per folder
+        # Held while this runner lives: one writer per folder (taken before loading by `modelopt.api.run`).
+        given = self._given_lock
+        self._lock = given if given is not None and given.held else lock_run_folder(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         cfg_path = self.run_dir / CONFIG
         if self.journal.exists() or cfg_path.exists():
@@ -248,8 +252,9 @@ class Runner:
             return self._run()
         finally:  # the folder and the workers are free again however the run ends, even if this runner lives on
             self.executor.close()
-            if getattr(self, "_lock", None) is not None:
-                self._lock.release()
+            for lock in (getattr(self, "_lock", None), self._given_lock):
+                if lock is not None:
+                    lock.release()
 
     def _run(self) -> RunResult:
         t_start = time.perf_counter()

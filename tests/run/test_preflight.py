@@ -87,7 +87,8 @@ def test_random_bytes_as_weights_never_advise_unpickling(tmp_path):
         assert_one_line_error(result, "w.pt", "neither a torch.save zip archive nor a pickle")
         assert "pickle" not in result.stderr.replace("nor a pickle", "")
     torch.save(torch.nn.ReLU(), path)  # a real pickled object: that one is told about --allow-pickle
-    assert_one_line_error(_run("evaluate", "--weights", path), "pickled Python object", "--allow-pickle")
+    assert_one_line_error(_run("evaluate", "--weights", path), "pickled reference to torch.nn.modules.activation.ReLU",
+                          "--allow-pickle")
 
 
 def test_an_npz_that_is_not_one_never_repeats_numpys_unsafe_hint(tmp_path):
@@ -111,3 +112,60 @@ def test_a_negative_seed_is_refused_before_loading(tmp_path, no_loading, seed):
     # numpy's generators refuse it: a ValueError traceback after the model had loaded.
     assert_one_line_error(_run("optimize", "--seed", seed, "--out", tmp_path / "r"), "seed must be a non-negative",
                           seed)
+
+
+def _old_run(run: Path, journal: bytes) -> None:
+    run.mkdir(parents=True)
+    (run / "run.json").write_text("{}")
+    (run / "trials.jsonl").write_bytes(journal)
+
+
+def test_a_folder_holding_a_run_without_resume_is_refused_before_loading(tmp_path, no_loading):
+    run = tmp_path / "r"
+    _old_run(run, b'{"number": 0}\n{"number": 1}\n')
+    assert_one_line_error(_run("optimize", "--out", run), f"run folder '{run}' already holds a run (2 trials)",
+                          "--resume")
+
+
+def test_a_damaged_journal_is_refused_before_loading_with_the_way_out(tmp_path, no_loading):
+    run = tmp_path / "r"
+    _old_run(run, b'{"number": 0}\n{"numb\x00\n{"number": 2}\n')
+    assert_one_line_error(_run("optimize", "--out", run, "--resume"), "damaged at line 2",
+                          "the 1 trials before it are intact", f"head -n 1 {run / 'trials.jsonl'}", "another --out")
+    assert (run / "trials.jsonl").read_bytes().count(b"\n") == 3  # untouched
+
+
+def test_exit_data_without_early_exit_is_refused(tmp_path, no_loading):
+    assert_one_line_error(_run("optimize", "--out", tmp_path / "r", "--exit-data", tmp_path / "x.npz"),
+                          "searches no early exit (compressors: prune, quantize)", "drop --exit-data")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_second_process_is_refused_at_once_while_the_first_loads(tmp_path):
+    """The first process takes the lock before it loads anything: a second one on the same --out, fresh or
+    resuming, is refused within seconds, and `.lock` names the first (the one that holds the run)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "r"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen([sys.executable, "-m", "modelopt", "optimize", "--out", str(run), "--budget", "1",
+                              "--no-progress"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.time()
+        while not ((run / ".lock").is_file() and (run / ".lock").read_text() == str(first.pid)):
+            assert first.poll() is None, first.communicate()[1]
+            assert time.time() < t0 + 600, f"waited 600 s for {run / '.lock'} to name pid {first.pid}"
+            time.sleep(0.05)
+        assert not (run / "trials.jsonl").exists()  # still loading: no trial yet
+        for extra in ([], ["--resume"]):
+            t1 = time.time()
+            result = _run("optimize", "--out", run, *extra)
+            assert_one_line_error(result, f"run folder '{run}' is in use by another modelopt process (pid {first.pid})")
+            assert time.time() - t1 < 30
+        assert (run / ".lock").read_text() == str(first.pid)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
