@@ -45,7 +45,7 @@ from modelopt.latency.spec import LatencySpec
 from modelopt.layers import Layer
 from modelopt.models import load_model
 from modelopt.objective import Objective, Target
-from modelopt.output_sensitivity import output_losses
+from modelopt.output_sensitivity import output_losses, probe_images
 from modelopt.run.confirm import check_certifiable
 from modelopt.run.layout import CONFIG
 from modelopt.search import STRATEGIES, Strategy
@@ -262,9 +262,12 @@ class RunConfig:
         check_certifiable(evaluator, objective)  # a val split too small to certify the floor: refused before any work
         evaluator.measure_errors()  # data-free priors the strategies start from; costs no evaluation
         strategy = STRATEGIES.get(self.strategy)(evaluator.space, objective, seed=self.seed)
-        if strategy.loss_estimator is not None:  # one-pass sensitivities: knapsack's Fisher, MCTS's output probes
-            estimator = output_losses if strategy.loss_estimator == "output" else estimate_losses
-            strategy.use_loss_estimates(estimator(evaluator))
+        if strategy.loss_estimator == "fisher":  # the knapsack's one-pass (gradient) sensitivities
+            strategy.use_loss_estimates(estimate_losses(evaluator))
+        elif strategy.loss_estimator == "output" and (n := probe_images(
+                self.budget, len(wl.split("val")), len({d.layer for d in evaluator.space.decisions}),
+                len(wl.split("calib")))):  # MCTS's label-free probes, when the budget affords them
+            strategy.use_loss_estimates(output_losses(evaluator, n))
         if self.knowledge is not None:  # priors from earlier runs' lessons (a missing store: none yet)
             warm_start(self.knowledge, evaluator, strategy)
         return BuiltRun(self.resolved(wl, evaluator.space), wl, evaluator, strategy, objective)

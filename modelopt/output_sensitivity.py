@@ -34,9 +34,11 @@ from torch.nn import functional as F
 from modelopt.evaluator import Evaluator
 from modelopt.plan import Decision
 
-__all__ = ["DEFAULT_IMAGES", "PROBE_ERROR", "output_losses"]
+__all__ = ["DEFAULT_IMAGES", "PROBE_ERROR", "output_losses", "probe_images"]
 
 DEFAULT_IMAGES = 256
+MIN_IMAGES = 32  # fewer and a layer's KL is mostly the noise of the few answers near a boundary
+BUDGET_SHARE = 0.08  # at most this share of a run's budget goes to the probes
 # The probe is the choice whose error is nearest this (in log scale): large enough to stand above
 # float rounding, small enough that the network still responds linearly (INT4 per channel, typically).
 PROBE_ERROR = 1e-2
@@ -50,6 +52,19 @@ def _probe(decisions: list[Decision], errors: dict[tuple[str, int], float]) -> t
         return None
     _, _, j, d = min(options, key=lambda o: o[:3])
     return d, j
+
+
+def probe_images(budget: float, val_images: int, layers: int, calib_images: int) -> int:
+    """How many calib images the probes read within `BUDGET_SHARE` of `budget` (each layer's probe costs
+    its images / `val_images`): DEFAULT_IMAGES on the default run, 0 when fewer than MIN_IMAGES would do
+    (a small split, a small budget: the search then keeps its data-free prior).
+
+    Example:
+        >>> probe_images(100, 2000, 20, 1000), probe_images(18, 169, 20, 169)
+        (256, 0)
+    """
+    n = min(DEFAULT_IMAGES, calib_images, int(BUDGET_SHARE * budget * val_images / max(layers, 1)))
+    return n if n >= MIN_IMAGES else 0
 
 
 def output_losses(evaluator: Evaluator, images: int = DEFAULT_IMAGES) -> dict[tuple[str, int], float]:

@@ -7,9 +7,9 @@ scores) are re-scored on the confirm split, which the search never saw, and a pl
 its retention bound there clears the floor.
 
 Finalists are tested in two fixed sequences planned on val alone (`modelopt.run.sequence`): the anchors
-all but sure to pass (INT8), and, from the least to the most compressed, the subsequence of the search's
-plans and the other anchors with the largest expected reported compression given each plan's predicted
-chance to pass. Each sequence stops at its first failure; the two share the error rate, and a
+likely to pass (INT8, INT4 where it holds), and, from the least to the most compressed, the subsequence of
+the search's plans and the most compressed anchor with the largest expected reported compression given
+each plan's predicted chance to pass. Each sequence stops at its first failure; the two share the error rate, and a
 sequence whose every claim held hands its share to the other (`confirm_chains`). That keeps the chance
 of confirming any plan that is in truth below the floor within 1 - confidence without a correction for
 the number of finalists, and the reported best is the smallest plan confirmed.
@@ -32,6 +32,7 @@ from modelopt.metrics import Metrics
 from modelopt.objective import Objective, best_of, pareto_front
 from modelopt.run.sequence import (
     ANCHOR_PASS,
+    GATE_SHARE,
     SELECTION_SHIFT,
     Candidate,
     LossShare,
@@ -227,7 +228,8 @@ def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
         return counts is not None and counts.retention_lower(1.0 - level) >= objective.min_retention - 1e-12
 
     ids = [list(range(len(chains[0]))), list(range(len(chains[0]), len(flat)))]
-    verdict = confirm_chains(ids, passes, 1.0 - objective.confidence if objective.confidence > 0 else 1.0)
+    verdict = confirm_chains(ids, passes, 1.0 - objective.confidence if objective.confidence > 0 else 1.0,
+                             shares=(GATE_SHARE, 1.0 - GATE_SHARE))
     tested = list(verdict)  # in the order first tested
     held = [flat[i] for i in tested if verdict[i]]
     best = min(held, key=lambda t: (objective.value(_scored(t)), -objective.retention_lower(_scored(t))),
@@ -238,14 +240,21 @@ def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
 
 
 def _chains(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[str]) -> list[list[Trial]]:
-    """The two fixed sequences, both from val alone: the anchors all but sure to pass (`ANCHOR_PASS`: INT8),
-    least compressed first; and, planned by `plan_sequence`, the search's plans and the other anchors, from
-    the least to the most compressed (`modelopt.run.sequence.confirm_chains` shares the error rate)."""
-    gate = sorted((t for t in trials if t.plan.key in anchors and candidates[t.plan.key].forced),
-                  key=lambda t: candidates[t.plan.key].reduction)
-    start = max((candidates[t.plan.key].reduction for t in gate), default=1.0)
-    rest = [t for t in trials if t not in gate and candidates[t.plan.key].reduction > start]
-    return [gate, [rest[i] for i in plan_sequence([candidates[t.plan.key] for t in rest], start=start)]]
+    """The two fixed sequences, both from val alone: the anchors likely to pass (`ANCHOR_PASS`) but the most
+    compressed, least compressed first; and, planned by `plan_sequence`, the search's plans and the most
+    compressed anchor, from the least to the most compressed, planned on what the first sequence is
+    expected to secure (`modelopt.run.sequence.confirm_chains` shares the error rate)."""
+    by_reduction = sorted((t for t in trials if t.plan.key in anchors), key=lambda t: candidates[t.plan.key].reduction)
+    gate = [t for t in by_reduction[:-1] if candidates[t.plan.key].forced]
+    secured, alive, last = 1.0, 1.0, 1.0  # the reduction the gate is expected to report
+    for t in gate:
+        c = candidates[t.plan.key]
+        alive *= c.chance
+        secured += alive * (c.reduction - last)
+        last = c.reduction
+    floor = min((candidates[t.plan.key].reduction for t in gate), default=1.0)
+    rest = [t for t in trials if t not in gate and candidates[t.plan.key].reduction > floor]
+    return [gate, [rest[i] for i in plan_sequence([candidates[t.plan.key] for t in rest], start=secured)]]
 
 
 def _full_val(trial: Trial) -> PairedCounts | None:

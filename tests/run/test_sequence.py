@@ -11,7 +11,16 @@ import pytest
 
 from modelopt.confidence import PairedCounts
 from modelopt.objective import Objective
-from modelopt.run.sequence import Candidate, LossShare, confirm_chains, most_changed, pass_chance, plan_sequence
+from modelopt.run.sequence import (
+    ANCHOR_PASS,
+    GATE_SHARE,
+    Candidate,
+    LossShare,
+    confirm_chains,
+    most_changed,
+    pass_chance,
+    plan_sequence,
+)
 
 FLOOR, CONF = 0.99, 0.95
 
@@ -83,7 +92,7 @@ def _confirmed(rng: np.random.Generator, chains: list[list[int]], truth: list[tu
             drawn[i] = _draw(rng, n_conf, acc, *truth[i])
         return drawn[i].retention_lower(1 - level) >= FLOOR
 
-    return [i for i, ok in confirm_chains(chains, passes, 1 - CONF).items() if ok]
+    return [i for i, ok in confirm_chains(chains, passes, 1 - CONF, shares=(GATE_SHARE, 1 - GATE_SHARE)).items() if ok]
 
 
 def _simulate(runs: int, seed: int) -> tuple[float, float]:
@@ -92,7 +101,7 @@ def _simulate(runs: int, seed: int) -> tuple[float, float]:
     Each run has 40 plans whose true retention spans 98-100 % around a 99 % floor (more compression,
     less retention, with noise), scored on 1,500 val images; every one goes to confirmation (a superset
     of the fronts the runner hands over), beside an INT8-like anchor that is truly lossless (a sequence
-    of its own) and an INT4-like anchor truly at 99.3 % (planned with the search's plans, unshifted);
+    of its own, with the INT4-like anchor truly at 99.3 % when val rates it likely to pass);
     each is confirmed on 3,000 fresh images. Returns the share of runs whose claim (the most compressed
     confirmed) is in truth under the floor, and the share that claimed a plan beyond the anchors.
     """
@@ -111,9 +120,11 @@ def _simulate(runs: int, seed: int) -> tuple[float, float]:
         vals = [_draw(rng, n_val, acc, *truth[i]) for i in range(1, k + 2)]
         share = LossShare.fit(vals)  # as the runner does: each plan's broken share shrunk toward the run's
         assert share is not None
-        rest = [Candidate(red[i + 1], pass_chance(share.shrunk(v), n_conf, round(acc * n_conf), CONF, FLOOR, shift=0.0))
-                for i, v in enumerate(vals)]
-        chains = [[0], [j + 1 for j in plan_sequence(rest, start=3.8)]]
+        chance = [pass_chance(share.shrunk(v), n_conf, round(acc * n_conf), CONF, FLOOR, shift=0.0) for v in vals]
+        gate = [0, 1] if chance[0] >= ANCHOR_PASS else [0]  # the likely anchors: a sequence of their own
+        rest = [i for i in range(1, k + 2) if i not in gate]
+        order = plan_sequence([Candidate(red[i], chance[i - 1]) for i in rest], start=red[gate[-1]])
+        chains = [gate, [rest[j] for j in order]]
         held = _confirmed(rng, chains, truth, n_conf, acc)
         claimed = max(held, key=lambda i: red[i], default=None)
         if claimed is not None and claimed >= 2:
@@ -143,8 +154,8 @@ def test_a_plan_lucky_on_val_is_not_claimed() -> None:
     truth = [(0.0005, 0.0005), (0.004, 0.0), (0.02, 0.007)]  # INT8, an anchor at 99.5 %, the lucky plan 98.4 %
     claimed = safe = 0
     for _ in range(400):
-        rest = [Candidate(7.6, 0.95), Candidate(9.0, pass_chance(lucky_val, n_conf, 2430, CONF, FLOOR))]
-        held = _confirmed(rng, [[0], [j + 1 for j in plan_sequence(rest, start=3.8)]], truth, n_conf, acc)
+        rest = [Candidate(9.0, pass_chance(lucky_val, n_conf, 2430, CONF, FLOOR))]
+        held = _confirmed(rng, [[0, 1], [j + 2 for j in plan_sequence(rest, start=7.6)]], truth, n_conf, acc)
         claimed += 2 in held
         safe += 1 in held
     assert claimed / 400 < 0.05 and safe / 400 > 0.5
