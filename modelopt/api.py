@@ -340,6 +340,7 @@ def run(
                         "or an image folder")  # before the model loads, too
     # The folder is this process's from here (a second process on it is refused at once, before it loads);
     # the runner holds the lock to the end and lets it go however the run ends.
+    created = out is not None and not Path(out).exists()
     lock = lock_run_folder(out) if out is not None else None
     try:
         built = config.build(workload, allow_pickle=allow_pickle)
@@ -352,6 +353,8 @@ def run(
     except BaseException:
         if lock is not None:
             lock.release()
+            if created:  # refused before the run began: leave no folder behind
+                lock.remove_folder_if_empty()
         raise
     result = runner.run()
     if config.knowledge is not None:  # what this run learned per layer, for later runs to start from

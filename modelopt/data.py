@@ -40,11 +40,9 @@ SPLIT_NAMES = ("calib", "val", "confirm", "test", "all")
 SAMPLE_PATH = Path(__file__).parent / "zoo" / "assets" / "cifar10_sample.npz"
 DEFAULT_VAL_FRACTION = 0.2
 DEFAULT_CONFIRM_FRACTION = 0.2
-# With unlabeled images for calibration every labeled image is evidence: val 20 %, confirm 50 %, test 30 %.
-# The claim is certified on confirm alone, and its resolution grows with the square root of its images: on
-# 10,000 JPEG CIFAR-10 images, 5,000 confirm images certify 99 % for a plan that changes up to 11 % of the
-# answers with no net loss (3,500: 7.9 %). The search chooses on val (2,000: the bundled default's), led by
-# label-free priors; test (3,000) reports, +-0.6 points at 99 %.
+# With unlabeled images for calibration every labeled image is evidence: val 20 %, confirm 50 % (the claim is
+# certified there alone: on 10,000 JPEG CIFAR-10 images 5,000 certify 99 % for a plan changing up to 11 % of the
+# answers, 3,500 up to 7.9 %), test 30 % (3,000: +-0.6 points at 99 %).
 UNLABELED_FRACTIONS = (0.0, 0.20, 0.50)
 UNLABELED_IMAGES = 2000  # calibration images kept from `unlabeled` (GPTQ reads 256, batch norms 512)
 MIN_UNLABELED = 256  # GPTQ's second moments and the one-pass sensitivities read this many

@@ -4,6 +4,7 @@ except of an optional dependency (or of a module of ours that needs one at impor
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "modelopt"
@@ -110,10 +111,13 @@ MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 80
 
 
-def test_no_file_over_the_line_limit() -> None:
+def test_files_over_the_line_limit_are_named() -> None:
+    """Limits are on ideas, not lines (issue 24): a file past MAX_FILE_LINES is named as a warning, to be split
+    at a seam, never at a line count (all of MCTS stays in search/mcts.py). Functions keep a hard limit below."""
     long = {str(p.relative_to(PACKAGE.parent)): n for p in MODULES.values()
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_FILE_LINES}
-    assert not long, f"files over {MAX_FILE_LINES} lines: {long}"
+    if long:
+        warnings.warn(f"files over {MAX_FILE_LINES} lines (split at a seam if one is there): {long}", stacklevel=1)
 
 
 def test_no_function_over_the_line_limit() -> None:

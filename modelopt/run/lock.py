@@ -45,6 +45,15 @@ class RunLock:
         if not self._handle.closed:
             self._handle.close()  # closing the descriptor drops the lock
 
+    def remove_folder_if_empty(self) -> None:
+        """Removes the lock file and its folder when the folder holds nothing else (a run refused before
+        it wrote anything leaves no folder behind)."""
+        folder = self.path.parent
+        with contextlib.suppress(OSError):
+            if [p.name for p in folder.iterdir()] == [self.path.name]:
+                self.path.unlink()
+                folder.rmdir()
+
     def __enter__(self) -> RunLock:
         return self
 

@@ -21,9 +21,12 @@ run, ResNet-20, 2,000 JPEG val images: any one layer at INT3 breaks 6-27 answers
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
 import numpy as np
+
+from modelopt.plan import Decision
 
 NOISE_SIGMA = 0.02  # noise of sqrt(drop) near a 1 % floor when one measurement is +-0.4 % (2 in 400 images)
 POWERS = (0.5, 1.0, 2.0)  # candidate exponents of the additive model
@@ -33,6 +36,12 @@ LAYER_REL = 1.0  # prior std of a decision's sensitivity, relative to the global
 PRIOR_REL = 0.3  # prior std of a per-(decision, choice) residual, relative to kappa_d x error
 PRIOR_FLOOR = 1e-3  # ... plus this absolute floor, in sqrt(drop) units
 KAPPA0 = 0.5  # sqrt(drop) per unit of relative weight error before any data (ResNet-20: 0.4-0.8)
+# With measured output estimates (`rescale_to_estimates`): a decision's sensitivity stays within about a quarter
+# of the global one (what the probes leave in doubt within a layer), and a residual's prior std is its prior's
+# share alone (an absolute floor above an INT4 choice's own prior made Thompson draws pick INT8 or pruning at
+# random); the anchors' three trials, spread from INT8 to INT3, already tell how drops add up.
+ESTIMATED_LAYER_REL = 0.3
+ESTIMATED_PRIOR_FLOOR = 1e-6
 
 
 def _solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -193,3 +202,32 @@ class LossModel:
         z = rng.standard_normal((draws, self.n_cols))
         flat = mean * np.exp(sigma * z - sigma**2 / 2)
         return np.concatenate([flat, np.zeros((draws, 1))], axis=1)[:, self._colmat]
+
+
+def loss_model_for(decisions: Sequence[Decision], error: Sequence[np.ndarray], *, estimated: bool) -> LossModel:
+    """The loss model over `error`: with measured output estimates every choice's error is in one unit (the
+    answers' KL) and each layer's gain is measured, so one kappa serves every compressor, a decision's own
+    sensitivity stays near it and draws are lognormal; otherwise one kappa per compressor, each layer free."""
+    compressors = sorted({d.compressor for d in decisions})
+    width = max(len(d.choices) for d in decisions)
+    is_none = [[c is None for c in d.choices] for d in decisions]
+    if not estimated:
+        return LossModel(error, is_none, width, groups=[compressors.index(d.compressor) for d in decisions])
+    return LossModel(error, is_none, width, groups=[0] * len(decisions), layer_rel=ESTIMATED_LAYER_REL,
+                     prior_floor=ESTIMATED_PRIOR_FLOOR, power_trials=3, lognormal=True)
+
+
+def rescale_to_estimates(decisions: Sequence[Decision], error: Sequence[np.ndarray],
+                         estimates: Mapping[tuple[str, int], float]) -> bool:
+    """Puts each choice's estimated KL of the answers {(decision, choice index): nats} in `error` (in place),
+    rescaled so the median layer keeps the scale of its relative error (KAPPA0 is in those units); choices
+    without an estimate keep theirs. Returns whether any estimate was taken."""
+    index = {d.name: i for i, d in enumerate(decisions)}
+    pairs = [(index[name], j, v) for (name, j), v in estimates.items()
+             if name in index and v > 0 and math.isfinite(v) and error[index[name]][j] > 0]
+    if not pairs:
+        return False
+    scale = float(np.exp(np.median([math.log(error[i][j] / v) for i, j, v in pairs])))
+    for i, j, v in pairs:
+        error[i][j] = v * scale
+    return True

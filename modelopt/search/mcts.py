@@ -12,8 +12,10 @@ of the total noise (clean images: ResNet-20, a linear model needs a 7x larger sl
 than INT4, the square-root one under 2x) the power is 1/2; where it falls with the noise itself
 (JPEG images, many answers near a boundary) it is 2; the loss model picks it from the trials. The
 cost side is bytes priced with the layer's other decisions at the INT4 anchor. `delta` is fitted by
-ridge regression on every trial so far, shrunk toward a data-free prior (kappa x the choice's
-relative weight-quantization error, kappa fitted too). Rollouts draw delta from its posterior
+ridge regression on every trial so far, shrunk toward a prior (kappa x the choice's error, kappa fitted
+too). The error is, when the budget affords the probes, the KL of the answers the choice causes
+(`modelopt.output_sensitivity`: one label-free probe per layer; layers' gains span 50x), else its
+relative output error. Rollouts draw delta from its posterior
 (Thompson sampling): they explore where the model is unsure and exploit where it is sure, spending
 evaluations only on accuracy. Model: `search/loss_model.py`; knapsack DP: `search/mckp.py`.
 
@@ -41,7 +43,7 @@ from modelopt.objective import Objective, Target
 from modelopt.plan import Plan
 from modelopt.search._base import Strategy
 from modelopt.search._registry import STRATEGIES
-from modelopt.search.loss_model import LossModel
+from modelopt.search.loss_model import LossModel, loss_model_for, rescale_to_estimates
 from modelopt.search.mckp import solve_binned
 from modelopt.space import SearchSpace
 from modelopt.trial import Trial
@@ -57,11 +59,6 @@ PRIOR_MIX = 0.75  # share of the rollout policy in a prior (the rest: data-free 
 # when every plan that changes anything breaks some answers (JPEG images: any layer at INT3 breaks 6-27
 # of 2,000), aiming lower only yields plans that leave layers in float.
 MIN_MARGIN = 0.4
-# Prior std of a decision's sensitivity around the global one, relative, once each layer's gain is measured
-# (`use_loss_estimates`): the probes leave about a quarter of doubt within a layer (LAYER_REL without them).
-ESTIMATED_LAYER_REL = 0.3
-ESTIMATED_PRIOR_FLOOR = 1e-6  # sqrt(drop) units: a residual's prior std is then its prior's share alone
-
 
 @dataclass
 class _Node:
@@ -137,20 +134,7 @@ class MCTS(Strategy):
         self._fit()
 
     def _loss_model(self) -> LossModel:
-        """The loss model over `self.error`: with measured output estimates, every choice's error is in one
-        unit (the answers' KL) and each layer's gain is measured, so one kappa serves every compressor and
-        a decision's own sensitivity stays near it; otherwise one kappa per compressor, each layer free."""
-        compressors = sorted({d.compressor for d in self.decisions})
-        width = max(len(d.choices) for d in self.decisions)
-        groups = [0 if self.estimated else compressors.index(d.compressor) for d in self.decisions]
-        if not self.estimated:
-            return LossModel(self.error, [[c is None for c in d.choices] for d in self.decisions], width, groups=groups)
-        # Measured priors: residuals stay relative to them (an absolute floor above an INT4 choice's own prior
-        # made Thompson draws pick INT8 or pruning at random), and the anchors' three trials, spread from INT8
-        # to INT3, already tell how drops add up.
-        return LossModel(self.error, [[c is None for c in d.choices] for d in self.decisions], width, groups=groups,
-                         layer_rel=ESTIMATED_LAYER_REL, prior_floor=ESTIMATED_PRIOR_FLOOR, power_trials=3,
-                         lognormal=True)
+        return loss_model_for(self.decisions, self.error, estimated=self.estimated)
 
     @property
     def loss_estimator(self) -> str | None:
@@ -163,14 +147,8 @@ class MCTS(Strategy):
         apart), rescaled so the median layer keeps the scale of its relative error (the loss model's kappa
         prior is in those units); choices without an estimate keep their error. Call before the first `ask`
         and before `load_state_dict` (a resumed run)."""
-        index = {d.name: i for i, d in enumerate(self.decisions)}
-        pairs = [(index[name], j, v) for (name, j), v in estimates.items()
-                 if name in index and v > 0 and math.isfinite(v) and self.error[index[name]][j] > 0]
-        if not pairs:
+        if not rescale_to_estimates(self.decisions, self.error, estimates):
             return
-        scale = float(np.exp(np.median([math.log(self.error[i][j] / v) for i, j, v in pairs])))
-        for i, j, v in pairs:
-            self.error[i][j] = v * scale
         self.estimated = True
         self.model = self._loss_model()
         for node in self.tree.values():

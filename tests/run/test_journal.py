@@ -30,7 +30,7 @@ def test_a_torn_last_line_is_dropped_and_truncated(tmp_path):
 def test_corruption_in_the_middle_is_an_error(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text('{"number": 0}\nnot json\n{"number": 2}\n')
-    with pytest.raises(LoadError, match="corrupt at record 2"):
+    with pytest.raises(LoadError, match="damaged at line 2"):
         Journal(path).read()
 
 
