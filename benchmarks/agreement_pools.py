@@ -30,11 +30,11 @@ import torch
 
 from modelopt.api import build_compressors, build_workload
 from modelopt.confidence import PairedCounts
-from modelopt.early_exit.features import read_images
-from modelopt.early_exit.pools import heldout_indices
-from modelopt.evaluator import Evaluator
-from modelopt.fidelity import binom_upper
-from modelopt.space import SearchSpace
+from modelopt.compressors.early_exit.features import read_images
+from modelopt.compressors.early_exit.pools import heldout_indices
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.fidelity import binom_upper
+from modelopt.plan.space import SearchSpace
 
 
 def main() -> None:

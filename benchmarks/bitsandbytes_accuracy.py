@@ -44,9 +44,9 @@ import torch
 
 from modelopt.api import build_compressors, build_workload
 from modelopt.compressors import QuantSpec
-from modelopt.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters.bitsandbytes import bitsandbytes_agreement
-from modelopt.space import SearchSpace
+from modelopt.plan.space import SearchSpace
 
 # ResNet-56 has no bundled weights: the shared checkpoint (akamaster/pytorch_resnet_cifar10).
 WEIGHTS = {"cifar10_resnet56": Path(__file__).resolve().parents[2] / "shared" / "models" / "cifar10"

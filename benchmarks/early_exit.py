@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from modelopt.api import build_workload
-from modelopt.early_exit import (
+from modelopt.compressors.early_exit import (
     ChooserConfig,
     EarlyExitNet,
     FitConfig,
@@ -71,8 +71,8 @@ from modelopt.early_exit import (
     simulate,
     split_backbone,
 )
-from modelopt.early_exit.features import Features
-from modelopt.early_exit.pools import heldout_indices
+from modelopt.compressors.early_exit.features import Features
+from modelopt.compressors.early_exit.pools import heldout_indices
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 DATA = SHARED / "data" / "cifar10"

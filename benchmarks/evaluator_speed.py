@@ -27,8 +27,8 @@ import torch
 
 from modelopt.api import build_workload
 from modelopt.compressors import Quantize
-from modelopt.evaluator import Evaluator
-from modelopt.space import SearchSpace
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.plan.space import SearchSpace
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 MODELS = {

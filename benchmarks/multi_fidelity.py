@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from modelopt.api import build_workload, optimize
-from modelopt.fidelity import Fidelity
+from modelopt.evaluation.fidelity import Fidelity
 from modelopt.run.runner import RunResult
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from modelopt.api import build_workload
 from modelopt.compressors import Granularity, Quantize, QuantSpec
-from modelopt.evaluator import Evaluator
-from modelopt.space import SearchSpace
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.plan.space import SearchSpace
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ import torch
 
 from modelopt.api import KEYWORD_SETTINGS, optimize, run_config
 from modelopt.executors import Executor, Job, Scored
-from modelopt.metrics import Metrics
+from modelopt.evaluation.metrics import Metrics
 from modelopt.run.runner import Runner
 from modelopt.search import STRATEGIES
 

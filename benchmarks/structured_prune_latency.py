@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from modelopt.api import build_compressors, build_workload
-from modelopt.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator
 from modelopt.latency import torch_latency
-from modelopt.space import SearchSpace
+from modelopt.plan.space import SearchSpace
 
 WEIGHTS = Path(__file__).resolve().parents[2] / "shared" / "models" / "cifar10" / "resnet56-4bfd9763.th"
 

@@ -10,20 +10,20 @@ from modelopt import _name_clash  # noqa: F401 -- first, for its warning when nv
 from modelopt._version import __version__
 from modelopt.api import build_workload, evaluate, optimize
 from modelopt.compressors import COMPRESSORS, Compressor, Granularity, QuantSpec
-from modelopt.config import RunConfig
-from modelopt.data import Dataset, load_data
+from modelopt.config.run_config import RunConfig
+from modelopt.data.dataset import Dataset, load_data
 from modelopt.errors import ConfigError, LoadError, ModeloptError, NameClashWarning
-from modelopt.evaluator import Evaluator, Metrics
+from modelopt.evaluation.evaluator import Evaluator, Metrics
 from modelopt.exporters import export, load
-from modelopt.models import LoadedModel, list_models, load_model
+from modelopt.model.loader import LoadedModel, list_models, load_model
+from modelopt.model.workload import Workload
 from modelopt.objective import Objective
-from modelopt.plan import Decision, Plan
+from modelopt.plan.plan import Decision, Plan
+from modelopt.plan.space import SearchSpace
+from modelopt.plan.trial import Trial
 from modelopt.reports import report  # the verb; the writers are modelopt.reports.*
 from modelopt.run.runner import RunResult
 from modelopt.search import STRATEGIES, Strategy
-from modelopt.space import SearchSpace
-from modelopt.trial import Trial
-from modelopt.workload import Workload
 
 __all__ = [
     "COMPRESSORS",

@@ -1,3 +1,3 @@
-from modelopt.cli import main
+from modelopt.cli.app import main
 
 main()

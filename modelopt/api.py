@@ -13,7 +13,9 @@ from typing import Any
 from torch import nn
 from torch.utils.data import DataLoader
 
-from modelopt.assemble import (
+from modelopt.compressors.quantize import parse_rounding
+from modelopt.confidence import DEFAULT_CONFIDENCE
+from modelopt.config.assemble import (
     DEFAULT_BITS,
     DEFAULT_BUDGET,
     DEFAULT_GRANULARITY,
@@ -23,21 +25,21 @@ from modelopt.assemble import (
     default_compressors,
     load_exit_images,
 )
-from modelopt.compressors.quantize import parse_rounding
-from modelopt.confidence import DEFAULT_CONFIDENCE
-from modelopt.config import RunConfig
-from modelopt.data import Dataset, load_data
+from modelopt.config.run_config import RunConfig
+from modelopt.data.dataset import Dataset, load_data
 from modelopt.errors import ConfigError, LoadError
-from modelopt.evaluator import Evaluator, Metrics
+from modelopt.evaluation.evaluator import Evaluator, Metrics
+from modelopt.evaluation.fidelity import Fidelity
 from modelopt.executors import make_executor
 from modelopt.executors.on_ray import import_ray
-from modelopt.fidelity import Fidelity
 from modelopt.knowledge import read_store, record_run
 from modelopt.latency.plan import PlanLatency
 from modelopt.latency.spec import LatencySpec
-from modelopt.models import LoadedModel, load_model
+from modelopt.model.loader import LoadedModel, load_model
+from modelopt.model.workload import Workload, check_split
 from modelopt.objective import Target
-from modelopt.plan import Plan
+from modelopt.plan.plan import Plan
+from modelopt.plan.space import SearchSpace, read_plan_file
 from modelopt.reports import write_report
 from modelopt.run.layout import CONFIG
 from modelopt.run.lock import lock_run_folder
@@ -45,8 +47,6 @@ from modelopt.run.optuna_storage import check_storage, export_run
 from modelopt.run.preflight import check_run_folder
 from modelopt.run.run_folder import save_layers
 from modelopt.run.runner import Runner, RunResult
-from modelopt.space import SearchSpace, read_plan_file
-from modelopt.workload import Workload, check_split
 
 __all__ = [
     "DEFAULT_BUDGET",
@@ -97,7 +97,7 @@ def build_workload(
     unlabeled: UnlabeledLike = None,
 ) -> Workload:
     """Loads model and data and puts both, with the baseline predictions, on the device (`unlabeled`:
-    images for calibration and fitting, see `modelopt.data.load_data`)."""
+    images for calibration and fitting, see `modelopt.data.dataset.load_data`)."""
     return Workload(_model(model, weights, allow_pickle), _data(data, data_seed, unlabeled), device=device)
 
 

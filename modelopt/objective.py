@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from modelopt.confidence import DEFAULT_CONFIDENCE, PairedCounts, check_confidence
 from modelopt.errors import ConfigError
-from modelopt.metrics import Metrics
+from modelopt.evaluation.metrics import Metrics
 
 # Val standard errors (of a plan's net loss) by which a plan the search picked is assumed luckier on val
 # than it is. The largest of k independent near-floor estimates sits about sqrt(2 ln k) errors high, but

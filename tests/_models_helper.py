@@ -1,4 +1,4 @@
-"""Tiny model factories for `package.module:factory` sources (imported by tests/test_models.py)."""
+"""Tiny model factories for `package.module:factory` sources (imported by tests/model/test_models.py)."""
 
 from __future__ import annotations
 

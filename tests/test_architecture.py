@@ -7,6 +7,8 @@ import ast
 import warnings
 from pathlib import Path
 
+import modelopt
+
 PACKAGE = Path(__file__).resolve().parents[1] / "modelopt"
 # Extras a user may not have installed (pyproject.toml's optional dependencies): imported where used.
 OPTIONAL = frozenset({"torchvision", "optuna", "optuna_dashboard", "onnx", "onnxruntime", "bitsandbytes",
@@ -130,3 +132,20 @@ def test_no_function_over_the_line_limit() -> None:
                 if n > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({n} lines)")
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+# The package root keeps the public API and the ideas every room shares; everything else lives in a room (issue 24).
+MAX_ROOT_MODULES = 12
+
+
+def test_the_root_holds_few_modules() -> None:
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, (
+        f"{len(root)} modules at modelopt/'s root (at most {MAX_ROOT_MODULES}): {root}; give the new one a room")
+
+
+def test_packages_are_not_shadowed_by_the_api() -> None:
+    """`modelopt.evaluate` is the verb: a subpackage of the same name would replace it on first import."""
+    rooms = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    clashes = sorted(rooms & set(modelopt.__all__))
+    assert not clashes, f"subpackages named like public API names: {clashes}"

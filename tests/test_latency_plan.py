@@ -7,10 +7,10 @@ import pytest
 from modelopt import api
 from modelopt.compressors import Quantize
 from modelopt.errors import ConfigError
-from modelopt.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator
 from modelopt.latency.plan import PlanLatency
 from modelopt.latency.spec import LatencySpec
-from modelopt.space import SearchSpace
+from modelopt.plan.space import SearchSpace
 
 QUICK = LatencySpec("torch", batch_size=8, threads=1, warmup=1, repeats=3)
 

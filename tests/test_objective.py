@@ -11,7 +11,7 @@ import pytest
 
 from modelopt.confidence import PairedCounts
 from modelopt.errors import ConfigError
-from modelopt.evaluator import Metrics
+from modelopt.evaluation.evaluator import Metrics
 from modelopt.objective import Objective, Target, best_of, pareto_front
 
 FLOAT_BYTES = 1_000_000

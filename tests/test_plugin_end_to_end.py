@@ -21,10 +21,10 @@ import modelopt
 from modelopt.compressors import COMPRESSORS, Compressor
 from modelopt.compressors._base import Choice, Granularity, IntegerWeight, WeightForm
 from modelopt.compressors.gptq import LayerInputs
-from modelopt.config import RunConfig
+from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError
 from modelopt.exporters._source import resolve
-from modelopt.layers import Layer
+from modelopt.model.layers import Layer
 from modelopt.run.optuna_storage import export_run
 from modelopt.run.run_folder import read_run
 

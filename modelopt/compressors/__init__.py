@@ -2,7 +2,7 @@
 
 from modelopt.compressors._base import Choice, Compressor, Storage
 from modelopt.compressors._registry import COMPRESSORS
-from modelopt.compressors.early_exit import EarlyExit, ExitChoice
+from modelopt.compressors.early_exit.compressor import EarlyExit, ExitChoice
 from modelopt.compressors.prune import Prune, PruneKind, PruneSpec
 from modelopt.compressors.quantize import Granularity, Quantize, QuantSpec, Rounding
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from modelopt.errors import ConfigError
-from modelopt.layers import Layer
+from modelopt.model.layers import Layer
 
 if TYPE_CHECKING:  # annotations only: gptq imports this module
     from modelopt.compressors.gptq import LayerInputs

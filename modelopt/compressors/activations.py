@@ -40,7 +40,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from modelopt.errors import ConfigError
-from modelopt.layers import feed_inputs
+from modelopt.model.layers import feed_inputs
 
 QPARAM_BYTES = 5  # what the packed export stores per quantized input: float32 scale + uint8 zero point
 SUPPORTED_ACTIVATION_BITS = (8,)  # uint8 inputs (W8A8), the integer kernels deployed CPUs and GPUs run

@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from modelopt.errors import ConfigError
-from modelopt.layers import feed_inputs
+from modelopt.model.layers import feed_inputs
 
 DAMPING = 0.01  # fraction of mean(diag H) added to H's diagonal (GPTQ's percdamp)
 BLOCK = 128  # columns updated lazily together (GPTQ's block size; exact, only faster)

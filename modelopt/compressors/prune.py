@@ -37,7 +37,7 @@ from modelopt.compressors._base import (  # noqa: F401 -- re-exported
 from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors.gptq import LayerInputs
 from modelopt.errors import ConfigError
-from modelopt.layers import Layer, LayerKind, internal_channels
+from modelopt.model.layers import Layer, LayerKind, internal_channels
 
 DEFAULT_SPARSITY = (0.25, 0.5, 0.75)
 DEFAULT_BN_SAMPLES = 512

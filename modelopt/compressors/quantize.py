@@ -42,7 +42,7 @@ from modelopt.compressors.activations import activation_bits as _activation_bits
 from modelopt.compressors.gptq import LayerInputs, Rounding, gptq_round
 from modelopt.compressors.quant_spec import ActQuantSpec, QuantSpec
 from modelopt.errors import ConfigError
-from modelopt.layers import Layer
+from modelopt.model.layers import Layer
 
 __all__ = ["ActQuantSpec", "Granularity", "QuantSpec", "Quantize", "Rounding", "dequantize", "parse_rounding",
            "quantize", "search_scales"]

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
-from modelopt.metrics import Metrics
-from modelopt.plan import Plan
+from modelopt.evaluation.metrics import Metrics
+from modelopt.plan.plan import Plan
 
 __all__ = ["Executor", "Job", "Scored"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import deque
 from typing import ClassVar
 
-from modelopt.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.fidelity import Fidelity
 from modelopt.executors._base import Executor, Job, Scored
 from modelopt.executors.scoring import score
-from modelopt.fidelity import Fidelity
 from modelopt.objective import Objective
 
 __all__ = ["LocalExecutor"]

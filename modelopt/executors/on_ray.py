@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from modelopt.errors import ConfigError, ModeloptError
 from modelopt.executors._base import Executor, Job, Scored
 from modelopt.executors.ray_worker import PlanWorker
-from modelopt.workload import Workload
+from modelopt.model.workload import Workload
 
 if TYPE_CHECKING:  # the config imports modules this package's callers import: its type only
-    from modelopt.config import RunConfig
+    from modelopt.config.run_config import RunConfig
 
 __all__ = ["MAX_DEATHS", "RayExecutor", "import_ray"]
 

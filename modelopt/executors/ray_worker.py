@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from modelopt.config import RunConfig
+from modelopt.config.run_config import RunConfig
 from modelopt.executors._base import Job, Scored
 from modelopt.executors.scoring import score
-from modelopt.workload import Workload
+from modelopt.model.workload import Workload
 
 __all__ = ["PlanWorker"]
 

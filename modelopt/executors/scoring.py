@@ -9,9 +9,9 @@ import traceback
 import torch
 
 from modelopt.errors import ModeloptError
-from modelopt.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.fidelity import Fidelity
 from modelopt.executors._base import Job, Scored
-from modelopt.fidelity import Fidelity
 from modelopt.objective import Objective
 
 __all__ = ["free_cuda_memory", "score"]

@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Any
 
 from modelopt.errors import ConfigError
-from modelopt.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters._source import PlanRef, resolve
 from modelopt.exporters.onnx import export_onnx
 from modelopt.exporters.packed import export_packed
-from modelopt.workload import Workload
+from modelopt.model.workload import Workload
 
 FORMATS = {"modelopt": ".pt", "onnx": ".onnx"}
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from modelopt.compressors._base import Choice, WeightForm
-from modelopt.evaluator import Evaluator
-from modelopt.plan import Plan
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.plan.plan import Plan
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from modelopt.early_exit import EarlyExitNet, ExitHead, ExitPolicy, HeadSpec, split_backbone
+from modelopt.compressors.early_exit import EarlyExitNet, ExitHead, ExitPolicy, HeadSpec, split_backbone
 from modelopt.errors import ConfigError, LoadError
-from modelopt.models import load_model
+from modelopt.model.loader import load_model
 from modelopt.zoo import MODELS, ZooEntry
 
 HEAD_TENSORS = ("weight", "bias", "temperature", "hidden_weight", "hidden_bias")  # an exit head's, in file order

@@ -12,15 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from modelopt.assemble import build_compressors
-from modelopt.config import RunConfig
+from modelopt.config.assemble import build_compressors
+from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError, LoadError
-from modelopt.evaluator import Evaluator
-from modelopt.plan import Plan
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.model.workload import Workload
+from modelopt.plan.plan import Plan
+from modelopt.plan.space import SearchSpace, read_plan_file
 from modelopt.run.journal import Journal
 from modelopt.run.layout import BEST_PLAN, JOURNAL
-from modelopt.space import SearchSpace, read_plan_file
-from modelopt.workload import Workload
 
 PlanRef = str | int | Path | Plan | Mapping[str, Any]
 

@@ -35,10 +35,10 @@ from torch import nn
 
 from modelopt.compressors._base import Granularity, IntegerWeight
 from modelopt.errors import ConfigError
-from modelopt.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters._forms import layer_steps
-from modelopt.layers import LayerKind
-from modelopt.plan import Plan
+from modelopt.model.layers import LayerKind
+from modelopt.plan.plan import Plan
 
 if TYPE_CHECKING:  # annotations only: bitsandbytes is imported on first use (`_bnb`)
     import bitsandbytes

@@ -33,7 +33,7 @@ import torch
 from modelopt._files import save_atomic
 from modelopt.compressors._base import Granularity, IntegerWeight, WeightForm
 from modelopt.errors import ConfigError
-from modelopt.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters._forms import layer_forms
 from modelopt.exporters.onnx_qdq import (
     Graph,
@@ -43,7 +43,7 @@ from modelopt.exporters.onnx_qdq import (
     fold_batchnorm,
     tensor_proto,
 )
-from modelopt.plan import Plan
+from modelopt.plan.plan import Plan
 
 OPSET = 21  # int4 and blocked (group) DequantizeLinear
 IR_VERSION = 10

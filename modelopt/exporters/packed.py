@@ -48,11 +48,11 @@ from modelopt.compressors._base import (
 from modelopt.compressors.activations import InputQParams, install_input_quantizers
 from modelopt.compressors.prune import remove_channels  # rebuilds the smaller blocks the index names
 from modelopt.errors import ConfigError, LoadError
-from modelopt.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters._forms import layer_forms
 from modelopt.exporters._rebuild import HEAD_TENSORS, architecture, with_exits
-from modelopt.layers import compressible_modules
-from modelopt.plan import Plan
+from modelopt.model.layers import compressible_modules
+from modelopt.plan.plan import Plan
 
 FORMAT = "modelopt.packed"
 FORMAT_VERSION = 4  # 2: sparse and structurally pruned layers; 3: quantized inputs; 4: early-exit heads.

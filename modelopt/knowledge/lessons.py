@@ -2,7 +2,7 @@
 read off a finished run (`learn`).
 
 Per (layer, compressor) decision: the layer's fingerprint, each choice's measured error on the
-layer (`SearchSpace.features`, from `modelopt.priors.measure_errors`), and the run's sensitivities
+layer (`SearchSpace.features`, from `modelopt.evaluation.priors.measure_errors`), and the run's sensitivities
 from MCTS's loss model (`modelopt.search.loss_model`) refitted on every trial of the run, whatever
 the strategy: the layer's sensitivity kappa_d and each choice's residual beta, both *relative to the
 run's global kappa* (with their posterior std). Relative, because what transfers between models is
@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from modelopt.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator
 from modelopt.knowledge.fingerprint import LayerPrint, model_family
-from modelopt.plan import Choice, jsonable
+from modelopt.plan.plan import Choice, jsonable
+from modelopt.plan.space import SearchSpace
+from modelopt.plan.trial import Trial
 from modelopt.search.loss_model import LossModel
-from modelopt.space import SearchSpace
-from modelopt.trial import Trial
 
 if TYPE_CHECKING:  # the runner's module is the loop's; a lesson only reads its result
     from modelopt.run.runner import RunResult

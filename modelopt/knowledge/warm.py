@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
-from modelopt.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator
 from modelopt.knowledge.fingerprint import LayerPrint, model_family
 from modelopt.knowledge.index import KnowledgeIndex, Prior
 from modelopt.knowledge.lessons import choice_key, learn, loss_measure
 from modelopt.knowledge.store import read_store, record, store_file
+from modelopt.plan.space import SearchSpace
 from modelopt.search import Strategy
 from modelopt.search.loss_model import KAPPA0, NOISE_SIGMA
-from modelopt.space import SearchSpace
 
 if TYPE_CHECKING:
     from modelopt.run.runner import RunResult

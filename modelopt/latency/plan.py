@@ -17,11 +17,11 @@ import tempfile
 from pathlib import Path
 
 from modelopt.errors import ConfigError
-from modelopt.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters.onnx import export_onnx
 from modelopt.latency.measure import Latency, onnx_latency, torch_latency
 from modelopt.latency.spec import LatencySpec
-from modelopt.plan import Plan
+from modelopt.plan.plan import Plan
 
 
 class PlanLatency:

@@ -122,7 +122,7 @@ class LayerRow:
     layer: str
     cells: tuple[Cell, ...]  # aligned with LayerMap.columns
     params: int | None  # weights in the layer
-    # Bytes the plan stores for the layer (`modelopt.cost.LayerCost.bytes`): its packed weight (scales,
+    # Bytes the plan stores for the layer (`modelopt.evaluation.cost.LayerCost.bytes`): its packed weight (scales,
     # sparse indices), plus an exit head after it, less the float norm and bias entries its removed
     # channels drop. With `LayerMap.other_bytes`, the rows sum to the plan's size_bytes.
     plan_bytes: int | None

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from modelopt.metrics import Metrics
+from modelopt.evaluation.metrics import Metrics
 from modelopt.objective import Objective, pareto_front
 from modelopt.reports.layer_map import LayerMap
 from modelopt.run.run_folder import Record, RunFolder

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from modelopt._version import __version__
-from modelopt.layers import Layer
-from modelopt.metrics import Metrics
+from modelopt.evaluation.metrics import Metrics
+from modelopt.model.layers import Layer
 from modelopt.objective import pareto_front
 from modelopt.reports import plots
 from modelopt.reports.document import (

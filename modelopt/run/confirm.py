@@ -26,10 +26,11 @@ from rich.console import Console
 
 from modelopt.confidence import PairedCounts
 from modelopt.errors import ConfigError
-from modelopt.evaluator import Evaluator
-from modelopt.fidelity import binom_upper
-from modelopt.metrics import Metrics
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.fidelity import binom_upper
+from modelopt.evaluation.metrics import Metrics
 from modelopt.objective import Objective, best_of, pareto_front
+from modelopt.plan.trial import Trial
 from modelopt.run.sequence import (
     ANCHOR_PASS,
     GATE_SHARE,
@@ -41,7 +42,6 @@ from modelopt.run.sequence import (
     pass_chance,
     plan_sequence,
 )
-from modelopt.trial import Trial
 
 __all__ = ["Confirmation", "Finalists", "certifiable_retention", "check_certifiable", "confirm", "evidence",
            "finalists"]

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from modelopt._version import __version__
 from modelopt.compressors import COMPRESSORS
 from modelopt.errors import ConfigError, LoadError
-from modelopt.plan import jsonable
+from modelopt.plan.plan import jsonable
 from modelopt.run.run_folder import Record, RunFolder, read_run
 
 if TYPE_CHECKING:

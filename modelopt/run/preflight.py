@@ -9,7 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from modelopt.config import check_budget, check_seed
+from modelopt.config.run_config import check_budget, check_seed
 from modelopt.errors import ConfigError, StorageError
 from modelopt.run.journal import Journal
 from modelopt.run.layout import CONFIG, JOURNAL

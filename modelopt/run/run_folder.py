@@ -21,17 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from modelopt._files import write_atomic
-from modelopt.config import RunConfig, objective_from_json
-from modelopt.cost import CostModel
+from modelopt.config.run_config import RunConfig, objective_from_json
 from modelopt.errors import LoadError
-from modelopt.layers import Layer, LayerKind, compressible_modules, internal_channels
-from modelopt.metrics import Metrics
-from modelopt.models import load_model
+from modelopt.evaluation.cost import CostModel
+from modelopt.evaluation.metrics import Metrics
+from modelopt.model.layers import Layer, LayerKind, compressible_modules, internal_channels
+from modelopt.model.loader import load_model
 from modelopt.objective import Objective, best_of
-from modelopt.plan import Plan
+from modelopt.plan.plan import Plan
+from modelopt.plan.space import SearchSpace
 from modelopt.run.journal import read_journal, read_json
 from modelopt.run.layout import CONFIG, JOURNAL, LAYERS, SUMMARY
-from modelopt.space import SearchSpace
 from modelopt.zoo import MODELS, ZooEntry
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,7 @@ class RunFolder:
 
     def layer_bytes(self, record: Record) -> dict[str, int] | None:
         """Bytes each layer accounts for under the trial's plan, as the evaluator counts them
-        (`modelopt.cost.LayerCost.bytes`: its packed weight, plus an exit head after it, less the float
+        (`modelopt.evaluation.cost.LayerCost.bytes`: its packed weight, plus an exit head after it, less the float
         norm and bias entries its removed channels drop); with the float tensors outside the weights
         (float_size_bytes - 4 x the layers' parameters) they sum to size_bytes. None without the layer table."""
         plan = self.plan(record)

@@ -19,23 +19,23 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from modelopt._version import __version__
 from modelopt.errors import ConfigError, ModeloptError
-from modelopt.evaluator import Evaluator, Metrics
+from modelopt.evaluation.evaluator import Evaluator, Metrics
+from modelopt.evaluation.fidelity import Fidelity
 from modelopt.executors import Executor, Job, LocalExecutor, Scored
 from modelopt.executors.scoring import failure_text, free_cuda_memory
-from modelopt.fidelity import Fidelity
 from modelopt.latency.plan import PlanLatency
 from modelopt.objective import Objective, Target, best_of
-from modelopt.plan import Plan
+from modelopt.plan.plan import Plan
+from modelopt.plan.trial import Trial, TrialStatus
 from modelopt.run.confirm import Confirmation, check_certifiable, confirm, finalists
 from modelopt.run.journal import Journal, write_json_atomic
 from modelopt.run.layout import BEST_PLAN, CONFIG, JOURNAL, STATE, STATE_NEXT, SUMMARY
 from modelopt.run.lock import RunLock, lock_run_folder
 from modelopt.run.summary import run_summary
 from modelopt.search._base import Strategy
-from modelopt.trial import Trial, TrialStatus
 
 if TYPE_CHECKING:  # the config imports this package (run.confirm): its type only, no import at run time
-    from modelopt.config import RunConfig
+    from modelopt.config.run_config import RunConfig
 
 __all__ = ["MAX_IDLE_ASKS", "RunResult", "Runner", "free_cuda_memory"]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from modelopt._version import __version__
-from modelopt.metrics import Metrics
+from modelopt.evaluation.metrics import Metrics
+from modelopt.plan.trial import Trial
 from modelopt.run.confirm import Confirmation
-from modelopt.trial import Trial
 
 if TYPE_CHECKING:  # the runner imports this module: its type only
     from modelopt.run.runner import Runner

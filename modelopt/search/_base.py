@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from modelopt.objective import Objective
-from modelopt.plan import Plan
-from modelopt.space import SearchSpace
-from modelopt.trial import Trial
+from modelopt.plan.plan import Plan
+from modelopt.plan.space import SearchSpace
+from modelopt.plan.trial import Trial
 
 
 class Strategy(ABC):
@@ -43,8 +43,8 @@ class Strategy(ABC):
     @property
     def loss_estimator(self) -> str | None:
         """Which one-pass loss estimates the run should measure for this strategy (charged as preparation)
-        and hand over with `use_loss_estimates`: "fisher" (`modelopt.sensitivity.estimate_losses`, a
-        gradient pass), "output" (`modelopt.output_sensitivity.output_losses`, one label-free probe of the
+        and hand over with `use_loss_estimates`: "fisher" (`modelopt.evaluation.sensitivity.estimate_losses`, a
+        gradient pass), "output" (`modelopt.evaluation.output_sensitivity.output_losses`, one label-free probe of the
         answers per layer), or None."""
         return None
 

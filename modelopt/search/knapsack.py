@@ -3,7 +3,7 @@
 1. Sensitivity, two ways:
    - `knapsack` (one pass, as HAWQ and auto_quantize do): every choice that changes a weight is
      priced by the loss increase a gradient pass over calibration images predicts,
-     1/2 sum F dW^2 with F the empirical Fisher (`modelopt.sensitivity`); the pass is charged
+     1/2 sum F dW^2 with F the empirical Fisher (`modelopt.evaluation.sensitivity`); the pass is charged
      to the budget once. Choices that change no weight (exits) are measured as below.
    - `knapsack_measured`: one plan per (decision, non-None choice), everything else float; the
      measured loss is max(0, 1 - retention). These are ordinary trials, so the pass is
@@ -27,14 +27,14 @@ from typing import Any
 
 import numpy as np
 
-from modelopt.cost import CostModel
+from modelopt.evaluation.cost import CostModel
 from modelopt.objective import Objective, Target
-from modelopt.plan import Decision, Plan
+from modelopt.plan.plan import Decision, Plan
+from modelopt.plan.space import SearchSpace
+from modelopt.plan.trial import Trial
 from modelopt.search._base import Strategy
 from modelopt.search._registry import STRATEGIES
 from modelopt.search.mckp import solve_mckp
-from modelopt.space import SearchSpace
-from modelopt.trial import Trial
 
 STATE_VERSION = 1
 _MIN_L = 1e-6  # loss budgets below this are zero: one image in a million
@@ -53,7 +53,7 @@ class KnapsackSearch(Strategy):
 
     Args:
         space: the decisions and their choices.
-        objective: each layer's option is priced by `modelopt.cost` (`CostModel.choice_cost`): its
+        objective: each layer's option is priced by `modelopt.evaluation.cost` (`CostModel.choice_cost`): its
             bytes for `size` (and `latency`), MACs for `macs`, MACs x weight bits x input bits for
             `bitops`. Exits save MACs only at run time, so here they only add their heads' bytes.
         seed: seeds the perturbations once the knapsack has nothing new to offer.
@@ -119,7 +119,7 @@ class KnapsackSearch(Strategy):
         return groups
 
     def _cost(self, decs: list[Decision], opt: tuple[int, ...]) -> float:
-        # Priced by the one cost accounting (modelopt.cost), the layer alone: what its option
+        # Priced by the one cost accounting (modelopt.evaluation.cost), the layer alone: what its option
         # stores (the whole chain: pruned then quantized) and runs (structured pruning's MACs).
         choices = {d.name: d.choices[j] for d, j in zip(decs, opt, strict=True)}
         cost = self._costs.choice_cost(self.space.layers[decs[0].layer], choices)

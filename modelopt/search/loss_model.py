@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from modelopt.plan import Decision
+from modelopt.plan.plan import Decision
 
 NOISE_SIGMA = 0.02  # noise of sqrt(drop) near a 1 % floor when one measurement is +-0.4 % (2 in 400 images)
 POWERS = (0.5, 1.0, 2.0)  # candidate exponents of the additive model

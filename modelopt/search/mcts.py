@@ -14,7 +14,7 @@ than INT4, the square-root one under 2x) the power is 1/2; where it falls with t
 cost side is bytes priced with the layer's other decisions at the INT4 anchor. `delta` is fitted by
 ridge regression on every trial so far, shrunk toward a prior (kappa x the choice's error, kappa fitted
 too). The error is, when the budget affords the probes, the KL of the answers the choice causes
-(`modelopt.output_sensitivity`: one label-free probe per layer; layers' gains span 50x), else its
+(`modelopt.evaluation.output_sensitivity`: one label-free probe per layer; layers' gains span 50x), else its
 relative output error. Rollouts draw delta from its posterior
 (Thompson sampling): they explore where the model is unsure and exploit where it is sure, spending
 evaluations only on accuracy. Model: `search/loss_model.py`; knapsack DP: `search/mckp.py`.
@@ -38,15 +38,15 @@ from typing import Any
 
 import numpy as np
 
-from modelopt.cost import CostModel
+from modelopt.evaluation.cost import CostModel
 from modelopt.objective import Objective, Target
-from modelopt.plan import Plan
+from modelopt.plan.plan import Plan
+from modelopt.plan.space import SearchSpace
+from modelopt.plan.trial import Trial
 from modelopt.search._base import Strategy
 from modelopt.search._registry import STRATEGIES
 from modelopt.search.loss_model import LossModel, loss_model_for, rescale_to_estimates
 from modelopt.search.mckp import solve_binned
-from modelopt.space import SearchSpace
-from modelopt.trial import Trial
 
 C_PUCT = 0.5
 RAVE_K = 60.0  # visits at which a node's own value and the shared (RAVE) value weigh the same
@@ -138,7 +138,7 @@ class MCTS(Strategy):
 
     @property
     def loss_estimator(self) -> str | None:
-        """MCTS prices choices by what they do to the answers (`modelopt.output_sensitivity`)."""
+        """MCTS prices choices by what they do to the answers (`modelopt.evaluation.output_sensitivity`)."""
         return "output"
 
     def use_loss_estimates(self, estimates: Mapping[tuple[str, int], float]) -> None:

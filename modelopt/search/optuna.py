@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from modelopt.errors import ConfigError
 from modelopt.objective import Objective
-from modelopt.plan import Plan
+from modelopt.plan.plan import Plan
+from modelopt.plan.space import SearchSpace
+from modelopt.plan.trial import Trial
 from modelopt.search._base import Strategy
 from modelopt.search._registry import STRATEGIES
-from modelopt.space import SearchSpace
-from modelopt.trial import Trial
 
 if TYPE_CHECKING:
     import optuna

@@ -7,11 +7,11 @@ from typing import Any
 import numpy as np
 
 from modelopt.objective import Objective
-from modelopt.plan import Plan
+from modelopt.plan.plan import Plan
+from modelopt.plan.space import SearchSpace
+from modelopt.plan.trial import Trial
 from modelopt.search._base import Strategy
 from modelopt.search._registry import STRATEGIES
-from modelopt.space import SearchSpace
-from modelopt.trial import Trial
 
 
 @STRATEGIES.register("random")

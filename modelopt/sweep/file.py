@@ -12,16 +12,16 @@ from typing import Any
 import yaml
 
 from modelopt._version import __version__
-from modelopt.assemble import build_compressors
 from modelopt.compressors import COMPRESSORS
-from modelopt.data import list_data_sources
+from modelopt.config.assemble import build_compressors
+from modelopt.data.dataset import list_data_sources
 from modelopt.errors import ConfigError, UnknownNameError
-from modelopt.models import list_models
+from modelopt.model.loader import list_models
+from modelopt.model.workload import resolve_device
 from modelopt.objective import Target
 from modelopt.run.layout import RUNS
 from modelopt.search import STRATEGIES
 from modelopt.sweep.cells import EPS, Cell, cell_status
-from modelopt.workload import resolve_device
 
 __all__ = ["EPS", "Cell", "Sweep", "SweepModel", "cell_status", "load_sweep"]
 

@@ -47,15 +47,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from modelopt.api import build_workload, optimize
 from modelopt.compressors.gptq import LayerInputs
-from modelopt.config import RunConfig
+from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError, LoadError, ModeloptError
+from modelopt.model.workload import Workload
 from modelopt.reports import write_sweep_report
 from modelopt.run.journal import write_json_atomic
 from modelopt.run.layout import CONFIG, SWEEP_JSON, TABLE_CSV, TABLE_MD
 from modelopt.run.runner import free_cuda_memory
 from modelopt.sweep.file import Cell, Sweep, SweepModel, load_sweep
 from modelopt.sweep.table import make_table
-from modelopt.workload import Workload
 
 __all__ = ["SweepResult", "run_sweep"]
 

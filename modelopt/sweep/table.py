@@ -20,19 +20,19 @@ from pathlib import Path
 from typing import Any
 
 from modelopt._files import write_atomic
-from modelopt.config import RunConfig
+from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError
-from modelopt.evaluator import Evaluator, Metrics
+from modelopt.evaluation.evaluator import Evaluator, Metrics
+from modelopt.model.workload import Workload
 from modelopt.objective import Objective, best_of
-from modelopt.plan import Plan
+from modelopt.plan.plan import Plan
+from modelopt.plan.trial import Trial
 from modelopt.run.confirm import confirm, finalists
 from modelopt.run.journal import read_journal, read_json
 from modelopt.run.layout import CONFIG, JOURNAL, RUNS, SEEDS_CSV, SUMMARY, TABLE_CSV, TABLE_MD
 from modelopt.run.sweep_folder import sweep_layout
 from modelopt.sweep.anchors import anchor_lines
 from modelopt.sweep.file import EPS
-from modelopt.trial import Trial
-from modelopt.workload import Workload
 
 __all__ = ["make_table"]
 

@@ -17,8 +17,8 @@ import torch
 import yaml
 
 from modelopt.compressors._base import Choice, Compressor
-from modelopt.layers import Layer, LayerKind
-from modelopt.plan import jsonable
+from modelopt.model.layers import Layer, LayerKind
+from modelopt.plan.plan import jsonable
 
 __all__ = [
     "check_apply",

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from modelopt.metrics import Metrics
+from modelopt.evaluation.metrics import Metrics
 from modelopt.objective import Objective, Target
-from modelopt.plan import Plan
+from modelopt.plan.plan import Plan
+from modelopt.plan.space import SearchSpace
+from modelopt.plan.trial import Trial, TrialStatus
 from modelopt.search._base import Strategy
-from modelopt.space import SearchSpace
-from modelopt.trial import Trial, TrialStatus
 
 
 def synthetic_metrics(plan: Plan, space: SearchSpace, score: Callable[[Plan], tuple[float, int]]) -> Metrics:

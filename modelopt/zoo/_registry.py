@@ -1,4 +1,4 @@
-"""The model zoo's record type and registry (third parties add entries via `modelopt.models`)."""
+"""The model zoo's record type and registry (third parties add entries via the `modelopt.models` entry-point group)."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ from modelopt.compressors._base import scale_units
 from modelopt.compressors.gptq import DAMPING, LayerInputs, gptq_round, input_columns
 from modelopt.compressors.quantize import _code_range, _per_weight, dequantize, quantize, search_scales
 from modelopt.errors import ConfigError
-from modelopt.evaluator import Evaluator
-from modelopt.space import SearchSpace
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.plan.space import SearchSpace
 
 PC, GR = Granularity.PER_CHANNEL, Granularity.GROUP
 
@@ -131,7 +131,7 @@ def test_gptq_plans_keep_accuracy_where_nearest_collapses(gptq_evaluator):
 def test_export_writes_the_gptq_codes_that_were_scored(gptq_evaluator, tmp_path):
     from modelopt.exporters import load
     from modelopt.exporters.packed import export_packed
-    from modelopt.layers import compressible_modules
+    from modelopt.model.layers import compressible_modules
 
     space = gptq_evaluator.space
     plan = space.parse_plan({"default": {"quantize": {"bits": 3, "granularity": "group", "rounding": "gptq"}}})

@@ -27,8 +27,8 @@ from modelopt.compressors.prune import (
 )
 from modelopt.compressors.quantize import quantize
 from modelopt.errors import ConfigError
-from modelopt.layers import Layer, LayerKind
-from modelopt.space import SearchSpace
+from modelopt.model.layers import Layer, LayerKind
+from modelopt.plan.space import SearchSpace
 from modelopt.testing.compressors import (
     check_compressor,
     synthetic_layers,

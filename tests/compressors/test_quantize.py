@@ -18,7 +18,7 @@ from modelopt.compressors.quantize import (
     quantize,
 )
 from modelopt.errors import ConfigError
-from modelopt.layers import Layer, LayerKind
+from modelopt.model.layers import Layer, LayerKind
 
 PC, PT, GR = Granularity.PER_CHANNEL, Granularity.PER_TENSOR, Granularity.GROUP
 
@@ -360,7 +360,7 @@ def test_conformance_with_activations_offered():
 
 
 def test_weight_only_plans_keep_their_keys_and_files():
-    from modelopt.plan import Plan
+    from modelopt.plan.plan import Plan
 
     # Key computed before activations existed (commit 811b4a1): journals and studies stay valid.
     plan = Plan((("conv1/quantize", QuantSpec(8)), ("fc/quantize", QuantSpec(4, GR, 32)), ("x/quantize", None)))
@@ -374,7 +374,7 @@ def test_weight_only_plans_keep_their_keys_and_files():
 def test_plan_yaml_round_trip_with_activations(tmp_path):
     import yaml
 
-    from modelopt.space import SearchSpace
+    from modelopt.plan.space import SearchSpace
 
     space = SearchSpace(LAYERS, [Quantize(activations=(None, 8))])
     doc = {"default": {"quantize": {"bits": 8, "granularity": "per_channel", "activations": 8}},

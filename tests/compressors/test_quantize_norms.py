@@ -7,8 +7,8 @@ import pytest
 from modelopt.api import build_compressors
 from modelopt.compressors import Quantize, QuantSpec
 from modelopt.errors import ConfigError
-from modelopt.evaluator import Evaluator
-from modelopt.space import SearchSpace
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.plan.space import SearchSpace
 
 
 def test_only_plans_with_a_layer_at_4_bits_or_fewer_re_estimate():

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from modelopt import api
-from modelopt.cli import app
-from modelopt.config import RunConfig
+from modelopt.cli.app import app
+from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError
 from modelopt.executors.on_ray import import_ray
 from modelopt.testing.cli import assert_one_line_error

@@ -6,8 +6,8 @@ import pytest
 
 from modelopt.api import build_compressors
 from modelopt.compressors import Granularity, QuantSpec
-from modelopt.evaluator import Evaluator
-from modelopt.space import SearchSpace
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.plan.space import SearchSpace
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,9 @@ from modelopt.api import build_compressors
 from modelopt.compressors import QuantSpec
 from modelopt.compressors.quantize import quantize
 from modelopt.errors import ConfigError
-from modelopt.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters.bitsandbytes import _quiet, bitsandbytes_agreement, to_bitsandbytes
-from modelopt.space import SearchSpace
+from modelopt.plan.space import SearchSpace
 
 FC = "linear"
 

@@ -19,11 +19,11 @@ from onnx import numpy_helper
 from modelopt.api import build_compressors
 from modelopt.compressors import ExitChoice
 from modelopt.errors import ConfigError
-from modelopt.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters import export_packed, load
 from modelopt.exporters._forms import layer_forms
 from modelopt.exporters.onnx import export_onnx, run_onnx
-from modelopt.space import SearchSpace
+from modelopt.plan.space import SearchSpace
 
 
 @pytest.fixture(scope="module")

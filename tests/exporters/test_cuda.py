@@ -11,9 +11,9 @@ from _norms import assert_norms_run_on_cuda
 import modelopt
 from modelopt.api import build_compressors, build_workload
 from modelopt.compressors import ExitChoice, QuantSpec
-from modelopt.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters import export_packed, load
-from modelopt.space import SearchSpace
+from modelopt.plan.space import SearchSpace
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

@@ -11,7 +11,7 @@ from _norms import assert_norms_run_on_cuda
 from typer.testing import CliRunner
 
 import modelopt
-from modelopt.cli import app
+from modelopt.cli.app import app
 from modelopt.compressors import QuantSpec
 from modelopt.errors import ConfigError, LoadError
 from modelopt.testing.cli import assert_one_line_error

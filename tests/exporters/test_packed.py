@@ -12,10 +12,10 @@ from torch import nn
 from modelopt.api import build_compressors, build_workload
 from modelopt.compressors import QuantSpec
 from modelopt.errors import LoadError, StorageError
-from modelopt.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters import export_packed, load
-from modelopt.layers import compressible_modules
-from modelopt.space import SearchSpace
+from modelopt.model.layers import compressible_modules
+from modelopt.plan.space import SearchSpace
 
 PLANS = ("int8_per_channel", "int4_per_channel", "int4_group", "mixed_2_3_4")
 

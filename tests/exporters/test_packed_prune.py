@@ -9,10 +9,10 @@ import torch
 from _norms import assert_norms_run_on_cuda
 
 from modelopt.api import build_compressors
-from modelopt.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters import export_packed, load
-from modelopt.layers import compressible_modules
-from modelopt.space import SearchSpace
+from modelopt.model.layers import compressible_modules
+from modelopt.plan.space import SearchSpace
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 import modelopt
-from modelopt.cli import app
+from modelopt.cli.app import app
 from modelopt.knowledge import read_store
 from modelopt.testing.cli import assert_one_line_error
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from modelopt.compressors import Quantize
-from modelopt.layers import Layer, LayerKind
+from modelopt.model.layers import Layer, LayerKind
 from modelopt.objective import Objective
+from modelopt.plan.space import SearchSpace
 from modelopt.search import MCTS
-from modelopt.space import SearchSpace
 from modelopt.testing.strategies import make_trial, synthetic_metrics
 
 RNG = np.random.default_rng(3)

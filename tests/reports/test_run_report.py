@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 import modelopt
-from modelopt.cli import app
+from modelopt.cli.app import app
 from modelopt.errors import LoadError
 from modelopt.reports import write_report
 from modelopt.testing.cli import assert_one_line_error

@@ -8,7 +8,7 @@ import pytest
 
 import modelopt
 from modelopt.compressors import Quantize
-from modelopt.space import SearchSpace
+from modelopt.plan.space import SearchSpace
 
 pytestmark = pytest.mark.slow
 

@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 
 from modelopt.compressors.quantize import Granularity, QuantSpec
-from modelopt.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator
 from modelopt.objective import Objective
+from modelopt.plan.space import SearchSpace
+from modelopt.plan.trial import Trial, TrialStatus
 from modelopt.run.confirm import certifiable_retention, confirm, finalists
-from modelopt.space import SearchSpace
-from modelopt.trial import Trial, TrialStatus
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +56,9 @@ def test_a_confirm_split_too_small_to_certify_the_floor_confirms_nothing_and_say
 
 def test_without_a_confirm_split_nothing_is_confirmed():
     from modelopt.api import build_compressors
-    from modelopt.data import load_data
-    from modelopt.models import load_model
-    from modelopt.workload import Workload
+    from modelopt.data.dataset import load_data
+    from modelopt.model.loader import load_model
+    from modelopt.model.workload import Workload
 
     wl = Workload(load_model("cifar10_resnet20"), load_data(confirm_fraction=0.0), device="cpu")
     assert "confirm" not in wl.splits

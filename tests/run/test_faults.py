@@ -29,10 +29,10 @@ from typer.testing import CliRunner
 
 import modelopt
 import modelopt.run.journal
-from modelopt.cli import app
+from modelopt.cli.app import app
 from modelopt.compressors import COMPRESSORS, Compressor
 from modelopt.errors import StorageError
-from modelopt.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator
 from modelopt.run.journal import Journal
 from modelopt.run.lock import RunFolderBusy
 from modelopt.testing.cli import assert_one_line_error
@@ -273,7 +273,7 @@ def append_then_die(self, record):
         os._exit(9)  # as SIGKILL: nothing after the journal line runs
 journal.Journal.append = append_then_die
 sys.argv = ["modelopt", *sys.argv[1:]]
-from modelopt.cli import main
+from modelopt.cli.app import main
 main()
 """
 

@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 import modelopt.api
-from modelopt.cli import app
+from modelopt.cli.app import app
 from modelopt.run.lock import lock_run_folder
 from modelopt.testing.cli import assert_one_line_error
 

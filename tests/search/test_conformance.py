@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from modelopt.compressors import Quantize
-from modelopt.layers import Layer, LayerKind
+from modelopt.model.layers import Layer, LayerKind
+from modelopt.plan.space import SearchSpace
 from modelopt.search import STRATEGIES
-from modelopt.space import SearchSpace
 from modelopt.testing.strategies import check_strategy
 
 LAYERS = [

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from modelopt.compressors import Granularity, Prune, PruneKind, PruneSpec, Quantize, QuantSpec
-from modelopt.layers import Layer, LayerKind
+from modelopt.model.layers import Layer, LayerKind
 from modelopt.objective import Objective
+from modelopt.plan.space import SearchSpace
 from modelopt.search import STRATEGIES
 from modelopt.search.knapsack import KnapsackSearch
-from modelopt.space import SearchSpace
 from modelopt.testing.strategies import check_strategy, make_trial, synthetic_metrics
 
 CONFORMANCE_LAYERS = [

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from modelopt.compressors import Quantize
-from modelopt.layers import Layer, LayerKind
+from modelopt.model.layers import Layer, LayerKind
 from modelopt.objective import Objective
+from modelopt.plan.space import SearchSpace
 from modelopt.search import MCTS, RandomSearch
-from modelopt.space import SearchSpace
 from modelopt.testing.strategies import make_trial, synthetic_metrics
 
 RNG = np.random.default_rng(7)

@@ -13,13 +13,13 @@ import pytest
 import modelopt.search.optuna  # noqa: F401  (registers optuna-tpe and optuna-nsga2; optuna loads lazily)
 from modelopt.compressors import Quantize
 from modelopt.errors import ConfigError
-from modelopt.evaluator import Metrics
-from modelopt.layers import Layer, LayerKind
+from modelopt.evaluation.evaluator import Metrics
+from modelopt.model.layers import Layer, LayerKind
 from modelopt.objective import Objective
+from modelopt.plan.space import SearchSpace
+from modelopt.plan.trial import Trial, TrialStatus
 from modelopt.search import STRATEGIES
-from modelopt.space import SearchSpace
 from modelopt.testing.strategies import check_strategy
-from modelopt.trial import Trial, TrialStatus
 
 pytest.importorskip("optuna")  # the `optuna` extra (part of `dev`)
 

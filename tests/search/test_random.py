@@ -3,10 +3,10 @@ from __future__ import annotations
 import collections
 
 from modelopt.compressors import Quantize
-from modelopt.layers import Layer, LayerKind
+from modelopt.model.layers import Layer, LayerKind
 from modelopt.objective import Objective
+from modelopt.plan.space import SearchSpace
 from modelopt.search import RandomSearch
-from modelopt.space import SearchSpace
 
 
 def test_random_search_draws_every_choice_about_uniformly():

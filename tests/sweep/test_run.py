@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from modelopt.cli import app
-from modelopt.config import RunConfig
+from modelopt.cli.app import app
+from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError
-from modelopt.evaluator import Metrics
+from modelopt.evaluation.evaluator import Metrics
 from modelopt.objective import Objective
 from modelopt.sweep import load_sweep, run_sweep
 from modelopt.testing.cli import assert_one_line_error

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from modelopt.cli import app
+from modelopt.cli.app import app
 from modelopt.errors import ConfigError
 from modelopt.sweep import load_sweep, run_sweep
 from modelopt.sweep import run as sweep_run

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from modelopt.models import load_model
+from modelopt.model.loader import load_model
 from modelopt.zoo import MODELS
 from modelopt.zoo.cifar_resnet import ShortcutA, resnet20, resnet56
 

@@ -1,0 +1,349 @@
+"""`modelopt` on the command line: a thin typer shell over modelopt.api."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import signal
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar, cast
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.markdown import Markdown
+from rich.markup import escape
+from rich.table import Table
+
+from modelopt import api
+from modelopt.cli import options as opt
+from modelopt.cli.display import fmt_bytes, print_run
+from modelopt.compressors import COMPRESSORS
+from modelopt.config.run_config import RunConfig
+from modelopt.data.dataset import list_data_sources
+from modelopt.errors import ConfigError, ModeloptError
+from modelopt.exporters import export as do_export
+from modelopt.model.loader import list_models
+from modelopt.reports import report as make_report
+from modelopt.run.lock import check_unlocked
+from modelopt.run.optuna_storage import export_run
+from modelopt.search import STRATEGIES
+from modelopt.sweep import load_sweep, run_sweep
+
+app = typer.Typer(
+    name="modelopt",
+    help="Find how to compress a trained PyTorch vision model (quantization search), without fine-tuning.",
+    no_args_is_help=False,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _friendly(fn: F) -> F:
+    """User errors become one line on stderr and exit code 2; bugs keep their traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            # The work is done (or has unwound): a SIGTERM from here on ends the process as the signal does,
+            # silently; raised during interpreter shutdown it printed "Exception ignored ... _Terminated".
+            if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    @functools.wraps(fn)
+    def friendly(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return wrapper(*args, **kwargs)
+        except ModeloptError as exc:  # escaped: rich would take '[distributed]' or '[random, mcts]' for markup
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (`_Terminated`) from a scheduler or `kill`
+            what = "terminated" if isinstance(exc, _Terminated) else "interrupted"
+            err.print(f"[yellow]{what}[/]: finished trials are in the journal; rerun with --resume to continue")
+            raise typer.Exit(143 if isinstance(exc, _Terminated) else 130) from None
+
+    return cast(F, friendly)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is so it unwinds as Ctrl-C does (temporary files removed)."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="%(message)s",
+        handlers=[RichHandler(console=err, show_path=False)],
+        force=True,
+    )
+
+
+def _csv(value: str, cast: Callable[[str], Any], what: str) -> list[Any]:
+    try:
+        items = [cast(v.strip()) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"--{what} expects a comma-separated list like 8,4; got {value!r}") from None
+    if not items:
+        raise ConfigError(f"--{what} is empty")
+    return items
+
+
+def _activation_bits(value: str) -> int | None:
+    """`none` (float inputs) or a bit width, for --activations."""
+    return None if value.lower() in ("none", "null", "float") else int(value)
+
+
+def _emit_json(obj: dict[str, Any]) -> None:
+    out.file.write(json.dumps(obj, default=str) + "\n")
+    out.file.flush()
+
+
+@app.command()
+@_friendly
+def optimize(
+    model: opt.Model = None,
+    weights: opt.Weights = None,
+    data: opt.Data = None,
+    unlabeled: opt.Unlabeled = None,
+    strategy: opt.Strategy = None,
+    budget: opt.Budget = None,
+    objective: opt.Objective = None,
+    latency: opt.Latency = None,
+    min_retention: opt.MinRetention = None,
+    confidence: opt.Confidence = None,
+    count_gains: opt.CountGains = None,
+    seed: opt.Seed = None,
+    bits: opt.Bits = None,
+    granularity: opt.Granularity = None,
+    rounding: opt.Rounding = None,
+    exit_data: opt.ExitData = None,
+    exit_images: opt.ExitImages = None,
+    activations: opt.Activations = None,
+    compressors: opt.Compressors = None,
+    device: opt.Device = "auto",
+    out_dir: opt.OutDir = None,
+    resume: opt.Resume = False,
+    allow_pickle: opt.AllowPickle = False,
+    json_out: opt.JsonOut = False,
+    progress: opt.Progress = True,
+    storage: opt.Storage = None,
+    workers: opt.Workers = None,
+    executor: opt.Executor = None,
+    ray_address: opt.RayAddress = None,
+    knowledge: opt.Knowledge = None,
+    verbose: opt.Verbose = False,
+) -> None:
+    """Search for the smallest plan above the retention floor; with no options, ResNet-20 on bundled CIFAR-10."""
+    _setup_logging(verbose)
+    given: dict[str, Any] = dict(
+        model=model, weights=weights, data=data, unlabeled=unlabeled, strategy=strategy, budget=budget,
+        objective=objective,
+        min_retention=min_retention, confidence=confidence, count_gains=count_gains, seed=seed,
+        device=device, exit_data=exit_data, exit_images=exit_images, workers=workers, executor=executor,
+        ray_address=ray_address, knowledge=knowledge,
+        latency=None if latency is None else None if latency.lower() == "none" else latency,
+        bits=None if bits is None else _csv(bits, int, "bits"),
+        granularity=None if granularity is None else _csv(granularity, str, "granularity"),
+        rounding=None if rounding is None else _csv(rounding, str, "rounding"),
+        compressors=None if compressors is None else _csv(compressors, str, "compressors"),
+        activations=None if activations is None else _csv(activations, _activation_bits, "activations"),
+    )
+    given = {k: v for k, v in given.items() if v is not None}
+    if latency is not None and latency.lower() == "none":
+        given["latency"] = None
+    if resume:  # the settings the run was started with, then what the flags change
+        out_dir = out_dir or api.latest_run_dir()
+        check_unlocked(out_dir)  # a run still starting there has written no settings yet: say it is busy
+        config = api.with_settings(RunConfig.read(out_dir), **given)
+    else:
+        config = api.run_config(**{**_FRESH, **given})
+    result = api.run(config, out=out_dir, resume=resume, storage=storage, progress=progress,
+                     allow_pickle=allow_pickle)
+    print_run(out, result)
+    if (result.run_dir / "report.html").is_file():
+        out.print(f"Report: {result.run_dir / 'report.html'}")
+    if storage is not None:
+        out.print(f"Trials written to {storage}; view them with: optuna-dashboard {storage}", highlight=False,
+                  soft_wrap=True)
+    if json_out:
+        s = result.summary
+        best = s["best"]
+        _emit_json({
+            "run_dir": str(result.run_dir),
+            "n_trials": s["n_trials"],
+            "budget_used": s["budget_used"],
+            "baseline": s["baseline"],
+            "best_plan": None if best is None else best["plan"],
+            "best_test": None if best is None else best["test"],
+            "best_confirm": None if best is None else best["confirm"],
+            "best_val": None if best is None else best["val"],
+            "confirmed": None if best is None else best["confirmed"],
+        })
+
+
+# A new run's settings where no flag is given: optimize's defaults (bundled ResNet-20 and sample).
+_FRESH: dict[str, Any] = {"model": "cifar10_resnet20", "data": "cifar10-sample", **api.KEYWORD_SETTINGS}
+
+
+@app.command()
+@_friendly
+def evaluate(
+    plan: Annotated[Path | None, typer.Option(help="Plan YAML file (default: no compression).")] = None,
+    model: Annotated[str, typer.Option(
+        help="Zoo name, torchvision:NAME, pkg.module:factory, or a saved module file.")] = "cifar10_resnet20",
+    weights: Annotated[Path | None, typer.Option(help="Checkpoint (state dict) for --model.")] = None,
+    data: Annotated[str, typer.Option(
+        help="cifar10-sample, an .npz, an image folder or a CIFAR10 root.")] = "cifar10-sample",
+    split: Annotated[str, typer.Option(
+        help="calib, val, confirm (data with a confirm split), test, or all (val + test).")] = "val",
+    compressors: Annotated[str | None, typer.Option(
+        help="Compressors the plan may use, e.g. quantize,prune (default: every registered one the model "
+             "suits).")] = None,
+    rounding: Annotated[str, typer.Option(help="Rounding of plan entries that name none: gptq or nearest.")] = "gptq",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+    allow_pickle: Annotated[bool, typer.Option(
+        help="Allow full unpickling of a model file (trusted files only).")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
+) -> None:
+    """Score one plan on one split: accuracy, retention, agreement, size, compression, bitops."""
+    _setup_logging(False)
+    names = _csv(compressors, str, "compressors") if compressors is not None else api.DEFAULT_COMPRESSORS
+    m = api.evaluate(model, plan, data, weights=weights, split=split, device=device, allow_pickle=allow_pickle,
+                     compressors=names, rounding=_csv(rounding, str, "rounding"))
+    table = Table(title=f"{model} — {'float' if plan is None else plan} on {split} ({m.n_samples} images)")
+    for col in ("top-1", "float top-1", "retention", "agree", "size", "ratio", "MACs", "bitops"):
+        table.add_column(col, justify="right")
+    table.add_row(f"{m.accuracy:.2%}", f"{m.baseline_accuracy:.2%}", f"{m.retention:.2%}", f"{m.agreement:.2%}",
+                  fmt_bytes(m.size_bytes), f"{m.compression:.2f}x", f"{m.macs / 1e6:.1f}M", f"{m.bitops:.3g}")
+    out.print(table)
+    if m.exited is not None:
+        out.print(f"Early exit: {m.exited:.1%} of the images leave at an exit (MACs and bitops are means over them)")
+    if json_out:
+        _emit_json(m.to_dict())
+
+
+@app.command("list")
+@_friendly
+def list_(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
+) -> None:
+    """The registered models, data sources, compressors and strategies."""
+
+    items = {"models": list_models(), "data": list_data_sources(), "compressors": COMPRESSORS.names(),
+             "strategies": STRATEGIES.names()}
+    table = Table(title="modelopt registry")
+    table.add_column("kind")
+    table.add_column("names")
+    for kind, names in items.items():
+        table.add_row(kind, ", ".join(names))
+    out.print(table)
+    if json_out:
+        _emit_json(items)
+
+
+@app.command()
+@_friendly
+def sweep(
+    file: Annotated[Path, typer.Argument(help="Sweep file (YAML): models, strategies, budgets, seeds.")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the cells and which are done; run nothing.")] = False,
+    progress: Annotated[bool, typer.Option(help="Show the progress display.")] = True,
+    only: Annotated[list[str] | None, typer.Option(help="Run only cells matching model/strategy/seedK (shell pattern, "
+                                            "repeatable; run in the order given), e.g. 'resnet56/mcts/*'.")] = None,
+    workers: Annotated[int, typer.Option(help="Cells run at once on Ray, each in its own process "
+                                         "(needs modelopt[distributed]); 1: one after another.")] = 1,
+    ray_address: Annotated[str | None, typer.Option(help="A running Ray cluster, e.g. ray://head:10001 "
+                                                    "(default: a local one for the sweep).")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+) -> None:
+    """Run every model × strategy × seed of a sweep file (skipping finished cells), then write its table."""
+    _setup_logging(verbose)
+    spec = load_sweep(file)
+    result = None if dry_run else run_sweep(file, progress=progress, only=only or (), workers=workers,
+                                            ray_address=ray_address)
+    if result is None:
+        cells = spec.cells()
+        table = Table(title=f"sweep {spec.name}: {len(cells)} cells at budget {spec.budget:g} -> {spec.out}")
+        for col in ("model", "strategy", "seed", "status", "trials", "spent", "run folder"):
+            table.add_column(col, justify="right" if col in ("seed", "trials", "spent") else "left", overflow="fold")
+        for c in cells:
+            style = {"done": "green", "partial": "yellow", "todo": "dim"}[c.status]
+            table.add_row(c.model, c.strategy, str(c.seed), f"[{style}]{c.status}[/]", str(c.n_trials),
+                          f"{c.spent:g}", str(c.run_dir.relative_to(spec.out)))
+        out.print(table)
+        n_done = sum(c.done for c in cells)
+        out.print(f"{n_done} of {len(cells)} cells done; budgets {', '.join(f'{b:g}' for b in spec.budgets)}")
+        return
+    out.print(Markdown(result.markdown))
+    out.print(f"Ran {len(result.ran)} of {len(result.cells)} cells. Table: {result.table_md} and {result.table_csv}")
+
+
+@app.command()
+@_friendly
+def report(
+    folder: Annotated[Path, typer.Argument(help="A run folder (holds run.json) or a sweep folder (holds runs/).")],
+) -> None:
+    """Write report.md and a self-contained report.html (plots inlined) into a run or sweep folder."""
+    _setup_logging(False)
+    paths = make_report(folder)
+    figures = paths.markdown.parent / "report_files"
+    out.print(f"Report: {paths.html}  (Markdown: {paths.markdown}, figures in {figures})", highlight=False,
+              soft_wrap=True)
+
+
+@app.command()
+@_friendly
+def dashboard(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (any strategy).")],
+    storage: Annotated[str, typer.Option(help="Optuna storage URL, e.g. sqlite:///studies.db.")],
+    study_name: Annotated[str | None, typer.Option(help="Study name (default: the run folder's name).")] = None,
+) -> None:
+    """Write every trial of a run folder into an Optuna study, for optuna-dashboard (rerun: adds only new trials)."""
+    _setup_logging(False)
+    done = export_run(run_dir, storage, study_name=study_name)
+    out.print(f"Study [bold]{done.study_name}[/] in {done.storage}: {done.added} trials added, {done.skipped} already "
+              f"there. View: optuna-dashboard {done.storage}", highlight=False, soft_wrap=True)
+
+
+@app.command("export")
+@_friendly
+def export_(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (holds run.json).")],
+    plan: Annotated[str, typer.Option(help="best, a trial number, or a plan YAML file.")] = "best",
+    format: Annotated[str, typer.Option("--format", help="modelopt (packed checkpoint) or onnx (QDQ).")] = "modelopt",
+    out_path: Annotated[Path | None, typer.Option("--out",
+        help="File to write (default RUN_DIR/model-<plan>.pt|.onnx).")] = None,
+    calibration: Annotated[str | None, typer.Option(help="onnx: activation ranges from minmax or percentile.")] = None,
+) -> None:
+    """Write a run's plan as a packed checkpoint (reload with modelopt.load) or an ONNX model for ONNX Runtime."""
+    _setup_logging(False)
+    if calibration is not None and format != "onnx":
+        raise ConfigError(f"--calibration applies only to --format onnx, not {format!r}")
+    options = {} if calibration is None else {"calibration": calibration}
+    path = do_export(run_dir, plan=plan, format=format, out=out_path, **options)
+    out.print(f"Wrote {path} ({fmt_bytes(path.stat().st_size)})", highlight=False, soft_wrap=True)
+
+
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      line: str | None = None) -> str:
+    """A warning as one line on stderr, without the source line Python prints under it."""
+    return f"warning: {' '.join(str(message).split())}\n"
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    warnings.formatwarning = _one_line_warning
+    app(prog_name="modelopt")
+    sys.exit(0)

@@ -1,0 +1,119 @@
+"""How the CLI shows a finished run: the best plan's figures (held-out test first), its per-layer
+choices, the preparation a run paid for, and where everything was written."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from modelopt.evaluation.metrics import Metrics
+from modelopt.plan.plan import Plan
+from modelopt.run.runner import RunResult
+
+
+def fmt_bytes(n: float) -> str:
+    return f"{n / 1024:,.1f} KiB" if n < 1024**2 else f"{n / 1024**2:,.2f} MiB"
+
+
+def _fewer(reference: int, value: int) -> str:
+    """`reference / value` as a reduction factor ("1.52x"); "?" when unknown."""
+    return f"{reference / value:.2f}x" if reference and value else "?"
+
+
+def _plan_table(plan: Plan) -> Table:
+    """One row per layer, one column per compressor ("—": off)."""
+    rows: dict[str, dict[str, str]] = {}
+    for name, choice in plan.choices:
+        layer, _, comp = name.rpartition("/")
+        rows.setdefault(layer or name, {})[comp or name] = "—" if choice is None else str(choice)
+    comps = list(dict.fromkeys(c for r in rows.values() for c in r))
+    table = Table(title="Best plan per layer")
+    table.add_column("layer")
+    for c in comps:
+        table.add_column(c)
+    for layer, r in rows.items():
+        table.add_row(layer, *(r.get(c, "") for c in comps))
+    return table
+
+
+def print_run(out: Console, result: RunResult) -> None:
+    """A finished run as the CLI shows it: the best plan's figures (test first), its layers, the run folder."""
+    s = result.summary
+    conf = float(s["objective"].get("confidence") or 0.0)
+    floor = float(s["objective"]["min_retention"])
+    confirmation = s.get("confirmation") or {}
+    if result.best is None:
+        out.print(f"[yellow]No plan was {'confirmed' if confirmation.get('split') else 'certified'} at the "
+                  f"{floor:.1%} floor in {s['n_trials']} trials.[/] Run folder: {result.run_dir}")
+        ceiling = confirmation.get("ceiling")
+        if ceiling is not None and ceiling < floor:
+            out.print(f"The confirm split is too small to certify the floor: a plan that agrees with the float model "
+                      f"on all {s['baseline']['confirm']['n_samples']} of its images is certified only at "
+                      f"{ceiling:.2%} (confidence {conf:g}). Pass more data, or --confidence 0 for point estimates.")
+        if result.search_best is not None:
+            m = result.search_best.scored
+            out.print(f"The search's best on val (a search-time estimate, not confirmed): trial "
+                      f"{result.search_best.number}, {m.compression:.2f}x at {m.retention:.2%} val retention.")
+        return
+    val, test, conf_m = result.best.scored, result.best_test, result.best_confirm
+    if s["best"].get("confirmed"):
+        status = "confirmed on images that did not select it"
+    elif confirmation.get("split") is None:
+        status = "certified on val, NOT confirmed (the data have no confirm split)"
+    else:
+        status = "certified on val, NOT confirmed (the confirm split is too small to certify the floor)"
+    table = Table(title=f"Best plan (trial {result.best.number} of {s['n_trials']}), {status}; "
+                        f"retention [bounds at confidence {conf:g}]")
+    for col in ("images", "n", "top-1", "retention", f"bounds ({conf:g})", "agree", "÷size"):
+        table.add_column(col, justify="right", no_wrap=True)
+    base = s["baseline"]
+    table.add_row("float (test)", str(base["test"]["n_samples"]), f"{base['test']['accuracy']:.2%}", "100.00%", "",
+                  "100.00%", "1.00x")
+    rows: tuple[tuple[str, Metrics | None], ...] = (
+        ("test (held out)", test), ("confirm", conf_m), ("val (search estimate)", val))
+    for name, maybe in rows:
+        if maybe is None:
+            continue
+        m = maybe
+        lo, hi = m.retention_bounds(conf)
+        bounds = "" if conf <= 0 else f"[{lo:.1%}, {hi:.1%}]"
+        table.add_row(name, str(m.n_samples), f"{m.accuracy:.2%}", f"{m.retention:.2%}", bounds, f"{m.agreement:.2%}",
+                      f"{m.compression:.2f}x")
+    out.print(table)
+    ref = test or val
+    out.print(f"Size {fmt_bytes(ref.size_bytes)} (float {fmt_bytes(ref.float_size_bytes)}); "
+              f"{_fewer(ref.float_macs, ref.macs)} fewer MACs, {_fewer(ref.float_bitops, ref.bitops)} fewer bitops",
+              highlight=False)
+    if test is not None and test.exited is not None:
+        out.print(f"Early exit: {test.exited:.1%} of test and {val.exited:.1%} of val images leave at an exit "
+                  "(MACs and bitops are means over the images)")
+    if test is not None and test.latency_ms is not None and test.float_latency_ms is not None:
+        out.print(f"Latency ({test.latency_backend}): {test.latency_ms:.3f} ms vs float {test.float_latency_ms:.3f} ms "
+                  f"({test.float_latency_ms / test.latency_ms:.2f}x)")
+    sb = result.search_best
+    if sb is not None and sb.plan.key != result.best.plan.key:
+        tested = len(confirmation.get("finalists") or [])
+        out.print(f"The search's own pick on val, trial {sb.number} ({sb.scored.compression:.2f}x), is not the "
+                  f"reported plan: that is the smallest of the {confirmation.get('confirmed', 0)} finalists confirmed "
+                  f"(of {tested} tested on the confirm split).")
+    out.print(_plan_table(result.best.plan))
+    if prep := _preparation_text(s.get("preparation") or {}):
+        out.print(f"Preparation: {prep}", highlight=False)
+    out.print(f"Pareto front: {len(result.pareto)} plans (re-scored on test) — run folder: [bold]{result.run_dir}[/]")
+    out.print(f"Best plan written to {result.run_dir / 'best_plan.yaml'}")
+
+
+_PREP_NAMES = {"layer_inputs": "layer inputs (GPTQ)", "choice_tensors": "every choice's tensors",
+               "fisher": "gradient sensitivities", "norm_reference": "batch-norm reference",
+               "exit_heads": "exit heads"}
+
+
+def _preparation_text(prep: dict[str, dict[str, float]]) -> str:
+    """One-time work of a run: seconds here and budget units charged, e.g. 'layer inputs (GPTQ) 3.4 s, 0.61 units'."""
+    seconds, charged = prep.get("seconds", {}), prep.get("charged", {})
+    parts = []
+    for key in dict.fromkeys([*seconds, *charged]):
+        name = _PREP_NAMES.get(key.split(":")[0], key)
+        units = f"{charged[key]:.2f} units" if key in charged else "not charged"
+        parts.append(f"{name} {seconds[key]:.1f} s, {units}" if key in seconds else f"{name} {units}")
+    return "; ".join(parts)

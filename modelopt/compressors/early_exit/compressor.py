@@ -1,0 +1,226 @@
+"""Early exit as a compressor plugin: "an exit after this block, at this confidence threshold".
+
+Early exit is a model-level decision: it changes no weight, it adds exit heads (fitted on the
+calib split with the backbone frozen, see `modelopt.compressors.early_exit`) and lets confident samples
+leave the network early. To reuse the per-layer decision machinery (SearchSpace, Plan, YAML
+plans, journals) unchanged, the decision is attached to the last layer of each candidate
+block: the decision on ``layer2.4.conv2`` says whether an exit sits after block ``layer2.4``
+and with which threshold. ``None`` (off) means no exit there; which exits are active is the set
+of layers whose choice is not None. A plan reads, in YAML (the top-level form, which plans are
+written in; the per-layer form ``layers: {layer2.4.conv2: {early_exit: {threshold: 0.95}}}``
+is read too)::
+
+    early_exit: {exits: [layer1.2, layer2.4], threshold: 0.95}
+    early_exit: {exits: {layer1.2: 0.98, layer2.4: 0.9}}     # a threshold per exit
+
+How the evaluator runs it (`modelopt.compressors.early_exit.runtime`, `Evaluator.exit_policy`):
+
+1. `model_options` offers every block's end but the last (`exit_layers(split_backbone(model))`);
+   the API passes them as ``exits=`` when the user names none.
+2. The first plan with an active exit makes the evaluator fit one head per candidate exit on the
+   float model (calib images, label-free; temperatures on val, label-free); the budget that
+   costs is charged to that plan, like batch-norm re-estimation.
+3. A plan's pass over the split runs the heads of its active exits on the plan's own
+   (compressed) block outputs: each sample's exit and prediction, hence accuracy, retention,
+   agreement, and mean MACs and bitops over the samples, heads included (DESIGN.md).
+4. Size: heads add their float32 bytes to size_bytes. `apply` leaves weights untouched and
+   `stored` passes the layer's storage through, so a layer's other compressors (prune,
+   quantize) keep owning its weight's bytes; `weight_bytes` (the layer's float32 bytes) is only
+   what the plugin contract asks for when early exit is alone on the layer.
+5. Latency: `EarlyExitNet(backbone, heads, policy)` is the deployable module that stops early.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from modelopt.compressors._base import Choice, Compressor, Storage
+from modelopt.compressors._registry import COMPRESSORS
+from modelopt.compressors.early_exit.backbone import Backbone, exit_layers, split_backbone
+from modelopt.compressors.early_exit.heads import ExitHead
+from modelopt.compressors.early_exit.runtime import RuntimeConfig
+from modelopt.compressors.early_exit.simulate import ExitPolicy
+from modelopt.errors import ConfigError
+from modelopt.model.layers import Layer, LayerKind
+
+__all__ = ["DEFAULT_THRESHOLDS", "EarlyExit", "ExitChoice", "exit_layers", "head_bytes", "policy_from_choices"]
+
+# Confidence (max softmax of the temperature-scaled head) a sample needs to leave at an exit.
+DEFAULT_THRESHOLDS = (0.8, 0.9, 0.95, 0.98, 0.99, 0.995)
+
+
+@dataclass(frozen=True)
+class ExitChoice:
+    """An active exit after the block this layer ends, leaving at confidence >= threshold."""
+
+    threshold: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.threshold, (int, float)) or isinstance(self.threshold, bool) or not (
+            0.0 < self.threshold <= 1.0 and math.isfinite(self.threshold)
+        ):
+            raise ConfigError(f"early_exit threshold must be a number in (0, 1]; got {self.threshold!r}")
+
+    def __str__(self) -> str:
+        return f"exit@{self.threshold:g}"
+
+
+@COMPRESSORS.register("early_exit")
+class EarlyExit(Compressor):
+    """Offers, on each candidate block's last layer, an exit at one of a few confidence thresholds.
+
+    Args:
+        thresholds: Confidence thresholds offered (each in (0, 1]).
+        exits: Names (or fnmatch patterns) of the layers that end a candidate block, e.g.
+            ``exit_layers(split_backbone(model))``; the default ``("*",)`` offers every
+            convolution, which only a model whose every conv ends a block should use.
+
+    Example:
+        >>> ee = EarlyExit(thresholds=(0.9, 0.99), exits=exit_layers(split_backbone(model)))
+        >>> space = SearchSpace(workload.layers, [Quantize(), ee])
+    """
+
+    name = "early_exit"
+    order = 90  # after every weight transform; it changes none
+    reduces = frozenset({"macs", "bitops", "latency"})  # heads add bytes: never smaller
+
+    @classmethod
+    def model_options(cls, model: torch.nn.Module) -> dict[str, Any]:
+        """Every block's end but the last one's (an exit there saves nothing) is a candidate exit."""
+        backbone = split_backbone(model)
+        return {"exits": list(exit_layers(backbone))[:-1], "classes": backbone.classes}
+
+    def __init__(self, thresholds: Sequence[float] = DEFAULT_THRESHOLDS, exits: Sequence[str] = ("*",),
+                 classes: int = 10) -> None:
+        if not thresholds:
+            raise ConfigError("early_exit needs at least one threshold")
+        self.thresholds = tuple(sorted({float(t) for t in thresholds}))
+        self._choices = tuple(ExitChoice(t) for t in self.thresholds)  # validates each
+        self.exits = tuple(exits)
+        if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
+            raise ConfigError(f"early_exit: classes must be a positive integer, got {classes!r}")
+        self.classes = classes
+
+    def added_bytes(self, layer: Layer, choice: Choice) -> int:
+        """An active exit's head, float32 (the evaluator's head: multi-grid pooling + linear): what
+        `modelopt.evaluation.cost` adds to size_bytes for it."""
+        if choice is None:
+            return 0
+        return RuntimeConfig().spec.params(layer.out_channels, self.classes) * 4
+
+    def _offers(self, layer: Layer) -> bool:
+        return layer.kind is LayerKind.CONV and any(fnmatch.fnmatchcase(layer.name, p) for p in self.exits)
+
+    def menu(self, layer: Layer) -> tuple[Choice, ...]:
+        return (None, *self._choices) if self._offers(layer) else ()
+
+    def parse(self, raw: Mapping[str, Any] | None, layer: Layer) -> Choice:
+        if raw is None:
+            return None
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            raw = {"threshold": raw}
+        if not isinstance(raw, Mapping) or set(raw) != {"threshold"}:
+            raise ConfigError(f"early_exit on {layer.name!r} takes {{threshold: T}} with T in (0, 1]; got {raw!r}")
+        if not self._offers(layer):
+            raise ConfigError(f"layer {layer.name!r} does not end a candidate exit block; candidates: {self.exits}")
+        t = raw["threshold"]
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 1:  # before float(): "0.9", 10**400
+            raise ConfigError(f"early_exit threshold on {layer.name!r} must be a number in (0, 1]; got {t!r}")
+        return ExitChoice(float(t))
+
+    def dump(self, choice: Choice) -> dict[str, Any] | None:
+        if choice is None:
+            return None
+        assert isinstance(choice, ExitChoice)
+        return {"threshold": choice.threshold}
+
+    def parse_top(self, raw: Any, layers: Sequence[Layer]) -> dict[str, Choice] | None:
+        """A plan's top-level form: ``early_exit: {exits: [layer1.2, layer2.1], threshold: 0.9}``, or
+        one threshold per exit: ``early_exit: {exits: {layer1.2: 0.97, layer2.1: 0.9}}``. An exit is
+        named by its block (``layer2.1``) or by the block's last layer (``layer2.1.conv2``)."""
+        if raw is None:
+            return {}
+        if not isinstance(raw, Mapping) or "exits" not in raw or not set(raw) <= {"exits", "threshold"}:
+            raise ConfigError(f"plan key 'early_exit' takes {{exits: [BLOCK, ...], threshold: T}} or "
+                              f"{{exits: {{BLOCK: T, ...}}}}; got {raw!r}")
+        exits, shared = raw["exits"], raw.get("threshold")
+        if isinstance(exits, (Mapping, list, tuple)) and not all(isinstance(name, str) for name in exits):
+            name = next(name for name in exits if not isinstance(name, str))
+            raise ConfigError(f"plan key 'early_exit.exits' names blocks like 'layer2.1'; got {name!r}")
+        if isinstance(exits, Mapping):
+            if shared is not None:
+                raise ConfigError("plan key 'early_exit': give one threshold per exit or a shared 'threshold', "
+                                  "not both")
+            wanted = dict(exits)
+        elif isinstance(exits, (list, tuple)):
+            if shared is None:
+                raise ConfigError("plan key 'early_exit' lists exits but no 'threshold'")
+            wanted = {name: shared for name in exits}
+        else:
+            raise ConfigError(f"plan key 'early_exit.exits' must be a list or a mapping of exits; got {exits!r}")
+        offered = {x.name.rsplit(".", 1)[0]: x.name for x in layers if self._offers(x)}
+        out: dict[str, Choice] = {}
+        for name, t in wanted.items():
+            layer = name if name in offered.values() else offered.get(str(name))
+            if layer is None:
+                raise ConfigError(f"no candidate exit {name!r}; valid: {', '.join(offered)}")
+            out[layer] = self.parse({"threshold": t}, next(x for x in layers if x.name == layer))
+        return out
+
+    def dump_top(self, choices: Mapping[str, Choice]) -> Any:
+        active = {layer.rsplit(".", 1)[0]: _threshold(c) for layer, c in choices.items() if c is not None}
+        if not active:
+            return None
+        shared = set(active.values())
+        if len(shared) == 1:
+            return {"exits": list(active), "threshold": shared.pop()}
+        return {"exits": active}
+
+    def apply(self, weight: torch.Tensor, choice: Choice) -> torch.Tensor:
+        """Weights are untouched: the exit adds a head after the block, it does not change the layer."""
+        return weight.clone() if choice is not None else weight
+
+    def weight_bytes(self, layer: Layer, choice: Choice) -> int:
+        """The layer's own float32 bytes (the head's bytes are counted apart: `head_bytes`)."""
+        return layer.params * 4
+
+    def stored(self, layer: Layer, choice: Choice, inner: Storage) -> Storage:
+        """Storage is whatever the layer's other compressors made of it: an exit adds a head, apart."""
+        return inner
+
+    def options(self) -> dict[str, Any]:
+        return {"thresholds": list(self.thresholds), "exits": list(self.exits), "classes": self.classes}
+
+
+def policy_from_choices(choices: Mapping[str, Choice], backbone: Backbone) -> ExitPolicy:
+    """The exit policy a plan's early_exit choices describe ({layer name: ExitChoice or None}).
+
+    Example:
+        >>> policy_from_choices({"layer2.0.conv2": ExitChoice(0.95)}, bb)
+        ExitPolicy(exits=('layer2.0',), thresholds=(0.95,))
+    """
+    to_point = exit_layers(backbone)
+    unknown = [n for n, c in choices.items() if c is not None and n not in to_point]
+    if unknown:
+        raise ConfigError(f"early_exit choices on {unknown}, which end no block; valid: {sorted(to_point)}")
+    active = {to_point[n]: c for n, c in choices.items() if c is not None}
+    order = [p.name for p in backbone.points if p.name in active]
+    return ExitPolicy(tuple(order), tuple(_threshold(active[p]) for p in order))
+
+
+def _threshold(choice: Choice) -> float:
+    """An active exit's threshold (early_exit's choices are ExitChoice or None)."""
+    if not isinstance(choice, ExitChoice):
+        raise TypeError(f"an active early_exit choice is an ExitChoice; got {choice!r}")
+    return choice.threshold
+
+
+def head_bytes(heads: Mapping[str, ExitHead], policy: ExitPolicy) -> int:
+    """Float32 bytes of the active exits' heads (what size_bytes must add for a plan with exits)."""
+    return sum(heads[e].params * 4 for e in policy.active().exits)

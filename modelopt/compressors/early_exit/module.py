@@ -1,0 +1,161 @@
+"""The deployable early-exit network: it really stops at the first exit that is confident enough.
+
+`EarlyExitNet` wraps a model's blocks (shared, not copied) and the heads of the active exits.
+Each sample runs block by block; at an active exit the head is evaluated and, if its confidence
+reaches the exit's threshold, the sample's logits are the head's and the rest of the network is
+skipped. At batch size 1 that is a real early return, the deployment case; larger batches drop
+the samples that have left and run on with the rest. The rule, and hence every prediction,
+equals the one-pass evaluator's (`simulate`).
+
+The heads' parameters are buffers, so `state_dict()` holds only tensors; `heads_state` and
+`load_early_exit` save and restore the heads and policy for `torch.load(..., weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from modelopt.compressors.early_exit.backbone import Backbone
+from modelopt.compressors.early_exit.heads import ExitHead, pool_features
+from modelopt.compressors.early_exit.simulate import ExitPolicy
+from modelopt.errors import ConfigError
+
+__all__ = ["EarlyExitNet", "heads_state", "load_early_exit"]
+
+
+class _Head(nn.Module):
+    # Buffers, registered from the head's tensors (hidden_* only when the head has a hidden layer).
+    weight: torch.Tensor
+    bias: torch.Tensor
+    temperature: torch.Tensor
+    hidden_weight: torch.Tensor
+    hidden_bias: torch.Tensor
+
+    def __init__(self, head: ExitHead) -> None:
+        super().__init__()
+        self.spec = head.spec
+        for name, t in head._tensors().items():
+            self.register_buffer(name, t.detach().clone().float())
+        self.hidden = head.hidden_weight is not None
+
+    def forward(self, fmap: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = pool_features(fmap, self.spec)
+        if self.hidden:
+            h = F.relu(F.linear(h, self.hidden_weight, self.hidden_bias))
+        logits = F.linear(h, self.weight, self.bias)
+        conf = torch.softmax(logits / self.temperature, dim=-1).amax(dim=-1)
+        return logits, conf
+
+
+class EarlyExitNet(nn.Module):
+    """A model with exit heads that returns at the first confident exit.
+
+    Args:
+        backbone: The cut model (`split_backbone`); its modules are shared.
+        heads: Fitted head per exit name (at least those in `policy`).
+        policy: Active exits and thresholds.
+
+    Example:
+        >>> net = EarlyExitNet(split_backbone(model), heads, policy).eval()
+        >>> logits = net(x[:1])                    # stops at the first exit that is sure enough
+        >>> logits, exit_at = net.forward_with_exits(x)
+    """
+
+    def __init__(self, backbone: Backbone, heads: Mapping[str, ExitHead], policy: ExitPolicy) -> None:
+        super().__init__()
+        policy = policy.active()
+        missing = [e for e in policy.exits if e not in heads]
+        if missing:
+            raise ConfigError(f"policy exits {missing} have no fitted head; heads: {sorted(heads)}")
+        names = [n for n, _ in backbone.blocks]
+        pos = [names.index(backbone.point(e).name) for e in policy.exits]
+        if pos != sorted(pos):
+            raise ConfigError(f"policy exits must be in backbone order; got {list(policy.exits)}")
+        self.policy = policy
+        self.stem = backbone.stem
+        self.blocks = nn.ModuleList([m for _, m in backbone.blocks])
+        self.tail = backbone.tail
+        self.heads = nn.ModuleList([_Head(heads[e]) for e in policy.exits])
+        self._exit_after = {p: k for k, p in enumerate(pos)}  # block position -> head position
+        self.register_buffer("thresholds", torch.tensor(policy.thresholds, dtype=torch.float32))
+        self._thr = tuple(float(t) for t in policy.thresholds)  # python floats: no tensor compare per call
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of each sample from the exit it left at (or the full network)."""
+        if x.shape[0] == 1:
+            return self._forward_one(x)
+        return self.forward_with_exits(x)[0]
+
+    def _forward_one(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        for i, block in enumerate(self.blocks):
+            h = block(h)
+            k = self._exit_after.get(i)
+            if k is not None:
+                logits, conf = self.heads[k](h)
+                if float(conf) >= self._thr[k]:
+                    return logits
+        return self.tail(h)
+
+    def forward_with_exits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and, per sample, the position in `policy.exits` it left at (len = ran it all)."""
+        n = x.shape[0]
+        out: torch.Tensor | None = None
+        exit_at = torch.full((n,), len(self.heads), dtype=torch.long, device=x.device)
+        alive = torch.arange(n, device=x.device)
+        h = self.stem(x)
+        for i, block in enumerate(self.blocks):
+            h = block(h)
+            k = self._exit_after.get(i)
+            if k is None:
+                continue
+            logits, conf = self.heads[k](h)
+            if out is None:
+                out = torch.empty(n, logits.shape[1], dtype=logits.dtype, device=x.device)
+            fire = conf >= self._thr[k]
+            out[alive[fire]] = logits[fire]
+            exit_at[alive[fire]] = k
+            alive, h = alive[~fire], h[~fire]
+            if alive.numel() == 0:
+                return out, exit_at
+        final = self.tail(h)
+        if out is None:
+            return final, exit_at
+        out[alive] = final
+        return out, exit_at
+
+
+def heads_state(heads: Mapping[str, ExitHead], policy: ExitPolicy | None = None) -> dict[str, object]:
+    """Heads (and optionally the policy) as tensors and strings only, for `torch.save`.
+
+    Example:
+        >>> torch.save(heads_state(heads, policy), "exits.pt")
+        >>> heads, policy = load_early_exit("exits.pt")
+    """
+    out: dict[str, object] = {"version": 1, "exits": ",".join(heads)}
+    for name, head in heads.items():
+        for k, t in head.state_dict().items():
+            out[f"{name}/{k}"] = t
+    if policy is not None:
+        out["policy_exits"] = ",".join(policy.exits)
+        out["policy_thresholds"] = torch.tensor(policy.thresholds, dtype=torch.float64)
+    return out
+
+
+def load_early_exit(path: str | Path) -> tuple[dict[str, ExitHead], ExitPolicy | None]:
+    """Reads what `heads_state` saved, with `torch.load(weights_only=True)`."""
+    d = torch.load(path, weights_only=True)
+    heads = {}
+    for name in filter(None, str(d["exits"]).split(",")):
+        heads[name] = ExitHead.from_state_dict({k.split("/", 1)[1]: v for k, v in d.items()
+                                                if k.startswith(name + "/")})
+    policy = None
+    if "policy_exits" in d:
+        exits = tuple(filter(None, str(d["policy_exits"]).split(",")))
+        policy = ExitPolicy(exits, tuple(float(t) for t in d["policy_thresholds"]))
+    return heads, policy

@@ -1,0 +1,386 @@
+"""`RunConfig`: one typed, versioned record of a run's settings.
+
+It validates itself (one clear error per bad field), reads and writes a run folder's `run.json`
+(files from before it had a format number still load), and builds what a run needs:
+`build()` returns the workload, search space, evaluator and strategy. `modelopt.optimize`, the
+CLI, resume, export, reports and sweeps all start a run, or rebuild one, through it.
+
+Example:
+    >>> cfg = RunConfig(budget=50, seed=1)
+    >>> built = cfg.build()                      # loads ResNet-20 and the bundled sample
+    >>> (plan,) = built.strategy.ask()
+    >>> RunConfig.read("runs/r20").budget        # the settings a finished run was started with
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from modelopt._files import write_json_atomic
+from modelopt._version import __version__
+from modelopt.compressors import COMPRESSORS, Compressor
+from modelopt.confidence import DEFAULT_CONFIDENCE, PairedCounts
+from modelopt.config.assemble import (
+    DEFAULT_BUDGET,
+    build_compressors,
+    default_compressors,
+    default_options,
+    load_exit_images,
+)
+from modelopt.config.forms import check_forms
+from modelopt.data.dataset import load_data
+from modelopt.errors import ConfigError, LoadError
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.fidelity import Fidelity
+from modelopt.evaluation.output_sensitivity import output_losses, probe_images
+from modelopt.evaluation.sensitivity import estimate_losses
+from modelopt.knowledge import warm_start
+from modelopt.latency.spec import LatencySpec
+from modelopt.model.layers import Layer
+from modelopt.model.loader import load_model
+from modelopt.model.workload import Workload
+from modelopt.objective import Objective, Target
+from modelopt.plan.space import SearchSpace
+from modelopt.run.confirm import check_certifiable
+from modelopt.run.layout import CONFIG
+from modelopt.search import STRATEGIES, Strategy
+
+# The executors a run may name (modelopt.executors; listed here so a config is checked without importing Ray).
+EXECUTOR_NAMES = ("local", "ray")
+CONFIG_FORMAT = 1  # run.json's layout; files without `format` are format 0 and read the same way
+# The settings a resumed run must share with the run it continues (a changed one is refused).
+RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "confidence",
+               "count_gains", "compressors", "data_seed", "fidelity", "exit_data", "unlabeled")
+
+
+def check_budget(budget: float) -> None:
+    """Raises ConfigError unless `budget` is a positive finite number."""
+    if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not 0 < budget < math.inf:
+        raise ConfigError(f"budget must be a positive number of full evaluations, got {budget!r}")
+
+
+def check_seed(seed: int) -> None:
+    """Raises ConfigError unless `seed` is a non-negative integer (numpy's generators take no other)."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer like 0, got {seed!r}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a search run is started with (the run folder and progress display aside).
+
+    Attributes:
+        model, weights: a zoo name, `torchvision:NAME`, `pkg.module:factory` or a file; its checkpoint.
+        data, data_seed: a named source or path; the seed of its calib/val/test split (fixed across
+            search seeds).
+        strategy, seed: a registered strategy name (`modelopt list`) and its seed.
+        budget: full-evaluation equivalents the search may spend (a trial on all of val costs 1).
+        objective: size, bitops, macs or latency (measured).
+        min_retention: floor on accuracy / float accuracy, on images the search never saw.
+        confidence: a plan meets the floor when a one-sided lower bound on its retention at this
+            confidence does (`modelopt.confidence`); 0: the point estimate.
+        count_gains: let images a plan fixes offset those it breaks in that bound, as they do in
+            retention (off: the stricter share of the float model's right answers kept).
+        unlabeled: unlabeled images (an `.npz` or image folder) for calibration and fitting; every
+            labeled `data` image then goes to val, confirm and test (`modelopt.data.dataset.load_data`).
+        compressors: registry names contributing decisions; None: every registered one that can
+            lower `objective` on the model (`default_compressors`: quantize and prune for size;
+            early exit and prune for macs; all three for bitops and latency), resolved by `build`.
+        options: constructor options per compressor name (unnamed options: the class's own defaults).
+        device: auto, cpu, cuda or cuda:N (a resolved record names the device it ran on).
+        fidelity: multi-fidelity scoring: a plan below the floor beyond doubt on part of val (or
+            that cannot beat the best so far) stops there and is charged only that part; None
+            scores every plan on all of val.
+        latency: how latency is measured (`LatencySpec`): for every plan when `objective` is
+            latency, else for the best plan and the Pareto front at the end; None measures none.
+        exit_data, exit_images: an `.npz` of images the search never scores (e.g. the training set)
+            and how many of them (a seeded subset) early-exit heads are also fitted on.
+        fingerprints: content hashes of the model and data a run was searched on (set by `build`).
+        executor, workers, ray_address: who scores plans (`modelopt.executors`): `local` (in this
+            process) or `ray` (one actor per worker, on this machine or the cluster at `ray_address`),
+            and how many plans are in flight at once (each worker one; the local executor scores its
+            `workers` plans one after another, the same trials Ray gives).
+        knowledge: a knowledge store (`modelopt.knowledge`) the run warm-starts its priors from and
+            adds what it learned to; None: neither.
+    """
+
+    model: str = "cifar10_resnet20"
+    weights: str | None = None
+    data: str = "cifar10-sample"
+    data_seed: int = 0
+    strategy: str = "mcts"
+    seed: int = 0
+    budget: float = DEFAULT_BUDGET
+    objective: str = "size"
+    min_retention: float = 0.99
+    confidence: float = DEFAULT_CONFIDENCE
+    count_gains: bool = True
+    unlabeled: str | None = None
+    compressors: tuple[str, ...] | None = None
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=default_options)
+    device: str = "auto"
+    fidelity: Fidelity | None = field(default_factory=Fidelity)
+    latency: LatencySpec | None = field(default_factory=lambda: LatencySpec("torch"))
+    exit_data: str | None = None
+    exit_images: int = 10000
+    fingerprints: Mapping[str, str] = field(default_factory=dict)
+    executor: str = "local"
+    workers: int = 1
+    ray_address: str | None = None
+    knowledge: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("model", "data", "device", "strategy"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ConfigError(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
+        for name in ("weights", "exit_data", "knowledge", "unlabeled"):  # paths are kept as the strings the user gave
+            if isinstance(getattr(self, name), Path):
+                object.__setattr__(self, name, str(getattr(self, name)))
+        check_seed(self.seed)
+        check_seed(self.data_seed)
+        check_budget(self.budget)
+        STRATEGIES.get(self.strategy)  # an unknown name: one line listing the registered ones
+        self.make_objective()
+        if self.compressors is not None:
+            object.__setattr__(self, "compressors", tuple(self.compressors))
+        for name in [*(self.compressors or ()), *self.options]:
+            COMPRESSORS.get(name)
+        self._check_options()
+        if not isinstance(self.exit_images, int) or isinstance(self.exit_images, bool) or self.exit_images < 1:
+            raise ConfigError(f"exit_images must be a positive number of images, got {self.exit_images!r}")
+        self._check_latency()
+        self._check_executor()
+
+    def check_exit_data(self) -> None:
+        """Refuses `exit_data` on a run that searches no early exit (it would be ignored silently). Checked
+        for a run about to start, not in `__post_init__`: a run folder written before keeps loading."""
+        if self.exit_data is None:
+            return
+        names = self.compressors if self.compressors is not None else tuple(default_compressors(self.objective))
+        if "early_exit" not in names:
+            raise ConfigError(f"--exit-data {self.exit_data!r} fits early-exit heads, but this run searches no early "
+                              f"exit (compressors: {', '.join(names)}); add early_exit to --compressors, or drop "
+                              "--exit-data")
+
+    def _check_executor(self) -> None:
+        if self.executor not in EXECUTOR_NAMES:
+            raise ConfigError(f"unknown executor {self.executor!r}; choose one of {', '.join(EXECUTOR_NAMES)}")
+        if not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 1:
+            raise ConfigError(f"workers must be a positive number of plans in flight, got {self.workers!r}")
+        if self.ray_address is not None and self.executor != "ray":
+            raise ConfigError(f"ray_address {self.ray_address!r} needs executor 'ray', not {self.executor!r}")
+
+    def _check_options(self) -> None:
+        """Each compressor's options, checked by building it (they need no model): a bad bit width or
+        an unknown option is refused here, before a model loads."""
+        for name, options in self.options.items():
+            try:
+                COMPRESSORS.get(name)(**options)
+            except TypeError as exc:
+                raise ConfigError(f"compressor {name!r} was given an option it does not take ({exc})") from None
+
+    def _check_latency(self) -> None:
+        if self.latency is None and self.objective == Target.LATENCY.value:
+            raise ConfigError("objective 'latency' needs a latency backend; pass latency='torch' or 'onnxruntime'")
+        if self._onnx_timed and "early_exit" in (self.compressors or ()):
+            raise ConfigError("latency backend 'onnxruntime' cannot time early exits (an ONNX graph has no early "
+                              "return); use --latency torch, or leave early_exit out of --compressors")
+
+    @property
+    def _onnx_timed(self) -> bool:
+        return self.latency is not None and self.latency.backend == "onnxruntime"
+
+    def make_objective(self, workload: Workload | None = None) -> Objective:
+        """The run's objective; on `workload`, its search bounds are taken at the size of the confirm split
+        (`Objective.claim_images`) when that split can certify the floor."""
+        objective = Objective(Target.parse(self.objective), self.min_retention, self.confidence, self.count_gains)
+        if workload is None or "confirm" not in workload.splits or self.confidence <= 0:
+            return objective
+        confirm = workload.split("confirm")
+        ceiling = PairedCounts(len(confirm), int(confirm.base_correct.sum()), 0, 0).retention_lower(self.confidence)
+        usable = ceiling >= self.min_retention - 1e-12
+        return dataclasses.replace(objective, claim_images=len(confirm)) if usable else objective
+
+    # ---- building a run ----------------------------------------------------------------------
+
+    def load_workload(self, *, allow_pickle: bool = False) -> Workload:
+        """Loads the model and data and puts both, with the float predictions, on the device."""
+        model = load_model(self.model, self.weights, allow_pickle=allow_pickle)
+        return Workload(model, load_data(self.data, seed=self.data_seed, unlabeled=self.unlabeled),
+                        device=self.device)
+
+    def compressor_names(self, model: nn.Module | None) -> tuple[str, ...]:
+        """The compressors the run uses: the named ones, else those that can lower the objective on `model`."""
+        if self.compressors is not None:
+            return self.compressors
+        if model is None:
+            raise ConfigError("a RunConfig without compressors needs the model to choose them")
+        names = default_compressors(self.objective, model)
+        return tuple(n for n in names if not (self._onnx_timed and n == "early_exit"))  # ONNX cannot time exits
+
+    def make_compressors(self, model: nn.Module | None = None) -> list[Compressor]:
+        """The run's compressors with their options (options derived from `model` fill what `options` leave out)."""
+        names = self.compressor_names(model)
+        return build_compressors(names, {n: o for n, o in self.options.items() if n in names}, model=model)
+
+    def make_space(self, layers: Sequence[Layer], model: nn.Module | None = None) -> SearchSpace:
+        return SearchSpace(layers, self.make_compressors(model))
+
+    def make_evaluator(self, workload: Workload) -> Evaluator:
+        """An evaluator of the run's space on `workload` (with the extra exit images when it has exits)."""
+        space = self.make_space(workload.layers, workload.model)
+        extra = None
+        if self.exit_data is not None and "early_exit" in space.compressors:
+            extra = load_exit_images(workload, self.exit_data, self.exit_images)
+        return Evaluator(workload, space, exit_images=extra)
+
+    def resolved(self, workload: Workload, space: SearchSpace) -> RunConfig:
+        """This config as run on `workload`: compressor menus in full, the device and fingerprints named."""
+        return dataclasses.replace(
+            self, model=workload.name, data=str(workload.data.source), device=str(workload.device),
+            compressors=tuple(space.compressors),
+            options={name: c.options() for name, c in space.compressors.items()},
+            fingerprints=workload.fingerprints())
+
+    def build(self, workload: Workload | None = None, *, allow_pickle: bool = False) -> BuiltRun:
+        """The run's parts: `workload` (loaded from `model` and `data` when None), space, evaluator, and
+        the strategy (after the priors it starts from are measured).
+
+        A given workload is the caller's word that it is this config's model, data and device.
+        """
+        wl = workload if workload is not None else self.load_workload(allow_pickle=allow_pickle)
+        evaluator = self.make_evaluator(wl)
+        objective = self.make_objective(wl)
+        check_certifiable(evaluator, objective)  # a val split too small to certify the floor: refused before any work
+        evaluator.measure_errors()  # data-free priors the strategies start from; costs no evaluation
+        strategy = STRATEGIES.get(self.strategy)(evaluator.space, objective, seed=self.seed)
+        if strategy.loss_estimator == "fisher":  # the knapsack's one-pass (gradient) sensitivities
+            strategy.use_loss_estimates(estimate_losses(evaluator))
+        elif strategy.loss_estimator == "output" and (n := probe_images(
+                self.budget, len(wl.split("val")), len({d.layer for d in evaluator.space.decisions}),
+                len(wl.split("calib")))):  # MCTS's label-free probes, when the budget affords them
+            strategy.use_loss_estimates(output_losses(evaluator, n))
+        if self.knowledge is not None:  # priors from earlier runs' lessons (a missing store: none yet)
+            warm_start(self.knowledge, evaluator, strategy)
+        return BuiltRun(self.resolved(wl, evaluator.space), wl, evaluator, strategy, objective)
+
+    # ---- run.json ----------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """run.json's form (the key layout of format 0, plus `format` and the tool's `version`)."""
+        comps = None if self.compressors is None else {n: dict(self.options.get(n, {})) for n in self.compressors}
+        out: dict[str, Any] = {
+            "format": CONFIG_FORMAT, "model": self.model, "weights": self.weights, "data": self.data,
+            "data_seed": self.data_seed, "strategy": self.strategy, "seed": self.seed, "objective": self.objective,
+            "min_retention": self.min_retention, "confidence": self.confidence, "count_gains": self.count_gains,
+            "unlabeled": self.unlabeled, "compressors": comps, "device": self.device,
+            "fidelity": None if self.fidelity is None else self.fidelity.to_dict(),
+            "latency": None if self.latency is None else dataclasses.asdict(self.latency),
+            "exit_data": None if self.exit_data is None else {"path": self.exit_data, "images": self.exit_images},
+            **self.fingerprints, "budget": float(self.budget), "version": __version__,
+            "executor": self.executor, "workers": self.workers, "ray_address": self.ray_address,
+            "knowledge": self.knowledge,
+        }
+        if comps is None:
+            out["options"] = {n: dict(o) for n, o in self.options.items()}
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], where: str = CONFIG) -> RunConfig:
+        """The config a run.json holds; LoadError naming the first field that has not the form it must."""
+        check_forms(raw, where)
+        try:
+            return cls(**_fields_of(raw))
+        except (ConfigError, TypeError) as exc:
+            raise LoadError(f"{where!r} holds settings modelopt refuses ({exc}); its run.json was damaged or is "
+                            "not a modelopt run's") from None
+
+    @classmethod
+    def read(cls, run_dir: str | Path) -> RunConfig:
+        """The settings a run folder was started with; LoadError when it is not a run folder."""
+        return cls.from_json(read_config_json(run_dir), str(Path(run_dir) / CONFIG))
+
+    def write(self, run_dir: str | Path) -> None:
+        write_json_atomic(Path(run_dir) / CONFIG, self.to_json())
+
+    def check_resumes(self, run_dir: str | Path) -> None:
+        """Raises ConfigError unless this (resolved) config may continue the run in `run_dir`: the same
+        model and data by content, search, floor and menus (the budget may grow)."""
+        saved, mine = read_config_json(run_dir), self.to_json()
+        for key in RESUME_KEYS:
+            if key in saved and key in mine and saved[key] != mine[key]:
+                raise ConfigError(f"cannot resume {str(run_dir)!r}: it was run with {key}={saved[key]!r}, "
+                                  f"not {mine[key]!r}")
+
+
+@dataclass(frozen=True)
+class BuiltRun:
+    """A run's parts, from `RunConfig.build`; `config` is resolved (menus in full, device, fingerprints)."""
+
+    config: RunConfig
+    workload: Workload
+    evaluator: Evaluator
+    strategy: Strategy
+    objective: Objective
+
+    @property
+    def space(self) -> SearchSpace:
+        return self.evaluator.space
+
+
+def read_config_json(run_dir: str | Path) -> dict[str, Any]:
+    """run.json as JSON, checked to be a run's settings (LoadError otherwise)."""
+    path = Path(run_dir) / CONFIG
+    if not path.is_file():
+        raise LoadError(f"{str(run_dir)!r} is not a modelopt run folder (no {CONFIG})")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise LoadError(f"{str(path)!r} is not readable as a run's settings ({exc}); it is not a modelopt run "
+                        "folder, or its run.json was damaged") from None
+    if not isinstance(raw, dict):
+        raise LoadError(f"{str(path)!r} holds no run settings; it is not a modelopt run folder")
+    return raw
+
+
+def _fields_of(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """RunConfig's fields from a run.json already checked for form (`check_forms`)."""
+    comps = raw.get("compressors")
+    exit_data = raw.get("exit_data") or {}
+    values: dict[str, Any] = {k: raw[k] for k in _SCALARS if raw.get(k) is not None}
+    values.update(
+        compressors=None if comps is None and "options" in raw else tuple(comps or {"quantize": {}}),
+        options=dict(raw.get("options") or comps or {"quantize": {}}),
+        fidelity=None if raw.get("fidelity") is None else Fidelity(**_fidelity_args(raw["fidelity"])),
+        latency=None if raw.get("latency") is None else LatencySpec(**raw["latency"]),
+        exit_data=exit_data.get("path"), exit_images=int(exit_data.get("images", 10000)),
+        fingerprints={k: raw[k] for k in ("model_sha256", "data_sha256") if isinstance(raw.get(k), str)},
+    )
+    values.update({k: v for k, v in _BEFORE.items() if k not in raw})
+    return values
+
+
+def objective_from_json(raw: Mapping[str, Any]) -> Objective:
+    """The objective a run.json names (what reports need even where its compressors cannot be built)."""
+    return Objective(Target.parse(raw.get("objective") or "size"), float(raw.get("min_retention") or 0.99),
+                     float(raw.get("confidence", _BEFORE["confidence"]) or 0.0),
+                     bool(raw.get("count_gains", _BEFORE["count_gains"])))
+
+
+# What a run.json without a field ran with (the field came later): point estimates, every plan
+# scored on the whole val split, a bound on breaks only.
+_BEFORE: dict[str, Any] = {"confidence": 0.0, "fidelity": None, "count_gains": False}
+_SCALARS = ("model", "weights", "data", "data_seed", "strategy", "seed", "budget", "objective", "min_retention",
+            "confidence", "count_gains", "unlabeled", "device", "executor", "workers", "ray_address", "knowledge")
+
+
+def _fidelity_args(raw: Mapping[str, Any]) -> dict[str, Any]:
+    return {**raw, "stages": tuple(raw.get("stages", ()))}

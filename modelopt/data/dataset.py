@@ -1,0 +1,401 @@
+"""Data sources and the calib/val/test split.
+
+`load_data` turns whatever the user has (the bundled CIFAR-10 sample, an `.npz`, a torchvision
+CIFAR10 root, an image folder, a `DataLoader`) into a frozen `Dataset` of three splits:
+`calib` feeds calibration and fitting (activation ranges, exit heads), `val` scores trials
+during the search, `confirm` re-scores the search's finalists (the images that select a plan are
+not the ones that vouch for it), `test` is held out for the final report. Each split is in seeded shuffled
+order, so any prefix of it is a random sample (the evaluator's low-fidelity runs use prefixes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypedDict
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from modelopt._registry import Registry
+from modelopt.data.readers import (
+    _permutation,
+    _read_cifar_batch,
+    _read_image_folder,
+    _read_loader,
+    _read_npz,
+    _subset,
+    decode_jpegs,
+    read_unlabeled,
+)
+from modelopt.errors import ConfigError, LoadError
+
+__all__ = ["SPLIT_NAMES", "Dataset", "Split", "list_data_sources", "load_data"]
+
+
+SPLIT_NAMES = ("calib", "val", "confirm", "test", "all")
+SAMPLE_PATH = Path(__file__).parent / "zoo" / "assets" / "cifar10_sample.npz"
+DEFAULT_VAL_FRACTION = 0.2
+DEFAULT_CONFIRM_FRACTION = 0.2
+# With unlabeled images for calibration every labeled image is evidence: val 20 %, confirm 50 % (the claim is
+# certified there alone: on 10,000 JPEG CIFAR-10 images 5,000 certify 99 % for a plan changing up to 11 % of the
+# answers, 3,500 up to 7.9 %), test 30 % (3,000: +-0.6 points at 99 %).
+UNLABELED_FRACTIONS = (0.0, 0.20, 0.50)
+UNLABELED_IMAGES = 2000  # calibration images kept from `unlabeled` (GPTQ reads 256, batch norms 512)
+MIN_UNLABELED = 256  # GPTQ's second moments and the one-pass sensitivities read this many
+SAMPLE_VAL_FRACTION = 0.4  # cifar10-exact-sample's test images: val 423 / test 423 (it confirms on its own images)
+# cifar10-sample's 9,154 JPEG images: val 2,000 (the search's, fast enough for a 3-minute run), confirm 7,154
+# (the claim's: 99 % is certified for a plan changing up to 16 % of answers with no net loss, 4 % on 2,000).
+SAMPLE_VAL_SHARE = 2000 / 9154
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: tensors have no truth value; identity hash is what caches want
+class Split:
+    """One part of a dataset.
+
+    Attributes:
+        name: "calib", "val", "test" or "all".
+        x: uint8 (N, H, W, 3) RGB images, or float (N, C, H, W) already preprocessed.
+        y: int64 (N,) labels.
+        index: int64 (N,) position of each sample in its source pool (the file, folder or
+            loader; for the bundled sample, the calib pool is the training images and the
+            val/test pool the test images), or None when unknown.
+    """
+
+    name: str
+    x: torch.Tensor
+    y: torch.Tensor
+    index: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.x) != len(self.y):
+            raise ValueError(f"split {self.name!r}: {len(self.x)} inputs but {len(self.y)} labels")
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    """A data source cut into calib / val / test splits.
+
+    Attributes:
+        source: What the user passed, for reports.
+        calib: Calibration / fitting data.
+        val: Scores trials during the search.
+        test: Held out for the final report.
+        confirm: Re-scores the search's finalists before any claim (None: the source has none;
+            the run then reports its best plan as unconfirmed).
+        preprocessed: True when x is float NCHW already preprocessed (a user DataLoader);
+            otherwise x is uint8 NHWC RGB.
+        num_classes: Max label + 1 over all splits.
+        seed: The seed that chose the split.
+    """
+
+    source: str
+    calib: Split
+    val: Split
+    test: Split
+    preprocessed: bool
+    num_classes: int
+    seed: int
+    confirm: Split | None = None
+
+    def split(self, name: str) -> Split:
+        """Return a split by name.
+
+        Args:
+            name: "calib", "val", "confirm", "test", or "all" (val and test together, in source order).
+
+        Returns:
+            The split.
+
+        Raises:
+            ConfigError: `name` is not one of `SPLIT_NAMES`, or is "confirm" and the dataset has none.
+
+        Example:
+            >>> load_data().split("all").x.shape
+            torch.Size([846, 32, 32, 3])
+        """
+        if name == "confirm" and self.confirm is None:
+            raise ConfigError(f"data {self.source!r} has no confirm split; load it with confirm_fraction > 0")
+        if name in ("calib", "val", "confirm", "test"):
+            return getattr(self, name)
+        if name != "all":
+            raise ConfigError(f"unknown split {name!r}; valid: {', '.join(SPLIT_NAMES)}")
+        x = torch.cat([self.val.x, self.test.x])
+        y = torch.cat([self.val.y, self.test.y])
+        if self.val.index is None or self.test.index is None:
+            return Split("all", x, y)
+        index = torch.cat([self.val.index, self.test.index])
+        order = torch.argsort(index)
+        return Split("all", x[order], y[order], index[order])
+
+
+SourceLoader = Callable[..., Dataset]
+SOURCES: Registry[SourceLoader] = Registry("data source")
+
+
+def list_data_sources() -> list[str]:
+    """Names `load_data` accepts besides paths and DataLoaders.
+
+    Returns:
+        Sorted names, e.g. ["cifar10-sample"].
+
+    Example:
+        >>> list_data_sources()
+        ['cifar10-sample']
+    """
+    return SOURCES.names()
+
+
+def load_data(
+    source: str | Path | DataLoader = "cifar10-sample",
+    *,
+    seed: int = 0,
+    calib_fraction: float = 0.2,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    confirm_fraction: float = DEFAULT_CONFIRM_FRACTION,
+    max_samples: int | None = None,
+    unlabeled: str | Path | DataLoader | None = None,
+) -> Dataset:
+    """Load a data source and split it into calib / val / test by a seeded permutation.
+
+    Sources: a name from `list_data_sources()`; an `.npz` with `x` (N, H, W, 3) uint8 and
+    `y`, or with `jpeg`, `offsets`, `y` (JPEG bytes end to end); a torchvision CIFAR10 root
+    (a folder holding `cifar-10-batches-py/`; its test batch is used, read with a
+    restricted unpickler that accepts only the arrays, lists and dicts the official
+    files contain); an image folder `root/<class>/*.png|jpg|jpeg|bmp` (classes sorted,
+    labels 0..K-1); a `DataLoader` yielding already-preprocessed (x, y) float batches.
+
+    Args:
+        source: The data source.
+        seed: Chooses the subset and the split; the same seed always gives the same split.
+        calib_fraction: Share of the samples for calib. For "cifar10-sample" calib is the
+            bundled 1,000 training images and this only matters with `max_samples`.
+        val_fraction: Share for val (scored by the search).
+        confirm_fraction: Share for confirm (re-scores the search's finalists); test gets the
+            rest. For "cifar10-sample" the 846 test images are cut val : confirm : test in the
+            ratio val_fraction : confirm_fraction : (1 - all three); with the default fractions
+            its test images are cut 423 val / 423 test and it confirms on its own 1,000
+            training images that the search never scores (see `modelopt.zoo.make_sample`).
+        max_samples: If given, first keep a seeded subset of this many samples in total
+            (only those are decoded).
+        unlabeled: Images without labels for calib (an `.npz` of `x` or of `jpeg` and `offsets`, an
+            image folder at any depth, or a DataLoader; labels in them are ignored): a seeded subset
+            of `UNLABELED_IMAGES` of them becomes the calib split, and the labeled images are cut
+            val / confirm / test only (20 / 50 / 30 % unless the fractions are given).
+
+    Returns:
+        The split dataset.
+
+    Raises:
+        LoadError: The path does not exist or its content is malformed.
+        UnknownNameError: `source` looks like a name but is not a known one.
+        ConfigError: Bad fractions, or too few samples for non-empty splits.
+
+    Example:
+        >>> data = load_data("cifar10-sample", seed=0)
+        >>> len(data.calib), len(data.val), len(data.confirm), len(data.test)
+        (1000, 423, 1000, 423)
+    """
+    _check_options(seed, calib_fraction, val_fraction, confirm_fraction, max_samples)
+    if unlabeled is not None:
+        calib_x, pre = read_unlabeled(unlabeled, UNLABELED_IMAGES, seed)
+        named = isinstance(source, str) and source in SOURCES  # a named source keeps its own cut
+        if not named and (calib_fraction, val_fraction, confirm_fraction) == (0.2, DEFAULT_VAL_FRACTION,
+                                                                                 DEFAULT_CONFIRM_FRACTION):
+            calib_fraction, val_fraction, confirm_fraction = UNLABELED_FRACTIONS
+        labeled = load_data(source, seed=seed, calib_fraction=calib_fraction, val_fraction=val_fraction,
+                            confirm_fraction=confirm_fraction, max_samples=max_samples)
+        return _with_calib(labeled, calib_x, pre, unlabeled)
+    opts = _SplitOptions(seed=seed, calib_fraction=calib_fraction, val_fraction=val_fraction,
+                         confirm_fraction=confirm_fraction)
+    if isinstance(source, DataLoader):
+        x, y = _read_loader(source)
+        keep = torch.from_numpy(_subset(len(y), max_samples, seed))
+        name = f"DataLoader({type(source.dataset).__name__})"
+        return _split_pool(name, x[keep], y[keep], keep, preprocessed=True, **opts)
+    if not isinstance(source, (str, Path)):
+        raise ConfigError(
+            f"data source must be a path, a DataLoader or one of {list_data_sources()}; "
+            f"got {type(source).__name__}"
+        )
+    if isinstance(source, str) and source in SOURCES:
+        return SOURCES.get(source)(max_samples=max_samples, **opts)
+    return _load_path(source, max_samples, opts)
+
+
+class _SplitOptions(TypedDict):
+    seed: int
+    calib_fraction: float
+    val_fraction: float
+    confirm_fraction: float
+
+
+def _load_path(source: str | Path, max_samples: int | None, opts: _SplitOptions) -> Dataset:
+    """An .npz file, a torchvision CIFAR10 root or an image folder, split."""
+    path = Path(source).expanduser()
+    seed = opts["seed"]
+    if not path.exists():
+        if isinstance(source, str) and "/" not in source and "\\" not in source and not path.suffix:
+            SOURCES.get(source)  # raises UnknownNameError listing the named sources
+        raise LoadError(
+            f"data source path {str(path)!r} does not exist; pass an .npz file, an image "
+            f"folder, a CIFAR10 root, or one of {list_data_sources()}"
+        )
+    if path.is_file():
+        if path.suffix.lower() != ".npz":
+            raise LoadError(f"data source file {str(path)!r} is not an .npz; pass an .npz or a folder")
+        x, y, keep = _read_npz(path, max_samples, seed)
+    elif (path / "cifar-10-batches-py").is_dir() or path.name == "cifar-10-batches-py":
+        x, y = _read_cifar_batch(path)
+        keep = _subset(len(y), max_samples, seed)
+        x, y = x[keep], y[keep]
+    else:
+        x, y, keep = _read_image_folder(path, max_samples, seed)
+    return _split_pool(
+        str(source), torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(keep),
+        preprocessed=False, **opts,
+    )
+
+
+@SOURCES.register("cifar10-sample")
+def _cifar10_sample(
+    *, seed: int, calib_fraction: float, val_fraction: float, confirm_fraction: float, max_samples: int | None
+) -> Dataset:
+    """The default run's data (`modelopt.zoo.make_sample`): val / confirm from 9,154 JPEG test images (2,000 /
+    7,154, or val_fraction : confirm_fraction), test the 846 exact test images, calib 1,000 training ones."""
+    with np.load(SAMPLE_PATH) as f:
+        cx, tx, ty = (torch.from_numpy(f[k]) for k in ("calib_x", "test_x", "test_y"))
+        jx = torch.from_numpy(decode_jpegs(f["jpeg"], f["jpeg_offsets"], repr(str(SAMPLE_PATH))))
+        jy = torch.from_numpy(f["jpeg_y"])
+    c_keep, j_keep, t_keep = np.arange(len(cx)), np.arange(len(jy)), np.arange(len(ty))
+    if max_samples is not None:  # the same share of each pool
+        share = min(1.0, max_samples / (len(cx) + len(jy) + len(ty)))
+        c_keep, j_keep, t_keep = (_subset(n, max(1, round(n * share)), seed) for n in (len(cx), len(jy), len(ty)))
+    defaults = (val_fraction, confirm_fraction) == (DEFAULT_VAL_FRACTION, DEFAULT_CONFIRM_FRACTION)
+    val_share = SAMPLE_VAL_SHARE if defaults else val_fraction / (val_fraction + confirm_fraction)
+    n_val = round(len(j_keep) * val_share)
+    _check_counts("cifar10-sample", len(j_keep) + len(t_keep), len(c_keep), n_val, len(t_keep), calib_fraction)
+    perm = j_keep[_permutation(len(j_keep), seed)]
+    v, f_, c, t = (torch.from_numpy(i) for i in (perm[:n_val], perm[n_val:], c_keep, t_keep))
+    unlabeled = torch.full((len(c),), -1, dtype=torch.int64)  # training images the model learned: no labels used
+    return Dataset(
+        source="cifar10-sample", calib=Split("calib", cx[c], unlabeled, c), val=Split("val", jx[v], jy[v], v),
+        test=Split("test", tx[t], ty[t], t), preprocessed=False, num_classes=10, seed=seed,
+        confirm=Split("confirm", jx[f_], jy[f_], f_) if len(f_) else None,
+    )
+
+
+@SOURCES.register("cifar10-exact-sample")
+def _cifar10_exact_sample(
+    *, seed: int, calib_fraction: float, val_fraction: float, confirm_fraction: float, max_samples: int | None
+) -> Dataset:
+    """Exact pixels only, small and fast (the sample before it held JPEG images): 846 test images cut val / test,
+    confirm and calib 1,000 training images each. 423 val images certify 99 % for plans that break ~nothing."""
+    with np.load(SAMPLE_PATH) as f:
+        cx, cy, tx, ty = (torch.from_numpy(f[k]) for k in ("calib_x", "calib_y", "test_x", "test_y"))
+        fx, fy = (torch.from_numpy(f[k]) for k in ("confirm_x", "confirm_y"))
+    c_keep = np.arange(len(cy))
+    t_keep = np.arange(len(ty))
+    if max_samples is not None:
+        n_calib = min(len(cy), round(max_samples * calib_fraction))
+        c_keep = _subset(len(cy), n_calib, seed)
+        t_keep = _subset(len(ty), min(len(ty), max_samples - n_calib), seed)
+    # 846 images are too few to also confirm 99 % (212 cap a perfect plan at 98.2 %): by default the sample's
+    # 1,000 confirmation images confirm; another confirm_fraction cuts confirm from the test images.
+    own_confirm = confirm_fraction == DEFAULT_CONFIRM_FRACTION
+    confirm_fraction = 0.0 if own_confirm else confirm_fraction
+    val_fraction = SAMPLE_VAL_FRACTION if val_fraction == DEFAULT_VAL_FRACTION else val_fraction
+    n_val = round(len(t_keep) * val_fraction / (1.0 - calib_fraction))
+    n_conf = round(len(t_keep) * confirm_fraction / (1.0 - calib_fraction))
+    _check_counts("cifar10-exact-sample", len(t_keep), len(c_keep), n_val, len(t_keep) - n_val - n_conf,
+                  calib_fraction)
+    perm = t_keep[_permutation(len(t_keep), seed)]
+    v, f, t, c = (torch.from_numpy(i) for i in (perm[:n_val], perm[n_val : n_val + n_conf], perm[n_val + n_conf :],
+                                                c_keep))
+    return Dataset(
+        source="cifar10-exact-sample",
+        calib=Split("calib", cx[c], cy[c], c),
+        val=Split("val", tx[v], ty[v], v),
+        test=Split("test", tx[t], ty[t], t),
+        preprocessed=False,
+        num_classes=int(max(cy.max(), ty.max())) + 1,
+        seed=seed,
+        confirm=Split("confirm", fx, fy, torch.arange(len(fy))) if own_confirm else
+        Split("confirm", tx[f], ty[f], f) if n_conf > 0 else None,
+    )
+
+
+def _check_options(seed: int, calib_fraction: float, val_fraction: float, confirm_fraction: float,
+                   max_samples: int | None) -> None:
+    if not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer; got {seed!r}")
+    if not 0.0 <= calib_fraction < 1.0:
+        raise ConfigError(f"calib_fraction must be in [0, 1); got {calib_fraction!r}")
+    if not 0.0 < val_fraction < 1.0:
+        raise ConfigError(f"val_fraction must be in (0, 1); got {val_fraction!r}")
+    if not 0.0 <= confirm_fraction < 1.0:
+        raise ConfigError(f"confirm_fraction must be in [0, 1); got {confirm_fraction!r}")
+    if (total := calib_fraction + val_fraction + confirm_fraction) >= 1.0:
+        raise ConfigError(
+            f"calib_fraction + val_fraction + confirm_fraction must be < 1 to leave a test split; got "
+            f"{calib_fraction} + {val_fraction} + {confirm_fraction} = {total:g}"
+        )
+    if max_samples is not None and (not isinstance(max_samples, int) or max_samples < 1):
+        raise ConfigError(f"max_samples must be a positive integer or None; got {max_samples!r}")
+
+
+def _check_counts(source: str, n: int, n_calib: int, n_val: int, n_test: int, calib_fraction: float) -> None:
+    if n_val < 1 or n_test < 1 or (calib_fraction > 0 and n_calib < 1):
+        raise ConfigError(
+            f"too few samples in data source {source!r}: {n} give calib={n_calib}, val={n_val}, "
+            f"test={n_test}; val and test (and calib when calib_fraction > 0) need at least one "
+            f"each: use more samples or change the fractions"
+        )
+
+
+def _split_pool(
+    source: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    index: torch.Tensor,
+    *,
+    preprocessed: bool,
+    seed: int,
+    calib_fraction: float,
+    val_fraction: float,
+    confirm_fraction: float,
+) -> Dataset:
+    n = len(y)
+    n_calib, n_val, n_conf = round(n * calib_fraction), round(n * val_fraction), round(n * confirm_fraction)
+    _check_counts(source, n, n_calib, n_val, n - n_calib - n_val - n_conf, calib_fraction)
+    perm = torch.from_numpy(_permutation(n, seed))
+    a, b, c = n_calib, n_calib + n_val, n_calib + n_val + n_conf
+    parts = {"calib": perm[:a], "val": perm[a:b], "confirm": perm[b:c], "test": perm[c:]}
+    splits = {k: Split(k, x[i], y[i], index[i]) for k, i in parts.items()}
+    confirm = splits.pop("confirm") if n_conf > 0 else None
+    splits.pop("confirm", None)
+    return Dataset(
+        source=source, **splits, preprocessed=preprocessed, num_classes=int(y.max()) + 1, seed=seed, confirm=confirm
+    )
+
+
+def _with_calib(data: Dataset, x: torch.Tensor, preprocessed: bool, source: object) -> Dataset:
+    """`data` with `x` (unlabeled images, label -1) as its calib split, checked to fit its images."""
+    where = "the unlabeled DataLoader" if isinstance(source, DataLoader) else repr(str(source))
+    if len(x) < MIN_UNLABELED:
+        raise LoadError(f"unlabeled images {where} hold {len(x)} images; calibration needs at least {MIN_UNLABELED}")
+    if preprocessed != data.preprocessed:
+        kinds = ("preprocessed float tensors", "uint8 images")
+        raise ConfigError(f"unlabeled images {where} are {kinds[not preprocessed]} but the data are "
+                          f"{kinds[not data.preprocessed]}; pass both the same way")
+    if tuple(x.shape[1:]) != tuple(data.val.x.shape[1:]):
+        raise LoadError(f"unlabeled images {where} have shape {tuple(x.shape[1:])} per image but the data's are "
+                        f"{tuple(data.val.x.shape[1:])}; pass images of the same size")
+    calib = Split("calib", x, torch.full((len(x),), -1, dtype=torch.int64), torch.arange(len(x)))
+    return dataclasses.replace(data, calib=calib)

@@ -1,0 +1,1 @@
+"""Scoring one plan: the evaluator and its parts (costs, priors, fidelity, sensitivity, metrics)."""

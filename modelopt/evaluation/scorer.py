@@ -1,0 +1,201 @@
+"""Scoring a plan: forward passes over a split (whole, or in stages that stop early) into `Metrics`.
+
+The scorer swaps a plan's tensors in (`modelopt.evaluation.compressed_state`), runs the split, lets early
+exits decide where each sample leaves (`modelopt.compressors.early_exit.plan_exits`), and prices the plan with
+the one cost accounting (`modelopt.evaluation.cost`). Results are cached by (plan key, split, samples).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import torch
+
+from modelopt.compressors.early_exit.plan_exits import PlanExits
+from modelopt.compressors.early_exit.simulate import ExitPolicy
+from modelopt.confidence import PairedCounts
+from modelopt.errors import TrialError
+from modelopt.evaluation.compressed_state import CompressedStates
+from modelopt.evaluation.cost import PlanCost
+from modelopt.evaluation.fidelity import Fidelity, best_case, max_correct
+from modelopt.evaluation.metrics import Metrics
+from modelopt.model.workload import SplitData, Workload
+from modelopt.plan.plan import Plan
+
+__all__ = ["Scorer"]
+
+Predictions = tuple[torch.Tensor, torch.Tensor | None]  # top-1 per sample; with exits, where each left
+
+
+class Scorer:
+    """Scores plans on the workload's splits.
+
+    Args:
+        workload: The resident model and splits.
+        states: Builds the tensors a plan swaps in.
+        exits: The plan's exits: heads, policy, where samples left.
+        price: The plan's costs (`modelopt.evaluation.cost`), with the channels structured pruning really keeps.
+
+    Example:
+        >>> scorer = Scorer(wl, states, exits, evaluator.plan_cost)
+        >>> scorer.evaluate(plan, "val", n=500).retention
+    """
+
+    def __init__(self, workload: Workload, states: CompressedStates, exits: PlanExits,
+                 price: Callable[[Plan], PlanCost]) -> None:
+        self.workload, self.states, self.exits, self.price = workload, states, exits, price
+        self._results: dict[tuple[str, str, int], Metrics] = {}
+
+    def cost(self, split: str = "val", n: int | None = None) -> float:
+        """Budget charged for scoring one plan on n samples of a split: n / len(val)."""
+        total = len(self.workload.split("val"))
+        return min(n or total, len(self.workload.split(split))) / total
+
+    def trial_cost(self, metrics: Metrics) -> float:
+        """Budget a scored plan costs: the samples scored plus its preparation (`Metrics.prep_cost`)."""
+        return self.cost(metrics.split, metrics.n_samples) + metrics.prep_cost
+
+    def evaluate(self, plan: Plan, split: str = "val", n: int | None = None) -> Metrics:
+        """Scores `plan` on the first `n` samples of `split` (all when None).
+
+        Raises:
+            TrialError: when the compressed model yields non-finite outputs.
+        """
+        data = self.workload.split(split)
+        n = len(data) if n is None else max(1, min(n, len(data)))
+        key = (plan.key, split, n)
+        if key in self._results:
+            return self._results[key]
+        t0 = time.perf_counter()
+        policy, state, prep = self._prepare(plan)
+        with self.workload.state(state), self.states.activation_quant(plan):
+            pred = self._predict(plan, data.x[:n], policy)
+        metrics = self._metrics(plan, split, pred, time.perf_counter() - t0, prep_cost=prep, policy=policy)
+        self._results[key] = metrics
+        return metrics
+
+    def evaluate_staged(self, plan: Plan, min_retention: float, fidelity: Fidelity, *, finish: bool = True,
+                        confidence: float = 0.0, count_gains: bool = True, claim_images: int | None = None) -> Metrics:
+        """Scores `plan` on the val split in stages, stopping once the rest cannot matter.
+
+        After each stage of `fidelity`, the plan stops if an upper confidence bound on its
+        retention over the whole split is below `min_retention` (see `modelopt.evaluation.fidelity`), or,
+        with `confidence` > 0, if even the best case for the rest of the split (no further
+        loss, gains at their optimistic rate) leaves its lower retention bound at `confidence`
+        under the floor: it could not be certified feasible (`modelopt.evaluation.fidelity.best_case`).
+        With `finish=False` (the plan cannot beat the best one found, whatever its accuracy)
+        it stops after the first stage: its retention there only informs the search.
+        """
+        data = self.workload.split("val")
+        full = (plan.key, "val", len(data))
+        if full in self._results:
+            return self._results[full]
+        t0 = time.perf_counter()
+        preds: list[Predictions] = []
+        policy, state, prep = self._prepare(plan)
+        with self.workload.state(state), self.states.activation_quant(plan):
+            start = 0
+            for stop in fidelity.cuts(len(data)):
+                preds.append(self._predict(plan, data.x[start:stop], policy))
+                start = stop
+                if stop == len(data):
+                    break
+                stopped = "dominated" if not finish else _hopeless(
+                    data, _joined(preds)[0], min_retention, fidelity.delta, confidence, count_gains, claim_images)
+                if stopped is not None:
+                    return self._metrics(plan, "val", _joined(preds), time.perf_counter() - t0, stopped=stopped,
+                                         prep_cost=prep, policy=policy)
+        metrics = self._metrics(plan, "val", _joined(preds), time.perf_counter() - t0, prep_cost=prep, policy=policy)
+        self._results[full] = metrics
+        return metrics
+
+    def _prepare(self, plan: Plan) -> tuple[ExitPolicy | None, dict[str, torch.Tensor], float]:
+        """The plan's exit policy, the tensors it swaps in, and the budget its preparation cost
+        (exit heads are fitted on the float model, so before the swap)."""
+        policy, prep = self.exits.setup(plan)
+        state, cost = self.states.compressed_state(plan)
+        return policy, state, prep + cost
+
+    def _predict(self, plan: Plan, x: torch.Tensor, policy: ExitPolicy | None) -> Predictions:
+        """Predictions for `x` and, with exits, the position in `policy.exits` each sample left at."""
+        if policy is not None:
+            return self.exits.predict(plan, x, policy)
+        logits = self.workload.logits(x)
+        if not torch.isfinite(logits).all():
+            raise TrialError(f"plan {plan.key} gives non-finite outputs")
+        return logits.argmax(dim=1), None
+
+    def _metrics(self, plan: Plan, split: str, predictions: Predictions, seconds: float, stopped: str | None = None,
+                 prep_cost: float = 0.0, policy: ExitPolicy | None = None) -> Metrics:
+        """Metrics of `predictions` for the first len(pred) samples of `split` (with exits, where
+        each left: MACs and bitops are then means over the samples)."""
+        pred, exit_at = predictions
+        data = self.workload.split(split)
+        n = int(pred.shape[0])
+        y, base = data.y[:n], data.base_pred[:n]
+        right, base_right = pred == y, base == y
+        acc = float(right.float().mean())
+        base_acc = float(base_right.float().mean())
+        costs = self.price(plan)
+        size = costs.size_bytes
+        reach, head_macs, exited = None, 0.0, None
+        if policy is not None and exit_at is not None:
+            reach, head_macs = self.exits.reach(policy, exit_at), self.exits.head_macs(policy, exit_at)
+            exited = float((exit_at < len(policy.exits)).float().mean())
+        return Metrics(
+            split=split,
+            n_samples=n,
+            accuracy=acc,
+            baseline_accuracy=base_acc,
+            retention=acc / base_acc if base_acc > 0 else math.nan,
+            agreement=float((pred == base).float().mean()),
+            size_bytes=size,
+            float_size_bytes=self.workload.float_size_bytes,
+            compression=self.workload.float_size_bytes / size,
+            bitops=costs.bitops(reach, head_macs),
+            macs=costs.macs(reach, head_macs),
+            eval_seconds=seconds,
+            float_bitops=self.workload.macs * 32 * 32,
+            float_macs=self.workload.macs,
+            stopped=stopped,
+            prep_cost=prep_cost,
+            exited=exited,
+            base_right=int(base_right.sum()),
+            lost=int((base_right & ~right).sum()),
+            gained=int((right & ~base_right).sum()),
+        )
+
+
+def _hopeless(data: SplitData, pred: torch.Tensor, min_retention: float, delta: float, confidence: float,
+              count_gains: bool, claim_images: int | None = None) -> str | None:
+    """"infeasible" when the first len(pred) samples of val already rule the plan out: an upper bound
+    on its whole-split retention under the floor, or (`confidence` > 0) not even the best case for the
+    rest could certify it (at its rates on `claim_images` images, when given: `Objective.bounded`);
+    None while it may still meet the floor."""
+    stop = int(pred.shape[0])
+    base_right = data.base_correct
+    right = pred == data.y[:stop]
+    br, bw = base_right[:stop], ~base_right[:stop]
+    right_rest, wrong_rest = int(base_right[stop:].sum()), int((~base_right[stop:]).sum())
+    bound = max_correct(
+        plan_correct=int(right.sum()),
+        base_right=int(br.sum()), lost=int((br & ~right).sum()),
+        base_wrong=int(bw.sum()), gained=int((bw & right).sum()),
+        base_right_rest=right_rest, base_wrong_rest=wrong_rest,
+        delta=delta,
+    )
+    stage = PairedCounts(stop, int(br.sum()), int((br & ~right).sum()), int((bw & right).sum()) if count_gains else 0)
+    best = best_case(stage, right_rest, wrong_rest, delta) if confidence > 0 else None
+    if best is not None and claim_images:
+        best = best.scaled(claim_images)
+    hopeless = best is not None and best.retention_lower(confidence) < min_retention
+    return "infeasible" if hopeless or bound < min_retention * int(base_right.sum()) else None
+
+
+def _joined(parts: list[Predictions]) -> Predictions:
+    """Predictions (and exits, when any) of consecutive stages, concatenated."""
+    pred = torch.cat([p for p, _ in parts])
+    exits = [e for _, e in parts if e is not None]
+    return pred, torch.cat(exits) if exits and len(exits) == len(parts) else None

@@ -1,0 +1,350 @@
+"""Model sources: the zoo, torchvision, `package.module:factory`, saved files, live modules.
+
+Weight files are read with `torch.load(..., weights_only=True)` unless the caller
+opts into unpickling, because a pickled module can run arbitrary code on load.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import pickle
+import re
+import warnings
+from collections.abc import Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from modelopt.errors import LoadError, UnknownNameError
+from modelopt.zoo import MODELS, ZooEntry, asset
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "LoadedModel", "list_models", "load_model", "load_weights"]
+
+log = logging.getLogger(__name__)
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+_WEIGHT_SUFFIXES = {".pt", ".pth", ".th", ".ckpt", ".bin", ".tar"}
+_NESTED_KEYS = ("state_dict", "model_state_dict", "model")  # where training scripts nest the weights
+_PREFIXES = ("module.", "_orig_mod.")  # DataParallel / torch.compile wrappers
+_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to evaluate, with what its inputs must look like.
+
+    Attributes:
+        module: The network, in eval mode, on CPU, float32.
+        name: Where it came from: a zoo name, ``"torchvision:NAME"``, ``"pkg.mod:factory"``,
+            a file path, or the class name of a module passed in.
+        mean: Per-channel mean subtracted from [0, 1] RGB inputs.
+        std: Per-channel std the centred inputs are divided by.
+        input_size: (height, width) it expects, or None when any size works or it is unknown.
+        num_classes: Number of outputs, or None when unknown.
+    """
+
+    module: nn.Module
+    name: str
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    input_size: tuple[int, int] | None
+    num_classes: int | None
+
+
+def list_models(pattern: str = "*") -> list[str]:
+    """Names of the zoo models matching a shell-style pattern.
+
+    Args:
+        pattern: fnmatch pattern, e.g. ``"cifar10_*"``.
+
+    Returns:
+        Sorted registered names (built-in and from the ``modelopt.model.loader`` entry point).
+
+    Example:
+        >>> list_models("cifar10_resnet2*")
+        ['cifar10_resnet20']
+    """
+    return MODELS.names(pattern)
+
+
+def load_model(
+    source: str | Path | nn.Module = "cifar10_resnet20",
+    weights: str | Path | None = None,
+    *,
+    allow_pickle: bool = False,
+) -> LoadedModel:
+    """Builds or reads a model and loads its weights.
+
+    Args:
+        source: A zoo name (see `list_models`), ``"torchvision:NAME"``, ``"package.module:factory"``
+            (a callable taking no arguments that returns an ``nn.Module``), a path to a saved
+            module, or an ``nn.Module`` (used as is; it is put in eval mode on CPU in float32).
+        weights: A checkpoint to load into the architecture: a state dict, or a dict holding one
+            under ``state_dict``/``model_state_dict``/``model``; a ``module.`` prefix is stripped.
+            Zoo models default to their bundled weights.
+        allow_pickle: Allow unpickling arbitrary objects (a whole saved module). Only for trusted files.
+
+    Returns:
+        The module with its name, input normalisation, input size and class count.
+
+    Raises:
+        LoadError: A file is missing, unreadable, pickled without ``allow_pickle``, or its
+            weights do not fit the architecture; a factory cannot be imported or called.
+        UnknownNameError: ``source`` names no zoo model or torchvision model.
+
+    Example:
+        >>> m = load_model("cifar10_resnet20")
+        >>> m.input_size, m.num_classes
+        ((32, 32), 10)
+    """
+    if isinstance(source, nn.Module):
+        loaded = LoadedModel(source, type(source).__name__, IMAGENET_MEAN, IMAGENET_STD, None, None)
+    elif isinstance(source, Path) or _looks_like_path(source):
+        loaded = _from_file(Path(source), allow_pickle)
+    elif source.startswith("torchvision:"):
+        return _from_torchvision(source, weights, allow_pickle)
+    elif ":" in source:
+        loaded = _from_factory(source)
+    else:
+        return _from_zoo(source, weights, allow_pickle)
+    if weights is not None:
+        _apply_weights(loaded.module, load_weights(weights, allow_pickle=allow_pickle), weights, loaded.name)
+    return _ready(loaded)
+
+
+def load_weights(path: str | Path, *, allow_pickle: bool = False) -> dict[str, Tensor]:
+    """Reads a checkpoint file into a flat state dict.
+
+    Args:
+        path: A file saved by `torch.save`: a state dict, a dict nesting one under
+            ``state_dict``/``model_state_dict``/``model``, or (with ``allow_pickle``) a module.
+        allow_pickle: Allow unpickling arbitrary objects. Only for trusted files.
+
+    Returns:
+        Parameter and buffer tensors by name, with a ``module.``/``_orig_mod.`` prefix removed.
+
+    Raises:
+        LoadError: The file is missing, unreadable, pickled without ``allow_pickle``, or holds no tensors.
+
+    Example:
+        >>> sd = load_weights("resnet20-12fca82f.th")  # doctest: +SKIP
+        >>> sd["linear.weight"].shape  # doctest: +SKIP
+        torch.Size([10, 64])
+    """
+    obj = _read(Path(path), allow_pickle)
+    if isinstance(obj, nn.Module):
+        return dict(obj.state_dict())
+    state = _state_dict_of(obj)
+    if state is None:
+        raise LoadError(
+            f"{str(path)!r} holds no weights ({type(obj).__name__}); expected a state dict or a dict "
+            f"with one under {'/'.join(_NESTED_KEYS)}"
+        )
+    return state
+
+
+def _looks_like_path(source: str) -> bool:
+    p = Path(source)
+    if p.exists():
+        return True
+    if _FACTORY.match(source) or source.startswith("torchvision:"):
+        return False
+    return "/" in source or "\\" in source or p.suffix in _WEIGHT_SUFFIXES
+
+
+def _read(path: Path, allow_pickle: bool) -> Any:
+    if not path.is_file():
+        raise LoadError(f"no such model or weights file: {str(path)!r}")
+    if not _torch_save_format(path):  # random bytes, text: torch's own message would advise unpickling
+        raise LoadError(f"cannot read {str(path)!r} as a PyTorch checkpoint: it is neither a torch.save zip "
+                        "archive nor a pickle (a truncated download, or another kind of file?)")
+    try:
+        with warnings.catch_warnings():  # torch's pickle-protocol warning and its source line: not the user's
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=not allow_pickle)
+    except pickle.UnpicklingError as exc:
+        text = str(exc)
+        found = re.search(r"GLOBAL ([\w.]+)", text)
+        if allow_pickle or not (found or "Unsupported operand" in text):
+            raise LoadError(f"cannot read {str(path)!r} as a PyTorch checkpoint: it is damaged or not one "
+                            f"({_first_line(exc)})") from None
+        # The safe loader read a valid pickle and refused what it asks for: say what, not "damaged".
+        what = (f"a pickled reference to {found.group(1)}" if found else
+                "pickled Python objects beyond tensors (a whole nn.Module, or code)")
+        raise LoadError(
+            f"{str(path)!r} holds {what}, which the safe loader (weights_only=True) refused: unpickling it can "
+            "run arbitrary code; pass --allow-pickle (allow_pickle=True) only for a file you trust"
+        ) from None
+    except Exception as exc:  # torch raises many kinds for corrupt files or missing classes
+        raise LoadError(f"cannot read {str(path)!r} as a PyTorch checkpoint: {_first_line(exc)}") from exc
+
+
+def _state_dict_of(obj: Any) -> dict[str, Tensor] | None:
+    if not isinstance(obj, Mapping):
+        return None
+    for key in _NESTED_KEYS:
+        inner = obj.get(key)
+        if isinstance(inner, nn.Module):
+            inner = inner.state_dict()
+        if isinstance(inner, Mapping) and any(isinstance(v, Tensor) for v in inner.values()):
+            obj = inner
+            break
+    state = {str(k): v for k, v in obj.items() if isinstance(v, Tensor)}
+    if not state:
+        return None
+    for prefix in _PREFIXES:
+        if all(k.startswith(prefix) for k in state):
+            state = {k[len(prefix) :]: v for k, v in state.items()}
+    return state
+
+
+def _apply_weights(module: nn.Module, state: dict[str, Tensor], path: str | Path, name: str) -> None:
+    expected = module.state_dict()
+    # BatchNorm fills in num_batches_tracked when old checkpoints lack it.
+    missing = [k for k in expected if k not in state and not k.endswith("num_batches_tracked")]
+    unexpected = [k for k in state if k not in expected]
+    shapes = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    problems = [
+        f"{label} {_few(items)}"
+        for label, items in [("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)]
+        if items
+    ]
+    if problems:
+        raise LoadError(
+            f"weights {str(path)!r} do not fit model {name!r}: {'; '.join(problems)}; "
+            "pass the architecture these weights were saved from"
+        )
+    module.load_state_dict(state, strict=True)
+
+
+def _from_zoo(name: str, weights: str | Path | None, allow_pickle: bool) -> LoadedModel:
+    entry = MODELS.get(name)
+    if not isinstance(entry, ZooEntry):  # a third-party entry point may register a bare factory
+        entry = ZooEntry(name, entry, IMAGENET_MEAN, IMAGENET_STD, None, None, None, name)
+    module = entry.factory()
+    with ExitStack() as stack:
+        if weights is None:
+            if entry.weights is None:
+                raise LoadError(
+                    f"zoo model {name!r} has no bundled weights; pass --weights FILE, a state dict or "
+                    f"{{'state_dict': ...}} checkpoint ({entry.description})"
+                )
+            weights = stack.enter_context(resources.as_file(asset(entry.weights)))
+        _apply_weights(module, load_weights(weights, allow_pickle=allow_pickle), weights, name)
+    return _ready(LoadedModel(module, name, entry.mean, entry.std, entry.input_size, entry.num_classes))
+
+
+def _from_torchvision(source: str, weights: str | Path | None, allow_pickle: bool) -> LoadedModel:
+    try:
+        import torchvision
+    except ImportError:
+        raise LoadError(f"{source!r} needs torchvision; install it with pip install 'modelopt[vision]'") from None
+    arch = source.removeprefix("torchvision:")
+    valid = torchvision.models.list_models()
+    if arch not in valid:
+        raise UnknownNameError("torchvision model", arch, valid)
+    module = torchvision.models.get_model(arch, weights=None)
+    state = None
+    if weights is None:
+        log.warning("%s has random weights; pass --weights FILE to load trained ones", source)
+    else:
+        state = load_weights(weights, allow_pickle=allow_pickle)
+        classes = _head_size(module, state)
+        if classes is not None and classes != _head_size(module, module.state_dict()):
+            module = torchvision.models.get_model(arch, weights=None, num_classes=classes)
+        _apply_weights(module, state, weights, source)
+    num_classes = _head_size(module, module.state_dict())
+    return _ready(LoadedModel(module, source, IMAGENET_MEAN, IMAGENET_STD, None, num_classes))
+
+
+def _head_size(module: nn.Module, state: Mapping[str, Tensor]) -> int | None:
+    """Outputs of the last Linear/Conv2d (the classifier in torchvision's layouts), read from `state`."""
+    heads = [n for n, m in module.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    key = f"{heads[-1]}.weight" if heads else ""
+    return int(state[key].shape[0]) if key in state else None
+
+
+def _from_factory(source: str) -> LoadedModel:
+    if not _FACTORY.match(source):
+        raise LoadError(f"malformed model source {source!r}; expected 'package.module:factory'")
+    module_name, attr = source.split(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except SystemExit as exc:
+        raise LoadError(f"importing {module_name!r} for model source {source!r} called exit({exc.code!r})") from None
+    except ImportError as exc:
+        raise LoadError(
+            f"cannot import {module_name!r} for model source {source!r}: {_first_line(exc)}; "
+            "check that it is installed or on PYTHONPATH"
+        ) from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise LoadError(f"{module_name!r} has no attribute {attr!r} (model source {source!r}); expected a factory")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise LoadError(f"{source!r} is a {type(obj).__name__}, not a callable returning an nn.Module")
+    try:
+        inspect.signature(obj).bind()
+    except TypeError:
+        raise LoadError(f"factory {source!r} needs arguments; it must be callable with none") from None
+    except ValueError:  # no signature (builtins): just try it
+        pass
+    try:
+        module = obj()
+    except SystemExit as exc:  # exit() inside a factory: without this the run ended at once, exit 0, silent
+        raise LoadError(f"factory {source!r} called exit({exc.code!r}) instead of returning an nn.Module") from None
+    except Exception as exc:  # the user's factory failed: one line names it (the cause is chained)
+        raise LoadError(f"factory {source!r} raised {type(exc).__name__}: {_first_line(exc)}") from exc
+    if not isinstance(module, nn.Module):
+        raise LoadError(f"factory {source!r} returned a {type(module).__name__}, not an nn.Module")
+    return LoadedModel(module, source, IMAGENET_MEAN, IMAGENET_STD, None, None)
+
+
+def _from_file(path: Path, allow_pickle: bool) -> LoadedModel:
+    obj = _read(path, allow_pickle)
+    if isinstance(obj, nn.Module):
+        return LoadedModel(obj, str(path), IMAGENET_MEAN, IMAGENET_STD, None, None)
+    if _state_dict_of(obj) is not None:
+        raise LoadError(
+            f"{str(path)!r} holds a state dict without an architecture; pass --model ARCH --weights FILE "
+            "(load_model(ARCH, weights=FILE))"
+        )
+    raise LoadError(f"{str(path)!r} holds a {type(obj).__name__}, not a saved nn.Module or state dict")
+
+
+def _ready(loaded: LoadedModel) -> LoadedModel:
+    loaded.module.to("cpu").float().eval()
+    return loaded
+
+
+def _few(items: list[str], n: int = 3) -> str:
+    more = f" (+{len(items) - n} more)" if len(items) > n else ""
+    return ", ".join(items[:n]) + more
+
+
+def _torch_save_format(path: Path) -> bool:
+    """Whether the file starts as torch.save writes: a zip archive, or a pickle (protocol 2-5)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError as exc:
+        raise LoadError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    return head == b"PK" or (len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__

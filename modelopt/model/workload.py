@@ -1,0 +1,224 @@
+"""A workload: the model resident on its device, its compressible layers, data splits and baseline."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from modelopt.compressors.gptq import LayerInputs
+from modelopt.data.dataset import Dataset
+from modelopt.errors import ConfigError, LoadError
+from modelopt.model.layers import Layer, compressible_modules, discover_layers
+from modelopt.model.loader import LoadedModel
+
+SPLITS = ("calib", "val", "confirm", "test", "all")
+
+
+def check_split(name: str) -> None:
+    """Raises ConfigError unless `name` is a split a workload has (checkable before any loading)."""
+    if name not in SPLITS:
+        raise ConfigError(f"unknown split {name!r}; valid: {', '.join(SPLITS)}")
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """'auto' is CUDA when present, else the CPU; an unavailable device is a clear error."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"unknown device {device!r}; valid: auto, cpu, cuda, cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} asked for but no CUDA device is available; use --device cpu or auto")
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device {device!r} is not supported; valid: auto, cpu, cuda, cuda:N")
+    return dev
+
+
+@dataclass(frozen=True)
+class SplitData:
+    """One split on the evaluator's device, with the uncompressed model's predictions."""
+
+    x: torch.Tensor  # float NCHW, normalised
+    y: torch.Tensor  # int64
+    base_pred: torch.Tensor  # top-1 of the uncompressed model
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    @property
+    def base_correct(self) -> torch.Tensor:
+        return self.base_pred == self.y
+
+
+class Workload:
+    """The model, its compressible layers and the splits, all on one device.
+
+    Example:
+        >>> wl = Workload(load_model("cifar10_resnet20"), load_data("cifar10-sample"))
+        >>> wl.baseline_accuracy("val")
+    """
+
+    def __init__(
+        self, model: LoadedModel, data: Dataset, device: str | torch.device = "auto", batch_size: int | None = None
+    ) -> None:
+        self.name = model.name
+        self.source = model
+        self.data = data
+        self.device = resolve_device(device)
+        self.batch_size = batch_size or (1024 if self.device.type == "cuda" else 128)
+        self.model = model.module.to(self.device).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.modules: dict[str, nn.Module] = compressible_modules(self.model)
+        self.original: dict[str, torch.Tensor] = {n: m.get_parameter("weight").data for n, m in self.modules.items()}
+        # (layer, compressors, choices) -> compressed weight on the device; filled by evaluators.
+        self.tensor_cache: dict[tuple[object, ...], torch.Tensor] = {}
+        # calib images -> each layer's input second moments on them (GPTQ); filled by evaluators.
+        self.input_cache: dict[int, dict[str, LayerInputs]] = {}
+        names = ("calib", "val", "test") + (("confirm",) if data.confirm is not None else ())
+        splits = {name: self._prepare(data.split(name).x) for name in names}
+        self._check_fits(splits["val"])
+        self.layers: tuple[Layer, ...] = discover_layers(self.model, splits["val"][:1])
+        self.splits: dict[str, SplitData] = {}
+        for name, x in splits.items():
+            y = data.split(name).y.to(self.device)
+            self.splits[name] = SplitData(x, y, self.predict(x))
+        self._check_labels()
+        self.other_bytes = _float_bytes_outside_weights(self.model, self.modules)
+        self.float_size_bytes = self.other_bytes + sum(layer.params * 4 for layer in self.layers)
+        self.macs = sum(layer.macs for layer in self.layers)
+
+    # ---- data -----------------------------------------------------------------------------
+
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 NHWC images (as data sources hold them) -> normalised float NCHW on the device."""
+        return self._prepare(x)
+
+    def _prepare(self, x: torch.Tensor) -> torch.Tensor:
+        if self.data.preprocessed:
+            return x.to(self.device, torch.float32)
+        h, w = int(x.shape[1]), int(x.shape[2])
+        if self.source.input_size is not None and (h, w) != tuple(self.source.input_size):
+            ih, iw = self.source.input_size
+            raise LoadError(f"data images are {h}x{w} but model {self.name!r} expects {ih}x{iw}; "
+                            "pass data of that size")
+        mean = torch.tensor(self.source.mean, device=self.device).view(1, -1, 1, 1)
+        std = torch.tensor(self.source.std, device=self.device).view(1, -1, 1, 1)
+        out = torch.empty((x.shape[0], x.shape[3], h, w), device=self.device)
+        for i in range(0, x.shape[0], 4096):
+            chunk = x[i : i + 4096].to(self.device).permute(0, 3, 1, 2).float().div_(255)
+            out[i : i + 4096] = (chunk - mean) / std
+        return out.contiguous()
+
+    def _check_fits(self, x: torch.Tensor) -> None:
+        try:
+            with torch.inference_mode():
+                out = self.model(x[:2])
+        except Exception as exc:  # noqa: BLE001 -- any failure here means data and model do not fit
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise LoadError(
+                f"data of shape {tuple(x.shape[1:])} does not fit model {self.name!r}: {first}"
+            ) from None
+        if not isinstance(out, torch.Tensor) or out.dim() != 2:
+            got = getattr(out, "shape", type(out))
+            raise LoadError(f"model {self.name!r} must return (batch, classes) logits; got {got}")
+        self.num_outputs = int(out.shape[1])
+
+    def _check_labels(self) -> None:
+        if self.data.num_classes > self.num_outputs:
+            raise LoadError(
+                f"data {self.data.source!r} has labels up to {self.data.num_classes - 1} "
+                f"but model {self.name!r} has {self.num_outputs} outputs"
+            )
+
+    def fingerprints(self) -> dict[str, str]:
+        """Content hashes of the loaded weights and of the val/test data: a run folder can be
+        resumed only on the same model and data, wherever their files have moved since."""
+        model = hashlib.sha256()
+        for name, t in self.model.state_dict().items():
+            model.update(name.encode())
+            model.update(t.detach().cpu().contiguous().numpy().tobytes())
+        data = hashlib.sha256()
+        for split in ("val", "test") + (("confirm",) if self.data.confirm is not None else ()):
+            src = self.data.split(split)
+            data.update(src.x.cpu().contiguous().numpy().tobytes())
+            data.update(src.y.cpu().contiguous().numpy().tobytes())
+        return {"model_sha256": model.hexdigest()[:16], "data_sha256": data.hexdigest()[:16]}
+
+    def split(self, name: str) -> SplitData:
+        if name == "all":
+            v, t = self.splits["val"], self.splits["test"]
+            return SplitData(torch.cat([v.x, t.x]), torch.cat([v.y, t.y]), torch.cat([v.base_pred, t.base_pred]))
+        check_split(name)
+        if name not in self.splits:  # "confirm" of a source loaded without one
+            raise ConfigError(f"data {self.data.source!r} has no confirm split; load it with confirm_fraction > 0")
+        return self.splits[name]
+
+    def baseline_accuracy(self, split: str = "val") -> float:
+        return float(self.split(split).base_correct.float().mean())
+
+    # ---- running the model ----------------------------------------------------------------
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return torch.cat([self.model(x[i : i + self.batch_size]) for i in range(0, x.shape[0], self.batch_size)])
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits(x).argmax(dim=1)
+
+    @contextlib.contextmanager
+    def weights(self, weights: Mapping[str, torch.Tensor]) -> Iterator[None]:
+        """Swaps the given layer weights into the resident model, restoring the originals after."""
+        try:
+            for name, w in weights.items():
+                self.modules[name].weight.data = w
+            yield
+        finally:
+            for name in weights:
+                self.modules[name].weight.data = self.original[name]
+
+    @contextlib.contextmanager
+    def state(self, tensors: Mapping[str, torch.Tensor]) -> Iterator[None]:
+        """Swaps parameters and buffers by state_dict name (weights, norms, statistics), restoring after.
+
+        Example:
+            >>> with wl.state({"layer1.0.bn1.weight": w, "layer1.0.bn1.running_var": v}):
+            ...     wl.predict(x)
+        """
+        modules = dict(self.model.named_modules())
+        saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        try:
+            for name, t in tensors.items():
+                owner, _, attr = name.rpartition(".")
+                cur = getattr(modules.get(owner), attr, None)
+                if not isinstance(cur, torch.Tensor):
+                    raise ConfigError(f"model {self.name!r} has no tensor {name!r}")
+                saved.append((cur, cur.data))
+                cur.data = t
+            yield
+        finally:
+            for cur, data in reversed(saved):
+                cur.data = data
+
+
+def _float_bytes_outside_weights(model: nn.Module, layers: Mapping[str, nn.Module]) -> int:
+    """Bytes of everything the packed export keeps in float32: biases, folded norms, other tensors."""
+    total = 0
+    layer_ids = {id(m) for m in layers.values()}
+    for mod in model.modules():
+        if isinstance(mod, nn.modules.batchnorm._BatchNorm):
+            # Inference needs only the folded scale and shift per channel.
+            total += 2 * mod.num_features * 4
+            continue
+        for pname, t in list(mod.named_parameters(recurse=False)) + list(mod.named_buffers(recurse=False)):
+            if id(mod) in layer_ids and pname == "weight":
+                continue
+            if t.is_floating_point():
+                total += t.numel() * 4
+    return total

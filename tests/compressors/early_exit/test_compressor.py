@@ -1,0 +1,110 @@
+"""The early_exit compressor: registered, conformant on ResNet-20's block-ending layers, plans map
+to exit policies, and it leaves weights and their storage to the other compressors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+
+from modelopt.compressors import COMPRESSORS, Quantize, Storage
+from modelopt.compressors.early_exit import ExitHead, HeadSpec, split_backbone
+from modelopt.compressors.early_exit.compressor import (
+    EarlyExit,
+    ExitChoice,
+    exit_layers,
+    head_bytes,
+    policy_from_choices,
+)
+from modelopt.errors import ConfigError
+from modelopt.model.layers import discover_layers
+from modelopt.model.loader import load_model
+from modelopt.plan.space import SearchSpace
+from modelopt.testing.compressors import check_compressor
+
+
+@pytest.fixture(scope="module")
+def r20():
+    lm = load_model("cifar10_resnet20")
+    bb = split_backbone(lm.module)
+    return bb, discover_layers(lm.module, torch.zeros(1, 3, 32, 32))
+
+
+def test_registered():
+    assert COMPRESSORS.get("early_exit") is EarlyExit
+
+
+def test_conformance_on_real_block_ends(r20):
+    bb, layers = r20
+    ee = EarlyExit(exits=tuple(exit_layers(bb)))
+    check_compressor(ee, layers)
+    offered = [layer.name for layer in layers if len(ee.menu(layer)) > 1]
+    assert offered == [f"layer{s}.{i}.conv2" for s in (1, 2, 3) for i in range(3)]
+
+
+def test_plan_yaml_to_policy(r20):
+    bb, layers = r20
+    ee = EarlyExit(thresholds=(0.9, 0.99), exits=tuple(exit_layers(bb)))
+    space = SearchSpace(layers, [Quantize(bits=(8,)), ee])
+    doc = yaml.safe_load("""
+    layers:
+      layer3.0.conv2: {early_exit: {threshold: 0.99}}
+      layer2.1.conv2: {early_exit: {threshold: 0.9}, quantize: {bits: 8}}
+    """)
+    plan = space.parse_plan(doc)
+    assert space.parse_plan(space.dump_plan(plan)) == plan
+    choices = {d.layer: plan.get(d.name) for d in space.decisions if d.compressor == "early_exit"}
+    policy = policy_from_choices(choices, bb)
+    assert policy.exits == ("layer2.1", "layer3.0") and policy.thresholds == (0.9, 0.99)
+    with pytest.raises(ConfigError, match="cannot be compressed by 'early_exit'"):
+        space.parse_plan({"layers": {"layer2.1.conv1": {"early_exit": {"threshold": 0.9}}}})
+    with pytest.raises(ConfigError, match="threshold"):
+        space.parse_plan({"layers": {"layer2.1.conv2": {"early_exit": {"threshold": 1.5}}}})
+
+
+def test_weights_and_storage_untouched(r20):
+    _, layers = r20
+    layer = next(x for x in layers if x.name == "layer2.1.conv2")
+    ee = EarlyExit(exits=("layer2.1.conv2",))
+    inner = Storage((32, 32, 3, 3), None, 4, 1234)  # e.g. what quantize made of the weight
+    assert ee.stored(layer, ExitChoice(0.9), inner) is inner
+    w = torch.randn(32, 32, 3, 3)
+    assert torch.equal(ee.apply(w, ExitChoice(0.9)), w)
+
+
+def test_head_bytes():
+    from modelopt.compressors.early_exit import ExitPolicy
+
+    head = ExitHead(HeadSpec((1,), ()), torch.zeros(10, 64), torch.zeros(10))
+    heads = {"layer3.0": head, "layer3.1": head}
+    assert head_bytes(heads, ExitPolicy(("layer3.0", "layer3.1"), (0.9, float("inf")))) == (640 + 10 + 1) * 4
+
+
+def test_top_level_plan_form(r20):
+    """The issue's plan form: `early_exit: {exits: [NAME, ...], threshold: T}` at the top level,
+    or one threshold per exit; plans are written in it and read back equal."""
+    bb, layers = r20
+    space = SearchSpace(layers, [Quantize(bits=(8,)), EarlyExit(exits=tuple(exit_layers(bb)))])
+    shared = space.parse_plan(yaml.safe_load("early_exit: {exits: [layer1.2, layer2.1.conv2], threshold: 0.9}"))
+    assert shared.get("layer1.2.conv2/early_exit") == ExitChoice(0.9) == shared.get("layer2.1.conv2/early_exit")
+    assert sum(shared.get(d.name) is not None for d in space.decisions) == 2
+    assert space.dump_plan(shared)["early_exit"] == {"exits": ["layer1.2", "layer2.1"], "threshold": 0.9}
+    # `layers` overrides the top-level form for its layer.
+    mixed = space.parse_plan(yaml.safe_load("""
+    early_exit: {exits: [layer1.2, layer2.1], threshold: 0.9}
+    layers: {layer2.1.conv2: {early_exit: {threshold: 0.99}}}
+    """))
+    dumped = space.dump_plan(mixed)
+    assert dumped["early_exit"] == {"exits": {"layer1.2": 0.9, "layer2.1": 0.99}}
+    assert "early_exit" not in str(dumped["layers"]) and space.parse_plan(dumped) == mixed
+    assert "early_exit" not in space.dump_plan(space.plan())
+    for bad, match in [({"exits": ["layer9.9"], "threshold": 0.9}, "no candidate exit 'layer9.9'"),
+                       ({"exits": ["layer1.2"]}, "no 'threshold'"),
+                       ({"exits": {"layer1.2": 0.9}, "threshold": 0.9}, "not both"),
+                       ({"exits": ["layer1.2"], "threshold": 2}, "threshold"),
+                       (3, "plan key 'early_exit' takes")]:
+        with pytest.raises(ConfigError, match=match):
+            space.parse_plan({"early_exit": bad})
+    quant_only = SearchSpace(layers, [Quantize(bits=(8,))])
+    with pytest.raises(ConfigError, match="needs the 'early_exit' compressor"):
+        quant_only.parse_plan({"early_exit": {"exits": ["layer1.2"], "threshold": 0.9}})

@@ -1,0 +1,128 @@
+"""RunConfig: validation, run.json round trips (old files included), building a run, and the API over it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+import modelopt
+from modelopt.config.run_config import CONFIG_FORMAT, RunConfig
+from modelopt.errors import ConfigError, LoadError
+from modelopt.evaluation.fidelity import Fidelity
+from modelopt.latency.spec import LatencySpec
+from modelopt.run.layout import CONFIG
+
+
+def test_defaults_are_the_tool_defaults() -> None:
+    cfg = RunConfig()
+    assert (cfg.model, cfg.data, cfg.strategy, cfg.seed, cfg.budget) == ("cifar10_resnet20", "cifar10-sample",
+                                                                         "mcts", 0, modelopt.api.DEFAULT_BUDGET)
+    assert cfg.options["quantize"]["rounding"] == ["gptq"] and cfg.compressors is None
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [
+    ("strategy", "mtcs", "mtcs"),
+    ("budget", 0, "budget"),
+    ("budget", float("nan"), "budget"),
+    ("seed", -1, "seed"),
+    ("seed", True, "seed"),
+    ("objective", "speed", "speed"),
+    ("min_retention", 1.5, "min_retention"),
+    ("confidence", 1.0, "confidence"),
+    ("compressors", ("quantize", "prnue"), "prnue"),
+    ("options", {"quantise": {}}, "quantise"),
+    ("exit_images", 0, "exit_images"),
+    ("model", "", "model"),
+])
+def test_a_bad_field_is_one_clear_error(field: str, value: object, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        RunConfig(**{field: value})
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_latency_objective_needs_a_backend_and_onnx_cannot_time_exits() -> None:
+    with pytest.raises(ConfigError, match="latency backend"):
+        RunConfig(objective="latency", latency=None)
+    with pytest.raises(ConfigError, match="early exits"):
+        RunConfig(compressors=("early_exit",), latency=LatencySpec("onnxruntime"))
+
+
+def test_json_round_trip() -> None:
+    cfg = RunConfig(weights="w.th", strategy="random", seed=3, budget=12.5, confidence=0.9, count_gains=True,
+                    compressors=("quantize", "prune"), options={"quantize": {"bits": [8]}, "prune": {}},
+                    fidelity=None, latency=LatencySpec("torch", repeats=3), exit_data="x.npz", exit_images=7,
+                    fingerprints={"model_sha256": "ab", "data_sha256": "cd"})
+    raw = json.loads(json.dumps(cfg.to_json()))
+    assert raw["format"] == CONFIG_FORMAT and raw["model_sha256"] == "ab"
+    assert RunConfig.from_json(raw) == cfg
+
+
+def test_an_unresolved_config_keeps_its_options_through_json() -> None:
+    cfg = RunConfig(options={"quantize": {"bits": [4]}})
+    assert RunConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
+
+
+def test_a_format_0_record_reads_as_it_ran(tmp_path: Path) -> None:
+    """run.json as written before RunConfig (and before confidence bounds and multi-fidelity)."""
+    old = {"model": "cifar10_resnet20", "weights": None, "data": "cifar10-sample", "strategy": "mcts", "seed": 1,
+           "objective": "size", "min_retention": 0.99, "compressors": {"quantize": {"bits": [8, 4],
+           "granularity": ["per_channel"], "group_size": 64}}, "device": "cpu", "model_sha256": "cb96",
+           "budget": 40.0, "version": "0.1.0"}
+    (tmp_path / CONFIG).write_text(json.dumps(old))
+    cfg = RunConfig.read(tmp_path)
+    assert cfg.confidence == 0.0 and cfg.fidelity is None  # point estimates, every plan on all of val
+    assert cfg.compressors == ("quantize",) and cfg.budget == 40.0 and cfg.seed == 1
+    quantize = cfg.make_compressors()[0]
+    assert "rounding" not in quantize.options()  # nearest: a record without rounding predates GPTQ
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"seed": "0"}, "seed"),
+    ({"compressors": ["quantize"]}, "compressors"),
+    ({"compressors": {"quantize": {"bits": "8,4"}}}, "compressors.quantize.bits"),
+    ({"strategy": "nope"}, "nope"),
+    ({"fidelity": {"stages": [2.0]}}, "run.json"),
+])
+def test_a_damaged_record_is_one_load_error(tmp_path: Path, change: dict, words: str) -> None:
+    raw = {**RunConfig(compressors=("quantize",)).to_json(), **change}
+    (tmp_path / CONFIG).write_text(json.dumps(raw))
+    with pytest.raises(LoadError) as info:
+        RunConfig.read(tmp_path)
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_not_a_run_folder(tmp_path: Path) -> None:
+    with pytest.raises(LoadError, match="not a modelopt run folder"):
+        RunConfig.read(tmp_path)
+    (tmp_path / CONFIG).write_text("[1, 2]")
+    with pytest.raises(LoadError, match="no run settings"):
+        RunConfig.read(tmp_path)
+
+
+def test_build_returns_the_parts_and_a_resolved_record(small_workload) -> None:
+    cfg = RunConfig(strategy="random", min_retention=0.9, options={"quantize": {"bits": [8, 4]}})
+    built = cfg.build(small_workload)
+    assert built.workload is small_workload and built.space is built.evaluator.space
+    assert built.config.compressors == tuple(built.space.compressors) == ("prune", "quantize")
+    assert built.config.options["quantize"]["bits"] == [8, 4]
+    assert built.config.fingerprints == small_workload.fingerprints()
+    assert built.config.device == "cpu" and built.config.data == str(small_workload.data.source)
+    (plan,) = built.strategy.ask()
+    assert set(dict(plan.choices)) == {d.name for d in built.space.decisions}
+
+
+def test_optimize_takes_a_config_and_refuses_a_setting_beside_it(small_workload, tmp_path: Path) -> None:
+    cfg = RunConfig(strategy="random", budget=2, min_retention=0.9, compressors=("quantize",),
+                    options={"quantize": {"bits": [8]}}, fidelity=Fidelity(), latency=None)
+    with pytest.raises(ConfigError, match="'budget' was passed beside a RunConfig"):
+        modelopt.optimize(cfg, budget=5, out=tmp_path / "refused")
+    result = modelopt.api.run(cfg, workload=small_workload, out=tmp_path / "run", report=False, progress=False)
+    saved = RunConfig.read(result.run_dir)
+    assert saved.options["quantize"]["bits"] == [8] and "group_size" in saved.options["quantize"]  # menus in full
+    ran = dataclasses.replace(cfg, model="cifar10_resnet20", data=str(small_workload.data.source), device="cpu",
+                              fingerprints=small_workload.fingerprints())
+    assert dataclasses.replace(saved, options=cfg.options) == ran
+    assert result.budget_used >= 2

@@ -1,0 +1,90 @@
+"""One cost accounting (modelopt.evaluation.cost): what the report shows per layer, computed from the layer table and
+the journal's plan alone (no weights, no model), sums to exactly the evaluator's size_bytes, for random
+plans mixing every compressor (quantize, prune both kinds, early exit) on the bundled ResNet-20."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from modelopt.api import build_workload
+from modelopt.compressors import EarlyExit, Prune, Quantize
+from modelopt.evaluation.cost import CostModel
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.plan.space import SearchSpace
+from modelopt.reports.layer_map import layer_map
+from modelopt.run.run_folder import RunFolder
+
+
+def _compressors(wl):
+    return [Quantize(bits=(8, 4, 2), granularity=("per_channel", "group", "per_tensor"), activations=(None, 8)),
+            Prune(sparsity=(0.25, 0.5, 0.9)), EarlyExit(**EarlyExit.model_options(wl.model))]
+
+
+@pytest.fixture(scope="module")
+def r20():
+    wl = build_workload()
+    space = SearchSpace(wl.layers, _compressors(wl))
+    # The report's side: a space rebuilt from the layer table and the compressors' saved options, as
+    # a run folder rebuilds it (run.json, layers.json), and the float size the journal records.
+    report_space = SearchSpace(wl.layers, [type(c)(**c.options()) for c in _compressors(wl)])
+    return wl, space, Evaluator(wl, space), report_space
+
+
+def _random_plans(space, n, seed):
+    rng = random.Random(seed)
+    for _ in range(n):
+        p = rng.random()  # from mostly float to mostly compressed, so every mix shows up
+        yield space.plan({d.name: rng.choice(d.choices[1:]) if rng.random() < p else None for d in space.decisions})
+
+
+def _report_run(wl, report_space, plan):
+    """What RunFolder.layer_bytes reads of a run folder: its layer table, its space, the record's plan."""
+    flat = plan.to_flat()  # the journal's form
+    return SimpleNamespace(layers=wl.layers, space=report_space, float_size_bytes=wl.float_size_bytes,
+                           plan=lambda record: report_space.plan_from_flat(record.plan)), flat
+
+
+def test_report_layer_bytes_sum_to_the_evaluators_size_bytes_for_random_plans(r20):
+    wl, space, ev, report_space = r20
+    other = wl.float_size_bytes - 4 * sum(x.params for x in wl.layers)  # what a run folder knows
+    kinds = set()
+    for plan in _random_plans(space, 60, seed=0):
+        run, flat = _report_run(wl, report_space, plan)
+        per_layer = RunFolder.layer_bytes(run, SimpleNamespace(plan=flat))  # type: ignore[arg-type]
+        assert set(per_layer) == {x.name for x in wl.layers}
+        assert other + sum(per_layer.values()) == ev.size_bytes(plan), plan.key
+        kinds |= {(name.rsplit("/", 1)[1], getattr(c, "kind", None)) for name, c in plan.choices if c is not None}
+    assert {k for k, _ in kinds} == {"quantize", "prune", "early_exit"}
+    assert ("prune", Prune().kinds[1]) in kinds  # structured pruning among them
+
+
+def test_layer_map_rows_and_other_bytes_make_the_plan_size(r20):
+    wl, space, ev, report_space = r20
+    for plan in _random_plans(space, 10, seed=1):
+        run, flat = _report_run(wl, report_space, plan)
+        run.layer_bytes = lambda record, run=run: RunFolder.layer_bytes(run, record)  # type: ignore[arg-type]
+        record = SimpleNamespace(plan=flat, metrics=SimpleNamespace(size_bytes=ev.size_bytes(plan)))
+        lmap = layer_map(run, record)  # type: ignore[arg-type]
+        assert lmap.has_sizes
+        assert lmap.other_bytes + sum(r.plan_bytes for r in lmap.rows) == lmap.size_bytes
+
+
+def test_each_compressor_shows_in_its_layers_bytes(r20):
+    """The cases "last compressor wins" got wrong: an exit adds its head to the layer it follows, and
+    pruning under quantization stores only the kept codes (plus their positions)."""
+    wl, space, _, _ = r20
+    costs = CostModel(space, wl.other_bytes)
+    conv = next(x for x in wl.layers if x.name == "layer3.0.conv2")
+    int8 = Quantize().parse({"bits": 8}, conv)
+    alone = costs.cost(space.plan({"layer3.0.conv2/quantize": int8})).layer_bytes()[conv.name]
+    sparse = costs.cost(space.plan({"layer3.0.conv2/quantize": int8,
+                                    "layer3.0.conv2/prune": Prune().parse({"sparsity": 0.5}, conv)}))
+    assert sparse.layer_bytes()[conv.name] < alone
+    exit_ = EarlyExit(**EarlyExit.model_options(wl.model)).parse({"threshold": 0.9}, conv)
+    with_exit = costs.cost(space.plan({"layer3.0.conv2/quantize": int8, "layer3.0.conv2/early_exit": exit_}))
+    # The head: linear over 64 channels avg-pooled on 1x1, 2x2, 4x4 and max-pooled on 1x1, 2x2 grids,
+    # 10 classes, its bias and temperature, float32.
+    assert with_exit.layer_bytes()[conv.name] == alone + ((64 * (1 + 4 + 16) + 64 * (1 + 4)) * 10 + 10 + 1) * 4

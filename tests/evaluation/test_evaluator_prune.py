@@ -1,0 +1,106 @@
+"""The evaluator on pruned plans: exact structured simulation, MACs, chain sizes, batch-norm re-estimation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from modelopt.api import build_compressors
+from modelopt.compressors.prune import n_kept
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.plan.space import SearchSpace
+
+
+@pytest.fixture(scope="module")
+def ev_no_bn(resnet20_workload) -> Evaluator:
+    comps = build_compressors(["prune", "quantize"], {"prune": {"bn_samples": 0}, "quantize": {"clip_ratios": [1.0]}})
+    return Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, comps))
+
+
+def _blocks(ev: Evaluator) -> list[str]:
+    return [layer.name for layer in ev.workload.layers if layer.channel_consumer is not None]
+
+
+def _structured(ev: Evaluator, sparsity: float = 0.5, quantize: dict | None = None):
+    doc = {"layers": {n: {"prune": {"sparsity": sparsity, "kind": "structured"}} for n in _blocks(ev)}}
+    if quantize:
+        doc["default"] = {"quantize": quantize}
+    return ev.space.parse_plan(doc)
+
+
+def test_every_resnet20_block_has_internal_channels(resnet20_workload):
+    blocks = [(x.name, x.channel_norm, x.channel_consumer) for x in resnet20_workload.layers if x.channel_consumer]
+    assert len(blocks) == 9 and blocks[0] == ("layer1.0.conv1", "layer1.0.bn1", "layer1.0.conv2")
+
+
+@pytest.mark.parametrize("quantize", [None, {"bits": 4, "granularity": "group", "group_size": 64}])
+def test_physical_model_equals_the_simulated_one(ev_no_bn, quantize):
+    ev = ev_no_bn
+    plan = _structured(ev, 0.5, quantize)
+    small = ev.physical_model(plan)
+    mods = dict(small.named_modules())
+    for name in _blocks(ev):
+        k = n_kept(ev.workload.original[name].shape[0], 0.5)
+        block = name.rsplit(".", 1)[0]
+        assert mods[name].out_channels == mods[f"{block}.bn1"].num_features == mods[f"{block}.conv2"].in_channels == k
+    x = ev.workload.split("val").x[:32]
+    state, cost = ev.compressed_state(plan)
+    assert cost == 0.0  # re-estimation off: nothing to charge
+    with ev.workload.state(state), torch.inference_mode():
+        simulated = ev.workload.model(x)
+        # The simulation really zeroes the removed channels after the ReLU (not merely shrinks weights).
+        acts = {}
+        h = ev.workload.model.layer1[0].bn1.register_forward_hook(lambda m, i, o: acts.setdefault("bn", o))
+        ev.workload.model(x[:2])
+        h.remove()
+    with torch.inference_mode():
+        physical = small(x)
+    torch.testing.assert_close(physical, simulated, rtol=1e-4, atol=1e-4)
+    kept = ev.kept_channels(plan)["layer1.0.conv1"][1]
+    dropped = sorted(set(range(16)) - set(kept.tolist()))
+    assert torch.all(acts["bn"][:, dropped] == 0)
+    # Swapping restored everything: the resident model holds its original tensors again.
+    bn = ev.workload.model.layer1[0].bn1
+    assert bool(bn.weight.abs().min() > 0) and ev.workload.model.layer1[0].conv1.weight is not None
+
+
+def test_macs_bitops_and_size_follow_the_kept_channels(ev_no_bn):
+    ev = ev_no_bn
+    wl = ev.workload
+    plan = _structured(ev, 0.5)
+    layers = {x.name: x for x in wl.layers}
+    expected = 0
+    for x in wl.layers:
+        out_frac = 0.5 if x.channel_consumer else 1.0
+        in_frac = 0.5 if x.name.endswith("conv2") else 1.0
+        expected += int(x.macs * out_frac * in_frac)
+    assert ev.macs(plan) == expected < 0.6 * wl.macs
+    assert ev.bitops(plan) == expected * 32 * 32
+    removed = sum(layers[n].params // 2 + layers[n.replace("conv1", "conv2")].params // 2 for n in _blocks(ev))
+    norms = sum(layers[n].out_channels // 2 * 8 for n in _blocks(ev))  # folded scale + shift per channel
+    assert ev.size_bytes(plan) == wl.float_size_bytes - removed * 4 - norms
+    m = ev.evaluate(plan, split="val", n=8)
+    assert m.macs == expected and m.float_macs == wl.macs
+
+
+def test_batch_norm_re_estimation_is_charged_once_and_restored(resnet20_workload):
+    wl = resnet20_workload
+    ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize", "prune"], {"prune": {"bn_samples": 128}})))
+    before = {k: v.clone() for k, v in wl.model.state_dict().items()}
+    plan = ev.space.parse_plan({"layers": {n: {"prune": {"sparsity": 0.5}} for n in _blocks(ev)}})
+    m = ev.evaluate(plan, split="val", n=64)
+    # 128 calibration images for the plan, plus the original model's reference pass (once).
+    assert m.prep_cost == pytest.approx(2 * 128 / len(wl.split("val")))
+    assert ev.trial_cost(m) == pytest.approx(64 / len(wl.split("val")) + m.prep_cost)
+    again = ev.evaluate(plan, split="test", n=16)
+    assert again.prep_cost == 0.0  # statistics cached by plan key
+    other = ev.space.parse_plan({"layers": {n: {"prune": {"sparsity": 0.25}} for n in _blocks(ev)}})
+    assert ev.evaluate(other, split="val", n=16).prep_cost == pytest.approx(128 / len(wl.split("val")))
+    assert ev.evaluate(ev.space.plan(), split="val", n=16).prep_cost == 0.0  # nothing pruned, nothing to do
+    state, _ = ev.compressed_state(plan)
+    assert "layer3.2.bn2.running_var" in state
+    assert not torch.equal(state["layer3.2.bn2.running_var"], before["layer3.2.bn2.running_var"])
+    after = wl.model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+    assert all(not m.training for m in wl.model.modules() if isinstance(m, nn.BatchNorm2d))

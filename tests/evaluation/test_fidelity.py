@@ -1,0 +1,99 @@
+"""Multi-fidelity: the binomial bounds, and staged scoring on the real ResNet-20."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from modelopt.compressors import Granularity, Quantize, QuantSpec
+from modelopt.errors import ConfigError
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.fidelity import Fidelity, binom_lower, binom_upper, max_correct
+from modelopt.plan.space import SearchSpace
+
+
+def test_upper_bound_with_no_successes_has_the_closed_form():
+    # P(X = 0) = (1 - p)^n = delta  =>  p = 1 - delta^(1/n)
+    for n in (5, 50, 400):
+        assert binom_upper(0, n, 0.05) == pytest.approx(1 - 0.05 ** (1 / n), rel=1e-6)
+
+
+def test_bounds_bracket_the_estimate_and_tighten_with_n():
+    lo, hi = binom_lower(10, 100, 0.01), binom_upper(10, 100, 0.01)
+    assert lo < 0.10 < hi
+    lo2, hi2 = binom_lower(100, 1000, 0.01), binom_upper(100, 1000, 0.01)
+    assert lo < lo2 < 0.10 < hi2 < hi
+    assert binom_lower(0, 100, 0.01) == 0.0 and binom_upper(100, 100, 0.01) == 1.0
+
+
+def test_upper_bound_covers_the_true_rate_at_the_stated_level():
+    rng = np.random.default_rng(0)
+    p, n, delta = 0.08, 120, 0.05
+    ks = rng.binomial(n, p, size=2000)
+    misses = np.mean([binom_upper(int(k), n, delta) < p for k in ks])
+    assert misses <= delta  # Clopper-Pearson is conservative
+    assert misses > 0.005  # ... but not vacuous
+
+
+def test_a_plan_that_matches_the_baseline_is_never_stopped():
+    # 100 scored, 90 right for both; 300 left, 270 of them right for the float model.
+    bound = max_correct(90, base_right=90, lost=0, base_wrong=10, gained=0, base_right_rest=270, base_wrong_rest=30,
+                        delta=0.01)
+    assert bound >= 0.99 * 360
+
+
+def test_a_plan_that_loses_a_third_is_stopped():
+    bound = max_correct(60, base_right=90, lost=30, base_wrong=10, gained=0, base_right_rest=270, base_wrong_rest=30,
+                        delta=0.01)
+    assert bound < 0.99 * 360
+
+
+def test_fidelity_validates_and_cuts():
+    assert Fidelity().cuts(423) == [106, 212, 423]
+    assert Fidelity((0.5,)).cuts(2) == [1, 2]
+    with pytest.raises(ConfigError, match="increasing"):
+        Fidelity((0.5, 0.25))
+    with pytest.raises(ConfigError, match="delta"):
+        Fidelity(delta=0.7)
+
+
+@pytest.fixture(scope="module")
+def evaluator(resnet20_workload):
+    space = SearchSpace(resnet20_workload.layers,
+                        [Quantize(bits=(8, 4, 2), granularity=("per_tensor", "per_channel"))])
+    return Evaluator(resnet20_workload, space)
+
+
+def test_staged_scoring_of_a_good_plan_equals_full_scoring(evaluator):
+    plan = evaluator.space.uniform("quantize", QuantSpec(8, Granularity.PER_CHANNEL))
+    staged = evaluator.evaluate_staged(plan, 0.99, Fidelity())
+    full = evaluator.evaluate(plan, "val")
+    assert staged.stopped is None and staged.n_samples == full.n_samples == 423
+    assert staged.accuracy == full.accuracy and staged.retention == full.retention
+
+
+def test_a_broken_plan_stops_at_the_first_stage(evaluator):
+    plan = evaluator.space.uniform("quantize", QuantSpec(2, Granularity.PER_TENSOR))
+    m = evaluator.evaluate_staged(plan, 0.99, Fidelity())
+    assert m.stopped == "infeasible" and m.n_samples == 106
+    assert evaluator.evaluate(plan, "val").retention < 0.99  # and it really is infeasible
+
+
+def test_a_plan_that_cannot_improve_stops_after_one_stage(evaluator):
+    plan = evaluator.space.uniform("quantize", QuantSpec(4, Granularity.PER_CHANNEL))  # not yet scored in full
+    m = evaluator.evaluate_staged(plan, 0.99, Fidelity(), finish=False)
+    assert m.stopped == "dominated" and m.n_samples == 106
+
+
+@pytest.mark.slow
+def test_stopped_plans_are_really_infeasible_on_the_whole_split(evaluator):
+    """Soundness on real plans: random mixed plans, staged vs full scoring."""
+    rng = np.random.default_rng(1)
+    space, n_stopped = evaluator.space, 0
+    for _ in range(12):
+        plan = space.plan({d.name: d.choices[int(rng.integers(len(d.choices)))] for d in space.decisions})
+        m = evaluator.evaluate_staged(plan, 0.99, Fidelity())
+        if m.stopped:
+            n_stopped += 1
+            assert evaluator.evaluate(plan, "val").retention < 0.99
+    assert n_stopped >= 3  # random plans with 2-bit layers: most are far below the floor

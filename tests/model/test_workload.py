@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from modelopt.api import build_workload
+from modelopt.errors import ConfigError, LoadError
+from modelopt.model.workload import resolve_device
+
+
+def test_workload_holds_splits_on_device_with_baseline(resnet20_workload):
+    wl = resnet20_workload
+    assert [len(wl.split(s)) for s in ("calib", "val", "test", "all")] == [1000, 423, 423, 846]
+    assert wl.split("val").x.dtype == torch.float32 and wl.split("val").x.shape[1:] == (3, 32, 32)
+    assert len(wl.layers) == 20 and wl.layers[0].name == "conv1" and wl.layers[-1].name == "linear"
+    # val and test are disjoint sets of images
+    v, t = wl.split("val").x.flatten(1), wl.split("test").x.flatten(1)
+    assert not any(torch.equal(v[i], t[j]) for i in range(20) for j in range(len(t)))
+
+
+def test_unknown_split_is_a_clear_error(resnet20_workload):
+    with pytest.raises(ConfigError, match="unknown split 'train'"):
+        resnet20_workload.split("train")
+
+
+def test_data_of_the_wrong_size_is_refused(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "big.npz"
+    np.savez(path, x=rng.integers(0, 255, (40, 64, 64, 3), dtype=np.uint8), y=rng.integers(0, 10, 40))
+    with pytest.raises(LoadError, match="64x64 but model 'cifar10_resnet20' expects 32x32"):
+        build_workload("cifar10_resnet20", path, device="cpu")
+
+
+def test_data_that_does_not_fit_a_model_without_known_input_size(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "d.npz"
+    np.savez(path, x=rng.integers(0, 255, (40, 32, 32, 3), dtype=np.uint8), y=rng.integers(0, 10, 40))
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(100, 10))
+    with pytest.raises(LoadError, match=r"data of shape \(3, 32, 32\) does not fit model"):
+        build_workload(model, path, device="cpu")
+
+
+def test_labels_beyond_the_model_outputs_are_refused(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "d.npz"
+    np.savez(path, x=rng.integers(0, 255, (40, 32, 32, 3), dtype=np.uint8), y=np.arange(40) % 20)
+    with pytest.raises(LoadError, match="labels up to 19"):
+        build_workload("cifar10_resnet20", path, device="cpu")
+
+
+def test_devices():
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ConfigError, match="unknown device 'gpu9'"):
+        resolve_device("gpu9")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            resolve_device("cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_workload_on_gpu_matches_cpu(resnet20_workload):
+    gpu = build_workload("cifar10_resnet20", "cifar10-exact-sample", device="cuda")
+    assert gpu.split("val").x.is_cuda
+    agree = (gpu.split("test").base_pred.cpu() == resnet20_workload.split("test").base_pred).float().mean()
+    assert agree >= 0.995
