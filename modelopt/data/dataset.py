@@ -37,7 +37,7 @@ __all__ = ["SPLIT_NAMES", "Dataset", "Split", "list_data_sources", "load_data"]
 
 
 SPLIT_NAMES = ("calib", "val", "confirm", "test", "all")
-SAMPLE_PATH = Path(__file__).parent / "zoo" / "assets" / "cifar10_sample.npz"
+SAMPLE_PATH = Path(__file__).resolve().parents[1] / "zoo" / "assets" / "cifar10_sample.npz"
 DEFAULT_VAL_FRACTION = 0.2
 DEFAULT_CONFIRM_FRACTION = 0.2
 # With unlabeled images for calibration every labeled image is evidence: val 20 %, confirm 50 % (the claim is

@@ -30,8 +30,8 @@ def test_list():
 
 @pytest.mark.slow
 def test_optimize_json_last_line(tmp_path):
-    result = _run("optimize", "--budget", 4, "--compressors", "quantize", "--out", tmp_path / "r", "--no-progress",
-                  "--json")
+    result = _run("optimize", "--budget", 4, "--compressors", "quantize", "--data", "cifar10-exact-sample", "--out",
+                  tmp_path / "r", "--no-progress", "--json")
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout.strip().splitlines()[-1])
     # 4 budget units buy the INT8 anchor (with GPTQ's one-time calib pass) and more plans after it.

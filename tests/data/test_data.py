@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from modelopt.data.dataset import SAMPLE_PATH, SPLIT_NAMES, Dataset, list_data_sources, load_data
 from modelopt.errors import ConfigError, LoadError, ModeloptError, UnknownNameError
 
-CIFAR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cifar10"
+CIFAR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "cifar10"
 needs_shared = pytest.mark.skipif(not CIFAR.is_dir(), reason=f"needs real CIFAR-10 files in {CIFAR}")
 CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 

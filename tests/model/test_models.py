@@ -10,12 +10,12 @@ from modelopt.errors import LoadError, ModeloptError, UnknownNameError
 from modelopt.model.loader import IMAGENET_MEAN, LoadedModel, list_models, load_model, load_weights
 from modelopt.zoo.cifar_resnet import resnet20, resnet32
 
-SHARED_R20 = Path(__file__).resolve().parents[1] / ".." / "shared" / "models" / "cifar10" / "resnet20-12fca82f.th"
+SHARED_R20 = Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "cifar10" / "resnet20-12fca82f.th"
 
 
 @pytest.fixture(autouse=True)
 def _helper_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))  # tests/, where _models_helper.py is
 
 
 def _assert_same_weights(module: nn.Module, state: dict[str, torch.Tensor]) -> None:

@@ -60,7 +60,7 @@ def test_without_a_confirm_split_nothing_is_confirmed():
     from modelopt.model.loader import load_model
     from modelopt.model.workload import Workload
 
-    wl = Workload(load_model("cifar10_resnet20"), load_data(confirm_fraction=0.0), device="cpu")
+    wl = Workload(load_model("cifar10_resnet20"), load_data("cifar10-exact-sample", confirm_fraction=0.0), device="cpu")
     assert "confirm" not in wl.splits
     ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize"])))
     obj = Objective("size", 0.9, 0.95)

@@ -21,7 +21,8 @@ from modelopt.testing.cli import assert_one_line_error
 
 runner = CliRunner()
 
-# A one-choice menu (int8 per-channel or float per layer) on the bundled ResNet-20 keeps each cell a few seconds.
+# A one-choice menu (int8 per-channel or float per layer, nearest rounding: no GPTQ pass in the driver or in each
+# worker) on the bundled ResNet-20 keeps each cell a few seconds.
 MINI = """\
 name: t
 out: results
@@ -35,6 +36,7 @@ seeds: [0, 1]
 device: cpu
 bits: [8]
 granularity: [per_channel]
+rounding: [nearest]
 compressors: [quantize]
 """
 WALL = {"seconds", "eval_seconds"}  # wall times: the one thing a journal may differ in
@@ -66,7 +68,7 @@ def _start_partial(path: Path, workload: Any) -> bytes:
 
     partial = load_sweep(path).cell_dir("resnet20", "random", 1)
     modelopt.optimize(workload, strategy="random", budget=1, out=partial, seed=1, bits=[8], device="cpu",
-                      granularity=["per_channel"], progress=False, compressors=["quantize"])
+                      granularity=["per_channel"], progress=False, compressors=["quantize"], rounding=["nearest"])
     (partial / "summary.json").unlink()  # killed before it finished
     return (partial / "trials.jsonl").read_bytes()
 
@@ -130,7 +132,7 @@ def test_workers_per_cell_is_read_and_passed_to_each_run_in_turn(tmp_path, monke
 def test_cli_refuses_a_bad_workers_per_cell_in_one_line(tmp_path, value, needle):
     path = _write(tmp_path, MINI + f"workers_per_cell: {value}\n")
     for args in (["sweep", str(path)], ["sweep", str(path), "--dry-run"]):
-        assert_one_line_error(runner.invoke(app, args), "line 14", "'workers_per_cell'",
+        assert_one_line_error(runner.invoke(app, args), "line 15", "'workers_per_cell'",
                               "positive number of Ray workers", needle)
     assert not (tmp_path / "results").exists()
 
