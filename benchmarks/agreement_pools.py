@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from modelopt.api import build_compressors, build_workload
-from modelopt.confidence import PairedCounts
 from modelopt.compressors.early_exit.features import read_images
 from modelopt.compressors.early_exit.pools import heldout_indices
+from modelopt.confidence import PairedCounts
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.fidelity import binom_upper
 from modelopt.plan.space import SearchSpace

@@ -17,9 +17,9 @@ from pathlib import Path
 import onnx
 import torch
 
-from modelopt.exporters import export, load
-from modelopt.exporters._source import resolve
+from modelopt.exporters import load
 from modelopt.exporters.onnx import run_onnx
+from modelopt.run.export import export, resolve
 
 
 def main() -> None:

@@ -36,8 +36,9 @@ from queue import Queue
 import torch
 
 from modelopt.api import KEYWORD_SETTINGS, optimize, run_config
-from modelopt.executors import Executor, Job, Scored
+from modelopt.config.build import build
 from modelopt.evaluation.metrics import Metrics
+from modelopt.executors import Executor, Job, Scored
 from modelopt.run.runner import Runner
 from modelopt.search import STRATEGIES
 
@@ -151,7 +152,7 @@ class SyntheticExecutor(Executor):
 def driver(args: argparse.Namespace, root: Path) -> None:
     config = run_config(**{**KEYWORD_SETTINGS, **R56, "strategy": "mcts", "confidence": 0.0, "latency": None,
                            "fidelity": None, "budget": float(args.trials)})
-    built = config.build()
+    built = build(config)
     print(f"MCTS driver on ResNet-56's space ({len(built.space.decisions)} decisions), synthetic evaluations of "
           f"{args.delay:g} s each, {args.trials} trials\n")
     print("| workers | trials / s | ideal (workers / delay) | share of ideal | driver s / trial |")

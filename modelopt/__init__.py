@@ -14,14 +14,15 @@ from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import Dataset, load_data
 from modelopt.errors import ConfigError, LoadError, ModeloptError, NameClashWarning
 from modelopt.evaluation.evaluator import Evaluator, Metrics
-from modelopt.exporters import export, load
+from modelopt.evaluation.trial import Trial
+from modelopt.exporters import load
 from modelopt.model.loader import LoadedModel, list_models, load_model
 from modelopt.model.workload import Workload
 from modelopt.objective import Objective
 from modelopt.plan.plan import Decision, Plan
 from modelopt.plan.space import SearchSpace
-from modelopt.plan.trial import Trial
 from modelopt.reports import report  # the verb; the writers are modelopt.reports.*
+from modelopt.run.export import export
 from modelopt.run.runner import RunResult
 from modelopt.search import STRATEGIES, Strategy
 

@@ -25,6 +25,7 @@ from modelopt.config.assemble import (
     default_compressors,
     load_exit_images,
 )
+from modelopt.config.build import build
 from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import Dataset, load_data
 from modelopt.errors import ConfigError, LoadError
@@ -343,7 +344,7 @@ def run(
     created = out is not None and not Path(out).exists()
     lock = lock_run_folder(out) if out is not None else None
     try:
-        built = config.build(workload, allow_pickle=allow_pickle)
+        built = build(config, workload, allow_pickle=allow_pickle)
         timer = None if config.latency is None else PlanLatency(built.evaluator, config.latency)
         run_dir = Path(out) if out is not None else default_run_dir(built.workload.name, config.strategy, config.seed)
         executor = make_executor(built, workload=workload, allow_pickle=allow_pickle)
@@ -358,7 +359,7 @@ def run(
         raise
     result = runner.run()
     if config.knowledge is not None:  # what this run learned per layer, for later runs to start from
-        record_run(config.knowledge, result, built.evaluator)
+        record_run(config.knowledge, result.run_dir, result.trials, built.objective.confidence, built.evaluator)
     _after_run(result, built.workload, report=report, storage=storage)
     return result
 

@@ -30,7 +30,7 @@ from statistics import NormalDist
 
 from modelopt.errors import ConfigError
 
-__all__ = ["DEFAULT_CONFIDENCE", "PairedCounts", "check_confidence", "drop_lower", "drop_upper"]
+__all__ = ["DEFAULT_CONFIDENCE", "PairedCounts", "check_confidence", "drop_lower", "drop_upper", "most_changed"]
 
 DEFAULT_CONFIDENCE = 0.95
 _CONTINUITY = 0.5  # half an image: keeps the score bound's miss rate at or under nominal
@@ -147,3 +147,23 @@ def drop_upper(lost: int, gained: int, n: int, confidence: float = DEFAULT_CONFI
 def drop_lower(lost: int, gained: int, n: int, confidence: float = DEFAULT_CONFIDENCE) -> float:
     """One-sided lower confidence bound on the accuracy drop (the upper bound with roles swapped)."""
     return -drop_upper(gained, lost, n, confidence)
+
+
+def most_changed(n: int, base_right: int, confidence: float, floor: float) -> float:
+    """The largest share of `n` images a plan may change (as many fixed as broken) and still be certified
+    at `floor`: what a split of that size can tell apart (0 when even a plan that changes nothing fails).
+
+    Example:
+        >>> round(most_changed(3000, 2430, 0.95, 0.99), 3)  # 3,000 images at 81 % float accuracy
+        0.068
+    """
+    def passes(d: int) -> bool:
+        return PairedCounts(n, base_right, (d + 1) // 2, d // 2).retention_lower(confidence) >= floor - 1e-12
+
+    if n <= 0 or not passes(0):
+        return 0.0
+    lo, hi = 0, n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if passes(mid) else (lo, mid)
+    return (hi if passes(hi) else lo) / n

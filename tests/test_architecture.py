@@ -149,3 +149,99 @@ def test_packages_are_not_shadowed_by_the_api() -> None:
     rooms = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     clashes = sorted(rooms & set(modelopt.__all__))
     assert not clashes, f"subpackages named like public API names: {clashes}"
+
+
+# Rooms from the bottom up (issue 24): a module imports only from its own room and the rooms below it. Root
+# modules are rooms of their own. Imports under TYPE_CHECKING count too: a type a lower room names from a
+# higher one is still a dependency on it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "_files", "_registry", "_version", "_name_clash", "confidence"),  # foundations
+    ("zoo",),  # bundled models
+    ("data",),  # the splits and their file formats
+    ("model",),  # the model under compression: layers, loading, the workload
+    ("compressors",),  # the plugin contract and the plugins
+    ("plan",),  # what a search decides: plans, the space, plan files
+    ("evaluation",),  # scoring one plan: the evaluator, its parts, metrics, trials
+    ("objective",),  # what a run minimises; feasibility
+    ("search",),  # strategies
+    ("exporters",),  # writers of a scored plan: packed, ONNX, bitsandbytes
+    ("latency",),  # measured latency of a plan
+    ("knowledge",),  # what earlier runs teach
+    ("config",),  # a run's settings, and building a run from them
+    ("executors",),  # who scores plans
+    ("run",),  # runs on disk: the runner, journal, confirmation, export from a run folder
+    ("reports",),
+    ("testing",),  # conformance suites for plugins
+    ("api",),  # the public verbs
+    ("sweep",),  # grids of runs
+    ("cli",),
+    ("__init__", "__main__"),
+)
+RANK = {room: i for i, rooms in enumerate(LAYERS) for room in rooms}
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+def _all_imports(module: str) -> list[tuple[str, int]]:
+    """(module, line) of every import of ours in `module`, at top level, in functions and under TYPE_CHECKING."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    is_package = MODULES[module].name == "__init__.py"
+    return [(t, node.lineno) for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+            for t in _targets(node, module, is_package) if t.split(".")[0] == "modelopt"]
+
+
+def test_every_room_has_a_layer() -> None:
+    missing = sorted({_room(m) for m in MODULES} - set(RANK))
+    assert not missing, f"rooms with no place in LAYERS: {missing}; say which rooms each may import"
+
+
+def test_no_module_imports_upward() -> None:
+    up = []
+    for m in MODULES:
+        for target, line in _all_imports(m):
+            if target == "modelopt":  # the package root is begun by Python before any room: not a dependency
+                continue
+            if RANK.get(_room(target), -1) > RANK.get(_room(m), -1):
+                up.append(f"{MODULES[m].relative_to(PACKAGE.parent)}:{line} ({_room(m)}) imports {target} "
+                          f"({_room(target)})")
+    assert not up, f"{len(up)} upward imports:\n" + "\n".join(up)
+
+
+# The plugin boundary (issue 24): outside compressors/, code reaches compressors through the package
+# (`modelopt.compressors`: the registry and the contract) and its private contract modules (`_base`, `_registry`,
+# `_inputs`), never through a plugin's own module, and never spells a registered compressor's name.
+CONTRACT = frozenset({"modelopt.compressors", "modelopt.compressors._base", "modelopt.compressors._registry",
+                      "modelopt.compressors._inputs"})
+# The names of the compressors modelopt ships, as the registry knows them.
+SHIPPED = ("quantize", "prune", "early_exit")
+
+
+def _outside_compressors() -> list[str]:
+    return [m for m in MODULES if _room(m) != "compressors"]
+
+
+def test_nothing_outside_compressors_imports_a_plugin_module() -> None:
+    bad = [f"{MODULES[m].relative_to(PACKAGE.parent)}:{line} imports {t}" for m in _outside_compressors()
+           for t, line in _all_imports(m) if t.startswith("modelopt.compressors") and t not in CONTRACT]
+    assert not bad, f"{len(bad)} imports of compressor plugins from outside compressors/:\n" + "\n".join(bad)
+
+
+def _strings(tree: ast.AST) -> list[tuple[str, int]]:
+    """String constants of code, not docstrings."""
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.value, node.lineno) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs]
+
+
+def test_nothing_outside_compressors_spells_a_compressor_name() -> None:
+    from modelopt.compressors import COMPRESSORS
+
+    assert set(SHIPPED) <= set(COMPRESSORS.names())
+    bad = [f"{MODULES[m].relative_to(PACKAGE.parent)}:{line} {value!r}" for m in _outside_compressors()
+           for value, line in _strings(ast.parse(MODULES[m].read_text(encoding="utf-8"))) if value in SHIPPED]
+    assert not bad, f"{len(bad)} compressor names spelled outside compressors/:\n" + "\n".join(bad)

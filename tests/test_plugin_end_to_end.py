@@ -20,11 +20,11 @@ import torch
 import modelopt
 from modelopt.compressors import COMPRESSORS, Compressor
 from modelopt.compressors._base import Choice, Granularity, IntegerWeight, WeightForm
-from modelopt.compressors.gptq import LayerInputs
 from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError
-from modelopt.exporters._source import resolve
+from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer
+from modelopt.run.export import resolve
 from modelopt.run.optuna_storage import export_run
 from modelopt.run.run_folder import read_run
 

@@ -26,9 +26,9 @@ from modelopt.compressors import COMPRESSORS
 from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import list_data_sources
 from modelopt.errors import ConfigError, ModeloptError
-from modelopt.exporters import export as do_export
 from modelopt.model.loader import list_models
 from modelopt.reports import report as make_report
+from modelopt.run.export import export as do_export
 from modelopt.run.lock import check_unlocked
 from modelopt.run.optuna_storage import export_run
 from modelopt.search import STRATEGIES

@@ -14,16 +14,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
 
 from modelopt.errors import ConfigError
+from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer
-
-if TYPE_CHECKING:  # annotations only: gptq imports this module
-    from modelopt.compressors.gptq import LayerInputs
 
 Choice = Hashable  # None means "this compressor leaves the layer alone"
 SCALE_BYTES = 2  # float16 scales

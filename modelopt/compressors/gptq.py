@@ -15,16 +15,11 @@ code 0; its neighbours absorb the error instead.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
 from enum import Enum
 
 import torch
-from torch import nn
-from torch.nn import functional as F
 
-from modelopt.errors import ConfigError
-from modelopt.model.layers import feed_inputs
+from modelopt.model.layer_inputs import LayerInputs
 
 DAMPING = 0.01  # fraction of mean(diag H) added to H's diagonal (GPTQ's percdamp)
 BLOCK = 128  # columns updated lazily together (GPTQ's block size; exact, only faster)
@@ -36,55 +31,6 @@ class Rounding(str, Enum):
 
     NEAREST = "nearest"
     GPTQ = "gptq"
-
-
-@dataclass(frozen=True)
-class LayerInputs:
-    """Second moments of one layer's inputs: H = sum of x x^T over calibration rows (float64).
-
-    Columns are ordered as the layer's weight flattened per output channel (in_channels, kh, kw).
-    """
-
-    hessian: torch.Tensor  # (fan_in, fan_in)
-    rows: int  # input rows (images x output positions) it was summed over
-
-    def select(self, columns: torch.Tensor) -> LayerInputs:
-        """The second moments of a subset of the columns (structured pruning removed the others)."""
-        idx = columns.to(self.hessian.device)
-        return LayerInputs(self.hessian[idx[:, None], idx[None, :]], self.rows)
-
-
-def input_columns(kept_inputs: torch.Tensor, kernel: int) -> torch.Tensor:
-    """Columns of H that a conv keeps when only `kept_inputs` input channels remain (kernel = kh*kw)."""
-    return (kept_inputs[:, None] * kernel + torch.arange(kernel, device=kept_inputs.device)).reshape(-1)
-
-
-def _rows(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The module's input as rows x fan_in, in the weight's column order."""
-    if isinstance(module, nn.Conv2d):
-        if isinstance(module.padding, str):  # unfold takes numbers; a conv built with padding="same"/"valid"
-            raise ConfigError(f"GPTQ needs a conv's padding as numbers; this one has padding={module.padding!r}")
-        cols = F.unfold(x, module.kernel_size, module.dilation, module.padding, module.stride)
-        return cols.transpose(1, 2).reshape(-1, cols.shape[1])
-    return x.reshape(-1, x.shape[-1])
-
-
-def input_hessians(model: nn.Module, modules: Mapping[str, nn.Module], x: torch.Tensor,
-                   batch_size: int = 128) -> dict[str, LayerInputs]:
-    """H = X^T X of every module's input over images `x`, from one pass of `model` as it is (the
-    float model). Grouped convolutions are skipped (their columns are not one matrix)."""
-    wanted = {n: m for n, m in modules.items() if not (isinstance(m, nn.Conv2d) and m.groups != 1)}
-    sums: dict[str, torch.Tensor] = {}
-    rows: dict[str, int] = dict.fromkeys(wanted, 0)
-
-    def hook(name: str, m: nn.Module, inp: torch.Tensor) -> None:
-        r = _rows(m, inp.detach().float())
-        h = (r.T @ r).double()
-        sums[name] = h if name not in sums else sums[name] + h
-        rows[name] += r.shape[0]
-
-    feed_inputs(model, wanted, x, batch_size, hook)
-    return {n: LayerInputs(sums[n], rows[n]) for n in sums}
 
 
 def gptq_round(weight: torch.Tensor, scales: torch.Tensor, qmin: int, qmax: int, inputs: LayerInputs,

@@ -35,8 +35,8 @@ from modelopt.compressors._base import (  # noqa: F401 -- re-exported
     sparse_encoding,
 )
 from modelopt.compressors._registry import COMPRESSORS
-from modelopt.compressors.gptq import LayerInputs
 from modelopt.errors import ConfigError
+from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer, LayerKind, internal_channels
 
 DEFAULT_SPARSITY = (0.25, 0.5, 0.75)

@@ -39,9 +39,10 @@ from modelopt.compressors._base import code_range as _code_range
 from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors.activations import QPARAM_BYTES, Calibration, calibration_method
 from modelopt.compressors.activations import activation_bits as _activation_bits
-from modelopt.compressors.gptq import LayerInputs, Rounding, gptq_round
+from modelopt.compressors.gptq import Rounding, gptq_round
 from modelopt.compressors.quant_spec import ActQuantSpec, QuantSpec
 from modelopt.errors import ConfigError
+from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer
 
 __all__ = ["ActQuantSpec", "Granularity", "QuantSpec", "Quantize", "Rounding", "dequantize", "parse_rounding",

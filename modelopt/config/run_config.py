@@ -1,14 +1,13 @@
 """`RunConfig`: one typed, versioned record of a run's settings.
 
-It validates itself (one clear error per bad field), reads and writes a run folder's `run.json`
-(files from before it had a format number still load), and builds what a run needs:
-`build()` returns the workload, search space, evaluator and strategy. `modelopt.optimize`, the
-CLI, resume, export, reports and sweeps all start a run, or rebuild one, through it.
+It validates itself (one clear error per bad field) and reads and writes a run folder's `run.json`
+(files from before it had a format number still load). It is data: `modelopt.config.build` turns it
+into a run's parts. `modelopt.optimize`, the CLI, resume, export, reports and sweeps all start a run,
+or rebuild one, through it.
 
 Example:
     >>> cfg = RunConfig(budget=50, seed=1)
-    >>> built = cfg.build()                      # loads ResNet-20 and the bundled sample
-    >>> (plan,) = built.strategy.ask()
+    >>> built = build(cfg)                       # modelopt.config.build: loads ResNet-20 and the sample
     >>> RunConfig.read("runs/r20").budget        # the settings a finished run was started with
 """
 
@@ -17,44 +16,30 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch import nn
-
 from modelopt._files import write_json_atomic
 from modelopt._version import __version__
-from modelopt.compressors import COMPRESSORS, Compressor
-from modelopt.confidence import DEFAULT_CONFIDENCE, PairedCounts
+from modelopt.compressors import COMPRESSORS
+from modelopt.confidence import DEFAULT_CONFIDENCE
 from modelopt.config.assemble import (
     DEFAULT_BUDGET,
-    build_compressors,
     default_compressors,
     default_options,
-    load_exit_images,
 )
 from modelopt.config.forms import check_forms
-from modelopt.data.dataset import load_data
 from modelopt.errors import ConfigError, LoadError
-from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.fidelity import Fidelity
-from modelopt.evaluation.output_sensitivity import output_losses, probe_images
-from modelopt.evaluation.sensitivity import estimate_losses
-from modelopt.knowledge import warm_start
 from modelopt.latency.spec import LatencySpec
-from modelopt.model.layers import Layer
-from modelopt.model.loader import load_model
-from modelopt.model.workload import Workload
 from modelopt.objective import Objective, Target
-from modelopt.plan.space import SearchSpace
-from modelopt.run.confirm import check_certifiable
-from modelopt.run.layout import CONFIG
-from modelopt.search import STRATEGIES, Strategy
+from modelopt.search import STRATEGIES
 
 # The executors a run may name (modelopt.executors; listed here so a config is checked without importing Ray).
 EXECUTOR_NAMES = ("local", "ray")
+CONFIG = "run.json"  # a run folder's settings (`modelopt.run.layout` names the folder's other files)
 CONFIG_FORMAT = 1  # run.json's layout; files without `format` are format 0 and read the same way
 # The settings a resumed run must share with the run it continues (a changed one is refused).
 RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "confidence",
@@ -190,87 +175,18 @@ class RunConfig:
     def _check_latency(self) -> None:
         if self.latency is None and self.objective == Target.LATENCY.value:
             raise ConfigError("objective 'latency' needs a latency backend; pass latency='torch' or 'onnxruntime'")
-        if self._onnx_timed and "early_exit" in (self.compressors or ()):
+        if self.onnx_timed and "early_exit" in (self.compressors or ()):
             raise ConfigError("latency backend 'onnxruntime' cannot time early exits (an ONNX graph has no early "
                               "return); use --latency torch, or leave early_exit out of --compressors")
 
     @property
-    def _onnx_timed(self) -> bool:
+    def onnx_timed(self) -> bool:
+        """Whether latency is measured in ONNX Runtime (whose graphs cannot return early)."""
         return self.latency is not None and self.latency.backend == "onnxruntime"
 
-    def make_objective(self, workload: Workload | None = None) -> Objective:
-        """The run's objective; on `workload`, its search bounds are taken at the size of the confirm split
-        (`Objective.claim_images`) when that split can certify the floor."""
-        objective = Objective(Target.parse(self.objective), self.min_retention, self.confidence, self.count_gains)
-        if workload is None or "confirm" not in workload.splits or self.confidence <= 0:
-            return objective
-        confirm = workload.split("confirm")
-        ceiling = PairedCounts(len(confirm), int(confirm.base_correct.sum()), 0, 0).retention_lower(self.confidence)
-        usable = ceiling >= self.min_retention - 1e-12
-        return dataclasses.replace(objective, claim_images=len(confirm)) if usable else objective
-
-    # ---- building a run ----------------------------------------------------------------------
-
-    def load_workload(self, *, allow_pickle: bool = False) -> Workload:
-        """Loads the model and data and puts both, with the float predictions, on the device."""
-        model = load_model(self.model, self.weights, allow_pickle=allow_pickle)
-        return Workload(model, load_data(self.data, seed=self.data_seed, unlabeled=self.unlabeled),
-                        device=self.device)
-
-    def compressor_names(self, model: nn.Module | None) -> tuple[str, ...]:
-        """The compressors the run uses: the named ones, else those that can lower the objective on `model`."""
-        if self.compressors is not None:
-            return self.compressors
-        if model is None:
-            raise ConfigError("a RunConfig without compressors needs the model to choose them")
-        names = default_compressors(self.objective, model)
-        return tuple(n for n in names if not (self._onnx_timed and n == "early_exit"))  # ONNX cannot time exits
-
-    def make_compressors(self, model: nn.Module | None = None) -> list[Compressor]:
-        """The run's compressors with their options (options derived from `model` fill what `options` leave out)."""
-        names = self.compressor_names(model)
-        return build_compressors(names, {n: o for n, o in self.options.items() if n in names}, model=model)
-
-    def make_space(self, layers: Sequence[Layer], model: nn.Module | None = None) -> SearchSpace:
-        return SearchSpace(layers, self.make_compressors(model))
-
-    def make_evaluator(self, workload: Workload) -> Evaluator:
-        """An evaluator of the run's space on `workload` (with the extra exit images when it has exits)."""
-        space = self.make_space(workload.layers, workload.model)
-        extra = None
-        if self.exit_data is not None and "early_exit" in space.compressors:
-            extra = load_exit_images(workload, self.exit_data, self.exit_images)
-        return Evaluator(workload, space, exit_images=extra)
-
-    def resolved(self, workload: Workload, space: SearchSpace) -> RunConfig:
-        """This config as run on `workload`: compressor menus in full, the device and fingerprints named."""
-        return dataclasses.replace(
-            self, model=workload.name, data=str(workload.data.source), device=str(workload.device),
-            compressors=tuple(space.compressors),
-            options={name: c.options() for name, c in space.compressors.items()},
-            fingerprints=workload.fingerprints())
-
-    def build(self, workload: Workload | None = None, *, allow_pickle: bool = False) -> BuiltRun:
-        """The run's parts: `workload` (loaded from `model` and `data` when None), space, evaluator, and
-        the strategy (after the priors it starts from are measured).
-
-        A given workload is the caller's word that it is this config's model, data and device.
-        """
-        wl = workload if workload is not None else self.load_workload(allow_pickle=allow_pickle)
-        evaluator = self.make_evaluator(wl)
-        objective = self.make_objective(wl)
-        check_certifiable(evaluator, objective)  # a val split too small to certify the floor: refused before any work
-        evaluator.measure_errors()  # data-free priors the strategies start from; costs no evaluation
-        strategy = STRATEGIES.get(self.strategy)(evaluator.space, objective, seed=self.seed)
-        if strategy.loss_estimator == "fisher":  # the knapsack's one-pass (gradient) sensitivities
-            strategy.use_loss_estimates(estimate_losses(evaluator))
-        elif strategy.loss_estimator == "output" and (n := probe_images(
-                self.budget, len(wl.split("val")), len({d.layer for d in evaluator.space.decisions}),
-                len(wl.split("calib")))):  # MCTS's label-free probes, when the budget affords them
-            strategy.use_loss_estimates(output_losses(evaluator, n))
-        if self.knowledge is not None:  # priors from earlier runs' lessons (a missing store: none yet)
-            warm_start(self.knowledge, evaluator, strategy)
-        return BuiltRun(self.resolved(wl, evaluator.space), wl, evaluator, strategy, objective)
+    def make_objective(self) -> Objective:
+        """The run's objective (on a workload, `modelopt.config.build.make_objective` also sizes its claims)."""
+        return Objective(Target.parse(self.objective), self.min_retention, self.confidence, self.count_gains)
 
     # ---- run.json ----------------------------------------------------------------------------
 
@@ -319,21 +235,6 @@ class RunConfig:
             if key in saved and key in mine and saved[key] != mine[key]:
                 raise ConfigError(f"cannot resume {str(run_dir)!r}: it was run with {key}={saved[key]!r}, "
                                   f"not {mine[key]!r}")
-
-
-@dataclass(frozen=True)
-class BuiltRun:
-    """A run's parts, from `RunConfig.build`; `config` is resolved (menus in full, device, fingerprints)."""
-
-    config: RunConfig
-    workload: Workload
-    evaluator: Evaluator
-    strategy: Strategy
-    objective: Objective
-
-    @property
-    def space(self) -> SearchSpace:
-        return self.evaluator.space
 
 
 def read_config_json(run_dir: str | Path) -> dict[str, Any]:

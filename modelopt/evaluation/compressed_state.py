@@ -28,10 +28,10 @@ from modelopt.compressors.activations import (
 from modelopt.compressors.early_exit.backbone import split_backbone
 from modelopt.compressors.early_exit.module import EarlyExitNet
 from modelopt.compressors.early_exit.plan_exits import PlanExits
-from modelopt.compressors.gptq import LayerInputs, input_columns, input_hessians
 from modelopt.compressors.prune import remove_channels
 from modelopt.evaluation.norm_stats import NormStats
 from modelopt.evaluation.prep_costs import OneTimeCosts
+from modelopt.model.layer_inputs import LayerInputs, input_columns, input_hessians
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace

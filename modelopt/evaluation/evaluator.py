@@ -26,7 +26,6 @@ from modelopt.compressors.early_exit.heads import ExitHead
 from modelopt.compressors.early_exit.plan_exits import PlanExits
 from modelopt.compressors.early_exit.runtime import ExitLayout
 from modelopt.compressors.early_exit.simulate import ExitPolicy
-from modelopt.compressors.gptq import LayerInputs
 from modelopt.evaluation.compressed_state import CompressedStates, Kept
 from modelopt.evaluation.cost import CostModel, LayerCost, PlanCost
 from modelopt.evaluation.fidelity import Fidelity
@@ -34,6 +33,7 @@ from modelopt.evaluation.metrics import Metrics
 from modelopt.evaluation.prep_costs import OneTimeCosts
 from modelopt.evaluation.priors import measure_errors
 from modelopt.evaluation.scorer import Scorer
+from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from modelopt.config.build import BuiltRun
 from modelopt.executors._base import Executor, Job, Scored
 from modelopt.executors.local import LocalExecutor
 from modelopt.executors.on_ray import RayExecutor
 from modelopt.model.workload import Workload
-
-if TYPE_CHECKING:  # the config imports modules this package's callers import: its type only
-    from modelopt.config.run_config import BuiltRun
 
 __all__ = ["Executor", "Job", "LocalExecutor", "RayExecutor", "Scored", "make_executor"]
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from modelopt.config.build import load_workload, make_evaluator, make_objective
 from modelopt.config.run_config import RunConfig
 from modelopt.executors._base import Job, Scored
 from modelopt.executors.scoring import score
@@ -35,12 +36,12 @@ class PlanWorker:
                  allow_pickle: bool = False) -> None:
         torch.set_num_threads(threads)
         self.config = RunConfig.from_json(config)
-        wl = workload if workload is not None else self.config.load_workload(allow_pickle=allow_pickle)
-        self.evaluator = self.config.make_evaluator(wl)
+        wl = workload if workload is not None else load_workload(self.config, allow_pickle=allow_pickle)
+        self.evaluator = make_evaluator(self.config, wl)
         # Every choice's tensors (GPTQ's layer inputs and solves), computed once before the first plan as
         # the driver's build computes them: the first plans do not each wait for them.
         self.evaluator.measure_errors()
-        self.objective = self.config.make_objective(wl)
+        self.objective = make_objective(self.config, wl)
 
     def ready(self) -> int:
         """The worker's process id, once its workload is loaded (the driver waits on this)."""

@@ -1,10 +1,9 @@
-"""Export of a plan: the packed checkpoint (`modelopt.load` reloads it) and ONNX (QDQ) for ONNX Runtime.
-
-The verb is `modelopt.export(...)` (a function); this package, `modelopt.exporters`, holds the
-writers, one module each: ``from modelopt.exporters.onnx import export_onnx``.
+"""The writers of a plan applied to a model: the packed checkpoint (`modelopt.load` reloads it), ONNX (QDQ)
+for ONNX Runtime, and bitsandbytes Linear layers; one module each (``from modelopt.exporters.onnx import
+export_onnx``). Each takes the evaluator that scored the plan; the verb `modelopt.export`, which also
+starts from a run folder, is `modelopt.run.export`.
 """
 
-from modelopt.exporters._export import FORMATS, export
 from modelopt.exporters.bitsandbytes import (  # bitsandbytes itself is imported only when a conversion runs
     BitsandbytesAgreement,
     LinearConversion,
@@ -14,11 +13,9 @@ from modelopt.exporters.bitsandbytes import (  # bitsandbytes itself is imported
 from modelopt.exporters.packed import export_packed, load
 
 __all__ = [
-    "FORMATS",
     "BitsandbytesAgreement",
     "LinearConversion",
     "bitsandbytes_agreement",
-    "export",
     "export_packed",
     "load",
     "to_bitsandbytes",

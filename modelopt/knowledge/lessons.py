@@ -13,20 +13,18 @@ ResNet-20's layers, each nudging accuracy less) and a run learns it from its own
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.trial import Trial
 from modelopt.knowledge.fingerprint import LayerPrint, model_family
 from modelopt.plan.plan import Choice, jsonable
 from modelopt.plan.space import SearchSpace
-from modelopt.plan.trial import Trial
 from modelopt.search.loss_model import LossModel
-
-if TYPE_CHECKING:  # the runner's module is the loop's; a lesson only reads its result
-    from modelopt.run.runner import RunResult
 
 __all__ = ["ChoiceLesson", "LayerLesson", "RunLessons", "choice_key", "learn", "loss_measure"]
 
@@ -122,7 +120,7 @@ def _retention(trial: Trial, net: bool) -> float | None:
     return 1.0 - c.lost / c.base_right
 
 
-def _fitted(space: SearchSpace, trials: tuple[Trial, ...], net: bool) -> tuple[LossModel, int]:
+def _fitted(space: SearchSpace, trials: Sequence[Trial], net: bool) -> tuple[LossModel, int]:
     """MCTS's loss model fitted on a run's completed trials (weighted by the share of val each scored)."""
     decisions = space.decisions
     errors = [np.nan_to_num(np.array([f.error for f in space.features[d.name]], dtype=float), nan=1.0, posinf=1.0)
@@ -138,13 +136,14 @@ def _fitted(space: SearchSpace, trials: tuple[Trial, ...], net: bool) -> tuple[L
     return model, len(rows)
 
 
-def learn(run: str, result: RunResult, evaluator: Evaluator) -> RunLessons | None:
-    """What `result`'s trials teach about each layer of `evaluator`'s space; None when no trial completed."""
+def learn(run: str, trials: Sequence[Trial], confidence: float, evaluator: Evaluator) -> RunLessons | None:
+    """What a run's `trials` teach about each layer of `evaluator`'s space (`confidence`: the run's, 0 for
+    point estimates); None when no trial completed."""
     space, workload = evaluator.space, evaluator.workload
-    net = float(((result.summary or {}).get("objective") or {}).get("confidence", 0.0) or 0.0) <= 0
+    net = confidence <= 0
     if not space.decisions:
         return None
-    model, n = _fitted(space, result.trials, net)
+    model, n = _fitted(space, trials, net)
     if n == 0:
         return None
     kappa = float(model.kappa)

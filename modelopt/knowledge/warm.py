@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.trial import Trial
 from modelopt.knowledge.fingerprint import LayerPrint, model_family
 from modelopt.knowledge.index import KnowledgeIndex, Prior
 from modelopt.knowledge.lessons import choice_key, learn, loss_measure
@@ -28,9 +30,6 @@ from modelopt.knowledge.store import read_store, record, store_file
 from modelopt.plan.space import SearchSpace
 from modelopt.search import Strategy
 from modelopt.search.loss_model import KAPPA0, NOISE_SIGMA
-
-if TYPE_CHECKING:
-    from modelopt.run.runner import RunResult
 
 __all__ = ["PriorTrials", "prior_trials", "record_run", "warm_start"]
 
@@ -110,7 +109,7 @@ def warm_start(path: str, evaluator: Evaluator, strategy: Strategy) -> None:
         LoadError: `path` exists but is not a readable knowledge store (one line).
 
     Example:
-        >>> built = RunConfig(model="cifar10_resnet56", weights=w, data=d).build()
+        >>> built = build(RunConfig(model="cifar10_resnet56", weights=w, data=d))  # modelopt.config.build
         >>> warm_start("runs/knowledge", built.evaluator, built.strategy)
     """
     store = read_store(path)
@@ -134,8 +133,10 @@ def run_id(run_dir: str | Path) -> str:
     return f"{socket.gethostname()}:{Path(run_dir).resolve()}"
 
 
-def record_run(path: str, result: RunResult, evaluator: Evaluator) -> None:
-    """Adds what `result`'s trials taught about each layer to the knowledge store at `path`.
+def record_run(path: str, run_dir: str | Path, trials: Sequence[Trial], confidence: float,
+               evaluator: Evaluator) -> None:
+    """Adds what a run's `trials` taught about each layer to the knowledge store at `path` (`confidence`: the
+    run's; 0 for point estimates).
 
     Creates the store (a folder, or the .json file named) when there is none; a run with no
     completed trial adds nothing.
@@ -146,11 +147,11 @@ def record_run(path: str, result: RunResult, evaluator: Evaluator) -> None:
 
     Example:
         >>> result = runner.run()
-        >>> record_run("runs/knowledge", result, built.evaluator)
+        >>> record_run("runs/knowledge", result.run_dir, result.trials, 0.95, built.evaluator)
     """
-    lessons = learn(run_id(result.run_dir), result, evaluator)
+    lessons = learn(run_id(run_dir), trials, confidence, evaluator)
     if lessons is None:
-        log.info("knowledge: run %s completed no trial; nothing recorded", result.run_dir)
+        log.info("knowledge: run %s completed no trial; nothing recorded", run_dir)
         return
     record(path, lessons)
-    log.info("knowledge: %d layer entries of %s recorded in %s", len(lessons.layers), result.run_dir, store_file(path))
+    log.info("knowledge: %d layer entries of %s recorded in %s", len(lessons.layers), run_dir, store_file(path))

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from modelopt.compressors.gptq import LayerInputs
 from modelopt.data.dataset import Dataset
 from modelopt.errors import ConfigError, LoadError
+from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer, compressible_modules, discover_layers
 from modelopt.model.loader import LoadedModel
 

@@ -22,15 +22,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from rich.console import Console
-
 from modelopt.confidence import PairedCounts
-from modelopt.errors import ConfigError
+from modelopt.config.evidence import CONFIRM as SPLIT
+from modelopt.config.evidence import certifiable_retention
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.fidelity import binom_upper
 from modelopt.evaluation.metrics import Metrics
+from modelopt.evaluation.trial import Trial
 from modelopt.objective import Objective, best_of, pareto_front
-from modelopt.plan.trial import Trial
 from modelopt.run.sequence import (
     ANCHOR_PASS,
     GATE_SHARE,
@@ -38,16 +37,13 @@ from modelopt.run.sequence import (
     Candidate,
     LossShare,
     confirm_chains,
-    most_changed,
     pass_chance,
     plan_sequence,
 )
 
-__all__ = ["Confirmation", "Finalists", "certifiable_retention", "check_certifiable", "confirm", "evidence",
-           "finalists"]
+__all__ = ["Confirmation", "Finalists", "confirm", "finalists"]
 
 T = TypeVar("T")
-SPLIT = "confirm"
 MAX_RESCORED = 16  # Pareto plans re-scored on confirm and test (spread along the front)
 
 
@@ -131,59 +127,6 @@ class Confirmation:
         return self.split is not None and self.ceiling is not None and self.ceiling >= self.floor - 1e-12
 
 
-def certifiable_retention(evaluator: Evaluator, split: str, confidence: float) -> float:
-    """The retention bound of a plan that agrees with the float model on every image of `split`:
-    the most that split can certify at `confidence`."""
-    data = evaluator.workload.split(split)
-    return PairedCounts(len(data), int(data.base_correct.sum()), 0, 0).retention_lower(confidence)
-
-
-def check_certifiable(evaluator: Evaluator, objective: Objective, console: Console | None = None) -> None:
-    """Refuses, in one line, a val split too small to certify the floor even for a plan that agrees
-    with the float model on every image (the search would be pointless); says so for confirm."""
-    if objective.confidence <= 0:
-        return
-    if console is not None:
-        console.print(evidence(evaluator, objective), highlight=False, soft_wrap=True)
-    floor, conf = objective.min_retention, objective.confidence
-    for split in ("val", SPLIT):
-        if split not in evaluator.workload.splits:
-            continue
-        ceiling = certifiable_retention(evaluator, split, conf)
-        if ceiling >= floor - 1e-12:
-            continue
-        n = len(evaluator.workload.split(split))
-        said = (f"the {split} split ({n} images) is too small to certify a {floor:.1%} retention floor: a plan "
-                f"that agrees with the float model on all of them is certified only at {ceiling:.2%} "
-                f"(confidence {conf:g})")
-        if split == "val":
-            raise ConfigError(f"{said}; pass more data, a lower --min-retention, or --confidence 0 for point estimates")
-        if console is not None:
-            console.print(f"[yellow]warning:[/] {said}; the best plan will be certified on val only and reported "
-                          "as unconfirmed", highlight=False, soft_wrap=True)
-
-
-def evidence(evaluator: Evaluator, objective: Objective) -> str:
-    """One line: what each labeled split can certify at the floor (the largest share of its images a plan
-    may change, as many fixed as broken), and what four times the images would buy (twice the resolution).
-
-    Example:
-        >>> evidence(ev, Objective("size", 0.99, 0.95))
-        'evidence at 99.0 % (95 % confidence): val 1,500 images (float 81.5 %) certify plans that change up to ...'
-    """
-    floor, conf = objective.min_retention, objective.confidence
-    parts = []
-    for split in ("val", SPLIT, "test"):
-        if split not in evaluator.workload.splits:
-            continue
-        data = evaluator.workload.split(split)
-        n, right = len(data), int(data.base_correct.sum())
-        now, more = most_changed(n, right, conf, floor), most_changed(4 * n, 4 * right, conf, floor)
-        parts.append(f"{split} {n:,} images (float {right / max(n, 1):.1%}) up to {now:.1%} (4x: {more:.1%})")
-    return (f"evidence at {floor:.1%} ({conf:g} confidence): the share of answers a plan may change, as many fixed "
-            "as broken, and still be certified: " + "; ".join(parts))
-
-
 def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
             anchors: Sequence[Trial] = (), population: Sequence[Trial] = ()) -> Confirmation:
     """Re-scores finalists on the confirm split and confirms them in two fixed sequences planned on val.
@@ -204,7 +147,7 @@ def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
     """
     if SPLIT not in evaluator.workload.splits:
         return Confirmation(None, (), 0, None, None, objective.min_retention)
-    ceiling = certifiable_retention(evaluator, SPLIT, objective.confidence)
+    ceiling = certifiable_retention(evaluator.workload, SPLIT, objective.confidence)
     if ceiling < objective.min_retention - 1e-12:
         return Confirmation(SPLIT, (), 0, None, ceiling, objective.min_retention)
     data = evaluator.workload.split(SPLIT)

@@ -1,6 +1,8 @@
-"""What a run folder holds, by file name: the one place these names are spelled."""
+"""What a run folder holds, by file name: the one place these names are spelled (run.json, the settings, is
+named by the record it holds, `modelopt.config.run_config.RunConfig`)."""
 
-CONFIG = "run.json"  # the run's settings (modelopt.config.run_config.RunConfig)
+from modelopt.config.run_config import CONFIG
+
 JOURNAL = "trials.jsonl"  # one line per finished trial, appended as it finishes
 STATE = "strategy_state.json"  # the strategy's state after the journal's last trial
 STATE_NEXT = "strategy_state.next.json"  # the state after the trial being journaled

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from modelopt._files import write_atomic
+from modelopt.config.build import make_space
 from modelopt.config.run_config import RunConfig, objective_from_json
 from modelopt.errors import LoadError
 from modelopt.evaluation.cost import CostModel
@@ -175,7 +176,7 @@ class RunFolder:
         if self.layers is None or self.run_config is None:
             return None
         try:
-            space = self.run_config.make_space(self.layers)
+            space = make_space(self.run_config, self.layers)
         except Exception as exc:  # noqa: BLE001 -- a compressor plugin not installed here, options it no longer takes
             log.info("search space of %s unavailable: %s", self.path, exc)
             return None

@@ -12,30 +12,29 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from modelopt._version import __version__
+from modelopt.config.evidence import check_certifiable, evidence
+from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError, ModeloptError
 from modelopt.evaluation.evaluator import Evaluator, Metrics
 from modelopt.evaluation.fidelity import Fidelity
+from modelopt.evaluation.trial import Trial, TrialStatus
 from modelopt.executors import Executor, Job, LocalExecutor, Scored
 from modelopt.executors.scoring import failure_text, free_cuda_memory
 from modelopt.latency.plan import PlanLatency
 from modelopt.objective import Objective, Target, best_of
 from modelopt.plan.plan import Plan
-from modelopt.plan.trial import Trial, TrialStatus
-from modelopt.run.confirm import Confirmation, check_certifiable, confirm, finalists
+from modelopt.run.confirm import Confirmation, confirm, finalists
 from modelopt.run.journal import Journal, write_json_atomic
 from modelopt.run.layout import BEST_PLAN, CONFIG, JOURNAL, STATE, STATE_NEXT, SUMMARY
 from modelopt.run.lock import RunLock, lock_run_folder
 from modelopt.run.summary import run_summary
 from modelopt.search._base import Strategy
-
-if TYPE_CHECKING:  # the config imports this package (run.confirm): its type only, no import at run time
-    from modelopt.config.run_config import RunConfig
 
 __all__ = ["MAX_IDLE_ASKS", "RunResult", "Runner", "free_cuda_memory"]
 
@@ -122,7 +121,10 @@ class Runner:
         self.journal = Journal(self.run_dir / JOURNAL)
         self.trials: list[Trial] = []
         self.eval_seconds = 0.0
-        check_certifiable(evaluator, objective, self.console)
+        if objective.confidence > 0:  # what the splits can certify (`build` refused a val split that cannot)
+            self.console.print(evidence(evaluator.workload, objective), highlight=False, soft_wrap=True)
+            for warning in check_certifiable(evaluator.workload, objective):
+                self.console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
 
     # ---- set-up and resume ----------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from modelopt.confidence import PairedCounts
 from modelopt.objective import SELECTION_SHIFT
 
 __all__ = ["ANCHOR_PASS", "GATE_SHARE", "SELECTION_SHIFT", "Candidate", "LossShare", "confirm_chains",
-           "most_changed", "pass_chance", "plan_sequence"]
+           "pass_chance", "plan_sequence"]
 
 # SELECTION_SHIFT (modelopt.objective): val errors a search's pick is assumed lucky by; it changes the
 # order and so the power, never the guarantee, which holds for any order.
@@ -121,26 +121,6 @@ def _largest_net(n: int, base_right: int, disagree: int, confidence: float, floo
         return lo / n
     while hi - lo > 2:  # the bound falls as the net loss grows: bisect on the grid of the parity of D
         mid = lo + ((hi - lo) // 4) * 2
-        lo, hi = (mid, hi) if passes(mid) else (lo, mid)
-    return (hi if passes(hi) else lo) / n
-
-
-def most_changed(n: int, base_right: int, confidence: float, floor: float) -> float:
-    """The largest share of `n` images a plan may change (as many fixed as broken) and still be certified
-    at `floor`: what a split of that size can tell apart (0 when even a plan that changes nothing fails).
-
-    Example:
-        >>> round(most_changed(3000, 2430, 0.95, 0.99), 3)  # 3,000 images at 81 % float accuracy
-        0.068
-    """
-    def passes(d: int) -> bool:
-        return PairedCounts(n, base_right, (d + 1) // 2, d // 2).retention_lower(confidence) >= floor - 1e-12
-
-    if n <= 0 or not passes(0):
-        return 0.0
-    lo, hi = 0, n
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
         lo, hi = (mid, hi) if passes(mid) else (lo, mid)
     return (hi if passes(hi) else lo) / n
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from modelopt._version import __version__
 from modelopt.evaluation.metrics import Metrics
-from modelopt.plan.trial import Trial
+from modelopt.evaluation.trial import Trial
 from modelopt.run.confirm import Confirmation
 
 if TYPE_CHECKING:  # the runner imports this module: its type only

@@ -6,10 +6,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from modelopt.evaluation.trial import Trial
 from modelopt.objective import Objective
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace
-from modelopt.plan.trial import Trial
 
 
 class Strategy(ABC):

@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from modelopt.evaluation.cost import CostModel
+from modelopt.evaluation.trial import Trial
 from modelopt.objective import Objective, Target
 from modelopt.plan.plan import Decision, Plan
 from modelopt.plan.space import SearchSpace
-from modelopt.plan.trial import Trial
 from modelopt.search._base import Strategy
 from modelopt.search._registry import STRATEGIES
 from modelopt.search.mckp import solve_mckp

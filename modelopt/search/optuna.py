@@ -20,10 +20,10 @@ import warnings
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from modelopt.errors import ConfigError
+from modelopt.evaluation.trial import Trial
 from modelopt.objective import Objective
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace
-from modelopt.plan.trial import Trial
 from modelopt.search._base import Strategy
 from modelopt.search._registry import STRATEGIES
 

@@ -6,10 +6,10 @@ from typing import Any
 
 import numpy as np
 
+from modelopt.evaluation.trial import Trial
 from modelopt.objective import Objective
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace
-from modelopt.plan.trial import Trial
 from modelopt.search._base import Strategy
 from modelopt.search._registry import STRATEGIES
 

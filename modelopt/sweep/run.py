@@ -46,9 +46,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from modelopt.api import build_workload, optimize
-from modelopt.compressors.gptq import LayerInputs
 from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError, LoadError, ModeloptError
+from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.workload import Workload
 from modelopt.reports import write_sweep_report
 from modelopt.run.journal import write_json_atomic

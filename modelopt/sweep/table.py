@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from modelopt._files import write_atomic
+from modelopt.config.build import load_workload, make_evaluator
 from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator, Metrics
+from modelopt.evaluation.trial import Trial
 from modelopt.model.workload import Workload
 from modelopt.objective import Objective, best_of
 from modelopt.plan.plan import Plan
-from modelopt.plan.trial import Trial
 from modelopt.run.confirm import confirm, finalists
 from modelopt.run.journal import read_journal, read_json
 from modelopt.run.layout import CONFIG, JOURNAL, RUNS, SEEDS_CSV, SUMMARY, TABLE_CSV, TABLE_MD
@@ -119,8 +120,8 @@ class _Scorer:
         key = (model, json.dumps(config.to_json()["compressors"], sort_keys=True))
         if key not in self.evaluators:
             if model not in self.workloads:
-                self.workloads[model] = dataclasses.replace(config, device=self.device).load_workload()
-            self.evaluators[key] = config.make_evaluator(self.workloads[model])
+                self.workloads[model] = load_workload(dataclasses.replace(config, device=self.device))
+            self.evaluators[key] = make_evaluator(config, self.workloads[model])
         return self.evaluators[key]
 
     def test(self, model: str, config: RunConfig, rec: Mapping[str, Any] | None) -> Metrics:

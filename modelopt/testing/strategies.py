@@ -6,10 +6,10 @@ import json
 from collections.abc import Callable
 
 from modelopt.evaluation.metrics import Metrics
+from modelopt.evaluation.trial import Trial, TrialStatus
 from modelopt.objective import Objective, Target
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace
-from modelopt.plan.trial import Trial, TrialStatus
 from modelopt.search._base import Strategy
 
 

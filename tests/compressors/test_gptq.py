@@ -9,10 +9,11 @@ import torch
 from modelopt.api import build_compressors
 from modelopt.compressors import Granularity, Quantize, QuantSpec, Rounding
 from modelopt.compressors._base import scale_units
-from modelopt.compressors.gptq import DAMPING, LayerInputs, gptq_round, input_columns
+from modelopt.compressors.gptq import DAMPING, gptq_round
 from modelopt.compressors.quantize import _code_range, _per_weight, dequantize, quantize, search_scales
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator
+from modelopt.model.layer_inputs import LayerInputs, input_columns
 from modelopt.plan.space import SearchSpace
 
 PC, GR = Granularity.PER_CHANNEL, Granularity.GROUP

@@ -17,6 +17,7 @@ import pytest
 
 from modelopt import api
 from modelopt.compressors import COMPRESSORS
+from modelopt.config.build import build
 from modelopt.executors import RayExecutor
 from modelopt.run.layout import STATE, STATE_NEXT
 from modelopt.run.runner import Runner
@@ -78,7 +79,7 @@ def _runner(small_data, out: Path, budget: float, **settings) -> tuple[Runner, R
     small = {k: v for k, v in SMALL.items() if k not in ("report", "progress")}
     config = api.run_config(model="cifar10_resnet20", data=str(small_data), **{
         **api.KEYWORD_SETTINGS, **small, "budget": budget, "workers": 2, "executor": "ray", **settings})
-    built = config.build()
+    built = build(config)
     executor = RayExecutor(built.config)
     return Runner(built.evaluator, built.strategy, built.objective, budget=budget, run_dir=out, config=built.config,
                   progress=False, fidelity=config.fidelity, executor=executor), executor

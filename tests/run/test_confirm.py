@@ -7,11 +7,12 @@ import dataclasses
 import pytest
 
 from modelopt.compressors.quantize import Granularity, QuantSpec
+from modelopt.config.evidence import certifiable_retention
 from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.trial import Trial, TrialStatus
 from modelopt.objective import Objective
 from modelopt.plan.space import SearchSpace
-from modelopt.plan.trial import Trial, TrialStatus
-from modelopt.run.confirm import certifiable_retention, confirm, finalists
+from modelopt.run.confirm import confirm, finalists
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def test_the_smallest_plan_confirmed_in_turn_is_the_best_and_the_sequence_stops_
 
 def test_a_confirm_split_too_small_to_certify_the_floor_confirms_nothing_and_says_so(evaluator):
     obj = Objective("size", 0.99, 0.95)
-    ceiling = certifiable_retention(evaluator, "confirm", 0.95)
+    ceiling = certifiable_retention(evaluator.workload, "confirm", 0.95)
     n = len(evaluator.workload.split("confirm"))
     assert n < 300 and ceiling < 0.99  # ~170 images: a perfect plan is certified only near 98 %
     c = confirm(evaluator, obj, [_trial(evaluator, 0, 8, obj)])

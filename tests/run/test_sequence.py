@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from modelopt.confidence import PairedCounts
+from modelopt.confidence import PairedCounts, most_changed
 from modelopt.objective import Objective
 from modelopt.run.sequence import (
     ANCHOR_PASS,
@@ -17,7 +17,6 @@ from modelopt.run.sequence import (
     Candidate,
     LossShare,
     confirm_chains,
-    most_changed,
     pass_chance,
     plan_sequence,
 )

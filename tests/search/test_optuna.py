@@ -14,10 +14,10 @@ import modelopt.search.optuna  # noqa: F401  (registers optuna-tpe and optuna-ns
 from modelopt.compressors import Quantize
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Metrics
+from modelopt.evaluation.trial import Trial, TrialStatus
 from modelopt.model.layers import Layer, LayerKind
 from modelopt.objective import Objective
 from modelopt.plan.space import SearchSpace
-from modelopt.plan.trial import Trial, TrialStatus
 from modelopt.search import STRATEGIES
 from modelopt.testing.strategies import check_strategy
 

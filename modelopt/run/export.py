@@ -1,6 +1,8 @@
-"""What an export starts from: an evaluator and one plan, resolved from a run folder or a live workload.
+"""`modelopt.export`: a plan of a run (a run folder, a live workload or the evaluator that scored it)
+written by one of the writers in `modelopt.exporters` (packed checkpoint, ONNX).
 
-Each layer's stored form (codes and scales, masks) comes from its compressors: `modelopt.exporters._forms`.
+What an export starts from is resolved here (`resolve`: an evaluator and one plan); each layer's
+stored form comes from its compressors (`modelopt.exporters._forms`).
 """
 
 from __future__ import annotations
@@ -13,14 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from modelopt.config.assemble import build_compressors
+from modelopt.config.build import load_workload, make_evaluator
 from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluation.evaluator import Evaluator
+from modelopt.exporters.onnx import export_onnx
+from modelopt.exporters.packed import export_packed
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace, read_plan_file
 from modelopt.run.journal import Journal
 from modelopt.run.layout import BEST_PLAN, JOURNAL
+
+__all__ = ["FORMATS", "ExportSource", "PlanRef", "export", "resolve"]
 
 PlanRef = str | int | Path | Plan | Mapping[str, Any]
 
@@ -72,7 +79,7 @@ def _evaluator_from_run(run_dir: Path, device: str) -> Evaluator:
     key = json.dumps([cfg.to_json(), stamp], sort_keys=True, default=str)
     if key in _CACHE:
         return _CACHE[key]
-    wl = cfg.load_workload()
+    wl = load_workload(cfg)
     saved = cfg.fingerprints.get("model_sha256")
     if saved is not None and wl.fingerprints()["model_sha256"] != saved:
         raise LoadError(
@@ -80,7 +87,7 @@ def _evaluator_from_run(run_dir: Path, device: str) -> Evaluator:
             "restore the original weights file"
         )
     _CACHE.clear()
-    _CACHE[key] = ev = cfg.make_evaluator(wl)
+    _CACHE[key] = ev = make_evaluator(cfg, wl)
     return ev
 
 
@@ -136,3 +143,59 @@ def _trial_plan(number: int, space: SearchSpace, run_dir: Path | None) -> Plan:
     if run_dir is None:
         raise ConfigError(f"plan {number} (a trial number) needs a run folder as the source")
     return space.plan_from_flat(_trial_record(number, run_dir)["plan"])
+
+
+FORMATS = {"modelopt": ".pt", "onnx": ".onnx"}
+
+
+def export(
+    source: str | Path | Workload | Evaluator,
+    plan: PlanRef = "best",
+    format: str = "modelopt",
+    out: str | Path | None = None,
+    *,
+    device: str = "cpu",
+    **options: Any,
+) -> Path:
+    """Writes a plan applied to a model as a packed checkpoint or an ONNX file.
+
+    Args:
+        source: a run folder (its run.json rebuilds model and data), a Workload (the default
+            quantizer reads the plan) or the Evaluator that scored the plan.
+        plan: ``"best"`` (the run's best_plan.yaml), a trial number of the run, a plan YAML file,
+            a Plan or a plan mapping.
+        format: ``modelopt`` (packed checkpoint; reload with `modelopt.load`) or ``onnx`` (QDQ,
+            runs in ONNX Runtime).
+        out: the file to write; default ``<run folder>/model-<plan>.pt`` or ``.onnx``.
+        device: where a workload rebuilt from a run folder lives.
+        **options: for ``onnx``: activations, calibration, percentile, calib_samples, quantize_input,
+            widen_int4 (see `modelopt.exporters.onnx.export_onnx`).
+
+    Returns:
+        The path written.
+
+    Raises:
+        ConfigError: unknown format, a plan that names no trial or file, no `out` without a run folder.
+        LoadError: the run folder or its model and data cannot be read.
+
+    Example:
+        >>> modelopt.export("runs/r20", plan="best", format="onnx")
+        PosixPath('runs/r20/model-best.onnx')
+        >>> net = modelopt.load(modelopt.export("runs/r20"))
+    """
+    if format not in FORMATS:
+        raise ConfigError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
+    if format == "modelopt" and options:
+        raise ConfigError(f"option {min(options)!r} applies only to format 'onnx'")
+    src = resolve(source, plan, device=device)
+    if out is None:
+        if src.run_dir is None:
+            raise ConfigError("pass out=PATH (--out) when exporting from a workload rather than a run folder")
+        out = src.run_dir / f"model-{src.tag}{FORMATS[format]}"
+    if format == "onnx":
+        valid = ("activations", "calibration", "percentile", "calib_samples", "quantize_input", "widen_int4")
+        for key in options:
+            if key not in valid:
+                raise ConfigError(f"unknown onnx export option {key!r}; valid: {', '.join(valid)}")
+        return export_onnx(src.evaluator, src.plan, out, **options).path
+    return export_packed(src.evaluator, src.plan, out)

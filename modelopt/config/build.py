@@ -1,0 +1,137 @@
+"""A run's parts from its settings: the workload, search space, evaluator, objective and strategy.
+
+`RunConfig` is data; this is where it becomes a run. `modelopt.run` (the runner, resume, export),
+the Ray workers (`modelopt.executors`), reports and sweeps build a run, or rebuild one from its folder,
+through these functions and nowhere else.
+
+Example:
+    >>> built = build(RunConfig(budget=50, seed=1))   # loads ResNet-20 and the bundled sample
+    >>> (plan,) = built.strategy.ask()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import nn
+
+from modelopt.compressors import Compressor
+from modelopt.confidence import PairedCounts
+from modelopt.config.assemble import build_compressors, default_compressors, load_exit_images
+from modelopt.config.evidence import CONFIRM, check_certifiable
+from modelopt.config.run_config import RunConfig
+from modelopt.data.dataset import load_data
+from modelopt.errors import ConfigError
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.output_sensitivity import output_losses, probe_images
+from modelopt.evaluation.sensitivity import estimate_losses
+from modelopt.knowledge import warm_start
+from modelopt.model.layers import Layer
+from modelopt.model.loader import load_model
+from modelopt.model.workload import Workload
+from modelopt.objective import Objective
+from modelopt.plan.space import SearchSpace
+from modelopt.search import STRATEGIES, Strategy
+
+__all__ = ["BuiltRun", "build", "compressor_names", "load_workload", "make_compressors", "make_evaluator",
+           "make_objective", "make_space", "resolve"]
+
+
+@dataclass(frozen=True)
+class BuiltRun:
+    """A run's parts, from `build`; `config` is resolved (menus in full, device, fingerprints)."""
+
+    config: RunConfig
+    workload: Workload
+    evaluator: Evaluator
+    strategy: Strategy
+    objective: Objective
+
+    @property
+    def space(self) -> SearchSpace:
+        return self.evaluator.space
+
+
+def load_workload(config: RunConfig, *, allow_pickle: bool = False) -> Workload:
+    """Loads the model and data and puts both, with the float predictions, on the device."""
+    model = load_model(config.model, config.weights, allow_pickle=allow_pickle)
+    return Workload(model, load_data(config.data, seed=config.data_seed, unlabeled=config.unlabeled),
+                    device=config.device)
+
+
+def compressor_names(config: RunConfig, model: nn.Module | None) -> tuple[str, ...]:
+    """The compressors the run uses: the named ones, else those that can lower the objective on `model`."""
+    if config.compressors is not None:
+        return config.compressors
+    if model is None:
+        raise ConfigError("a RunConfig without compressors needs the model to choose them")
+    names = default_compressors(config.objective, model)
+    return tuple(n for n in names if not (config.onnx_timed and n == "early_exit"))  # ONNX cannot time exits
+
+
+def make_compressors(config: RunConfig, model: nn.Module | None = None) -> list[Compressor]:
+    """The run's compressors with their options (options derived from `model` fill what `options` leave out)."""
+    names = compressor_names(config, model)
+    return build_compressors(names, {n: o for n, o in config.options.items() if n in names}, model=model)
+
+
+def make_space(config: RunConfig, layers: Sequence[Layer], model: nn.Module | None = None) -> SearchSpace:
+    return SearchSpace(layers, make_compressors(config, model))
+
+
+def make_evaluator(config: RunConfig, workload: Workload) -> Evaluator:
+    """An evaluator of the run's space on `workload` (with the extra exit images when it has exits)."""
+    space = make_space(config, workload.layers, workload.model)
+    extra = None
+    if config.exit_data is not None and "early_exit" in space.compressors:
+        extra = load_exit_images(workload, config.exit_data, config.exit_images)
+    return Evaluator(workload, space, exit_images=extra)
+
+
+def make_objective(config: RunConfig, workload: Workload) -> Objective:
+    """The run's objective on `workload`: its search bounds are taken at the size of the confirm split
+    (`Objective.claim_images`) when that split can certify the floor."""
+    objective = config.make_objective()
+    if CONFIRM not in workload.splits or config.confidence <= 0:
+        return objective
+    confirm = workload.split(CONFIRM)
+    ceiling = PairedCounts(len(confirm), int(confirm.base_correct.sum()), 0, 0).retention_lower(config.confidence)
+    usable = ceiling >= config.min_retention - 1e-12
+    return dataclasses.replace(objective, claim_images=len(confirm)) if usable else objective
+
+
+def resolve(config: RunConfig, workload: Workload, space: SearchSpace) -> RunConfig:
+    """`config` as run on `workload`: compressor menus in full, the device and fingerprints named."""
+    return dataclasses.replace(
+        config, model=workload.name, data=str(workload.data.source), device=str(workload.device),
+        compressors=tuple(space.compressors),
+        options={name: c.options() for name, c in space.compressors.items()},
+        fingerprints=workload.fingerprints())
+
+
+def build(config: RunConfig, workload: Workload | None = None, *, allow_pickle: bool = False) -> BuiltRun:
+    """The run's parts: `workload` (loaded from `config.model` and `config.data` when None), space,
+    evaluator, and the strategy (after the priors it starts from are measured).
+
+    A given workload is the caller's word that it is this config's model, data and device.
+
+    Raises:
+        ConfigError: the val split is too small to certify the floor (before any work).
+    """
+    wl = workload if workload is not None else load_workload(config, allow_pickle=allow_pickle)
+    evaluator = make_evaluator(config, wl)
+    objective = make_objective(config, wl)
+    check_certifiable(wl, objective)  # a val split too small to certify the floor: refused before any work
+    evaluator.measure_errors()  # data-free priors the strategies start from; costs no evaluation
+    strategy = STRATEGIES.get(config.strategy)(evaluator.space, objective, seed=config.seed)
+    if strategy.loss_estimator == "fisher":  # the knapsack's one-pass (gradient) sensitivities
+        strategy.use_loss_estimates(estimate_losses(evaluator))
+    elif strategy.loss_estimator == "output" and (n := probe_images(
+            config.budget, len(wl.split("val")), len({d.layer for d in evaluator.space.decisions}),
+            len(wl.split("calib")))):  # MCTS's label-free probes, when the budget affords them
+        strategy.use_loss_estimates(output_losses(evaluator, n))
+    if config.knowledge is not None:  # priors from earlier runs' lessons (a missing store: none yet)
+        warm_start(config.knowledge, evaluator, strategy)
+    return BuiltRun(resolve(config, wl, evaluator.space), wl, evaluator, strategy, objective)

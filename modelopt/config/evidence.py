@@ -1,0 +1,65 @@
+"""What a run's labeled splits can certify: refused before any work when val cannot certify the floor at
+all, said when the confirm split cannot, and one evidence line a run prints before it searches."""
+
+from __future__ import annotations
+
+from modelopt.confidence import PairedCounts, most_changed
+from modelopt.errors import ConfigError
+from modelopt.model.workload import Workload
+from modelopt.objective import Objective
+
+__all__ = ["certifiable_retention", "check_certifiable", "evidence"]
+
+CONFIRM = "confirm"  # the split that vouches for the reported plan (`modelopt.run.confirm`)
+
+
+def certifiable_retention(workload: Workload, split: str, confidence: float) -> float:
+    """The retention bound of a plan that agrees with the float model on every image of `split`:
+    the most that split can certify at `confidence`."""
+    data = workload.split(split)
+    return PairedCounts(len(data), int(data.base_correct.sum()), 0, 0).retention_lower(confidence)
+
+
+def check_certifiable(workload: Workload, objective: Objective) -> tuple[str, ...]:
+    """Refuses, in one line, a val split too small to certify the floor even for a plan that agrees
+    with the float model on every image (the search would be pointless); returns the warning for a
+    confirm split that small (the best plan is then reported unconfirmed)."""
+    if objective.confidence <= 0:
+        return ()
+    floor, conf = objective.min_retention, objective.confidence
+    warnings = []
+    for split in ("val", CONFIRM):
+        if split not in workload.splits:
+            continue
+        ceiling = certifiable_retention(workload, split, conf)
+        if ceiling >= floor - 1e-12:
+            continue
+        n = len(workload.split(split))
+        said = (f"the {split} split ({n} images) is too small to certify a {floor:.1%} retention floor: a plan "
+                f"that agrees with the float model on all of them is certified only at {ceiling:.2%} "
+                f"(confidence {conf:g})")
+        if split == "val":
+            raise ConfigError(f"{said}; pass more data, a lower --min-retention, or --confidence 0 for point estimates")
+        warnings.append(f"{said}; the best plan will be certified on val only and reported as unconfirmed")
+    return tuple(warnings)
+
+
+def evidence(workload: Workload, objective: Objective) -> str:
+    """One line: what each labeled split can certify at the floor (the largest share of its images a plan
+    may change, as many fixed as broken), and what four times the images would buy (twice the resolution).
+
+    Example:
+        >>> evidence(wl, Objective("size", 0.99, 0.95))
+        'evidence at 99.0 % (95 % confidence): val 1,500 images (float 81.5 %) certify plans that change up to ...'
+    """
+    floor, conf = objective.min_retention, objective.confidence
+    parts = []
+    for split in ("val", CONFIRM, "test"):
+        if split not in workload.splits:
+            continue
+        data = workload.split(split)
+        n, right = len(data), int(data.base_correct.sum())
+        now, more = most_changed(n, right, conf, floor), most_changed(4 * n, 4 * right, conf, floor)
+        parts.append(f"{split} {n:,} images (float {right / max(n, 1):.1%}) up to {now:.1%} (4x: {more:.1%})")
+    return (f"evidence at {floor:.1%} ({conf:g} confidence): the share of answers a plan may change, as many fixed "
+            "as broken, and still be certified: " + "; ".join(parts))
