@@ -66,7 +66,7 @@ def main() -> None:
     for _ in range(args.plans):
         choice = {d.name: d.choices[int(rng.integers(len(d.choices)))] for d in space.decisions}
         plan = space.plan(choice)
-        state, _ = ev.compressed_state(plan)
+        state, _ = ev.states.compressed_state(plan)
         with wl.state(state):
             for k, x in xs.items():
                 pred = wl.predict(x)

@@ -53,7 +53,7 @@ def _paired_pass(ev: Evaluator, plans: list) -> tuple[list[float], list[float], 
         wl.logits(x)
         _sync(wl.device)
         t1 = time.perf_counter()
-        ev.evaluate(plan, "val")
+        ev.scorer.evaluate(plan, "val")
         _sync(wl.device)
         t2 = time.perf_counter()
         bare_s.append(t1 - t0)

@@ -31,8 +31,8 @@ def main() -> None:
     src = resolve(args.run_dir, args.plan)
     ev, plan, wl = src.evaluator, src.plan, src.evaluator.workload
     x = wl.split("val").x
-    want = ev.logits(plan, x).argmax(1).cpu().numpy()
-    m = ev.evaluate(plan, "val")
+    want = ev.states.logits(plan, x).argmax(1).cpu().numpy()
+    m = ev.scorer.evaluate(plan, "val")
     print(f"plan {src.tag} of {args.run_dir}: {m.compression:.2f}x, size_bytes {m.size_bytes}, "
           f"val retention {m.retention:.2%} (search-time estimate) on {len(x)} images")
     with tempfile.TemporaryDirectory() as tmp:

@@ -66,18 +66,19 @@ def main() -> None:
     print("\nORT top-1 agreement with the PyTorch evaluation of the same plan (weights-only fake quant):")
     for name, key in (("int8", "onnx int8 QDQ"), ("int4", "onnx int4 QDQ"), ("int4", "onnx int4->int8")):
         plan = plans[name]
-        with wl.weights(ev.compressed_weights(plan)):
+        with wl.weights(ev.states.compressed_weights(plan)):
             ref = {s: wl.predict(wl.split(s).x).numpy() for s in ("val", "test")}
         path = files[key]
         agree = {s: float(np.mean(run_onnx(path, wl.split(s).x).argmax(1) == ref[s])) for s in ref}
         acc = float(np.mean(run_onnx(path, x).argmax(1) == wl.split("val").y.numpy()))
-        m = ev.evaluate(plan, "val")
+        m = ev.scorer.evaluate(plan, "val")
         print(f"  {key}, uniform {name} per-channel: val {agree['val']:.2%} ({len(ref['val'])} images), "
               f"test {agree['test']:.2%}; val top-1 ORT {acc:.2%} vs PyTorch {m.accuracy:.2%}")
         ops = fused_op_counts(path)
         print(f"    ORT runs: {', '.join(f'{k} x{v}' for k, v in sorted(ops.items()))}")
     packed = export_packed(ev, plans["int8"], tmp / "int8.pt")
-    print(f"\npacked INT8 checkpoint {packed.stat().st_size} bytes vs size_bytes {ev.size_bytes(plans['int8'])}")
+    size = ev.plan_cost(plans["int8"]).size_bytes
+    print(f"\npacked INT8 checkpoint {packed.stat().st_size} bytes vs size_bytes {size}")
 
 
 if __name__ == "__main__":

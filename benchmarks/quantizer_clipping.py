@@ -25,7 +25,8 @@ def main() -> None:
             comp = Quantize(bits=(bits,), granularity=(gran,)) if ratios is None else Quantize(
                 bits=(bits,), granularity=(gran,), clip_ratios=ratios)
             space = SearchSpace(wl.layers, [comp])
-            m = Evaluator(wl, space).evaluate(space.uniform("quantize", QuantSpec(bits, Granularity(gran))), "all")
+            plan = space.uniform("quantize", QuantSpec(bits, Granularity(gran)))
+            m = Evaluator(wl, space).scorer.evaluate(plan, "all")
             print(f"{f'uniform int{bits} {gran}':24s} {label:14s} {m.accuracy:7.2%} {m.retention:9.2%} "
                   f"{m.agreement:9.2%} {m.compression:10.2f}x")
 

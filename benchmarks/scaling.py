@@ -35,8 +35,9 @@ from queue import Queue
 
 import torch
 
-from modelopt.api import KEYWORD_SETTINGS, optimize, run_config
+from modelopt.api import optimize
 from modelopt.config.build import build
+from modelopt.config.run_config import RunConfig
 from modelopt.evaluation.metrics import Metrics
 from modelopt.executors import Executor, Job, Scored
 from modelopt.run.runner import Runner
@@ -123,7 +124,7 @@ class SyntheticExecutor(Executor):
         space, ev = self.evaluator.space, self.evaluator
         error = sum(f.error for d in space.decisions for c, f in zip(d.choices, space.features[d.name], strict=True)
                     if job.plan.get(d.name) == c and c is not None)
-        size, float_size = ev.size_bytes(job.plan), ev.workload.float_size_bytes
+        size, float_size = ev.plan_cost(job.plan).size_bytes, ev.workload.float_size_bytes
         retention = max(0.0, 1.0 - error)
         return Metrics(split="val", n_samples=len(ev.workload.split("val")), accuracy=0.9 * retention,
                        baseline_accuracy=0.9, retention=retention, agreement=retention, size_bytes=size,
@@ -150,8 +151,8 @@ class SyntheticExecutor(Executor):
 
 
 def driver(args: argparse.Namespace, root: Path) -> None:
-    config = run_config(**{**KEYWORD_SETTINGS, **R56, "strategy": "mcts", "confidence": 0.0, "latency": None,
-                           "fidelity": None, "budget": float(args.trials)})
+    config = RunConfig().replace(**{**R56, "strategy": "mcts", "confidence": 0.0, "latency": None,
+                                    "fidelity": None, "budget": float(args.trials)})
     built = build(config)
     print(f"MCTS driver on ResNet-56's space ({len(built.space.decisions)} decisions), synthetic evaluations of "
           f"{args.delay:g} s each, {args.trials} trials\n")

@@ -45,14 +45,14 @@ def main() -> None:
         comps = build_compressors(["prune"], {"prune": {"kind": ["structured"], "bn_samples": bn_samples}})
         ev = Evaluator(wl, SearchSpace(wl.layers, comps))
         plan = ev.space.parse_plan(doc)
-        m = ev.evaluate(plan, split=args.split)
+        m = ev.scorer.evaluate(plan, split=args.split)
         rows.append((bn_samples, m))
     m = rows[0][1]
     ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["prune"], {"prune": {"kind": ["structured"]}})))
     plan = ev.space.parse_plan(doc)
-    small = ev.physical_model(plan)
+    small = ev.states.physical_model(plan)
     x = wl.split("val").x[: args.batch]
-    state, _ = ev.compressed_state(plan)
+    state, _ = ev.states.compressed_state(plan)
     with wl.state(state), torch.inference_mode():
         simulated = wl.model(x)
     with torch.inference_mode():

@@ -111,12 +111,12 @@ def test_export_and_reload_give_the_scored_model(toy_run: Path, small_workload, 
     ev, plan = source.evaluator, source.plan
     net = modelopt.load(path)
     x = small_workload.split("val").x[:64]
-    want = ev.logits(plan, x)
+    want = ev.states.logits(plan, x)
     with torch.inference_mode():
         got = net(x)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     record = next(r for r in read_run(toy_run).records if r.number == number)
-    assert math.isclose(ev.size_bytes(plan), record.metrics.size_bytes)
+    assert math.isclose(ev.plan_cost(plan).size_bytes, record.metrics.size_bytes)
 
 
 def test_onnx_export_runs_the_plugins_codes(toy_run: Path, small_workload, tmp_path: Path) -> None:
@@ -129,7 +129,7 @@ def test_onnx_export_runs_the_plugins_codes(toy_run: Path, small_workload, tmp_p
     onnx.checker.check_model(onnx.load(str(path)))
     source = resolve(toy_run, number)
     x = small_workload.split("val").x[:64]
-    want = source.evaluator.logits(source.plan, x).argmax(1).numpy()
+    want = source.evaluator.states.logits(source.plan, x).argmax(1).numpy()
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0].argmax(1)
     assert (got == want).mean() >= 0.95

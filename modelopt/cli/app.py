@@ -101,9 +101,21 @@ def _csv(value: str, cast: Callable[[str], Any], what: str) -> list[Any]:
     return items
 
 
-def _activation_bits(value: str) -> int | None:
-    """`none` (float inputs) or a bit width, for --activations."""
-    return None if value.lower() in ("none", "null", "float") else int(value)
+def _run_json(result: Any) -> dict[str, Any]:
+    """The run's headline as one JSON object (`--json`)."""
+    s = result.summary
+    best = s["best"]
+    return {
+        "run_dir": str(result.run_dir),
+        "n_trials": s["n_trials"],
+        "budget_used": s["budget_used"],
+        "baseline": s["baseline"],
+        "best_plan": None if best is None else best["plan"],
+        "best_test": None if best is None else best["test"],
+        "best_confirm": None if best is None else best["confirm"],
+        "best_val": None if best is None else best["val"],
+        "confirmed": None if best is None else best["confirmed"],
+    }
 
 
 def _emit_json(obj: dict[str, Any]) -> None:
@@ -113,6 +125,7 @@ def _emit_json(obj: dict[str, Any]) -> None:
 
 @app.command()
 @_friendly
+@opt.with_compressor_settings
 def optimize(
     model: opt.Model = None,
     weights: opt.Weights = None,
@@ -126,14 +139,8 @@ def optimize(
     confidence: opt.Confidence = None,
     count_gains: opt.CountGains = None,
     seed: opt.Seed = None,
-    bits: opt.Bits = None,
-    granularity: opt.Granularity = None,
-    rounding: opt.Rounding = None,
-    exit_data: opt.ExitData = None,
-    exit_images: opt.ExitImages = None,
-    activations: opt.Activations = None,
     compressors: opt.Compressors = None,
-    device: opt.Device = "auto",
+    device: opt.Device = None,
     out_dir: opt.OutDir = None,
     resume: opt.Resume = False,
     allow_pickle: opt.AllowPickle = False,
@@ -145,31 +152,28 @@ def optimize(
     ray_address: opt.RayAddress = None,
     knowledge: opt.Knowledge = None,
     verbose: opt.Verbose = False,
+    *,
+    settings: dict[str, Any],
 ) -> None:
     """Search for the smallest plan above the retention floor; with no options, ResNet-20 on bundled CIFAR-10."""
     _setup_logging(verbose)
     given: dict[str, Any] = dict(
         model=model, weights=weights, data=data, unlabeled=unlabeled, strategy=strategy, budget=budget,
-        objective=objective,
-        min_retention=min_retention, confidence=confidence, count_gains=count_gains, seed=seed,
-        device=device, exit_data=exit_data, exit_images=exit_images, workers=workers, executor=executor,
-        ray_address=ray_address, knowledge=knowledge,
-        latency=None if latency is None else None if latency.lower() == "none" else latency,
-        bits=None if bits is None else _csv(bits, int, "bits"),
-        granularity=None if granularity is None else _csv(granularity, str, "granularity"),
-        rounding=None if rounding is None else _csv(rounding, str, "rounding"),
-        compressors=None if compressors is None else _csv(compressors, str, "compressors"),
-        activations=None if activations is None else _csv(activations, _activation_bits, "activations"),
+        objective=objective, min_retention=min_retention, confidence=confidence, count_gains=count_gains, seed=seed,
+        device=device, workers=workers, executor=executor, ray_address=ray_address, knowledge=knowledge,
+        latency=latency, compressors=None if compressors is None else _csv(compressors, str, "compressors"),
     )
     given = {k: v for k, v in given.items() if v is not None}
     if latency is not None and latency.lower() == "none":
         given["latency"] = None
-    if resume:  # the settings the run was started with, then what the flags change
+    # One override path: the settings a new run starts from (RunConfig's defaults) or a resumed run was
+    # started with, then what the flags change.
+    if resume:
         out_dir = out_dir or api.latest_run_dir()
         check_unlocked(out_dir)  # a run still starting there has written no settings yet: say it is busy
-        config = api.with_settings(RunConfig.read(out_dir), **given)
+        config = RunConfig.read(out_dir).replace(**given, **settings)
     else:
-        config = api.run_config(**{**_FRESH, **given})
+        config = RunConfig().replace(**given, **settings)
     result = api.run(config, out=out_dir, resume=resume, storage=storage, progress=progress,
                      allow_pickle=allow_pickle)
     print_run(out, result)
@@ -179,27 +183,12 @@ def optimize(
         out.print(f"Trials written to {storage}; view them with: optuna-dashboard {storage}", highlight=False,
                   soft_wrap=True)
     if json_out:
-        s = result.summary
-        best = s["best"]
-        _emit_json({
-            "run_dir": str(result.run_dir),
-            "n_trials": s["n_trials"],
-            "budget_used": s["budget_used"],
-            "baseline": s["baseline"],
-            "best_plan": None if best is None else best["plan"],
-            "best_test": None if best is None else best["test"],
-            "best_confirm": None if best is None else best["confirm"],
-            "best_val": None if best is None else best["val"],
-            "confirmed": None if best is None else best["confirmed"],
-        })
-
-
-# A new run's settings where no flag is given: optimize's defaults (bundled ResNet-20 and sample).
-_FRESH: dict[str, Any] = {"model": "cifar10_resnet20", "data": "cifar10-sample", **api.KEYWORD_SETTINGS}
+        _emit_json(_run_json(result))
 
 
 @app.command()
 @_friendly
+@opt.with_compressor_settings
 def evaluate(
     plan: Annotated[Path | None, typer.Option(help="Plan YAML file (default: no compression).")] = None,
     model: Annotated[str, typer.Option(
@@ -212,17 +201,19 @@ def evaluate(
     compressors: Annotated[str | None, typer.Option(
         help="Compressors the plan may use, e.g. quantize,prune (default: every registered one the model "
              "suits).")] = None,
-    rounding: Annotated[str, typer.Option(help="Rounding of plan entries that name none: gptq or nearest.")] = "gptq",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
     allow_pickle: Annotated[bool, typer.Option(
         help="Allow full unpickling of a model file (trusted files only).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
+    *,
+    settings: dict[str, Any],
 ) -> None:
-    """Score one plan on one split: accuracy, retention, agreement, size, compression, bitops."""
+    """Score one plan on one split: accuracy, retention, agreement, size, compression, bitops. A compressor's
+    settings (e.g. --rounding nearest) are what plan entries that name none get."""
     _setup_logging(False)
-    names = _csv(compressors, str, "compressors") if compressors is not None else api.DEFAULT_COMPRESSORS
+    names = _csv(compressors, str, "compressors") if compressors is not None else None
     m = api.evaluate(model, plan, data, weights=weights, split=split, device=device, allow_pickle=allow_pickle,
-                     compressors=names, rounding=_csv(rounding, str, "rounding"))
+                     compressors=names, **settings)
     table = Table(title=f"{model} — {'float' if plan is None else plan} on {split} ({m.n_samples} images)")
     for col in ("top-1", "float top-1", "retention", "agree", "size", "ratio", "MACs", "bitops"):
         table.add_column(col, justify="right")

@@ -1,12 +1,20 @@
 """The options of `modelopt optimize`, one typed alias each (the command's signature stays one line per
-option). None means "not given": a new run takes the tool's default, a resumed run keeps its own."""
+option), and the compressors' own settings as flags (`with_compressor_settings`: each compressor declares
+them, `Compressor.settings`). None means "not given": a new run takes `RunConfig`'s default, a resumed run
+keeps its own."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+
+from modelopt.compressors import compressor_settings
+from modelopt.errors import ConfigError
 
 Model = Annotated[
     str | None, typer.Option(help="Zoo name, torchvision:NAME, pkg.module:factory, or a saved module file.")
@@ -50,30 +58,6 @@ Unlabeled = Annotated[
     ),
 ]
 Seed = Annotated[int | None, typer.Option(help="Seed of the search.")]
-Bits = Annotated[str | None, typer.Option(help="Weight bit widths offered, e.g. 8,4 or 8,4,3,2.")]
-Granularity = Annotated[str | None, typer.Option(help="Scale granularities: per_tensor, per_channel, group.")]
-Rounding = Annotated[
-    str | None,
-    typer.Option(
-        help="How codes are picked: gptq (calibrated on the calib split), nearest, or gptq,nearest to let the "
-        "search choose (default gptq)."
-    ),
-]
-ExitData = Annotated[
-    Path | None,
-    typer.Option(
-        help="An .npz of images the search never scores (e.g. ../shared/data/cifar10/cifar10_jpeg_train.npz): "
-        "early-exit heads are also fitted on them."
-    ),
-]
-ExitImages = Annotated[int | None, typer.Option(help="How many --exit-data images (a seeded subset; default 10000).")]
-Activations = Annotated[
-    str | None,
-    typer.Option(
-        help="Input activation bits offered per layer: none (float), 8, or none,8 (default: none,8 for "
-        "--objective bitops, else none)."
-    ),
-]
 Compressors = Annotated[
     str | None,
     typer.Option(
@@ -81,7 +65,7 @@ Compressors = Annotated[
         "default: every registered one that can lower the objective."
     ),
 ]
-Device = Annotated[str, typer.Option(help="auto (CUDA when present), cpu, cuda, cuda:N.")]
+Device = Annotated[str | None, typer.Option(help="auto (CUDA when present; the default), cpu, cuda, cuda:N.")]
 OutDir = Annotated[
     Path | None, typer.Option("--out", help="Run folder (default runs/<time>-<model>-<strategy>-s<seed>).")
 ]
@@ -118,3 +102,35 @@ Knowledge = Annotated[
         "layer, and add this run's. Off by default."
     ),
 ]
+
+
+def with_compressor_settings(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`command` with one option per registered compressor's setting (`--bits`, `--exit-data`, ...): those
+    given reach it parsed (`Setting.from_text`), as ``settings={option: value}``.
+
+    Example:
+        >>> @app.command()
+        ... @with_compressor_settings
+        ... def optimize(budget: Budget = None, *, settings: dict[str, Any]) -> None: ...
+    """
+    declared = compressor_settings()
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "settings"]
+    clash = sorted({p.name for p in own} & set(declared))
+    if clash:
+        raise ConfigError(f"compressor {declared[clash[0]][0]!r} declares the setting {clash[0]!r}, which is already "
+                          "an option of the command; the compressor must rename it")
+    extra = [inspect.Parameter(option, inspect.Parameter.KEYWORD_ONLY, default=None,
+                               annotation=Annotated[str | None, typer.Option(s.flag, help=f"{s.help} [{comp}]")])
+             for option, (comp, s) in declared.items()]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> Any:
+        given = {o: declared[o][1].from_text(kwargs.pop(o)) for o in declared if kwargs.get(o) is not None}
+        for o in declared:
+            kwargs.pop(o, None)
+        return command(**kwargs, settings=given)
+
+    params = [*own, *extra]
+    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper

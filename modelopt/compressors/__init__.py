@@ -1,10 +1,36 @@
-"""Compressor plugins: each offers per-layer choices and applies them."""
+"""Compressor plugins: each offers per-layer choices and applies them.
+
+Outside this package, code reaches compressors through the registry and the contract (`_base`, `_surface`,
+`_inputs`), never through a plugin's own module.
+"""
 
 from modelopt.compressors._base import Choice, Compressor, Storage
 from modelopt.compressors._registry import COMPRESSORS
+from modelopt.compressors._surface import Cell, ReportColumn, Setting, SettingKind
 from modelopt.compressors.early_exit.compressor import EarlyExit, ExitChoice
 from modelopt.compressors.prune import Prune, PruneKind, PruneSpec
 from modelopt.compressors.quantize import Granularity, Quantize, QuantSpec, Rounding
+from modelopt.errors import ConfigError
 
-__all__ = ["COMPRESSORS", "Choice", "Compressor", "EarlyExit", "ExitChoice", "Granularity", "Prune", "PruneKind",
-           "PruneSpec", "QuantSpec", "Quantize", "Rounding", "Storage"]
+# The compressor a run record that names none ran (the first versions of modelopt had no other).
+FIRST_COMPRESSOR = Quantize.name
+
+__all__ = ["COMPRESSORS", "FIRST_COMPRESSOR", "Cell", "Choice", "Compressor", "EarlyExit", "ExitChoice",
+           "Granularity", "Prune", "PruneKind", "PruneSpec", "QuantSpec", "Quantize", "ReportColumn", "Rounding",
+           "Setting", "SettingKind", "Storage", "compressor_settings"]
+
+
+def compressor_settings() -> dict[str, tuple[str, Setting]]:
+    """Every registered compressor's settings by option name: {option: (compressor, Setting)}.
+
+    Raises:
+        ConfigError: two compressors declare the same option (a plugin must choose another name).
+    """
+    out: dict[str, tuple[str, Setting]] = {}
+    for name in COMPRESSORS.names():
+        for setting in COMPRESSORS.get(name).settings:
+            if setting.option in out:
+                raise ConfigError(f"compressors {out[setting.option][0]!r} and {name!r} both declare the setting "
+                                  f"{setting.option!r}; one of them must rename it")
+            out[setting.option] = (name, setting)
+    return out

@@ -11,17 +11,22 @@ from __future__ import annotations
 import dataclasses
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
+from torch import nn
 
+from modelopt.compressors._surface import ReportColumn, Setting
 from modelopt.errors import ConfigError
 from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer
+
+if TYPE_CHECKING:  # annotations only: the workload is built from modules that import this one's plugins
+    from modelopt.model.workload import Workload
 
 Choice = Hashable  # None means "this compressor leaves the layer alone"
 SCALE_BYTES = 2  # float16 scales
@@ -212,6 +217,67 @@ class Storage:
         return math.ceil(values * self.value_bits / 8) + self.index_bytes + self.extra_bytes
 
 
+Route = Hashable  # a plan's routing as a `Routing` describes it (early exit: its active exits and thresholds)
+Forward = Callable[[torch.Tensor], torch.Tensor]  # the resident model's logits on a batch
+
+
+class Routing(ABC):
+    """What a compressor whose choices let samples leave the network early does when plans are scored.
+
+    A compressor offers one through `Compressor.routing`; the evaluator (`modelopt.evaluation.routes`)
+    drives it with the plan's choices on that compressor's decisions, {layer: choice}, and never looks
+    inside a route. Early exit is the one shipped (`modelopt.compressors.early_exit.routing`).
+    """
+
+    @abstractmethod
+    def route(self, choices: Mapping[str, Choice]) -> Route | None:
+        """The route of the plan's choices; None when every sample runs the whole network."""
+
+    @abstractmethod
+    def one_time_keys(self, route: Route | None) -> set[str]:
+        """The one-time preparations a plan with `route` is charged for, when it is the run's first."""
+
+    @abstractmethod
+    def prepare(self, route: Route | None) -> dict[str, float]:
+        """Prepares what a plan with `route` needs (e.g. fits heads, on the float model), and the budget each
+        of its `one_time_keys` costs."""
+
+    @abstractmethod
+    def predict(self, forward: Forward, x: torch.Tensor, route: Route) -> tuple[torch.Tensor, torch.Tensor]:
+        """(top-1 prediction, position of the exit each sample left at; len(exits): the end) for `x`, with the
+        plan's weights in place; raises TrialError when the outputs are not finite."""
+
+    @abstractmethod
+    def reach(self, route: Route, exit_at: torch.Tensor) -> dict[str, float]:
+        """Per compressible layer, the share of samples that ran it."""
+
+    @abstractmethod
+    def extra_macs(self, route: Route, exit_at: torch.Tensor) -> float:
+        """Mean MACs per sample of what the route adds (heads), over the samples as they left."""
+
+    @abstractmethod
+    def left_early(self, route: Route, exit_at: torch.Tensor) -> float:
+        """The share of samples that left before the end of the network."""
+
+    def priors(self) -> dict[str, tuple[tuple[float, float] | None, ...]]:
+        """Before any trial: per decision layer and choice, (MACs it saves per sample, expected loss on the
+        strategies' weight-error scale), or None to keep the data-free estimate. Default: none."""
+        return {}
+
+    def describe(self, route: Route) -> str:
+        """The route in a few words, for messages (e.g. "exits after block 'layer1.2'")."""
+        return str(route)
+
+    @abstractmethod
+    def deployable(self, model: nn.Module, route: Route) -> nn.Module:
+        """`model` (the plan's physical model) wrapped so that it really routes (what latency is measured on)."""
+
+    def pack(self, route: Route) -> tuple[list[Any], list[torch.Tensor]]:
+        """What a packed checkpoint stores for `route`: index entries (JSON) and float32 tensors, read back by
+        the compressor's `unpack`. Default: nothing (the route cannot be exported)."""
+        return [], []
+
+
 class Compressor(ABC):
     """A plugin that offers per-layer choices and applies them to a layer's weight.
 
@@ -228,6 +294,14 @@ class Compressor(ABC):
     reduces: ClassVar[frozenset[str]] = frozenset({"size", "bitops", "latency"})
     # How the off choice (None) reads in reports and the Optuna export ("float" for a quantizer).
     off_label: ClassVar[str] = "off"
+    # What users may set by name (each a --flag, a sweep-file key, an `optimize` keyword; `_surface.Setting`).
+    settings: ClassVar[tuple[Setting, ...]] = ()
+    # Columns of the per-layer map in reports (`_surface.ReportColumn`); none: one generic column.
+    report_columns: ClassVar[tuple[ReportColumn, ...]] = ()
+    # Whether its choices route samples (`routing`: early exit), which a static graph (ONNX) cannot run.
+    routes: ClassVar[bool] = False
+    # The key a packed checkpoint stores a route's entries under (`Routing.pack`); None: it stores none.
+    packed_key: ClassVar[str | None] = None
 
     @classmethod
     def model_options(cls, model: torch.nn.Module) -> dict[str, Any]:
@@ -323,9 +397,20 @@ class Compressor(ABC):
         """Bits of the layer's input activations under `choice` (for bitops); 32 when float.
 
         A compressor offering quantized inputs says how the evaluator calibrates their ranges in a
-        `calibration` attribute (`modelopt.compressors.activations.Calibration`; default percentile).
+        `calibration` attribute (`modelopt.compressors._inputs.Calibration`; default percentile).
         """
         return 32
+
+    def routing(self, workload: Workload, decisions: Sequence[tuple[str, tuple[Choice, ...]]]) -> Routing | None:
+        """How this compressor's choices route samples when plans are scored on `workload`, for its
+        `decisions` ((layer, choices) each); None (the default): its choices route nothing."""
+        return None
+
+    @classmethod
+    def unpack(cls, module: nn.Module, entries: list[Any], floats: torch.Tensor, meta: Mapping[str, Any]) -> nn.Module:
+        """The loaded `module` wrapped as the route stored under `packed_key` describes (`floats`: the
+        tensors `Routing.pack` wrote, in order; `meta`: the file's model record)."""
+        raise NotImplementedError(f"compressor {cls.name!r} stores no route")
 
     def options(self) -> dict[str, Any]:
         """The constructor options, for run records."""

@@ -8,7 +8,7 @@
   filter norm, and with them the following batch norm's channels and conv2's matching input
   channels. Only these internal channels are removed, never the residual stream, so option-A
   shortcuts stay valid. The evaluator simulates it exactly (pruned filters, norm scale and shift
-  zeroed, so the ReLU outputs 0 there) and `remove_channels` builds the physically smaller model.
+  zeroed, so the ReLU outputs 0 there) and `modelopt.model.surgery.remove_channels` builds the physically smaller model.
 
 After pruning, the evaluator re-estimates batch-norm statistics on `bn_samples` calibration images
 (forward passes only) and charges them to the trial.
@@ -23,7 +23,6 @@ from enum import Enum
 from typing import Any
 
 import torch
-from torch import nn
 
 from modelopt.compressors._base import (  # noqa: F401 -- re-exported
     Choice,
@@ -35,9 +34,10 @@ from modelopt.compressors._base import (  # noqa: F401 -- re-exported
     sparse_encoding,
 )
 from modelopt.compressors._registry import COMPRESSORS
+from modelopt.compressors._surface import Cell, ReportColumn
 from modelopt.errors import ConfigError
 from modelopt.model.layer_inputs import LayerInputs
-from modelopt.model.layers import Layer, LayerKind, internal_channels
+from modelopt.model.layers import Layer, LayerKind
 
 DEFAULT_SPARSITY = (0.25, 0.5, 0.75)
 DEFAULT_BN_SAMPLES = 512
@@ -92,71 +92,6 @@ def kept_filters(weight: torch.Tensor, sparsity: float, criterion: Criterion = C
     return torch.sort(keep).values
 
 
-# ---- the physically smaller model ---------------------------------------------------------------
-
-
-def remove_channels(model: nn.Module, kept: Mapping[str, torch.Tensor | int]) -> nn.Module:
-    """Replaces, in place, each named block conv1 and its norm and conv2 by smaller modules.
-
-    Args:
-        model: the model (its weights, norms and statistics are sliced into the new modules).
-        kept: {conv1 name: ascending indices of the channels to keep, or a count (the first n)}.
-
-    Returns:
-        `model`, whose outputs equal the simulated pruning's (zeroed channels) for the same weights.
-
-    Example:
-        >>> small = remove_channels(copy.deepcopy(model), {"layer1.0.conv1": torch.tensor([0, 2, 5])})
-    """
-    blocks = internal_channels(model)
-    modules = dict(model.named_modules())
-    for conv1_name, idx in kept.items():
-        if conv1_name not in blocks:
-            raise ConfigError(f"layer {conv1_name!r} has no internal channels to remove; valid: {', '.join(blocks)}")
-        norm_name, conv2_name = blocks[conv1_name]
-        c1, bn, c2 = modules[conv1_name], modules[norm_name], modules[conv2_name]
-        assert isinstance(c1, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d) and isinstance(c2, nn.Conv2d)
-        idx_t = torch.arange(idx) if isinstance(idx, int) else idx.to(torch.long).cpu()
-        idx_t = idx_t.to(c1.weight.device)
-        k = int(idx_t.numel())
-        new1 = _conv_like(c1, c1.in_channels, k)
-        new1.weight.data = c1.weight.data[idx_t].clone()
-        if c1.bias is not None:
-            new1.get_parameter("bias").data = c1.bias.data[idx_t].clone()
-        new_bn = nn.BatchNorm2d(k, bn.eps, bn.momentum, bn.affine, bn.track_running_stats,
-                                device=c1.weight.device, dtype=c1.weight.dtype)
-        for attr in ("weight", "bias", "running_mean", "running_var"):
-            t = getattr(bn, attr)
-            if t is not None:
-                getattr(new_bn, attr).data = t.data[idx_t].clone()
-        if bn.num_batches_tracked is not None:
-            new_bn.get_buffer("num_batches_tracked").data = bn.num_batches_tracked.data.clone()
-        new2 = _conv_like(c2, k, c2.out_channels)
-        new2.weight.data = c2.weight.data[:, idx_t].clone()
-        if c2.bias is not None:
-            new2.get_parameter("bias").data = c2.bias.data.clone()
-        for name, new in ((conv1_name, new1), (norm_name, new_bn), (conv2_name, new2)):
-            parent, _, attr = name.rpartition(".")
-            new.train(modules[name].training)
-            for p in new.parameters():
-                p.requires_grad_(False)
-            setattr(modules[parent] if parent else model, attr, new)
-    return model
-
-
-def _pair(t: tuple[int, ...]) -> tuple[int, int]:
-    # Conv2d stores its geometry as 2-tuples; its attributes are annotated tuple[int, ...].
-    h, w = t
-    return h, w
-
-
-def _conv_like(conv: nn.Conv2d, in_channels: int, out_channels: int) -> nn.Conv2d:
-    """An ungrouped Conv2d with `conv`'s geometry, bias, device and dtype, and the given channels."""
-    padding = conv.padding if isinstance(conv.padding, str) else _pair(conv.padding)
-    return nn.Conv2d(in_channels, out_channels, _pair(conv.kernel_size), _pair(conv.stride), padding,
-                     _pair(conv.dilation), 1, conv.bias is not None, conv.padding_mode,
-                     device=conv.weight.device, dtype=conv.weight.dtype)
-
 
 @COMPRESSORS.register("prune")
 class Prune(Compressor):
@@ -179,6 +114,7 @@ class Prune(Compressor):
 
     name = "prune"
     order = 10  # before quantization
+    report_columns = (ReportColumn("pruned", "Purples", lambda raw: _prune_cell(raw)),)
 
     reduces = frozenset({"size", "bitops", "macs", "latency"})
 
@@ -309,3 +245,11 @@ def _kind(value: object) -> PruneKind:
         return PruneKind(value)
     except ValueError:
         raise ConfigError(f"prune: kind {value!r} not offered; valid: unstructured, structured") from None
+
+
+def _prune_cell(raw: Mapping[str, Any] | None) -> Cell:
+    if raw is None:
+        return Cell("dense", None)
+    share = float(raw["sparsity"])
+    kind = "channels" if raw.get("kind") == "structured" else "sparse"
+    return Cell(f"{kind} {share:.0%}", share)

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from modelopt.compressors._base import Granularity
-from modelopt.compressors.activations import activation_bits as _activation_bits
+from modelopt.compressors._inputs import activation_bits as _activation_bits
 from modelopt.compressors.gptq import Rounding
 from modelopt.errors import ConfigError
 

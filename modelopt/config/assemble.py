@@ -1,42 +1,37 @@
-"""A run's parts from names and options: its compressors and the tool's defaults for them, and the
-extra images early-exit heads are fitted on. `modelopt.config.run_config.RunConfig` builds runs from these."""
+"""A run's compressors from names and options, with the tool's defaults for them (declared by each
+compressor: `Compressor.settings`). `modelopt.config.build` builds runs from these."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 from torch import nn
 
-from modelopt.compressors import COMPRESSORS, Compressor
-from modelopt.data.readers import read_npz
-from modelopt.errors import ConfigError, LoadError
-from modelopt.model.workload import Workload
+from modelopt.compressors import COMPRESSORS, FIRST_COMPRESSOR, Compressor
+from modelopt.errors import ConfigError
 
 # Full val evaluations a run may spend when the user does not say: 100 keeps the default run (2,000 JPEG val
 # images, 7,154 to confirm) under three minutes on 2 CPU cores; more budget can still pay (--budget).
 DEFAULT_BUDGET = 100.0
-# How the quantizer picks codes when the user does not say: GPTQ (calibrated, error feedback).
-# Measured on ResNet-20, bundled sample, test split: uniform INT3 per-channel 78.6 % retention
-# nearest, 100.8 % GPTQ; INT2 group-64 36.9 % / 92.0 % (modelopt.compressors.gptq).
-DEFAULT_ROUNDING: tuple[str, ...] = ("gptq",)
-# Batch-norm statistics re-estimated on this many calib images for plans with a layer at 4 bits or
-# fewer (`Quantize(norm_images=...)`): INT2 group-64 confirm agreement 88.5 -> 94.9 % (GPTQ).
-DEFAULT_NORM_IMAGES = 64
-# INT3 is offered by default: with GPTQ, uniform INT3 per channel keeps 99.8 % of ResNet-56's accuracy on
-# 4,000 JPEG test images (94 % agreement), and the plans that beat uniform INT4 mix it in.
-DEFAULT_BITS: tuple[int, ...] = (8, 4, 3)
-DEFAULT_GRANULARITY: tuple[str, ...] = ("per_channel", "group")
 
 
-def default_options() -> dict[str, dict[str, Any]]:
-    """The tool's compressor options where the user gives none (the classes' own defaults are the
-    older behaviour, so run records written before a default changed rebuild as they ran)."""
-    return {"quantize": {"bits": list(DEFAULT_BITS), "granularity": list(DEFAULT_GRANULARITY),
-                         "rounding": list(DEFAULT_ROUNDING), "norm_images": DEFAULT_NORM_IMAGES}}
+def default_options(objective: str = "size") -> dict[str, dict[str, Any]]:
+    """The tool's compressor options under `objective`, where the user gives none: each registered
+    compressor's declared setting defaults (the classes' own defaults are the older behaviour, so run
+    records written before a default changed rebuild as they ran).
+
+    Example:
+        >>> default_options()["quantize"]["bits"]
+        [8, 4, 3]
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for name in COMPRESSORS.names():
+        values = {s.option: s.default_for(objective) for s in COMPRESSORS.get(name).settings}
+        values = {k: v for k, v in values.items() if v is not None}
+        if values:
+            out[name] = values
+    return out
 
 
 def default_compressors(objective: str = "size", model: nn.Module | None = None) -> list[str]:
@@ -67,7 +62,7 @@ def build_compressors(
     """Instantiates compressors by registry name with per-compressor options.
 
     Args:
-        names: Registry names; None: quantize alone.
+        names: Registry names; None: the first compressor (quantization) alone.
         options: Per-compressor constructor options; None: the tool's defaults (`default_options`).
             Saved run records pass theirs: a record without `rounding` predates it and means
             nearest, the class default.
@@ -80,29 +75,8 @@ def build_compressors(
     for name in options:
         COMPRESSORS.get(name)
     out = []
-    for n in ("quantize",) if names is None else names:
+    for n in (FIRST_COMPRESSOR,) if names is None else names:
         cls = COMPRESSORS.get(n)
         derived = cls.model_options(model) if model is not None else {}
         out.append(cls(**{**derived, **dict(options.get(n, {}))}))
     return out
-
-
-def load_exit_images(wl: Workload, path: str | Path, n: int = 10000, seed: int = 0) -> torch.Tensor:
-    """A seeded subset of `n` images from an `.npz` (pixels or JPEG bytes), normalised for `wl`'s
-    model: extra unlabeled images that early-exit heads are fitted on. They must be images the
-    search never scores (e.g. the training set), never the val or test images.
-
-    Example:
-        >>> x = load_exit_images(wl, "../shared/data/cifar10/cifar10_jpeg_train.npz", 10000)
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise LoadError(f"exit data {str(p)!r} is not a file; pass an .npz of images such as "
-                        "../shared/data/cifar10/cifar10_jpeg_train.npz")
-    if str(wl.data.source) in (str(path), str(p.resolve())):
-        raise ConfigError(f"exit data {str(p)!r} is the data the search scores; fitting heads on val or test "
-                          "images would leak them: pass other images (e.g. the training set)")
-    if not isinstance(n, int) or n < 1:
-        raise ConfigError(f"exit_images must be a positive number of images, got {n!r}")
-    x, _, _ = read_npz(p, lambda total: np.sort(np.random.default_rng(seed).permutation(total)[: min(n, total)]))
-    return wl.prepare(torch.from_numpy(x))

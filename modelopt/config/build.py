@@ -17,15 +17,16 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from modelopt.compressors import Compressor
+from modelopt.compressors import COMPRESSORS, Compressor
 from modelopt.confidence import PairedCounts
-from modelopt.config.assemble import build_compressors, default_compressors, load_exit_images
+from modelopt.config.assemble import build_compressors, default_compressors
 from modelopt.config.evidence import CONFIRM, check_certifiable
 from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import load_data
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.output_sensitivity import output_losses, probe_images
+from modelopt.evaluation.priors import measure_errors
 from modelopt.evaluation.sensitivity import estimate_losses
 from modelopt.knowledge import warm_start
 from modelopt.model.layers import Layer
@@ -68,7 +69,7 @@ def compressor_names(config: RunConfig, model: nn.Module | None) -> tuple[str, .
     if model is None:
         raise ConfigError("a RunConfig without compressors needs the model to choose them")
     names = default_compressors(config.objective, model)
-    return tuple(n for n in names if not (config.onnx_timed and n == "early_exit"))  # ONNX cannot time exits
+    return tuple(n for n in names if not (config.onnx_timed and COMPRESSORS.get(n).routes))  # ONNX cannot route
 
 
 def make_compressors(config: RunConfig, model: nn.Module | None = None) -> list[Compressor]:
@@ -82,12 +83,8 @@ def make_space(config: RunConfig, layers: Sequence[Layer], model: nn.Module | No
 
 
 def make_evaluator(config: RunConfig, workload: Workload) -> Evaluator:
-    """An evaluator of the run's space on `workload` (with the extra exit images when it has exits)."""
-    space = make_space(config, workload.layers, workload.model)
-    extra = None
-    if config.exit_data is not None and "early_exit" in space.compressors:
-        extra = load_exit_images(workload, config.exit_data, config.exit_images)
-    return Evaluator(workload, space, exit_images=extra)
+    """An evaluator of the run's space on `workload`."""
+    return Evaluator(workload, make_space(config, workload.layers, workload.model))
 
 
 def make_objective(config: RunConfig, workload: Workload) -> Objective:
@@ -124,7 +121,7 @@ def build(config: RunConfig, workload: Workload | None = None, *, allow_pickle: 
     evaluator = make_evaluator(config, wl)
     objective = make_objective(config, wl)
     check_certifiable(wl, objective)  # a val split too small to certify the floor: refused before any work
-    evaluator.measure_errors()  # data-free priors the strategies start from; costs no evaluation
+    measure_errors(evaluator)  # data-free priors the strategies start from; costs no evaluation
     strategy = STRATEGIES.get(config.strategy)(evaluator.space, objective, seed=config.seed)
     if strategy.loss_estimator == "fisher":  # the knapsack's one-pass (gradient) sensitivities
         strategy.use_loss_estimates(estimate_losses(evaluator))

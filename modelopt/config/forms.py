@@ -1,12 +1,14 @@
 """The form each field of a run.json must have: a damaged or foreign file is refused in one line
-naming the first field that is wrong (`check_forms`), before `RunConfig` reads it."""
+naming the first field that is wrong (`check_forms`), before `RunConfig` reads it. A compressor's
+options are checked against the forms of the settings it declares (`Compressor.settings`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from modelopt.errors import LoadError
+from modelopt.compressors import COMPRESSORS
+from modelopt.errors import ConfigError, LoadError
 
 __all__ = ["check_forms"]
 
@@ -14,10 +16,6 @@ __all__ = ["check_forms"]
 def _is(*kinds: type) -> Callable[[Any], bool]:
     """isinstance, where a bool passes only when bool is named (JSON's true is no seed)."""
     return lambda v: isinstance(v, kinds) and (not isinstance(v, bool) or bool in kinds)
-
-
-def _list_of(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda v: isinstance(v, list) and all(ok(x) for x in v)
 
 
 def _mapping_of_mappings(v: Any) -> bool:
@@ -39,21 +37,23 @@ _FORMS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "fidelity": (lambda v: isinstance(v, dict), "a mapping or null"),
     "latency": (lambda v: isinstance(v, dict), "a mapping or null"),
     "exit_data": (lambda v: isinstance(v, dict) and _is(str)(v.get("path")) and _is(int)(v.get("images")),
-                  "null or {path, images}"),
-}
-_QUANTIZE_FORMS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "bits": (_list_of(_is(int)), "a list of bit widths"), "granularity": (_list_of(_is(str)), "a list of names"),
-    "rounding": (_list_of(_is(str)), "a list of names"),
-    "activations": (_list_of(_is(int, type(None))), "a list of bit widths or nulls"),
+                  "null or {path, images}"),  # format 1
 }
 
 
 def check_forms(raw: Mapping[str, Any], where: str) -> None:
-    comps = raw.get("compressors")
-    quantize = comps.get("quantize") if isinstance(comps, dict) else None
-    quantize = quantize if isinstance(quantize, dict) else {}
-    for prefix, table, values in (("", _FORMS, raw), ("compressors.quantize.", _QUANTIZE_FORMS, quantize)):
-        for key, (ok, form) in table.items():
-            if values.get(key) is not None and not ok(values[key]):
-                raise LoadError(f"{where!r} has {prefix}{key} = {values[key]!r}, not {form}; its run.json was "
-                                "damaged or is not a modelopt run's")
+    for key, (ok, form) in _FORMS.items():
+        if raw.get(key) is not None and not ok(raw[key]):
+            raise LoadError(f"{where!r} has {key} = {raw[key]!r}, not {form}; its run.json was damaged or is not a "
+                            "modelopt run's")
+    for section in ("compressors", "options"):
+        for name, options in (raw.get(section) or {}).items():
+            if name not in COMPRESSORS:
+                continue  # a plugin not installed here: `RunConfig` names it
+            for setting in COMPRESSORS.get(name).settings:
+                if options.get(setting.option) is not None:
+                    try:
+                        setting.check(options[setting.option], f"{section}.{name}.{setting.option}")
+                    except ConfigError as exc:
+                        raise LoadError(f"{where!r}: {exc}; its run.json was damaged or is not a modelopt "
+                                        "run's") from None

@@ -23,7 +23,7 @@ from typing import Any
 
 from modelopt._files import write_json_atomic
 from modelopt._version import __version__
-from modelopt.compressors import COMPRESSORS
+from modelopt.compressors import COMPRESSORS, FIRST_COMPRESSOR, Setting, compressor_settings
 from modelopt.confidence import DEFAULT_CONFIDENCE
 from modelopt.config.assemble import (
     DEFAULT_BUDGET,
@@ -31,7 +31,7 @@ from modelopt.config.assemble import (
     default_options,
 )
 from modelopt.config.forms import check_forms
-from modelopt.errors import ConfigError, LoadError
+from modelopt.errors import ConfigError, LoadError, UnknownNameError
 from modelopt.evaluation.fidelity import Fidelity
 from modelopt.latency.spec import LatencySpec
 from modelopt.objective import Objective, Target
@@ -40,10 +40,12 @@ from modelopt.search import STRATEGIES
 # The executors a run may name (modelopt.executors; listed here so a config is checked without importing Ray).
 EXECUTOR_NAMES = ("local", "ray")
 CONFIG = "run.json"  # a run folder's settings (`modelopt.run.layout` names the folder's other files)
-CONFIG_FORMAT = 1  # run.json's layout; files without `format` are format 0 and read the same way
+# run.json's layout; files without `format` are format 0 and read the same way; 2: early exit's images are its
+# compressor's options (format 1 has them at the top level, as exit_data: {path, images})
+CONFIG_FORMAT = 2
 # The settings a resumed run must share with the run it continues (a changed one is refused).
 RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "confidence",
-               "count_gains", "compressors", "data_seed", "fidelity", "exit_data", "unlabeled")
+               "count_gains", "compressors", "data_seed", "fidelity", "unlabeled")
 
 
 def check_budget(budget: float) -> None:
@@ -79,15 +81,16 @@ class RunConfig:
         compressors: registry names contributing decisions; None: every registered one that can
             lower `objective` on the model (`default_compressors`: quantize and prune for size;
             early exit and prune for macs; all three for bitops and latency), resolved by `build`.
-        options: constructor options per compressor name (unnamed options: the class's own defaults).
+        options: constructor options per compressor name (a compressor not named gets the tool's defaults
+            for the objective, `default_options`; an option a named entry leaves out, the class's own).
+            None: the tool's defaults for every compressor. Users change them through `replace` by
+            setting name (`bits=[8, 4]`, `exit_data=...`: each compressor declares its `settings`).
         device: auto, cpu, cuda or cuda:N (a resolved record names the device it ran on).
         fidelity: multi-fidelity scoring: a plan below the floor beyond doubt on part of val (or
             that cannot beat the best so far) stops there and is charged only that part; None
             scores every plan on all of val.
         latency: how latency is measured (`LatencySpec`): for every plan when `objective` is
             latency, else for the best plan and the Pareto front at the end; None measures none.
-        exit_data, exit_images: an `.npz` of images the search never scores (e.g. the training set)
-            and how many of them (a seeded subset) early-exit heads are also fitted on.
         fingerprints: content hashes of the model and data a run was searched on (set by `build`).
         executor, workers, ray_address: who scores plans (`modelopt.executors`): `local` (in this
             process) or `ray` (one actor per worker, on this machine or the cluster at `ray_address`),
@@ -110,12 +113,11 @@ class RunConfig:
     count_gains: bool = True
     unlabeled: str | None = None
     compressors: tuple[str, ...] | None = None
-    options: Mapping[str, Mapping[str, Any]] = field(default_factory=default_options)
+    # None at construction means the tool's defaults for the objective: `__post_init__` puts them here.
+    options: Mapping[str, Mapping[str, Any]] = None  # type: ignore[assignment]
     device: str = "auto"
     fidelity: Fidelity | None = field(default_factory=Fidelity)
     latency: LatencySpec | None = field(default_factory=lambda: LatencySpec("torch"))
-    exit_data: str | None = None
-    exit_images: int = 10000
     fingerprints: Mapping[str, str] = field(default_factory=dict)
     executor: str = "local"
     workers: int = 1
@@ -126,7 +128,7 @@ class RunConfig:
         for name in ("model", "data", "device", "strategy"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ConfigError(f"{name} must be a non-empty string, got {getattr(self, name)!r}")
-        for name in ("weights", "exit_data", "knowledge", "unlabeled"):  # paths are kept as the strings the user gave
+        for name in ("weights", "knowledge", "unlabeled"):  # paths are kept as the strings the user gave
             if isinstance(getattr(self, name), Path):
                 object.__setattr__(self, name, str(getattr(self, name)))
         check_seed(self.seed)
@@ -136,24 +138,76 @@ class RunConfig:
         self.make_objective()
         if self.compressors is not None:
             object.__setattr__(self, "compressors", tuple(self.compressors))
+        if self.options is None:
+            object.__setattr__(self, "options", default_options(self.objective))
+        if isinstance(self.latency, str):
+            object.__setattr__(self, "latency", LatencySpec(self.latency))
         for name in [*(self.compressors or ()), *self.options]:
             COMPRESSORS.get(name)
         self._check_options()
-        if not isinstance(self.exit_images, int) or isinstance(self.exit_images, bool) or self.exit_images < 1:
-            raise ConfigError(f"exit_images must be a positive number of images, got {self.exit_images!r}")
         self._check_latency()
         self._check_executor()
 
-    def check_exit_data(self) -> None:
-        """Refuses `exit_data` on a run that searches no early exit (it would be ignored silently). Checked
-        for a run about to start, not in `__post_init__`: a run folder written before keeps loading."""
-        if self.exit_data is None:
+    def replace(self, **changes: Any) -> RunConfig:
+        """This config with some settings changed: the one way the CLI, `modelopt.optimize`, sweep files and
+        a resumed run's flags change a config.
+
+        A name is one of RunConfig's fields or any registered compressor's setting (`Compressor.settings`,
+        e.g. ``bits=[8, 4]``, ``exit_data="train.npz"``), which is merged into that compressor's options.
+        ``executor`` left out while ``workers`` > 1 or ``ray_address`` is given: ``ray``. A new objective
+        brings its own tool defaults when the options were the old objective's.
+
+        Raises:
+            ConfigError: an unknown name (one line listing the valid ones), a bad value, or a compressor's
+                setting on a run that does not use that compressor.
+
+        Example:
+            >>> RunConfig().replace(budget=50, strategy="random", bits=[8, 4]).options["quantize"]["bits"]
+            [8, 4]
+        """
+        fields = {f.name for f in dataclasses.fields(self)}
+        settings = compressor_settings()
+        unknown = sorted(set(changes) - fields - set(settings))
+        if unknown:
+            raise UnknownNameError("setting", unknown[0], sorted(fields | set(settings)))
+        own = {k: v for k, v in changes.items() if k in fields}
+        if "objective" in own and "options" not in own and self.options == default_options(self.objective):
+            own["options"] = default_options(str(own["objective"]))
+        if own.get("executor") is None and ({"workers", "ray_address"} & own.keys()):
+            workers, address = own.get("workers", self.workers), own.get("ray_address", self.ray_address)
+            own["executor"] = "ray" if address is not None or (isinstance(workers, int) and workers > 1) else "local"
+        elif "executor" in own and own["executor"] is None:
+            del own["executor"]
+        given = {k: v for k, v in changes.items() if k not in fields}
+        if given:
+            own["options"] = self._with_settings(own.get("options", self.options), own.get("objective", self.objective),
+                                                 given, settings)
+        out = dataclasses.replace(self, **own)
+        out.check_settings_apply(given)
+        return out
+
+    @staticmethod
+    def _with_settings(options: Mapping[str, Mapping[str, Any]], objective: str, given: Mapping[str, Any],
+                       settings: Mapping[str, tuple[str, Setting]]) -> dict[str, dict[str, Any]]:
+        merged = {name: dict(o) for name, o in options.items()}
+        for option, value in given.items():
+            compressor, setting = settings[option]
+            base = merged.get(compressor, default_options(objective).get(compressor, {}))
+            merged[compressor] = {**base, option: setting.check(value, option)}
+        return merged
+
+    def check_settings_apply(self, given: Mapping[str, Any]) -> None:
+        """Refuses compressor settings given for a compressor this run does not use (they would be ignored)."""
+        if not given:
             return
         names = self.compressors if self.compressors is not None else tuple(default_compressors(self.objective))
-        if "early_exit" not in names:
-            raise ConfigError(f"--exit-data {self.exit_data!r} fits early-exit heads, but this run searches no early "
-                              f"exit (compressors: {', '.join(names)}); add early_exit to --compressors, or drop "
-                              "--exit-data")
+        settings = compressor_settings()
+        for option in given:
+            compressor, setting = settings[option]
+            if compressor not in names:
+                raise ConfigError(f"{setting.flag} ({option}) is a setting of compressor {compressor!r}, which this "
+                                  f"run does not use (compressors: {', '.join(names)}); add {compressor} to "
+                                  f"--compressors, or drop {setting.flag}")
 
     def _check_executor(self) -> None:
         if self.executor not in EXECUTOR_NAMES:
@@ -175,9 +229,11 @@ class RunConfig:
     def _check_latency(self) -> None:
         if self.latency is None and self.objective == Target.LATENCY.value:
             raise ConfigError("objective 'latency' needs a latency backend; pass latency='torch' or 'onnxruntime'")
-        if self.onnx_timed and "early_exit" in (self.compressors or ()):
-            raise ConfigError("latency backend 'onnxruntime' cannot time early exits (an ONNX graph has no early "
-                              "return); use --latency torch, or leave early_exit out of --compressors")
+        routing = [n for n in self.compressors or () if COMPRESSORS.get(n).routes]
+        if self.onnx_timed and routing:
+            raise ConfigError(f"latency backend 'onnxruntime' cannot time {routing[0]} (its samples leave the network "
+                              f"early; an ONNX graph has no early return); use --latency torch, or leave {routing[0]} "
+                              "out of --compressors")
 
     @property
     def onnx_timed(self) -> bool:
@@ -200,7 +256,6 @@ class RunConfig:
             "unlabeled": self.unlabeled, "compressors": comps, "device": self.device,
             "fidelity": None if self.fidelity is None else self.fidelity.to_dict(),
             "latency": None if self.latency is None else dataclasses.asdict(self.latency),
-            "exit_data": None if self.exit_data is None else {"path": self.exit_data, "images": self.exit_images},
             **self.fingerprints, "budget": float(self.budget), "version": __version__,
             "executor": self.executor, "workers": self.workers, "ray_address": self.ray_address,
             "knowledge": self.knowledge,
@@ -255,14 +310,19 @@ def read_config_json(run_dir: str | Path) -> dict[str, Any]:
 def _fields_of(raw: Mapping[str, Any]) -> dict[str, Any]:
     """RunConfig's fields from a run.json already checked for form (`check_forms`)."""
     comps = raw.get("compressors")
-    exit_data = raw.get("exit_data") or {}
+    first: dict[str, Any] = {FIRST_COMPRESSOR: {}}  # a record without compressors ran the one compressor there was
+    options = {n: dict(o) for n, o in (raw.get("options") or comps or first).items()}
+    exit_data = raw.get("exit_data") or {}  # format 1: the early-exit images at the top level
+    if exit_data.get("path") is not None:
+        owner = compressor_settings()["exit_data"][0]
+        if owner in options:
+            options[owner].update(exit_data=exit_data["path"], exit_images=int(exit_data.get("images", 10000)))
     values: dict[str, Any] = {k: raw[k] for k in _SCALARS if raw.get(k) is not None}
     values.update(
-        compressors=None if comps is None and "options" in raw else tuple(comps or {"quantize": {}}),
-        options=dict(raw.get("options") or comps or {"quantize": {}}),
+        compressors=None if comps is None and "options" in raw else tuple(comps or first),
+        options=options,
         fidelity=None if raw.get("fidelity") is None else Fidelity(**_fidelity_args(raw["fidelity"])),
         latency=None if raw.get("latency") is None else LatencySpec(**raw["latency"]),
-        exit_data=exit_data.get("path"), exit_images=int(exit_data.get("images", 10000)),
         fingerprints={k: raw[k] for k in ("model_sha256", "data_sha256") if isinstance(raw.get(k), str)},
     )
     values.update({k: v for k, v in _BEFORE.items() if k not in raw})

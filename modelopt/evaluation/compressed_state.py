@@ -19,19 +19,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from modelopt.compressors.activations import (
+from modelopt.compressors._inputs import (
     Calibration,
     InputQParams,
     fake_quantized_inputs,
     input_ranges,
 )
-from modelopt.compressors.early_exit.backbone import split_backbone
-from modelopt.compressors.early_exit.module import EarlyExitNet
-from modelopt.compressors.early_exit.plan_exits import PlanExits
-from modelopt.compressors.prune import remove_channels
 from modelopt.evaluation.norm_stats import NormStats
 from modelopt.evaluation.prep_costs import OneTimeCosts
+from modelopt.evaluation.routes import PlanRoutes
 from modelopt.model.layer_inputs import LayerInputs, input_columns, input_hessians
+from modelopt.model.surgery import remove_channels
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace
@@ -48,17 +46,18 @@ class CompressedStates:
         workload: The resident model, its original weights and splits.
         space: The decisions and their compressors.
         one_time: Where one-time preparations are charged (shared with the scorer and exits).
-        exits: The plan's exits (heads, policy), for `deployable`.
+        routes: Where samples leave the plan's forward pass (early exit), for `deployable`.
 
     Example:
-        >>> states = CompressedStates(wl, space, OneTimeCosts(), PlanExits(wl, space))
+        >>> one_time = OneTimeCosts()
+        >>> states = CompressedStates(wl, space, one_time, PlanRoutes(wl, space, one_time))
         >>> state, cost = states.compressed_state(plan)
         >>> with wl.state(state), states.activation_quant(plan):
-        ...     logits = wl.logits(x)
+        ...     logits = wl.logits(x)                 # or, the same: states.logits(plan, x)
     """
 
-    def __init__(self, workload: Workload, space: SearchSpace, one_time: OneTimeCosts, exits: PlanExits) -> None:
-        self.workload, self.space, self.one_time, self.exits = workload, space, one_time, exits
+    def __init__(self, workload: Workload, space: SearchSpace, one_time: OneTimeCosts, routes: PlanRoutes) -> None:
+        self.workload, self.space, self.one_time, self.routes = workload, space, one_time, routes
         # Compressed tensors live on the workload, so runs that share it (a sweep) share them too.
         self._tensors: dict[tuple[Any, ...], torch.Tensor] = workload.tensor_cache
         # Cached tensors are keyed by each compressor's name and options, so runs that share a
@@ -192,6 +191,13 @@ class CompressedStates:
         qparams, _ = self.input_qparams(plan)
         return fake_quantized_inputs(self.workload.modules, qparams) if qparams else contextlib.nullcontext()
 
+    def logits(self, plan: Plan, x: torch.Tensor) -> torch.Tensor:
+        """The plan's logits on `x` as scored (compressed weights, quantized activations; no exits):
+        what an exported model must reproduce."""
+        state, _ = self.compressed_state(plan)
+        with torch.inference_mode(), self.workload.state(state), self.activation_quant(plan):
+            return self.workload.logits(x)
+
     def input_qparams(self, plan: Plan) -> tuple[dict[str, InputQParams], float]:
         """Per activation-quantized layer of the plan, its input's quantization; and the budget
         calibrating cost now: images / len(val) the first time a `Calibration` is needed, else 0.
@@ -258,7 +264,7 @@ class CompressedStates:
         keys |= {f"layer_inputs:{n}" for n in self._input_images(plan)} | set(self._pre_passes)
         if n := self._norm_images(plan):
             keys.add(f"norm_reference:{n}")
-        self.one_time.mark_paid(keys | self.exits.one_time_keys(plan))
+        self.one_time.mark_paid(keys | self.routes.one_time_keys(plan))
 
     # ---- the deployable module ------------------------------------------------------------
 
@@ -271,12 +277,6 @@ class CompressedStates:
         return remove_channels(model, {lname: idx for lname, (_, idx) in self.kept_channels(plan).items()})
 
     def deployable(self, plan: Plan) -> nn.Module:
-        """The module the plan deploys as: `physical_model`, wrapped in an `EarlyExitNet` that really
-        returns at the first confident exit when the plan has exits (what latency is measured on)."""
-        model = self.physical_model(plan)
-        policy = self.exits.policy(plan)
-        if policy is None:
-            return model
-        heads, _ = self.exits.heads()
-        _, _, height, width = self.workload.split("val").x.shape
-        return EarlyExitNet(split_backbone(model, (height, width)), heads, policy).eval()
+        """The module the plan deploys as: `physical_model`, routed as the plan routes (an early-exit network
+        that really returns at the first confident exit): what latency is measured on."""
+        return self.routes.deployable(self.physical_model(plan), plan)

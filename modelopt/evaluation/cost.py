@@ -88,6 +88,10 @@ class PlanCost:
     def size_bytes(self) -> int:
         return self.other_bytes + sum(x.bytes for x in self.layers)
 
+    def layer(self, name: str) -> LayerCost:
+        """The cost of the layer named `name`."""
+        return next(x for x in self.layers if x.layer.name == name)
+
     def layer_bytes(self) -> dict[str, int]:
         """{layer: its `LayerCost.bytes`}; with `other_bytes`, they sum to `size_bytes`."""
         return {x.layer.name: x.bytes for x in self.layers}
@@ -112,7 +116,7 @@ class CostModel:
             a run folder: float_size_bytes - 4 x the layers' parameters).
 
     Example:
-        >>> CostModel(space, wl.other_bytes).cost(plan).size_bytes == evaluator.size_bytes(plan)
+        >>> CostModel(space, wl.other_bytes).cost(plan).size_bytes == evaluator.plan_cost(plan).size_bytes
         True
     """
 

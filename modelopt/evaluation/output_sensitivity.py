@@ -98,8 +98,8 @@ def output_losses(evaluator: Evaluator, images: int = DEFAULT_IMAGES) -> dict[tu
         d, j = probe
         plan = space.plan({d.name: d.choices[j]})
         try:
-            state, prep = evaluator.compressed_state(plan)
-            with torch.inference_mode(), wl.state(state), evaluator.activation_quant(plan):
+            state, prep = evaluator.states.compressed_state(plan)
+            with torch.inference_mode(), wl.state(state), evaluator.states.activation_quant(plan):
                 logp = F.log_softmax(wl.logits(x).float(), dim=1)
         except Exception:  # noqa: BLE001 - a probe that crashes prices nothing; the trials will say why
             continue
@@ -113,6 +113,6 @@ def output_losses(evaluator: Evaluator, images: int = DEFAULT_IMAGES) -> dict[tu
                 e = errors.get((dd.name, jj), math.nan)
                 if c is not None and math.isfinite(e) and e > 0:
                     out[(dd.name, jj)] = gain * e
-    evaluator.add_pre_pass(f"output_kl:{n}", cost)
+    evaluator.states.add_pre_pass(f"output_kl:{n}", cost)
     evaluator.one_time.timed(f"output_kl:{n}", time.perf_counter() - t0)
     return out

@@ -2,7 +2,7 @@
 
 Strategies read `SearchSpace.features` before any trial; `measure_errors` fills their `error`
 with what the choices really do to each layer, and early exit's priors with what its heads do
-on the float model (`PlanExits.priors`).
+on the float model (`PlanRoutes.priors`).
 """
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ import time
 
 import torch
 
-from modelopt.compressors.early_exit.plan_exits import PlanExits
-from modelopt.evaluation.compressed_state import CompressedStates
+from modelopt.evaluation.evaluator import Evaluator
 
 __all__ = ["measure_errors"]
 
 
-def measure_errors(states: CompressedStates, exits: PlanExits) -> None:
+def measure_errors(evaluator: Evaluator) -> None:
     """Replaces the space's estimated per-choice errors by measured ones: each choice's relative
     error on the layer's output, |(Q - W) X|^2 / |W X|^2 over calib inputs X, when the space has
     calibrated choices (their inputs are measured anyway); else the weight's, |Q - W|^2 / |W|^2.
@@ -28,6 +27,7 @@ def measure_errors(states: CompressedStates, exits: PlanExits) -> None:
     `choice_tensors`; the layer-input pass inside is timed apart and charged with the first plan
     that needs it.
     """
+    states = evaluator.states
     space, workload, one_time = states.space, states.workload, states.one_time
     t0 = time.perf_counter()
     images = max((n for d in space.decisions for c in d.choices
@@ -60,5 +60,4 @@ def measure_errors(states: CompressedStates, exits: PlanExits) -> None:
         space.features[d.name] = tuple(feats)
     one_time.timed("choice_tensors", time.perf_counter() - t0 - sum(
         s for k, s in one_time.seconds.items() if k.startswith("layer_inputs:")))
-    if exits.decisions:
-        exits.priors()
+    evaluator.routes.priors()

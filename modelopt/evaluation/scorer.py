@@ -1,26 +1,27 @@
 """Scoring a plan: forward passes over a split (whole, or in stages that stop early) into `Metrics`.
 
 The scorer swaps a plan's tensors in (`modelopt.evaluation.compressed_state`), runs the split, lets early
-exits decide where each sample leaves (`modelopt.compressors.early_exit.plan_exits`), and prices the plan with
+routing decides where each sample leaves (`modelopt.evaluation.routes`: early exit), and prices the plan with
 the one cost accounting (`modelopt.evaluation.cost`). Results are cached by (plan key, split, samples).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
-from modelopt.compressors.early_exit.plan_exits import PlanExits
-from modelopt.compressors.early_exit.simulate import ExitPolicy
+from modelopt.compressors._base import Route
 from modelopt.confidence import PairedCounts
 from modelopt.errors import TrialError
 from modelopt.evaluation.compressed_state import CompressedStates
 from modelopt.evaluation.cost import PlanCost
 from modelopt.evaluation.fidelity import Fidelity, best_case, max_correct
 from modelopt.evaluation.metrics import Metrics
+from modelopt.evaluation.routes import PlanRoutes
 from modelopt.model.workload import SplitData, Workload
 from modelopt.plan.plan import Plan
 
@@ -35,17 +36,17 @@ class Scorer:
     Args:
         workload: The resident model and splits.
         states: Builds the tensors a plan swaps in.
-        exits: The plan's exits: heads, policy, where samples left.
+        routes: Where each sample leaves (early exit): the plan's route, where samples left.
         price: The plan's costs (`modelopt.evaluation.cost`), with the channels structured pruning really keeps.
 
     Example:
-        >>> scorer = Scorer(wl, states, exits, evaluator.plan_cost)
+        >>> scorer = Scorer(wl, states, routes, evaluator.plan_cost)      # as `Evaluator` wires it
         >>> scorer.evaluate(plan, "val", n=500).retention
     """
 
-    def __init__(self, workload: Workload, states: CompressedStates, exits: PlanExits,
+    def __init__(self, workload: Workload, states: CompressedStates, routes: PlanRoutes,
                  price: Callable[[Plan], PlanCost]) -> None:
-        self.workload, self.states, self.exits, self.price = workload, states, exits, price
+        self.workload, self.states, self.routes, self.price = workload, states, routes, price
         self._results: dict[tuple[str, str, int], Metrics] = {}
 
     def cost(self, split: str = "val", n: int | None = None) -> float:
@@ -56,6 +57,17 @@ class Scorer:
     def trial_cost(self, metrics: Metrics) -> float:
         """Budget a scored plan costs: the samples scored plus its preparation (`Metrics.prep_cost`)."""
         return self.cost(metrics.split, metrics.n_samples) + metrics.prep_cost
+
+    def settle(self, metrics: Metrics, charges: Mapping[str, float]) -> Metrics:
+        """`metrics` of a plan scored elsewhere (a worker that charged it `charges`, every one-time
+        preparation it needed, in full), charged as this run charges: each preparation once, to the
+        first trial recorded that needed it, and this run's own pre-passes with the first of all."""
+        pre_passes = self.states.pre_passes
+        due = {**charges, **pre_passes}
+        paid = [self.states.one_time.charge(key, cost) for key, cost in due.items()]
+        if all(p == due[k] for p, k in zip(paid, due, strict=True)) and not pre_passes:
+            return metrics  # everything it charged is this run's first: the worker's sum stands as it is
+        return dataclasses.replace(metrics, prep_cost=metrics.prep_cost - sum(charges.values()) + sum(paid))
 
     def evaluate(self, plan: Plan, split: str = "val", n: int | None = None) -> Metrics:
         """Scores `plan` on the first `n` samples of `split` (all when None).
@@ -111,24 +123,24 @@ class Scorer:
         self._results[full] = metrics
         return metrics
 
-    def _prepare(self, plan: Plan) -> tuple[ExitPolicy | None, dict[str, torch.Tensor], float]:
-        """The plan's exit policy, the tensors it swaps in, and the budget its preparation cost
-        (exit heads are fitted on the float model, so before the swap)."""
-        policy, prep = self.exits.setup(plan)
+    def _prepare(self, plan: Plan) -> tuple[Route | None, dict[str, torch.Tensor], float]:
+        """The plan's route, the tensors it swaps in, and the budget its preparation cost (a routing
+        prepares on the float model, e.g. exit heads are fitted there, so before the swap)."""
+        policy, prep = self.routes.setup(plan)
         state, cost = self.states.compressed_state(plan)
         return policy, state, prep + cost
 
-    def _predict(self, plan: Plan, x: torch.Tensor, policy: ExitPolicy | None) -> Predictions:
-        """Predictions for `x` and, with exits, the position in `policy.exits` each sample left at."""
+    def _predict(self, plan: Plan, x: torch.Tensor, policy: Route | None) -> Predictions:
+        """Predictions for `x` and, with a route, the exit each sample left at."""
         if policy is not None:
-            return self.exits.predict(plan, x, policy)
+            return self.routes.predict(policy, x)
         logits = self.workload.logits(x)
         if not torch.isfinite(logits).all():
             raise TrialError(f"plan {plan.key} gives non-finite outputs")
         return logits.argmax(dim=1), None
 
     def _metrics(self, plan: Plan, split: str, predictions: Predictions, seconds: float, stopped: str | None = None,
-                 prep_cost: float = 0.0, policy: ExitPolicy | None = None) -> Metrics:
+                 prep_cost: float = 0.0, policy: Route | None = None) -> Metrics:
         """Metrics of `predictions` for the first len(pred) samples of `split` (with exits, where
         each left: MACs and bitops are then means over the samples)."""
         pred, exit_at = predictions
@@ -142,8 +154,7 @@ class Scorer:
         size = costs.size_bytes
         reach, head_macs, exited = None, 0.0, None
         if policy is not None and exit_at is not None:
-            reach, head_macs = self.exits.reach(policy, exit_at), self.exits.head_macs(policy, exit_at)
-            exited = float((exit_at < len(policy.exits)).float().mean())
+            reach, head_macs, exited = self.routes.reach(policy, exit_at)
         return Metrics(
             split=split,
             n_samples=n,

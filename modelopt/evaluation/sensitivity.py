@@ -60,7 +60,7 @@ def estimate_losses(evaluator: Evaluator, images: int = DEFAULT_IMAGES) -> dict[
     t0 = time.perf_counter()
     fisher = fisher_diagonals(evaluator, images)
     n = min(images, len(evaluator.workload.split("calib")))
-    evaluator.add_pre_pass(f"fisher:{n}", n * BACKWARD_FACTOR / len(evaluator.workload.split("val")))
+    evaluator.states.add_pre_pass(f"fisher:{n}", n * BACKWARD_FACTOR / len(evaluator.workload.split("val")))
     out: dict[tuple[str, int], float] = {}
     for d in space.decisions:
         w = evaluator.workload.original[d.layer]
@@ -68,7 +68,7 @@ def estimate_losses(evaluator: Evaluator, images: int = DEFAULT_IMAGES) -> dict[
             if c is None:
                 continue
             try:
-                q = evaluator.compressed_weights(space.plan({d.name: c})).get(d.layer, w)
+                q = evaluator.states.compressed_weights(space.plan({d.name: c})).get(d.layer, w)
             except Exception:  # noqa: BLE001 - a choice that crashes is as bad as it gets
                 out[(d.name, j)] = math.inf
                 continue

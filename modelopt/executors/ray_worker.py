@@ -14,6 +14,7 @@ import torch
 
 from modelopt.config.build import load_workload, make_evaluator, make_objective
 from modelopt.config.run_config import RunConfig
+from modelopt.evaluation.priors import measure_errors
 from modelopt.executors._base import Job, Scored
 from modelopt.executors.scoring import score
 from modelopt.model.workload import Workload
@@ -40,7 +41,7 @@ class PlanWorker:
         self.evaluator = make_evaluator(self.config, wl)
         # Every choice's tensors (GPTQ's layer inputs and solves), computed once before the first plan as
         # the driver's build computes them: the first plans do not each wait for them.
-        self.evaluator.measure_errors()
+        measure_errors(self.evaluator)
         self.objective = make_objective(self.config, wl)
 
     def ready(self) -> int:

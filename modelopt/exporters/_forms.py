@@ -28,7 +28,7 @@ class Step:
 def layer_steps(evaluator: Evaluator, plan: Plan, layer: str) -> list[Step]:
     """The layer's forms along its chain: first its float weight at the stored shape (the kept
     channels only), then after each compressor whose choice is not None."""
-    kept = evaluator.kept_channels(plan)
+    kept = evaluator.states.kept_channels(plan)
     producer = next((x.name for x in evaluator.workload.layers if x.channel_consumer == layer), "")
     own, prod = kept.get(layer), kept.get(producer)
     w = evaluator.workload.original[layer]
@@ -45,7 +45,7 @@ def layer_steps(evaluator: Evaluator, plan: Plan, layer: str) -> list[Step]:
         if d.layer != layer or choice is None or (own is not None and d.name == own[0]):
             continue
         comp = space.compressors[d.compressor]
-        inputs = evaluator.layer_inputs(layer, n, cols) if (n := comp.input_images(choice)) else None
+        inputs = evaluator.states.layer_inputs(layer, n, cols) if (n := comp.input_images(choice)) else None
         steps.append(Step(d.name, choice, comp.pack(steps[-1].form, choice, inputs)))
     return steps
 

@@ -118,7 +118,7 @@ def bitsandbytes_agreement(
     model, converted = _convert(evaluator, plan, quant_type)
     wl = evaluator.workload
     data = wl.split(split)
-    state, _ = evaluator.compressed_state(plan)
+    state, _ = evaluator.states.compressed_state(plan)
     with wl.state(state):
         qdq = wl.logits(data.x)
     with _quiet(), torch.inference_mode():
@@ -130,7 +130,7 @@ def bitsandbytes_agreement(
         n_samples=int(data.x.shape[0]),
         device=str(wl.device),
         bnb_accuracy=float((pred == data.y).float().mean()),
-        qdq_accuracy=evaluator.evaluate(plan, split).accuracy,
+        qdq_accuracy=evaluator.scorer.evaluate(plan, split).accuracy,
         agreement=float((pred == qdq.argmax(dim=1)).float().mean()),
         max_abs_logit_diff=float((out - qdq).abs().max()),
         converted=converted,
@@ -167,7 +167,7 @@ def _convert(evaluator: Evaluator, plan: Plan, quant_type: str) -> tuple[nn.Modu
         raise ConfigError(f"bitsandbytes quant_type {quant_type!r} not offered; valid: {', '.join(QUANT_TYPES)}")
     device = evaluator.workload.device
     _check_device(bnb, device)
-    model = evaluator.physical_model(plan)
+    model = evaluator.states.physical_model(plan)
     modules = dict(model.named_modules())
     converted = []
     for layer in evaluator.workload.layers:

@@ -134,11 +134,8 @@ def export_onnx(
 
 
 def _check(evaluator: Evaluator, plan: Plan, calibration: str, calib_samples: int, percentile: float) -> None:
-    policy = evaluator.exit_policy(plan)
-    if policy is not None:
-        raise ConfigError(f"early exits cannot be exported to ONNX (a graph has no data-dependent return) and this "
-                          f"plan has one after block {policy.exits[0]!r}; use --format modelopt (modelopt.load "
-                          "rebuilds it as EarlyExitNet) or a plan without exits")
+    evaluator.routes.refuse_static(plan, "an ONNX export", "use --format modelopt (modelopt.load rebuilds the "
+                                   "routed model) or a plan without it")
     if calibration not in CALIBRATIONS:
         raise ConfigError(f"unknown calibration {calibration!r}; valid: {', '.join(CALIBRATIONS)}")
     if calib_samples < 1:
@@ -283,7 +280,7 @@ def _torch_export(evaluator: Evaluator, plan: Plan) -> Any:
     exported as float ONNX (batch size free)."""
     import onnx
 
-    model = evaluator.physical_model(plan).cpu().float().eval()
+    model = evaluator.states.physical_model(plan).cpu().float().eval()
     x = evaluator.workload.split("val").x[:1].cpu()
     buf = io.BytesIO()
     with warnings.catch_warnings():

@@ -36,6 +36,7 @@ import yaml
 from torch import nn
 
 from modelopt._files import save_atomic  # a failed or killed export leaves the old file, never half a zip
+from modelopt.compressors import COMPRESSORS
 from modelopt.compressors._base import (
     IntegerWeight,
     WeightForm,
@@ -45,13 +46,13 @@ from modelopt.compressors._base import (
     sparse_index_bytes,
     unpack_codes,
 )
-from modelopt.compressors.activations import InputQParams, install_input_quantizers
-from modelopt.compressors.prune import remove_channels  # rebuilds the smaller blocks the index names
+from modelopt.compressors._inputs import InputQParams, install_input_quantizers
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters._forms import layer_forms
-from modelopt.exporters._rebuild import HEAD_TENSORS, architecture, with_exits
+from modelopt.exporters._rebuild import architecture
 from modelopt.model.layers import compressible_modules
+from modelopt.model.surgery import remove_channels  # rebuilds the smaller blocks the index names
 from modelopt.plan.plan import Plan
 
 FORMAT = "modelopt.packed"
@@ -128,12 +129,12 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
 
     Args:
         evaluator: the evaluator that scored the plan (its workload holds the model).
-        plan: the plan to export (with exits, `load` returns the `EarlyExitNet` that stops at the
-            first confident exit).
+        plan: the plan to export (routed, e.g. with early exits, `load` returns the module its compressor
+            rebuilds: an `EarlyExitNet` that stops at the first confident exit).
         path: the file to write.
 
     Returns:
-        The path written. Its size is within a few percent of ``evaluator.size_bytes(plan)``.
+        The path written. Its size is within a few percent of ``evaluator.plan_cost(plan).size_bytes``.
 
     Example:
         >>> export_packed(ev, ev.space.load_plan("best_plan.yaml"), "r20.pt")
@@ -141,10 +142,10 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
     """
     # The model as the plan runs it: compressed weights, norms (re-estimated statistics) and
     # structurally pruned blocks at their smaller size.
-    model = evaluator.physical_model(plan)
+    model = evaluator.states.physical_model(plan)
     forms = layer_forms(evaluator, plan)
     out = _Sections({"q": [], "f": [],
-                     "c": [[n, int(idx.numel())] for n, (_, idx) in evaluator.kept_channels(plan).items()]})
+                     "c": [[n, int(idx.numel())] for n, (_, idx) in evaluator.states.kept_channels(plan).items()]})
     for name, layer_form in forms.items():
         if layer_form.integer is not None:
             out.integer(name, layer_form)
@@ -158,7 +159,7 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
             if t is not None and (form is None or form.integer is None):
                 out.tensor(f"{mname}.{pname}" if mname else pname, t, form)
     _add_inputs(out, evaluator, plan)
-    _add_exits(out, evaluator, plan)
+    _add_route(out, evaluator, plan)
     wl = evaluator.workload
     meta = {"name": wl.source.name, "mean": list(wl.source.mean), "std": list(wl.source.std),
             "input_size": None if wl.source.input_size is None else list(wl.source.input_size),
@@ -181,26 +182,26 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
 def _add_inputs(out: _Sections, evaluator: Evaluator, plan: Plan) -> None:
     """Quantized inputs: bits and zero point in the index, the float32 scale after the other floats
     (the `QPARAM_BYTES` size accounting counts); `load` puts the same fake quantization back."""
-    qparams, _ = evaluator.input_qparams(plan)
+    qparams, _ = evaluator.states.input_qparams(plan)
     if qparams:
         out.index["a"] = [[name, qp.bits, qp.zero_point] for name, qp in qparams.items()]
         out.floats.append(torch.tensor([qp.scale for qp in qparams.values()], dtype=torch.float32))
 
 
-def _add_exits(out: _Sections, evaluator: Evaluator, plan: Plan) -> None:
-    """Early exits: each active head's tensors (float32, what size_bytes counts) after those."""
-    policy = evaluator.exit_policy(plan)
-    if policy is None:
+def _add_route(out: _Sections, evaluator: Evaluator, plan: Plan) -> None:
+    """A routed plan (early exit): what its routing stores (`Routing.pack`: index entries under its compressor's
+    `packed_key`, float32 tensors after those above); `load` asks the compressor to rebuild it (`unpack`)."""
+    routes = evaluator.routes
+    route = routes.route(plan)
+    if route is None or routes.routing is None or routes.owner is None:
         return
-    heads, _ = evaluator.exit_heads()
-    out.index["e"] = []
-    for point, threshold in zip(policy.exits, policy.thresholds, strict=True):
-        tensors = heads[point].state_dict()
-        names = [n for n in HEAD_TENSORS if n in tensors]
-        spec = heads[point].spec
-        out.index["e"].append([point, threshold, list(spec.avg_grids), list(spec.max_grids), spec.hidden,
-                               [[n, list(tensors[n].shape)] for n in names]])
-        out.floats += [tensors[n].float().reshape(-1) for n in names]
+    key = evaluator.space.compressors[routes.owner].packed_key
+    if key is None:
+        raise ConfigError(f"compressor {routes.owner!r} cannot store its route in a packed checkpoint; "
+                          "export a plan without it")
+    entries, floats = routes.routing.pack(route)
+    out.index[key] = entries
+    out.floats += floats
 
 
 def read_packed(path: str | Path) -> dict[str, Any]:
@@ -284,8 +285,13 @@ def load(path: str | Path, model: nn.Module | None = None) -> nn.Module:
                                       for (name, bits, zp), scale in zip(acts, scales_a, strict=True)})
     for p in module.parameters():
         p.requires_grad_(False)
-    if index.get("e"):
-        return with_exits(module, index["e"], stream.floats(None), meta, path)
+    for name in COMPRESSORS.names():  # a routed plan (early exit): its compressor rebuilds the route
+        cls = COMPRESSORS.get(name)
+        if cls.packed_key is not None and index.get(cls.packed_key):
+            try:
+                return cls.unpack(module, index[cls.packed_key], stream.floats(None), meta)
+            except (ConfigError, LoadError) as exc:
+                raise LoadError(f"{str(path)!r}: {exc}") from None
     return module
 
 

@@ -59,13 +59,11 @@ class PlanLatency:
         x = wl.split("val").x
         if s.backend == "torch":
             # What the plan deploys as: structurally pruned channels removed, exits that really return.
-            model = self.evaluator.deployable(plan)
+            model = self.evaluator.states.deployable(plan)
             return torch_latency(model, x, batch_size=s.batch_size, device=wl.device, threads=s.threads,
                                  warmup=s.warmup, repeats=s.repeats,
-                                 varying=self.evaluator.exit_policy(plan) is not None)
-        if self.evaluator.exit_policy(plan) is not None:
-            raise ConfigError("latency backend 'onnxruntime' cannot run early exit (the exported graph has no "
-                              "data-dependent return); use the torch backend for plans with exits")
+                                 varying=self.evaluator.routes.route(plan) is not None)
+        self.evaluator.routes.refuse_static(plan, "latency backend 'onnxruntime'", "use the torch backend")
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "plan.onnx"
             export_onnx(self.evaluator, plan, path)

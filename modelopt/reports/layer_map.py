@@ -1,9 +1,9 @@
 """The per-layer map of one plan: a row per layer, columns contributed by each compressor.
 
-A compressor's columns are registered by its name (`register_columns`), so a later compressor
-(prune: sparsity; early exit: an exit column) adds its own without touching the report; a
-compressor with none registered gets one generic column showing its settings. Each cell has a
-label and a level in [0, 1] on its column's colour scale (1 = the most aggressive setting).
+A compressor declares its own columns (`Compressor.report_columns`), so a new compressor adds them
+without touching the report; one that declares none (or is not installed here) gets one generic column
+showing its settings. Each cell has a label and a level in [0, 1] on its column's colour scale (1 = the
+most aggressive setting).
 """
 
 from __future__ import annotations
@@ -15,17 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from modelopt.compressors import COMPRESSORS, Cell
 from modelopt.run.run_folder import Record, RunFolder
 
-__all__ = ["COLUMNS", "Cell", "Column", "LayerMap", "LayerRow", "layer_map", "plan_mix", "register_columns"]
-
-
-@dataclass(frozen=True)
-class Cell:
-    """What one column shows for one layer."""
-
-    label: str
-    level: float | None  # position on the column's colour scale; None: the compressor leaves the layer alone
+__all__ = ["Cell", "Column", "LayerMap", "LayerRow", "columns_for", "layer_map", "plan_mix"]
 
 
 @dataclass(frozen=True)
@@ -36,69 +29,6 @@ class Column:
     compressor: str
     cmap: str  # a matplotlib colormap name
     cell: Callable[[Any], Cell]  # from the choice's JSON form (None when off)
-
-
-COLUMNS: dict[str, tuple[Column, ...]] = {}
-
-
-def register_columns(compressor: str, *columns: Column) -> None:
-    """Declares the columns `compressor` contributes to the per-layer map (replacing earlier ones).
-
-    Example:
-        >>> register_columns("prune", Column("sparsity", "prune", "Purples", lambda raw: Cell("dense", None)
-        ...                  if raw is None else Cell(f"{raw['amount']:.0%}", raw["amount"])))
-    """
-    COLUMNS[compressor] = tuple(columns)
-
-
-def _bits_cell(raw: Mapping[str, Any] | None) -> Cell:
-    if raw is None:
-        return Cell("float", None)
-    bits = int(raw["bits"])
-    return Cell(f"int{bits}", min(1.0, max(0.0, 1.0 - math.log2(bits) / 4.0)) * 0.85 + 0.1)
-
-
-_GRAN_LEVEL = {"per_tensor": 0.75, "per_channel": 0.45, "group": 0.2}  # coarser scales: fewer bytes, more error
-
-
-def _granularity_cell(raw: Mapping[str, Any] | None) -> Cell:
-    if raw is None:
-        return Cell("–", None)
-    gran = str(raw.get("granularity", "per_channel"))
-    label = f"group {raw.get('group_size', 64)}" if gran == "group" else gran.replace("_", "-")
-    return Cell(label, _GRAN_LEVEL.get(gran, 0.5))
-
-
-def _activations_cell(raw: Mapping[str, Any] | None) -> Cell:
-    acts = None if raw is None else raw.get("activations")
-    return Cell("float", None) if acts is None else Cell(f"a{int(acts)}", 0.6)
-
-
-register_columns(
-    "quantize",
-    Column("bits", "quantize", "YlOrRd", _bits_cell),
-    Column("scales", "quantize", "Blues", _granularity_cell),
-    Column("inputs", "quantize", "Oranges", _activations_cell),
-)
-
-
-def _prune_cell(raw: Mapping[str, Any] | None) -> Cell:
-    if raw is None:
-        return Cell("dense", None)
-    share = float(raw["sparsity"])
-    kind = "channels" if raw.get("kind") == "structured" else "sparse"
-    return Cell(f"{kind} {share:.0%}", share)
-
-
-def _exit_cell(raw: Mapping[str, Any] | None) -> Cell:
-    if raw is None:
-        return Cell("no exit", None)
-    t = float(raw["threshold"])
-    return Cell(f"exit ≥{t:g}", min(1.0, max(0.1, (1.0 - t) * 5)))  # lower thresholds exit more
-
-
-register_columns("prune", Column("pruned", "prune", "Purples", _prune_cell))
-register_columns("early_exit", Column("exit", "early_exit", "Greens", _exit_cell))
 
 
 def _generic_column(compressor: str) -> Column:
@@ -112,7 +42,9 @@ def _generic_column(compressor: str) -> Column:
 
 
 def columns_for(compressor: str) -> tuple[Column, ...]:
-    return COLUMNS.get(compressor) or (_generic_column(compressor),)
+    """The columns `compressor` declares (`Compressor.report_columns`), else one generic column."""
+    declared = COMPRESSORS.get(compressor).report_columns if compressor in COMPRESSORS else ()
+    return tuple(Column(c.title, compressor, c.cmap, c.cell) for c in declared) or (_generic_column(compressor),)
 
 
 @dataclass(frozen=True)

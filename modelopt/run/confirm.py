@@ -164,7 +164,7 @@ def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
 
     def passes(i: int, level: float) -> bool:
         if i not in scored:
-            scored[i] = evaluator.evaluate(flat[i].plan, split=SPLIT)
+            scored[i] = evaluator.scorer.evaluate(flat[i].plan, split=SPLIT)
         if objective.confidence <= 0:
             return objective.meets_floor(scored[i])
         counts = scored[i].counts()

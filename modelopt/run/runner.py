@@ -146,7 +146,7 @@ class Runner:
             self._check_same_run(cfg_path)
             self.trials = [Trial.from_json(r, self.space) for r in self.journal.read()]
             for trial in self.trials:  # what the killed process charged once is not charged again
-                self.evaluator.mark_paid(trial.plan)
+                self.evaluator.states.mark_paid(trial.plan)
             self._restore_strategy()
         write_json_atomic(cfg_path, {**self.config.to_json(), "budget": self.budget})
 
@@ -182,12 +182,12 @@ class Runner:
         """The objective's target for `plan`, known before scoring it (sizes and bitops are static)."""
         target = self.objective.target
         if target is Target.SIZE:
-            return float(self.evaluator.size_bytes(plan))
+            return float(self.evaluator.plan_cost(plan).size_bytes)
         if target is Target.BITOPS:
-            return float(self.evaluator.bitops(plan))
+            return float(self.evaluator.plan_cost(plan).bitops())
         if target is Target.LATENCY:
             return -math.inf  # only known once measured: never skipped as unable to improve
-        return float(self.evaluator.macs(plan))
+        return float(self.evaluator.plan_cost(plan).macs())
 
     def _cannot_improve(self, plan: Plan) -> bool:
         """True when `plan` cannot beat the best feasible plan so far, whatever its accuracy."""
@@ -199,13 +199,13 @@ class Runner:
         t0 = time.perf_counter()
         trial = functools.partial(Trial, number=len(self.trials), plan=job.plan, strategy=self.strategy.name,
                                   seed=self.strategy.seed, version=__version__)
-        cost, error = self.evaluator.cost("val"), scored.error
+        cost, error = self.evaluator.scorer.cost("val"), scored.error
         if scored.metrics is not None:
             try:
                 metrics = scored.metrics
                 if scored.charges is not None:  # scored by a worker: its preparations are charged here, once
-                    metrics = self.evaluator.settle(metrics, scored.charges)
-                cost = self.evaluator.trial_cost(metrics)  # images scored + any preparation (BN re-estimation)
+                    metrics = self.evaluator.scorer.settle(metrics, scored.charges)
+                cost = self.evaluator.scorer.trial_cost(metrics)  # images scored + any preparation (BN re-estimation)
                 if self.objective.target is Target.LATENCY and metrics.stopped is None:
                     metrics = self._with_latency(metrics, job.plan)
                 reward = self.objective.reward(metrics)
@@ -338,7 +338,7 @@ class Runner:
         """How many more plans to ask for: free slots, while the budget left covers every plan in
         flight scored in full (one slot: the budget is not yet spent, as the serial loop asks)."""
         scoring = sum(job is not None for _, job in window)
-        if self.spent + scoring * self.evaluator.cost("val") >= self.budget - 1e-9:
+        if self.spent + scoring * self.evaluator.scorer.cost("val") >= self.budget - 1e-9:
             return 0
         return max(self.executor.slots - scoring, 0)
 
@@ -365,7 +365,7 @@ class Runner:
         # The anchors are re-scored on test too: every result stands beside the no-search answers.
         to_score = {t.plan.key: t for t in ([best] if best else []) + ([search_best] if search_best else []) + front
                     + list(final.anchors)}
-        test_metrics = {key: self.evaluator.evaluate(t.plan, split="test") for key, t in to_score.items()}
+        test_metrics = {key: self.evaluator.scorer.evaluate(t.plan, split="test") for key, t in to_score.items()}
         if self.latency is not None:  # measured once per distinct plan, for the final set only
             test_metrics = {key: self._with_latency(m, to_score[key].plan) for key, m in test_metrics.items()}
         best_test = test_metrics.get(best.plan.key) if best else None

@@ -5,15 +5,15 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from modelopt._version import __version__
-from modelopt.compressors import COMPRESSORS
-from modelopt.config.assemble import build_compressors
+from modelopt.compressors import COMPRESSORS, SettingKind, compressor_settings
+from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import list_data_sources
 from modelopt.errors import ConfigError, UnknownNameError
 from modelopt.model.loader import list_models
@@ -26,12 +26,10 @@ from modelopt.sweep.cells import EPS, Cell, cell_status
 __all__ = ["EPS", "Cell", "Sweep", "SweepModel", "cell_status", "load_sweep"]
 
 _REQUIRED = ("name", "models", "strategies", "budgets", "seeds")
-_DEFAULTS: dict[str, Any] = {  # `out` defaults to the sweep's name, beside the sweep file
-    "objective": "size", "min_retention": 0.99, "confidence": 0.95, "bits": [8, 4],
-    "granularity": ["per_channel", "group"], "rounding": ["gptq"], "device": "auto", "workers_per_cell": 1,
-}
-_KEYS = (*_REQUIRED[:1], "out", *_REQUIRED[1:], "objective", "min_retention", "confidence", "compressors", "bits",
-         "granularity", "rounding", "device", "workers_per_cell")
+# The run settings a sweep file may give (RunConfig's fields; every registered compressor's settings too, by
+# name: `Compressor.settings`); a key left out takes RunConfig's default, as `modelopt optimize` does.
+_RUN_KEYS = ("objective", "min_retention", "confidence", "compressors", "device")
+_FIXED_KEYS = (*_REQUIRED[:1], "out", *_REQUIRED[1:], *_RUN_KEYS, "workers_per_cell")
 _MODEL_KEYS = ("name", "model", "weights", "data", "unlabeled")
 _MODELS_EXAMPLE = "[{name: resnet20, model: cifar10_resnet20}]"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -59,15 +57,25 @@ class Sweep:
     strategies: tuple[str, ...]
     budgets: tuple[float, ...]  # ascending
     seeds: tuple[int, ...]
-    objective: str = "size"
-    min_retention: float = 0.99
-    confidence: float = 0.95  # a plan meets the floor when its retention bound at this confidence does
-    bits: tuple[int, ...] = (8, 4)
-    granularity: tuple[str, ...] = ("per_channel", "group")
-    rounding: tuple[str, ...] = ("gptq",)
-    device: str = "auto"
-    compressors: tuple[str, ...] | None = None  # None: the API's default for the objective
+    settings: Mapping[str, Any] = field(default_factory=dict)  # the run settings the file gives
     workers_per_cell: int = 1  # > 1: each cell's evaluations fanned over that many Ray workers
+
+    @property
+    def config(self) -> RunConfig:
+        """The settings every cell starts from: RunConfig's defaults, then the file's (`RunConfig.replace`)."""
+        return RunConfig().replace(**self.settings)
+
+    @property
+    def objective(self) -> str:
+        return self.config.objective
+
+    @property
+    def device(self) -> str:
+        return self.config.device
+
+    @property
+    def compressors(self) -> tuple[str, ...] | None:
+        return self.config.compressors
 
     @property
     def budget(self) -> float:
@@ -85,13 +93,18 @@ class Sweep:
         ]
 
     def to_json(self) -> dict[str, Any]:
+        """sweep.json: the grid, the run settings every cell used (RunConfig's, and the compressors' settings
+        as `settings`, defaults included) and the settings the file gave (`given`)."""
+        cfg = self.config
+        declared = compressor_settings()
+        used = {o: cfg.options[c][o] for o, (c, _) in declared.items() if o in cfg.options.get(c, {})}
         return {
-            "version": 1, "modelopt": __version__, "path": str(self.path), "name": self.name, "out": str(self.out),
+            "version": 2, "modelopt": __version__, "path": str(self.path), "name": self.name, "out": str(self.out),
             "models": [vars(m) for m in self.models], "strategies": list(self.strategies), "seeds": list(self.seeds),
-            "budgets": list(self.budgets), "objective": self.objective, "workers_per_cell": self.workers_per_cell,
-            "min_retention": self.min_retention, "confidence": self.confidence, "bits": list(self.bits),
-            "granularity": list(self.granularity), "rounding": list(self.rounding), "device": self.device,
-            "compressors": None if self.compressors is None else list(self.compressors),
+            "budgets": list(self.budgets), "objective": cfg.objective, "workers_per_cell": self.workers_per_cell,
+            "min_retention": cfg.min_retention, "confidence": cfg.confidence, "device": cfg.device,
+            "compressors": None if cfg.compressors is None else list(cfg.compressors), "settings": used,
+            "given": {k: list(v) if isinstance(v, tuple) else v for k, v in self.settings.items()},
         }
 
 
@@ -218,7 +231,7 @@ def load_sweep(path: str | Path) -> Sweep:
     path = Path(path)
     f = _File(path)
     root = _compose(path)
-    top = f.mapping(root, "(top level)", _KEYS, "sweep file")
+    top = f.mapping(root, "(top level)", (*_FIXED_KEYS, *compressor_settings()), "sweep file")
     for key in _REQUIRED:
         if key not in top:
             raise f.error(root, key, f"missing; a sweep file needs {', '.join(_REQUIRED)} (see modelopt/sweep/run.py)")
@@ -236,13 +249,10 @@ def load_sweep(path: str | Path) -> Sweep:
     seeds = [f.checked(n, "seeds", lambda v: _is_int(v) and v >= 0, "expected non-negative integers like [0, 1, 2]")
              for n in k_nodes]
     f.unique(k_nodes, seeds, "seeds")
-    settings = _settings(f, top)
+    settings, workers = _settings(f, top, base)
     return Sweep(
         path=path.resolve(), name=name, out=out.resolve(), models=tuple(models), strategies=tuple(strategies),
-        budgets=tuple(sorted(budgets)), seeds=tuple(seeds), objective=settings["objective"],
-        min_retention=settings["min_retention"], confidence=settings["confidence"], bits=tuple(settings["bits"]),
-        granularity=tuple(settings["granularity"]), rounding=tuple(settings["rounding"]), device=settings["device"],
-        compressors=settings["compressors"], workers_per_cell=settings["workers_per_cell"],
+        budgets=tuple(sorted(budgets)), seeds=tuple(seeds), settings=settings, workers_per_cell=workers,
     )
 
 
@@ -268,9 +278,9 @@ def _compose(path: Path) -> yaml.Node:
     return root
 
 
-def _settings(f: _File, top: Mapping[str, tuple[yaml.Node, yaml.Node]]) -> dict[str, Any]:
-    """The optional keys: each checked where the file gives it, else `_DEFAULTS`."""
-    settings: dict[str, Any] = {**_DEFAULTS, "compressors": None}
+def _settings(f: _File, top: Mapping[str, tuple[yaml.Node, yaml.Node]], base: Path) -> tuple[dict[str, Any], int]:
+    """The run settings the file gives, each checked where it is given, and workers_per_cell (1 when absent)."""
+    settings: dict[str, Any] = {}
     given = {key: vnode for key, (_, vnode) in top.items()}
     if (n := given.get("objective")) is not None:
         settings["objective"] = objective = f.string(n, "objective", "size")
@@ -282,25 +292,42 @@ def _settings(f: _File, top: Mapping[str, tuple[yaml.Node, yaml.Node]]) -> dict[
     if "confidence" in given:
         settings["confidence"] = float(f.checked(given["confidence"], "confidence", lambda v: _fraction(v) and v < 1,
                                                  "expected a confidence in [0, 1) like 0.95 (0: point estimates)"))
-    if "bits" in given:
-        settings["bits"] = [f.checked(b, "bits", _is_int, "expected integer bit widths like [8, 4, 3, 2]")
-                            for b in f.items(given["bits"], "bits", "[8, 4]")]
-    if "granularity" in given:
-        nodes = f.items(given["granularity"], "granularity", "[per_channel, group]")
-        settings["granularity"] = [f.string(n, "granularity", "per_channel") for n in nodes]
-    if "rounding" in given:
-        nodes = f.items(given["rounding"], "rounding", "[gptq]")
-        settings["rounding"] = [f.string(n, "rounding", "gptq") for n in nodes]
-    _check_quantizer(f, top, settings)  # before compressors and device: the order its errors always came in
+    declared = compressor_settings()
+    for option, (compressor, setting) in declared.items():  # each compressor's own keys, checked by the compressor
+        if (n := given.get(option)) is None:
+            continue
+        try:
+            value = setting.check(f.value(n, option), "this key")
+            if setting.kind is SettingKind.PATH:
+                value = _existing(f, n, option, base, value)
+            COMPRESSORS.get(compressor)(**{option: value})  # the compressor's own check of the value
+        except ConfigError as exc:
+            raise f.error(n, option, str(exc)) from None
+        settings[option] = value
     if "compressors" in given:
         settings["compressors"] = tuple(f.names(given["compressors"], "compressors", "[quantize, prune]",
                                                 COMPRESSORS.names(), "compressor", unique=False))
     if "device" in given:
         settings["device"] = _device(f, given["device"])
+    workers = 1
     if (n := given.get("workers_per_cell")) is not None:
-        settings["workers_per_cell"] = f.checked(n, "workers_per_cell", lambda v: _is_int(v) and v >= 1,
-                                                 "expected a positive number of Ray workers per cell like 4")
-    return settings
+        workers = f.checked(n, "workers_per_cell", lambda v: _is_int(v) and v >= 1,
+                            "expected a positive number of Ray workers per cell like 4")
+    try:
+        RunConfig().replace(**settings)  # what only the settings together say (a setting of an unused compressor)
+    except ConfigError as exc:
+        key = next((k for k in settings if k in declared and k in str(exc)), next(iter(settings), "(top level)"))
+        raise f.error(given.get(key), key, str(exc)) from None
+    return settings, workers
+
+
+def _existing(f: _File, node: yaml.Node, key: str, base: Path, value: str) -> str:
+    """A path a key names, resolved against the sweep file's folder; it must exist."""
+    path = base / value
+    if not path.exists():
+        raise f.error(node, key, f"no such file {str(path.resolve())!r} (relative paths are resolved against the "
+                      "sweep file's folder)")
+    return str(path.resolve())
 
 
 def _device(f: _File, n: yaml.Node) -> str:
@@ -310,15 +337,6 @@ def _device(f: _File, n: yaml.Node) -> str:
     except ConfigError as exc:
         raise f.error(n, "device", str(exc)) from None
     return device
-
-
-def _check_quantizer(f: _File, top: Mapping[str, tuple[yaml.Node, yaml.Node]], settings: Mapping[str, Any]) -> None:
-    try:
-        build_compressors(["quantize"], {"quantize": {"bits": settings["bits"], "granularity": settings["granularity"],
-                                                      "rounding": settings["rounding"]}})
-    except ConfigError as exc:
-        key = next((k for k in ("granularity", "rounding") if k in str(exc)), "bits")
-        raise f.error(top[key][1] if key in top else None, key, str(exc)) from None
 
 
 def _models(f: _File, node: yaml.Node, base: Path) -> list[SweepModel]:

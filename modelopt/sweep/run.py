@@ -46,6 +46,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from modelopt.api import build_workload, optimize
+from modelopt.compressors import COMPRESSORS, Compressor
 from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError, LoadError, ModeloptError
 from modelopt.model.layer_inputs import LayerInputs
@@ -76,27 +77,36 @@ class SweepResult:
 
 
 def _check_started(sweep: Sweep, cells: Sequence[Cell]) -> None:
-    """A cell already on disk must have been run with this file's settings, or the table would mix runs."""
-    want = {"objective": sweep.objective, "min_retention": sweep.min_retention, "confidence": sweep.confidence,
-            "bits": list(dict.fromkeys(sweep.bits)), "granularity": list(dict.fromkeys(sweep.granularity)),
-            "rounding": list(dict.fromkeys(sweep.rounding))}
+    """A cell already on disk must have been run with this file's settings, or the table would mix runs: the
+    objective, floor and confidence, the compressors when the file names them, and every setting of the
+    compressors a cell used (defaults included, each as its compressor records it)."""
+    base = sweep.config
     for cell in cells:
         if not (cell.run_dir / CONFIG).is_file():
             continue
         cfg = RunConfig.read(cell.run_dir)
-        quant = cfg.options.get("quantize", {})
-        have = {"objective": cfg.objective, "min_retention": cfg.min_retention, "confidence": cfg.confidence,
-                "bits": quant.get("bits"), "granularity": quant.get("granularity"),
-                "rounding": quant.get("rounding", ["nearest"])}  # a record without it predates gptq
-        if sweep.compressors is not None:
-            want["compressors"] = sorted(sweep.compressors)
-            have["compressors"] = sorted(cfg.compressors or ())
-        for key, value in want.items():
-            if have[key] != value:
+        pairs: list[tuple[str, Any, Any]] = [(k, getattr(cfg, k), getattr(base, k))
+                                             for k in ("objective", "min_retention", "confidence")]
+        if base.compressors is not None:
+            pairs.append(("compressors", sorted(cfg.compressors or ()), sorted(base.compressors)))
+        for name in cfg.compressors or ():
+            if name in COMPRESSORS:
+                cls = COMPRESSORS.get(name)
+                pairs += [(s.option, _recorded(cls, cfg.options.get(name, {}), s.option),
+                           _recorded(cls, base.options.get(name, {}), s.option)) for s in cls.settings]
+        for key, have, want in pairs:
+            if have != want:
                 raise ConfigError(
-                    f"run folder {str(cell.run_dir)!r} was run with {key}={have[key]!r} but sweep file "
-                    f"{str(sweep.path)!r} says {value!r}; give the sweep another 'out' or delete that folder"
+                    f"run folder {str(cell.run_dir)!r} was run with {key}={have!r} but sweep file "
+                    f"{str(sweep.path)!r} says {want!r}; give the sweep another 'out' or delete that folder"
                 )
+
+
+def _recorded(cls: type[Compressor], options: Mapping[str, Any], option: str) -> Any:
+    """An option as the compressor records it (`Compressor.options`): its class default when not given (a
+    record without it predates it)."""
+    given = {option: options[option]} if option in options else {}
+    return cls(**given).options().get(option)
 
 
 def _build_workload(model: SweepModel, device: str) -> Workload:
@@ -261,11 +271,9 @@ def _run_cell(sweep: Sweep, model: SweepModel, cell: Cell, wl: Workload, ray_add
         spread = {"workers": sweep.workers_per_cell, "ray_address": ray_address}
     try:
         result = optimize(
-            wl, strategy=cell.strategy, budget=sweep.budget, seed=cell.seed, out=cell.run_dir, resume=cell.started,
-            objective=sweep.objective, min_retention=sweep.min_retention, confidence=sweep.confidence,
-            bits=sweep.bits, granularity=sweep.granularity, rounding=sweep.rounding, compressors=sweep.compressors,
-            weights=model.weights, unlabeled=model.unlabeled, progress=False, **spread,
-        )
+            wl, out=cell.run_dir, resume=cell.started, progress=False, **{
+                **sweep.settings, "strategy": cell.strategy, "budget": sweep.budget, "seed": cell.seed,
+                "weights": model.weights, "unlabeled": model.unlabeled, **spread})
     except Exception as exc:  # one broken cell must not stop the grid; its journal is kept
         if isinstance(exc, ConfigError):
             raise

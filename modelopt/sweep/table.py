@@ -127,7 +127,7 @@ class _Scorer:
     def test(self, model: str, config: RunConfig, rec: Mapping[str, Any] | None) -> Metrics:
         ev = self.evaluator(model, config)
         plan: Plan = ev.space.plan() if rec is None else ev.space.plan_from_flat(rec["plan"])
-        return ev.evaluate(plan, split="test")
+        return ev.scorer.evaluate(plan, split="test")
 
     def reported(self, model: str, cell: _Seed, budget: float) -> dict[str, Any] | None:
         """What a run stopped at `budget` would report (`modelopt.run.confirm`), or its val best without confirm."""
@@ -311,11 +311,12 @@ def _md_header(saved: Mapping[str, Any], out: Path) -> str:
     name = saved.get("name", out.name)
     lines = [f"# Sweep `{name}`", ""]
     if saved:
+        # version 1 of sweep.json kept the quantizer's menu at the top level
+        settings = saved.get("settings") or {k: saved[k] for k in ("bits", "granularity", "rounding") if k in saved}
+        menu = "; ".join(f"{k} {', '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in settings.items())
         lines.append(
             f"Minimise **{saved['objective']}** with retention ≥ {saved['min_retention']:g} at confidence "
-            f"{saved.get('confidence', 0.95):g}; quantizer menu: bits "
-            f"{', '.join(map(str, saved['bits']))}, granularity {', '.join(saved['granularity'])}, rounding "
-            f"{', '.join(saved.get('rounding', ['nearest']))}. Budgets (full val "
+            f"{saved.get('confidence', 0.95):g}; compressor settings: {menu}. Budgets (full val "
             f"evaluations): {', '.join(f'{b:g}' for b in saved['budgets'])}; seeds: "
             f"{', '.join(map(str, saved['seeds']))}."
         )

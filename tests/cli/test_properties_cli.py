@@ -3,7 +3,7 @@ one `error:` line (or typer's usage message for a value of the wrong type), neve
 can be checked without the model (budget, floor, confidence, split, names, run folder, plan file) is
 refused before it loads.
 
-No model loads here: `api.build_workload` (evaluate) and `RunConfig.load_workload` (optimize) are
+No model loads here: `api.build_workload` (evaluate) and `modelopt.config.build.load_workload` (optimize) are
 replaced by a stand-in that stops the command with a marker error, so a value that passes every
 early check ends there.
 """
@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import modelopt.api
+import modelopt.config.build
 from modelopt.cli.app import app
 from modelopt.compressors import COMPRESSORS
-from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import SPLIT_NAMES
 from modelopt.errors import ModeloptError
 from modelopt.objective import Target
@@ -46,7 +46,7 @@ def no_model(monkeypatch):
         raise _Reached(REACHED)
 
     monkeypatch.setattr(modelopt.api, "build_workload", build_workload)
-    monkeypatch.setattr(RunConfig, "load_workload", build_workload)
+    monkeypatch.setattr(modelopt.config.build, "load_workload", build_workload)
 
 
 def _folder(tmp_path_factory) -> Path:

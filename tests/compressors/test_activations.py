@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from modelopt.compressors.activations import (
+from modelopt.compressors._inputs import (
     Calibration,
     InputQParams,
     fake_quantize,

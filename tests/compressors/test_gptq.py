@@ -73,7 +73,7 @@ def test_lower_output_error_than_nearest_on_every_real_layer(gptq_evaluator, spe
     wl = gptq_evaluator.workload
     comp = gptq_evaluator.space.compressors["quantize"]
     for name, w in wl.original.items():
-        inputs = gptq_evaluator.layer_inputs(name, 64)
+        inputs = gptq_evaluator.states.layer_inputs(name, 64)
         assert inputs is not None and inputs.rows > 0
         near = comp.apply_calibrated(w, spec, inputs)
         calibrated = comp.apply_calibrated(w, spec.with_rounding(Rounding.GPTQ), inputs)
@@ -87,7 +87,7 @@ def test_pruned_zeros_stay_zero_and_scales_are_nearest_ones(gptq_evaluator):
     w = wl.original[name].clone()
     w[w.abs() < w.abs().median()] = 0.0  # half the weights pruned
     spec = QuantSpec(3, rounding=Rounding.GPTQ)
-    inputs = gptq_evaluator.layer_inputs(name, 64)
+    inputs = gptq_evaluator.states.layer_inputs(name, 64)
     codes, scales = quantize(w, spec, inputs=inputs)
     assert torch.all(codes[w == 0] == 0)
     assert torch.equal(scales, quantize(w, QuantSpec(3))[1])  # GPTQ changes codes, never what a scale costs
@@ -114,18 +114,18 @@ def test_inputs_are_measured_once_and_charged_to_the_first_plan(gptq_evaluator):
     nearest = space.parse_plan({"default": {"quantize": {"bits": 4, "rounding": "nearest"}}})
     ev = Evaluator(gptq_evaluator.workload, space)  # a fresh run on the same workload: its own charges
     val = len(ev.workload.split("val"))
-    assert ev.compressed_state(nearest)[1] == 0.0
-    assert ev.compressed_state(plan)[1] == pytest.approx(64 / val)
-    assert ev.compressed_state(other)[1] == 0.0
+    assert ev.states.compressed_state(nearest)[1] == 0.0
+    assert ev.states.compressed_state(plan)[1] == pytest.approx(64 / val)
+    assert ev.states.compressed_state(other)[1] == 0.0
     resumed = Evaluator(gptq_evaluator.workload, space)
-    resumed.mark_paid(plan)  # a resumed run whose journal holds a GPTQ plan does not pay again
-    assert resumed.compressed_state(other)[1] == 0.0
+    resumed.states.mark_paid(plan)  # a resumed run whose journal holds a GPTQ plan does not pay again
+    assert resumed.states.compressed_state(other)[1] == 0.0
 
 
 def test_gptq_plans_keep_accuracy_where_nearest_collapses(gptq_evaluator):
     space = gptq_evaluator.space
     int3 = {r: space.parse_plan({"default": {"quantize": {"bits": 3, "rounding": r}}}) for r in ("nearest", "gptq")}
-    got = {r: gptq_evaluator.evaluate(p, "val").agreement for r, p in int3.items()}
+    got = {r: gptq_evaluator.scorer.evaluate(p, "val").agreement for r, p in int3.items()}
     assert got["gptq"] > got["nearest"] + 0.05, got
 
 
@@ -138,7 +138,7 @@ def test_export_writes_the_gptq_codes_that_were_scored(gptq_evaluator, tmp_path)
     plan = space.parse_plan({"default": {"quantize": {"bits": 3, "granularity": "group", "rounding": "gptq"}}})
     net = load(export_packed(gptq_evaluator, plan, tmp_path / "gptq.pt"))
     layers = compressible_modules(net)
-    for lname, w in gptq_evaluator.compressed_weights(plan).items():
+    for lname, w in gptq_evaluator.states.compressed_weights(plan).items():
         assert torch.equal(layers[lname].weight.cpu(), w.cpu()), lname
 
 

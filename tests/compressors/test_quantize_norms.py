@@ -32,9 +32,9 @@ def test_it_is_charged_per_plan_and_lowers_int2_disagreement(small_workload):
     plain, renormed = evaluator(0), evaluator(64)
     int2 = {"default": {"quantize": {"bits": 2, "granularity": "group"}}}
     p0, p1 = plain.space.parse_plan(int2), renormed.space.parse_plan(int2)
-    a0, a1 = plain.evaluate(p0, "val"), renormed.evaluate(p1, "val")
+    a0, a1 = plain.scorer.evaluate(p0, "val"), renormed.scorer.evaluate(p1, "val")
     val = len(small_workload.split("val"))
     assert a1.prep_cost == pytest.approx(a0.prep_cost + 2 * 64 / val)  # reference pass once + this plan's
     int8 = renormed.space.parse_plan({"default": {"quantize": {"bits": 8}}})
-    assert renormed.evaluate(int8, "val").prep_cost == 0.0  # 8 bits: no re-estimation
+    assert renormed.scorer.evaluate(int8, "val").prep_cost == 0.0  # 8 bits: no re-estimation
     assert a1.agreement > a0.agreement + 0.02, (a0.agreement, a1.agreement)

@@ -35,7 +35,7 @@ def test_defaults_are_the_tool_defaults() -> None:
     ("confidence", 1.0, "confidence"),
     ("compressors", ("quantize", "prnue"), "prnue"),
     ("options", {"quantise": {}}, "quantise"),
-    ("exit_images", 0, "exit_images"),
+    ("options", {"early_exit": {"exit_images": 0}}, "exit_images"),
     ("model", "", "model"),
 ])
 def test_a_bad_field_is_one_clear_error(field: str, value: object, words: str) -> None:
@@ -47,14 +47,16 @@ def test_a_bad_field_is_one_clear_error(field: str, value: object, words: str) -
 def test_latency_objective_needs_a_backend_and_onnx_cannot_time_exits() -> None:
     with pytest.raises(ConfigError, match="latency backend"):
         RunConfig(objective="latency", latency=None)
-    with pytest.raises(ConfigError, match="early exits"):
+    with pytest.raises(ConfigError, match="cannot time early_exit"):
         RunConfig(compressors=("early_exit",), latency=LatencySpec("onnxruntime"))
 
 
 def test_json_round_trip() -> None:
     cfg = RunConfig(weights="w.th", strategy="random", seed=3, budget=12.5, confidence=0.9, count_gains=True,
-                    compressors=("quantize", "prune"), options={"quantize": {"bits": [8]}, "prune": {}},
-                    fidelity=None, latency=LatencySpec("torch", repeats=3), exit_data="x.npz", exit_images=7,
+                    compressors=("quantize", "prune", "early_exit"),
+                    options={"quantize": {"bits": [8]}, "prune": {}, "early_exit": {"exit_data": "x.npz",
+                                                                                    "exit_images": 7}},
+                    fidelity=None, latency=LatencySpec("torch", repeats=3),
                     fingerprints={"model_sha256": "ab", "data_sha256": "cd"})
     raw = json.loads(json.dumps(cfg.to_json()))
     assert raw["format"] == CONFIG_FORMAT and raw["model_sha256"] == "ab"
@@ -127,3 +129,43 @@ def test_optimize_takes_a_config_and_refuses_a_setting_beside_it(small_workload,
                               fingerprints=small_workload.fingerprints())
     assert dataclasses.replace(saved, options=cfg.options) == ran
     assert result.budget_used >= 2
+
+
+def test_replace_is_the_one_override_path() -> None:
+    """Fields and compressors' settings by name; a setting merges into its compressor's options."""
+    cfg = RunConfig().replace(budget=50, strategy="random", bits=(8, 4), rounding="nearest")
+    assert (cfg.budget, cfg.strategy) == (50, "random")
+    assert cfg.options["quantize"]["bits"] == [8, 4] and cfg.options["quantize"]["rounding"] == ["nearest"]
+    assert cfg.options["quantize"]["granularity"] == RunConfig().options["quantize"]["granularity"]  # kept
+    assert RunConfig().replace(objective="bitops").options["quantize"]["activations"] == [None, 8]
+    assert "activations" not in RunConfig().options["quantize"]  # float inputs where they lower nothing
+    assert RunConfig().replace(bits=[4]).replace(objective="bitops").options["quantize"]["bits"] == [4]  # given: kept
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"budgte": 3}, "'budgte'"),
+    ({"bits": "eight"}, "bits expects a list of integers"),
+    ({"bits": [9]}, "9"),
+    ({"exit_data": "train.npz"}, "--exit-data (exit_data) is a setting of compressor 'early_exit', which this run "
+                                 "does not use"),
+])
+def test_replace_refuses_in_one_line(changes: dict, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        RunConfig().replace(**changes)
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_setting_reaches_its_compressor() -> None:
+    cfg = RunConfig(compressors=("early_exit", "quantize")).replace(exit_data="train.npz", exit_images=64)
+    assert cfg.options["early_exit"] == {"exit_data": "train.npz", "exit_images": 64}
+    (early_exit,) = [c for c in make_compressors(cfg) if c.name == "early_exit"]
+    assert early_exit.options()["exit_data"] == "train.npz" and early_exit.options()["exit_images"] == 64
+
+
+def test_a_format_1_record_keeps_its_early_exit_images(tmp_path: Path) -> None:
+    """Format 1 kept early exit's images at the top level; they are early exit's options now."""
+    raw = RunConfig(compressors=("early_exit", "prune")).to_json()
+    raw.update(format=1, exit_data={"path": "train.npz", "images": 500})
+    (tmp_path / CONFIG).write_text(json.dumps(raw))
+    cfg = RunConfig.read(tmp_path)
+    assert cfg.options["early_exit"] == {"exit_data": "train.npz", "exit_images": 500}

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from PIL import Image
 
-from modelopt.api import load_exit_images
+from modelopt.compressors.early_exit.pools import load_exit_images
 from modelopt.data.dataset import load_data
 from modelopt.errors import ModeloptError
 

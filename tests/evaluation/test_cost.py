@@ -55,7 +55,7 @@ def test_report_layer_bytes_sum_to_the_evaluators_size_bytes_for_random_plans(r2
         run, flat = _report_run(wl, report_space, plan)
         per_layer = RunFolder.layer_bytes(run, SimpleNamespace(plan=flat))  # type: ignore[arg-type]
         assert set(per_layer) == {x.name for x in wl.layers}
-        assert other + sum(per_layer.values()) == ev.size_bytes(plan), plan.key
+        assert other + sum(per_layer.values()) == ev.plan_cost(plan).size_bytes, plan.key
         kinds |= {(name.rsplit("/", 1)[1], getattr(c, "kind", None)) for name, c in plan.choices if c is not None}
     assert {k for k, _ in kinds} == {"quantize", "prune", "early_exit"}
     assert ("prune", Prune().kinds[1]) in kinds  # structured pruning among them
@@ -66,7 +66,7 @@ def test_layer_map_rows_and_other_bytes_make_the_plan_size(r20):
     for plan in _random_plans(space, 10, seed=1):
         run, flat = _report_run(wl, report_space, plan)
         run.layer_bytes = lambda record, run=run: RunFolder.layer_bytes(run, record)  # type: ignore[arg-type]
-        record = SimpleNamespace(plan=flat, metrics=SimpleNamespace(size_bytes=ev.size_bytes(plan)))
+        record = SimpleNamespace(plan=flat, metrics=SimpleNamespace(size_bytes=ev.plan_cost(plan).size_bytes))
         lmap = layer_map(run, record)  # type: ignore[arg-type]
         assert lmap.has_sizes
         assert lmap.other_bytes + sum(r.plan_bytes for r in lmap.rows) == lmap.size_bytes

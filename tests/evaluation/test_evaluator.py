@@ -23,7 +23,7 @@ def _uniform(ev, bits, gran):
 
 
 def test_float_plan_is_the_baseline(evaluator):
-    m = evaluator.evaluate(evaluator.space.plan(), split="all")
+    m = evaluator.scorer.evaluate(evaluator.space.plan(), split="all")
     assert m.n_samples == 846
     assert m.accuracy == pytest.approx(0.9173, abs=0.001)  # the published 91.73 % on these exact images
     assert m.retention == 1.0 and m.agreement == 1.0
@@ -32,19 +32,19 @@ def test_float_plan_is_the_baseline(evaluator):
 
 
 def test_uniform_int8_per_channel_keeps_accuracy_at_4x(evaluator):
-    m = evaluator.evaluate(_uniform(evaluator, 8, "per_channel"), split="all")
+    m = evaluator.scorer.evaluate(_uniform(evaluator, 8, "per_channel"), split="all")
     assert m.retention >= 0.995
     assert 3.9 <= m.compression <= 4.0
 
 
 def test_uniform_int4_per_channel_keeps_98_percent_at_7_5x(evaluator):
-    m = evaluator.evaluate(_uniform(evaluator, 4, "per_channel"), split="all")
+    m = evaluator.scorer.evaluate(_uniform(evaluator, 4, "per_channel"), split="all")
     assert m.retention >= 0.98
     assert m.compression >= 7.5
 
 
 def test_uniform_int4_group_keeps_99_percent(evaluator):
-    m = evaluator.evaluate(_uniform(evaluator, 4, "group"), split="all")
+    m = evaluator.scorer.evaluate(_uniform(evaluator, 4, "group"), split="all")
     assert m.retention >= 0.99
     assert m.compression > 6.5
 
@@ -53,7 +53,7 @@ def test_size_adds_up_from_layers(evaluator):
     wl = evaluator.workload
     plan = _uniform(evaluator, 4, "per_channel")
     expected = wl.other_bytes + sum(math.ceil(layer.params / 2) + 2 * layer.out_channels for layer in wl.layers)
-    assert evaluator.size_bytes(plan) == expected
+    assert evaluator.plan_cost(plan).size_bytes == expected
     # ResNet-20: 268,346 conv/linear weights, 688 batch-norm channels folded to scale+shift, 10 biases.
     assert wl.other_bytes == 688 * 2 * 4 + 10 * 4
     assert wl.float_size_bytes == 268_336 * 4 + wl.other_bytes
@@ -62,7 +62,7 @@ def test_size_adds_up_from_layers(evaluator):
 def test_bitops_follow_weight_bits(evaluator):
     wl = evaluator.workload
     plan = _uniform(evaluator, 4, "per_channel")
-    assert evaluator.bitops(plan) == wl.macs * 4 * 32
+    assert evaluator.plan_cost(plan).bitops() == wl.macs * 4 * 32
     assert wl.macs == 40_551_040  # ResNet-20 at 32x32: about 41 M multiply-accumulates
 
 
@@ -70,9 +70,9 @@ def test_results_are_cached_and_weights_restored(evaluator):
     wl = evaluator.workload
     before = {n: w.clone() for n, w in wl.original.items()}
     plan = _uniform(evaluator, 4, "group")
-    a = evaluator.evaluate(plan, split="val", n=100)
-    assert evaluator.evaluate(plan, split="val", n=100) is a
-    assert a.n_samples == 100 and evaluator.cost("val", 100) == pytest.approx(100 / len(wl.split("val")))
+    a = evaluator.scorer.evaluate(plan, split="val", n=100)
+    assert evaluator.scorer.evaluate(plan, split="val", n=100) is a
+    assert a.n_samples == 100 and evaluator.scorer.cost("val", 100) == pytest.approx(100 / len(wl.split("val")))
     for name, mod in wl.modules.items():
         assert torch.equal(mod.weight.data, before[name]), f"{name} not restored"
 
@@ -91,14 +91,14 @@ def test_evaluation_matches_an_independent_quantized_copy(evaluator):
     x = wl.split("test").x
     with torch.inference_mode():
         pred = model(x).argmax(1)
-    m = evaluator.evaluate(plan, split="test")
+    m = evaluator.scorer.evaluate(plan, split="test")
     assert m.accuracy == pytest.approx(float((pred == wl.split("test").y).float().mean()))
 
 
 @pytest.mark.slow
 def test_uniform_w8a8_keeps_99_percent_at_8x8_bitops(resnet20_workload):
     """Quantized inputs: static ranges calibrated once on the float model, charged to the first plan."""
-    from modelopt.compressors.activations import (
+    from modelopt.compressors._inputs import (
         Calibration,
         InputQParams,
         fake_quantize,
@@ -108,12 +108,12 @@ def test_uniform_w8a8_keeps_99_percent_at_8x8_bitops(resnet20_workload):
     wl = resnet20_workload
     ev = Evaluator(wl, SearchSpace(wl.layers, [Quantize(bits=(8, 4), activations=(None, 8))]))
     w8a8 = ev.space.uniform("quantize", QuantSpec(8).with_activations(8))
-    m = ev.evaluate(w8a8, split="val")
+    m = ev.scorer.evaluate(w8a8, split="val")
     assert m.retention >= 0.99  # measured: 1.003 (val), 0.997 (test)
     assert m.bitops == sum(layer.macs * 8 * 8 for layer in wl.layers) == m.float_bitops // 16
-    assert m.size_bytes == ev.size_bytes(ev.space.uniform("quantize", QuantSpec(8))) + 5 * len(wl.layers)
+    assert m.size_bytes == ev.plan_cost(ev.space.uniform("quantize", QuantSpec(8))).size_bytes + 5 * len(wl.layers)
     assert m.prep_cost == pytest.approx(256 / len(wl.split("val")))  # the calibration pass, once
-    w4a8 = ev.evaluate(ev.space.uniform("quantize", QuantSpec(4).with_activations(8)), split="val", n=50)
+    w4a8 = ev.scorer.evaluate(ev.space.uniform("quantize", QuantSpec(4).with_activations(8)), split="val", n=50)
     assert w4a8.prep_cost == 0.0 and w4a8.bitops == wl.macs * 4 * 8
     assert all(not m._forward_pre_hooks for m in wl.modules.values())  # hooks gone after scoring
 
@@ -133,10 +133,10 @@ def test_uniform_w8a8_keeps_99_percent_at_8x8_bitops(resnet20_workload):
         pred = model(x).argmax(1)
     assert m.accuracy == pytest.approx(float((pred == wl.split("val").y).float().mean()))
     # ... and the input quantization is not a no-op: the logits move against weight-only INT8.
-    state, _ = ev.compressed_state(w8a8)
+    state, _ = ev.states.compressed_state(w8a8)
     with wl.state(state):
         w8 = wl.logits(x[:64])
-        with ev.activation_quant(w8a8):
+        with ev.states.activation_quant(w8a8):
             a8 = wl.logits(x[:64])
     assert (w8 - a8).abs().max() > 1e-3
 
@@ -148,8 +148,9 @@ def test_mixed_activation_plan_counts_bitops_per_layer(resnet20_workload):
                                 "layers": {"conv1": {"quantize": {"bits": 8, "activations": None}},
                                            "linear": {"quantize": None}}})
     first, last = wl.layers[0], wl.layers[-1]
-    assert ev.activation_bits(plan, "conv1") == 32 and ev.activation_bits(plan, "linear") == 32
+    cost = ev.plan_cost(plan)
+    assert cost.layer("conv1").activation_bits == 32 and cost.layer("linear").activation_bits == 32
     expected = first.macs * 8 * 32 + last.macs * 32 * 32 + sum(x.macs * 4 * 8 for x in wl.layers[1:-1])
-    assert ev.bitops(plan) == expected
-    assert set(ev.input_qparams(plan)[0]) == {x.name for x in wl.layers[1:-1]}
-    assert all(qp.zero_point == 0 for qp in ev.input_qparams(plan)[0].values())  # inputs after a ReLU
+    assert ev.plan_cost(plan).bitops() == expected
+    assert set(ev.states.input_qparams(plan)[0]) == {x.name for x in wl.layers[1:-1]}
+    assert all(qp.zero_point == 0 for qp in ev.states.input_qparams(plan)[0].values())  # inputs after a ReLU

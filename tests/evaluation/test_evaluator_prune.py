@@ -38,14 +38,14 @@ def test_every_resnet20_block_has_internal_channels(resnet20_workload):
 def test_physical_model_equals_the_simulated_one(ev_no_bn, quantize):
     ev = ev_no_bn
     plan = _structured(ev, 0.5, quantize)
-    small = ev.physical_model(plan)
+    small = ev.states.physical_model(plan)
     mods = dict(small.named_modules())
     for name in _blocks(ev):
         k = n_kept(ev.workload.original[name].shape[0], 0.5)
         block = name.rsplit(".", 1)[0]
         assert mods[name].out_channels == mods[f"{block}.bn1"].num_features == mods[f"{block}.conv2"].in_channels == k
     x = ev.workload.split("val").x[:32]
-    state, cost = ev.compressed_state(plan)
+    state, cost = ev.states.compressed_state(plan)
     assert cost == 0.0  # re-estimation off: nothing to charge
     with ev.workload.state(state), torch.inference_mode():
         simulated = ev.workload.model(x)
@@ -57,7 +57,7 @@ def test_physical_model_equals_the_simulated_one(ev_no_bn, quantize):
     with torch.inference_mode():
         physical = small(x)
     torch.testing.assert_close(physical, simulated, rtol=1e-4, atol=1e-4)
-    kept = ev.kept_channels(plan)["layer1.0.conv1"][1]
+    kept = ev.states.kept_channels(plan)["layer1.0.conv1"][1]
     dropped = sorted(set(range(16)) - set(kept.tolist()))
     assert torch.all(acts["bn"][:, dropped] == 0)
     # Swapping restored everything: the resident model holds its original tensors again.
@@ -75,12 +75,12 @@ def test_macs_bitops_and_size_follow_the_kept_channels(ev_no_bn):
         out_frac = 0.5 if x.channel_consumer else 1.0
         in_frac = 0.5 if x.name.endswith("conv2") else 1.0
         expected += int(x.macs * out_frac * in_frac)
-    assert ev.macs(plan) == expected < 0.6 * wl.macs
-    assert ev.bitops(plan) == expected * 32 * 32
+    assert ev.plan_cost(plan).macs() == expected < 0.6 * wl.macs
+    assert ev.plan_cost(plan).bitops() == expected * 32 * 32
     removed = sum(layers[n].params // 2 + layers[n.replace("conv1", "conv2")].params // 2 for n in _blocks(ev))
     norms = sum(layers[n].out_channels // 2 * 8 for n in _blocks(ev))  # folded scale + shift per channel
-    assert ev.size_bytes(plan) == wl.float_size_bytes - removed * 4 - norms
-    m = ev.evaluate(plan, split="val", n=8)
+    assert ev.plan_cost(plan).size_bytes == wl.float_size_bytes - removed * 4 - norms
+    m = ev.scorer.evaluate(plan, split="val", n=8)
     assert m.macs == expected and m.float_macs == wl.macs
 
 
@@ -89,16 +89,16 @@ def test_batch_norm_re_estimation_is_charged_once_and_restored(resnet20_workload
     ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize", "prune"], {"prune": {"bn_samples": 128}})))
     before = {k: v.clone() for k, v in wl.model.state_dict().items()}
     plan = ev.space.parse_plan({"layers": {n: {"prune": {"sparsity": 0.5}} for n in _blocks(ev)}})
-    m = ev.evaluate(plan, split="val", n=64)
+    m = ev.scorer.evaluate(plan, split="val", n=64)
     # 128 calibration images for the plan, plus the original model's reference pass (once).
     assert m.prep_cost == pytest.approx(2 * 128 / len(wl.split("val")))
-    assert ev.trial_cost(m) == pytest.approx(64 / len(wl.split("val")) + m.prep_cost)
-    again = ev.evaluate(plan, split="test", n=16)
+    assert ev.scorer.trial_cost(m) == pytest.approx(64 / len(wl.split("val")) + m.prep_cost)
+    again = ev.scorer.evaluate(plan, split="test", n=16)
     assert again.prep_cost == 0.0  # statistics cached by plan key
     other = ev.space.parse_plan({"layers": {n: {"prune": {"sparsity": 0.25}} for n in _blocks(ev)}})
-    assert ev.evaluate(other, split="val", n=16).prep_cost == pytest.approx(128 / len(wl.split("val")))
-    assert ev.evaluate(ev.space.plan(), split="val", n=16).prep_cost == 0.0  # nothing pruned, nothing to do
-    state, _ = ev.compressed_state(plan)
+    assert ev.scorer.evaluate(other, split="val", n=16).prep_cost == pytest.approx(128 / len(wl.split("val")))
+    assert ev.scorer.evaluate(ev.space.plan(), split="val", n=16).prep_cost == 0.0  # nothing pruned, nothing to do
+    state, _ = ev.states.compressed_state(plan)
     assert "layer3.2.bn2.running_var" in state
     assert not torch.equal(state["layer3.2.bn2.running_var"], before["layer3.2.bn2.running_var"])
     after = wl.model.state_dict()

@@ -66,22 +66,22 @@ def evaluator(resnet20_workload):
 
 def test_staged_scoring_of_a_good_plan_equals_full_scoring(evaluator):
     plan = evaluator.space.uniform("quantize", QuantSpec(8, Granularity.PER_CHANNEL))
-    staged = evaluator.evaluate_staged(plan, 0.99, Fidelity())
-    full = evaluator.evaluate(plan, "val")
+    staged = evaluator.scorer.evaluate_staged(plan, 0.99, Fidelity())
+    full = evaluator.scorer.evaluate(plan, "val")
     assert staged.stopped is None and staged.n_samples == full.n_samples == 423
     assert staged.accuracy == full.accuracy and staged.retention == full.retention
 
 
 def test_a_broken_plan_stops_at_the_first_stage(evaluator):
     plan = evaluator.space.uniform("quantize", QuantSpec(2, Granularity.PER_TENSOR))
-    m = evaluator.evaluate_staged(plan, 0.99, Fidelity())
+    m = evaluator.scorer.evaluate_staged(plan, 0.99, Fidelity())
     assert m.stopped == "infeasible" and m.n_samples == 106
-    assert evaluator.evaluate(plan, "val").retention < 0.99  # and it really is infeasible
+    assert evaluator.scorer.evaluate(plan, "val").retention < 0.99  # and it really is infeasible
 
 
 def test_a_plan_that_cannot_improve_stops_after_one_stage(evaluator):
     plan = evaluator.space.uniform("quantize", QuantSpec(4, Granularity.PER_CHANNEL))  # not yet scored in full
-    m = evaluator.evaluate_staged(plan, 0.99, Fidelity(), finish=False)
+    m = evaluator.scorer.evaluate_staged(plan, 0.99, Fidelity(), finish=False)
     assert m.stopped == "dominated" and m.n_samples == 106
 
 
@@ -92,8 +92,8 @@ def test_stopped_plans_are_really_infeasible_on_the_whole_split(evaluator):
     space, n_stopped = evaluator.space, 0
     for _ in range(12):
         plan = space.plan({d.name: d.choices[int(rng.integers(len(d.choices)))] for d in space.decisions})
-        m = evaluator.evaluate_staged(plan, 0.99, Fidelity())
+        m = evaluator.scorer.evaluate_staged(plan, 0.99, Fidelity())
         if m.stopped:
             n_stopped += 1
-            assert evaluator.evaluate(plan, "val").retention < 0.99
+            assert evaluator.scorer.evaluate(plan, "val").retention < 0.99
     assert n_stopped >= 3  # random plans with 2-bit layers: most are far below the floor

@@ -12,6 +12,7 @@ from torch.nn import functional as F
 from modelopt.api import build_compressors
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.output_sensitivity import _probe, output_losses
+from modelopt.evaluation.priors import measure_errors
 from modelopt.objective import Objective
 from modelopt.plan.space import SearchSpace
 from modelopt.search import STRATEGIES
@@ -23,7 +24,7 @@ IMAGES = 64
 def evaluator(small_workload) -> Evaluator:
     comps = build_compressors(["prune", "quantize"], {"quantize": {"bits": [8, 4, 2]}})
     ev = Evaluator(small_workload, SearchSpace(small_workload.layers, comps))
-    ev.measure_errors()
+    measure_errors(ev)
     return ev
 
 
@@ -37,7 +38,7 @@ def _kl(ev: Evaluator, choices: dict) -> float:
     x = ev.workload.split("calib").x[:IMAGES]
     with torch.inference_mode():
         ref = F.log_softmax(ev.workload.logits(x), dim=1)
-    logp = F.log_softmax(ev.logits(ev.space.plan(choices), x), dim=1)
+    logp = F.log_softmax(ev.states.logits(ev.space.plan(choices), x), dim=1)
     return float(F.kl_div(logp, ref, log_target=True, reduction="batchmean"))
 
 

@@ -25,8 +25,8 @@ def test_the_batch_norm_reference_pass_is_not_charged_again_after_resume(resnet2
     second = space.plan({"layer3.0.conv2/prune": PruneSpec(0.5)})
     one = 64 / len(wl.split("val"))
     live = Evaluator(wl, space)
-    assert live.evaluate(first).prep_cost == pytest.approx(2 * one)  # its own pass and the reference pass
-    assert live.evaluate(second).prep_cost == pytest.approx(one)
+    assert live.scorer.evaluate(first).prep_cost == pytest.approx(2 * one)  # its own pass and the reference pass
+    assert live.scorer.evaluate(second).prep_cost == pytest.approx(one)
     resumed = Evaluator(wl, space)
-    resumed.mark_paid(first)  # the journal holds `first`
-    assert resumed.evaluate(second).prep_cost == pytest.approx(one)
+    resumed.states.mark_paid(first)  # the journal holds `first`
+    assert resumed.scorer.evaluate(second).prep_cost == pytest.approx(one)

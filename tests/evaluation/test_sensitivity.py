@@ -52,14 +52,14 @@ def test_every_weight_changing_choice_is_priced(evaluator, estimates):
 
 def test_the_pass_is_charged_once_with_the_next_plan(evaluator, estimates):
     fresh = Evaluator(evaluator.workload, evaluator.space)
-    fresh.add_pre_pass("fisher:64", 64 * BACKWARD_FACTOR / len(fresh.workload.split("val")))
+    fresh.states.add_pre_pass("fisher:64", 64 * BACKWARD_FACTOR / len(fresh.workload.split("val")))
     float_plan = fresh.space.plan()
-    assert fresh.compressed_state(float_plan)[1] == pytest.approx(64 * 3 / len(fresh.workload.split("val")))
-    assert fresh.compressed_state(float_plan)[1] == 0.0
+    assert fresh.states.compressed_state(float_plan)[1] == pytest.approx(64 * 3 / len(fresh.workload.split("val")))
+    assert fresh.states.compressed_state(float_plan)[1] == 0.0
     resumed = Evaluator(evaluator.workload, evaluator.space)
-    resumed.add_pre_pass("fisher:64", 1.0)
-    resumed.mark_paid(float_plan)  # a journal's trials imply the pass was charged already
-    assert resumed.compressed_state(float_plan)[1] == 0.0
+    resumed.states.add_pre_pass("fisher:64", 1.0)
+    resumed.states.mark_paid(float_plan)  # a journal's trials imply the pass was charged already
+    assert resumed.states.compressed_state(float_plan)[1] == 0.0
 
 
 def test_the_one_pass_knapsack_asks_no_sensitivity_trials(evaluator, estimates):

@@ -18,6 +18,7 @@ import pytest
 from modelopt import api
 from modelopt.compressors import COMPRESSORS
 from modelopt.config.build import build
+from modelopt.config.run_config import RunConfig
 from modelopt.executors import RayExecutor
 from modelopt.run.layout import STATE, STATE_NEXT
 from modelopt.run.runner import Runner
@@ -77,8 +78,8 @@ def test_ray_workers_give_the_local_executors_trials(cluster, small_data, tmp_pa
 
 def _runner(small_data, out: Path, budget: float, **settings) -> tuple[Runner, RayExecutor]:
     small = {k: v for k, v in SMALL.items() if k not in ("report", "progress")}
-    config = api.run_config(model="cifar10_resnet20", data=str(small_data), **{
-        **api.KEYWORD_SETTINGS, **small, "budget": budget, "workers": 2, "executor": "ray", **settings})
+    config = RunConfig().replace(model="cifar10_resnet20", data=str(small_data), **{
+        **small, "budget": budget, "workers": 2, "executor": "ray", **settings})
     built = build(config)
     executor = RayExecutor(built.config)
     return Runner(built.evaluator, built.strategy, built.objective, budget=budget, run_dir=out, config=built.config,

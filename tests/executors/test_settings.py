@@ -7,7 +7,6 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from modelopt import api
 from modelopt.cli.app import app
 from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError
@@ -28,12 +27,12 @@ def test_bad_executor_settings_are_one_line(tmp_path, flags, needle):
 
 
 def test_more_than_one_worker_means_ray_unless_told_otherwise():
-    fresh = {**api.KEYWORD_SETTINGS, "model": "cifar10_resnet20", "data": "cifar10-sample"}
-    assert api.run_config(**fresh).executor == "local"
-    assert api.run_config(**{**fresh, "workers": 2}).executor == "ray"
-    assert api.run_config(**{**fresh, "workers": 2, "executor": "local"}).executor == "local"
-    assert api.run_config(**{**fresh, "ray_address": "auto"}).executor == "ray"
-    resumed = api.with_settings(api.run_config(**fresh), workers=3)  # `--resume --workers 3`
+    fresh = RunConfig()
+    assert fresh.replace().executor == "local"
+    assert fresh.replace(workers=2).executor == "ray"
+    assert fresh.replace(workers=2, executor="local").executor == "local"
+    assert fresh.replace(ray_address="auto").executor == "ray"
+    resumed = fresh.replace().replace(workers=3)  # `--resume --workers 3`
     assert (resumed.executor, resumed.workers) == ("ray", 3)
 
 

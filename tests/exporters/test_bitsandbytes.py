@@ -37,7 +37,7 @@ def _without_fc(plan):
 
 
 def _qdq_logits(evaluator, plan, x):
-    state, _ = evaluator.compressed_state(plan)
+    state, _ = evaluator.states.compressed_state(plan)
     with evaluator.workload.state(state):
         return evaluator.workload.logits(x)
 
@@ -86,7 +86,7 @@ def test_int8_agrees_with_qdq(bnb, r20_evaluator, r20_plans):
     assert [(c.layer, c.spec, c.module, c.codes) for c in a.converted] == [
         (FC, "int8/per_channel", "Linear8bitLt", "modelopt")]
     assert a.n_samples == len(r20_evaluator.workload.split("val")) and a.device == "cpu"
-    assert a.qdq_accuracy == r20_evaluator.evaluate(plan, "val").accuracy
+    assert a.qdq_accuracy == r20_evaluator.scorer.evaluate(plan, "val").accuracy
     assert a.agreement >= 0.995, a
     assert abs(a.bnb_accuracy - a.qdq_accuracy) <= 0.005, a
     # The weights are the same; only bitsandbytes' int8 rounding of the fc's input (absmax / 127 per
@@ -95,7 +95,7 @@ def test_int8_agrees_with_qdq(bnb, r20_evaluator, r20_plans):
     model = to_bitsandbytes(r20_evaluator, plan)
     x = r20_evaluator.workload.split("val").x
     feats, out = _fc_inputs(model, x)
-    w = r20_evaluator.compressed_weights(plan)[FC]
+    w = r20_evaluator.states.compressed_weights(plan)[FC]
     bound = feats.abs().amax(dim=1, keepdim=True) * w.abs().sum(dim=1) * (0.5 / 127 + 2.0**-10)
     diff = (out - _qdq_logits(r20_evaluator, plan, x)).abs()
     assert (diff <= bound).all(), float((diff - bound).max())

@@ -59,8 +59,8 @@ def plan(ev):
 
 
 def _evaluated_logits(ev, plan, x):
-    state, _ = ev.compressed_state(plan)
-    with torch.inference_mode(), ev.workload.state(state), ev.activation_quant(plan):
+    state, _ = ev.states.compressed_state(plan)
+    with torch.inference_mode(), ev.workload.state(state), ev.states.activation_quant(plan):
         return ev.workload.logits(x).numpy()
 
 
@@ -73,7 +73,7 @@ def test_onnx_has_smaller_convs_the_plans_codes_and_agrees_with_the_evaluator(ev
     model = onnx.load(info.path)
     onnx.checker.check_model(model, full_check=True)
     inits = _initializers(model)
-    kept = {name: int(idx.numel()) for name, (_, idx) in ev.kept_channels(plan).items()}
+    kept = {name: int(idx.numel()) for name, (_, idx) in ev.states.kept_channels(plan).items()}
     assert len(kept) == 2 and all(k < 64 for k in kept.values())
     forms = layer_forms(ev, plan)
     for layer in ev.workload.layers:
@@ -115,7 +115,7 @@ def test_packed_file_is_size_bytes_and_reloads_the_evaluated_predictions(ev, pla
     path = export_packed(ev, plan, tmp_path / "m.pt")
     payload = torch.load(path, weights_only=True)
     stored = sum(payload[k].numel() * payload[k].element_size() for k in ("codes", "scales", "floats", "masks"))
-    assert stored == ev.size_bytes(plan) <= os.path.getsize(path)
+    assert stored == ev.plan_cost(plan).size_bytes <= os.path.getsize(path)
     x = ev.workload.split("val").x
     with torch.inference_mode():
         got = load(path)(x).numpy()
@@ -126,7 +126,7 @@ def test_an_exit_plan_is_refused_by_onnx_in_one_line_naming_the_exit(resnet20_wo
     wl = resnet20_workload
     ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize", "early_exit"], model=wl.model)))
     plan = ev.space.plan({"layer1.2.conv2/early_exit": ExitChoice(0.9)})
-    one_line = r"early exits cannot be exported to ONNX.* after block 'layer1\.2'; use --format modelopt"
+    one_line = r"early_exit route \(an exit after block 'layer1\.2'\) cannot run in an ONNX export.*--format modelopt"
     with pytest.raises(ConfigError, match=one_line) as err:
         export_onnx(ev, plan, tmp_path / "x.onnx")
     assert "\n" not in str(err.value)

@@ -70,7 +70,7 @@ def test_every_plan_kind_reloads_on_cuda_as_scored(cuda_ev, tmp_path, name):
     x = wl.split("val").x[:512]
     with torch.inference_mode():
         got = net(x)
-    want = ev.logits(plan, x)
+    want = ev.states.logits(plan, x)
     assert got.is_cuda
     assert float((got.argmax(1) == want.argmax(1)).float().mean()) >= 0.99
     assert float((got - want).abs().mean()) < 0.01
@@ -82,7 +82,7 @@ def test_an_exit_plan_reloads_on_cuda_and_stops_early(cuda_ev, tmp_path):
              for layer, t in {"layer1.2.conv2": 0.97, "layer2.1.conv2": 0.9, "layer3.0.conv2": 0.8}.items()}
     q = {d.name: QuantSpec(8) for d in ev.space.decisions if d.compressor == "quantize"}
     plan = ev.space.plan({**q, **exits})
-    m = ev.evaluate(plan)
+    m = ev.scorer.evaluate(plan)
     net = load(export_packed(ev, plan, tmp_path / "ee.pt"))
     assert type(net).__name__ == "EarlyExitNet"
     assert_norms_run_on_cuda(net)

@@ -13,7 +13,7 @@ from modelopt.exporters.onnx import export_onnx, fused_op_counts, run_onnx
 
 
 def _torch_logits(evaluator, plan, x):
-    with evaluator.workload.weights(evaluator.compressed_weights(plan)):
+    with evaluator.workload.weights(evaluator.states.compressed_weights(plan)):
         return evaluator.workload.logits(x).numpy()
 
 

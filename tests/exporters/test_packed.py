@@ -24,7 +24,7 @@ PLANS = ("int8_per_channel", "int4_per_channel", "int4_group", "mixed_2_3_4")
 def test_file_size_is_size_bytes(r20_evaluator, r20_plans, tmp_path, name):
     plan = r20_plans[name]
     path = export_packed(r20_evaluator, plan, tmp_path / f"{name}.pt")
-    size, accounted = os.path.getsize(path), r20_evaluator.size_bytes(plan)
+    size, accounted = os.path.getsize(path), r20_evaluator.plan_cost(plan).size_bytes
     # The file holds every accounted byte plus the zip/pickle framing, the index and the plan text.
     assert accounted <= size <= 1.05 * accounted, (name, size, accounted)
 
@@ -36,7 +36,7 @@ def test_reload_is_the_evaluated_model(r20_evaluator, r20_plans, tmp_path, name)
     net = load(export_packed(r20_evaluator, plan, tmp_path / "m.pt"))  # rebuilt from the zoo by name
     assert net is not wl.model and not net.training
     assert_norms_run_on_cuda(net)
-    expected = r20_evaluator.compressed_weights(plan)
+    expected = r20_evaluator.states.compressed_weights(plan)
     layers = compressible_modules(net)
     assert set(expected) == set(layers)
     for lname, w in expected.items():
@@ -56,7 +56,7 @@ def test_float_layers_and_pickled_files(r20_evaluator, r20_plans, tmp_path):
     path = export_packed(r20_evaluator, plan, tmp_path / "m.pt")
     net = load(path)
     assert torch.equal(net.linear.weight, r20_evaluator.workload.original["linear"])
-    assert os.path.getsize(path) <= 1.05 * r20_evaluator.size_bytes(plan)
+    assert os.path.getsize(path) <= 1.05 * r20_evaluator.plan_cost(plan).size_bytes
     # Loading never unpickles objects: a file with one is refused, not executed.
     torch.save({"format": "modelopt.packed", "version": 1, "x": nn.ReLU()}, tmp_path / "evil.pt")
     with pytest.raises(LoadError, match="cannot read"):
@@ -95,7 +95,7 @@ def test_load_onto_a_skeleton_for_models_outside_the_zoo(tmp_path):
     net = load(path, model=SmallNet())
     assert_norms_run_on_cuda(net)
     x = wl.split("val").x[:64]
-    with wl.weights(ev.compressed_weights(plan)):
+    with wl.weights(ev.states.compressed_weights(plan)):
         want = wl.logits(x)
     with torch.inference_mode():
         torch.testing.assert_close(net(x), want, rtol=1e-4, atol=1e-4)
@@ -108,21 +108,22 @@ def test_quantized_inputs_are_stored_counted_and_reloaded(r20_evaluator, tmp_pat
     plan = r20_evaluator.space.parse_plan({"default": {"quantize": {**weights, "activations": 8}}})
     wl = r20_evaluator.workload
     path = export_packed(r20_evaluator, plan, tmp_path / "a8.pt")
-    size, accounted = os.path.getsize(path), r20_evaluator.size_bytes(plan)
+    size, accounted = os.path.getsize(path), r20_evaluator.plan_cost(plan).size_bytes
     assert accounted <= size <= 1.05 * accounted, (size, accounted)
     weight_only = r20_evaluator.space.parse_plan({"default": {"quantize": weights}})
-    assert accounted == r20_evaluator.size_bytes(weight_only) + 5 * len(wl.layers)  # float32 scale + uint8 zero
+    # a float32 scale and a uint8 zero point per layer with quantized inputs
+    assert accounted == r20_evaluator.plan_cost(weight_only).size_bytes + 5 * len(wl.layers)
     net = load(path)
     assert_norms_run_on_cuda(net)
     # The reloaded model quantizes each layer's input with exactly the evaluator's scale and zero point.
-    expected, _ = r20_evaluator.input_qparams(plan)
+    expected, _ = r20_evaluator.states.input_qparams(plan)
     layers = compressible_modules(net)
     got = {n: [h.qparams for h in m._forward_pre_hooks.values()] for n, m in layers.items()}
     assert got == {n: [qp] for n, qp in expected.items()}
     x = wl.split("val").x[:128]
     with torch.inference_mode():
         out = net(x)
-    want = r20_evaluator.logits(plan, x)
+    want = r20_evaluator.states.logits(plan, x)
     # Folded norms round differently, which can move an input across a code boundary: close, same top-1.
     assert (out.argmax(1) == want.argmax(1)).float().mean() >= 0.99
     assert (out - want).abs().mean() < 0.01

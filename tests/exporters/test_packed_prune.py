@@ -46,7 +46,7 @@ def test_file_is_size_bytes_and_reloads_the_evaluated_model(ev, tmp_path, name):
     plan = _plan(ev, name)
     wl = ev.workload
     path = export_packed(ev, plan, tmp_path / f"{name}.pt")
-    size, accounted = os.path.getsize(path), ev.size_bytes(plan)
+    size, accounted = os.path.getsize(path), ev.plan_cost(plan).size_bytes
     assert accounted <= size <= 1.05 * accounted, (name, size, accounted)
     payload = torch.load(path, weights_only=True)
     stored = sum(payload[k].numel() * payload[k].element_size() for k in ("codes", "scales", "floats", "masks")
@@ -55,8 +55,8 @@ def test_file_is_size_bytes_and_reloads_the_evaluated_model(ev, tmp_path, name):
     net = load(path)
     assert_norms_run_on_cuda(net)
     layers = compressible_modules(net)
-    kept = ev.kept_channels(plan)
-    expected = ev.compressed_weights(plan)
+    kept = ev.states.kept_channels(plan)
+    expected = ev.states.compressed_weights(plan)
     for lname, w in expected.items():
         if lname in kept:
             w = w[kept[lname][1]]
@@ -67,7 +67,7 @@ def test_file_is_size_bytes_and_reloads_the_evaluated_model(ev, tmp_path, name):
     x = wl.split("val").x[:64]
     with torch.inference_mode():
         got = net(x)
-    state, _ = ev.compressed_state(plan)
+    state, _ = ev.states.compressed_state(plan)
     with wl.state(state):
         want = wl.logits(x)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

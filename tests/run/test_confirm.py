@@ -25,7 +25,7 @@ def evaluator(small_workload):
 
 def _trial(ev: Evaluator, number: int, bits: int, objective: Objective) -> Trial:
     plan = ev.space.uniform("quantize", QuantSpec(bits, Granularity.PER_CHANNEL))
-    m = ev.evaluate(plan, "val")
+    m = ev.scorer.evaluate(plan, "val")
     return Trial(number, plan, TrialStatus.COMPLETE, m, objective.reward(m), objective.feasible(m), 1.0, 0.0,
                  "test", 0, "test")
 
@@ -36,7 +36,7 @@ def test_the_smallest_plan_confirmed_in_turn_is_the_best_and_the_sequence_stops_
     c = confirm(evaluator, obj, [int2, int8, int4])  # any order in: tested largest first
     assert c.usable and c.split == "confirm"
     assert [t.number for t, _ in c.finalists][:2] == [0, 1]
-    confirm_int2 = evaluator.evaluate(int2.plan, "confirm")
+    confirm_int2 = evaluator.scorer.evaluate(int2.plan, "confirm")
     assert not obj.meets_floor(confirm_int2)  # INT2 everywhere collapses
     assert c.best is int4 and c.confirmed == 2
     # INT2's val counts give it no chance on confirm: the planned sequence does not spend images on it.

@@ -28,11 +28,11 @@ import torch
 from typer.testing import CliRunner
 
 import modelopt
+import modelopt.config.build as build_module
 import modelopt.run.journal
 from modelopt.cli.app import app
 from modelopt.compressors import COMPRESSORS, Compressor
 from modelopt.errors import StorageError
-from modelopt.evaluation.evaluator import Evaluator
 from modelopt.run.journal import Journal
 from modelopt.run.lock import RunFolderBusy
 from modelopt.testing.cli import assert_one_line_error
@@ -87,15 +87,15 @@ class _Faulty(Compressor):
 @pytest.fixture
 def faulty(monkeypatch):
     """The faulty compressor, registered; it fails only in trials, not in the data-free pre-pass of
-    per-choice errors (`Evaluator.measure_errors`; a fault there: the xfail test below)."""
-    real = Evaluator.measure_errors
+    per-choice errors (`measure_errors`, which building a run calls; a fault there: the xfail test below)."""
+    real = build_module.measure_errors
 
-    def measure_then_arm(self):
+    def measure_then_arm(evaluator):
         _Faulty.armed = False
-        real(self)
+        real(evaluator)
         _Faulty.armed = True
 
-    monkeypatch.setattr(Evaluator, "measure_errors", measure_then_arm)
+    monkeypatch.setattr(build_module, "measure_errors", measure_then_arm)
     COMPRESSORS.register("faulty")(_Faulty)
     try:
         yield _Faulty

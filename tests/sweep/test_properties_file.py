@@ -75,7 +75,7 @@ def _sane(sweep) -> None:
     assert sweep.models and sweep.strategies and sweep.budgets and sweep.seeds
     assert list(sweep.budgets) == sorted(sweep.budgets) and all(0 < b < math.inf for b in sweep.budgets)
     assert all(isinstance(k, int) and k >= 0 for k in sweep.seeds)
-    assert 0 <= sweep.min_retention <= 1 and 0 <= sweep.confidence < 1
+    assert 0 <= sweep.config.min_retention <= 1 and 0 <= sweep.config.confidence < 1
     json.dumps(sweep.to_json(), allow_nan=False)  # sweep.json can be written
     for cell in sweep.cells():  # nothing on disk yet: every cell to do, inside the sweep's folder
         assert cell.status == "todo" and sweep.out in cell.run_dir.parents

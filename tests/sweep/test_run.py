@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import modelopt.sweep.table
 from modelopt.cli.app import app
-from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Metrics
 from modelopt.objective import Objective
@@ -50,9 +50,11 @@ def test_a_good_file_parses_with_defaults_and_paths_resolved_against_its_folder(
     assert sweep.models[0].weights == str((tmp_path / "w.th").resolve())
     assert sweep.models[0].data == "cifar10-sample"
     assert sweep.budgets == (2.0, 3.0) and sweep.budget == 3.0 and sweep.seeds == (0, 1)
-    assert (sweep.objective, sweep.min_retention, sweep.bits, sweep.granularity) == (
-        "size", 0.99, (8, 4), ("per_channel", "group"))
-    assert sweep.rounding == ("gptq",)
+    cfg = sweep.config  # what the file leaves out is RunConfig's default, as on the command line
+    quant = cfg.options["quantize"]
+    assert (cfg.objective, cfg.min_retention, cfg.confidence, quant["bits"], quant["granularity"]) == (
+        "size", 0.99, 0.95, [8, 4, 3], ["per_channel", "group"])
+    assert quant["rounding"] == ["gptq"] and sweep.settings == {"device": "cpu"}
     cells = sweep.cells()
     assert [(c.model, c.strategy, c.seed, c.status) for c in cells] == [
         ("resnet20", "random", 0, "todo"), ("resnet20", "random", 1, "todo")]
@@ -125,7 +127,7 @@ def test_the_committed_sweep_files_parse(shared_dir):
     except ConfigError as exc:  # strategies still being written are the one acceptable gap
         assert "unknown strategy" in str(exc) and "line 14" in str(exc), exc
         return
-    assert len(full.cells()) == 2 * 5 * 5 and full.budget == 200 and full.bits == (8, 4, 3, 2)
+    assert len(full.cells()) == 2 * 5 * 5 and full.budget == 200 and full.settings["bits"] == [8, 4, 3, 2]
     assert Path(full.models[1].weights) == (shared_dir / "models" / "cifar10" / "resnet56-4bfd9763.th").resolve()
 
 
@@ -246,7 +248,7 @@ def test_a_second_run_skips_finished_cells_and_rebuilds_the_table_from_the_folde
         calls.append((config.model, config.data, config.weights, config.data_seed))
         return resnet20_workload
 
-    monkeypatch.setattr(RunConfig, "load_workload", fake_load)
+    monkeypatch.setattr(modelopt.sweep.table, "load_workload", fake_load)
     result = runner.invoke(app, ["sweep", str(path), "--no-progress"])
     assert result.exit_code == 0, result.output
     assert "Ran 0 of 2 cells" in result.stdout and "resnet20" in result.stdout

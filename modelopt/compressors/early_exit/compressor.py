@@ -42,12 +42,16 @@ import torch
 
 from modelopt.compressors._base import Choice, Compressor, Storage
 from modelopt.compressors._registry import COMPRESSORS
+from modelopt.compressors._surface import Cell, ReportColumn, Setting, SettingKind
 from modelopt.compressors.early_exit.backbone import Backbone, exit_layers, split_backbone
 from modelopt.compressors.early_exit.heads import ExitHead
+from modelopt.compressors.early_exit.pools import load_exit_images
+from modelopt.compressors.early_exit.routing import ExitRouting, with_exits
 from modelopt.compressors.early_exit.runtime import RuntimeConfig
 from modelopt.compressors.early_exit.simulate import ExitPolicy
 from modelopt.errors import ConfigError
 from modelopt.model.layers import Layer, LayerKind
+from modelopt.model.workload import Workload
 
 __all__ = ["DEFAULT_THRESHOLDS", "EarlyExit", "ExitChoice", "exit_layers", "head_bytes", "policy_from_choices"]
 
@@ -88,6 +92,14 @@ class EarlyExit(Compressor):
 
     name = "early_exit"
     order = 90  # after every weight transform; it changes none
+    packed_key = "e"  # a packed checkpoint's exit heads (`modelopt.compressors.early_exit.routing.ExitRouting.pack`)
+    routes = True  # samples leave at the first confident exit: no static graph (ONNX) runs that
+    settings = (
+        Setting("exit_data", SettingKind.PATH, "An .npz of images the search never scores (e.g. "
+                "../shared/data/cifar10/cifar10_jpeg_train.npz): early-exit heads are also fitted on them."),
+        Setting("exit_images", SettingKind.INT, "How many --exit-data images (a seeded subset; default 10000)."),
+    )
+    report_columns = (ReportColumn("exit", "Greens", lambda raw: _exit_cell(raw)),)
     reduces = frozenset({"macs", "bitops", "latency"})  # heads add bytes: never smaller
 
     @classmethod
@@ -97,7 +109,7 @@ class EarlyExit(Compressor):
         return {"exits": list(exit_layers(backbone))[:-1], "classes": backbone.classes}
 
     def __init__(self, thresholds: Sequence[float] = DEFAULT_THRESHOLDS, exits: Sequence[str] = ("*",),
-                 classes: int = 10) -> None:
+                 classes: int = 10, exit_data: str | None = None, exit_images: int = 10000) -> None:
         if not thresholds:
             raise ConfigError("early_exit needs at least one threshold")
         self.thresholds = tuple(sorted({float(t) for t in thresholds}))
@@ -106,6 +118,25 @@ class EarlyExit(Compressor):
         if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
             raise ConfigError(f"early_exit: classes must be a positive integer, got {classes!r}")
         self.classes = classes
+        if exit_data is not None and (not isinstance(exit_data, str) or not exit_data):
+            raise ConfigError(f"early_exit: exit_data must be the path of an .npz of images, got {exit_data!r}")
+        if not isinstance(exit_images, int) or isinstance(exit_images, bool) or exit_images < 1:
+            raise ConfigError(f"exit_images must be a positive number of images, got {exit_images!r}")
+        self.exit_data, self.exit_images = exit_data, exit_images
+
+    def routing(self, workload: Workload, decisions: Sequence[tuple[str, tuple[Choice, ...]]]) -> ExitRouting | None:
+        """The heads, exits and priors of plans on `workload`; the heads are also fitted on `exit_images` of
+        `exit_data` when given (images the search never scores, e.g. the training set)."""
+        if not decisions:
+            return None
+        extra = None if self.exit_data is None else load_exit_images(workload, self.exit_data, self.exit_images)
+        return ExitRouting(workload, decisions, extra)
+
+    @classmethod
+    def unpack(cls, module: torch.nn.Module, entries: list[Any], floats: torch.Tensor,
+               meta: Mapping[str, Any]) -> torch.nn.Module:
+        """The loaded model in the `EarlyExitNet` the stored heads and thresholds describe."""
+        return with_exits(module, entries, floats, meta)
 
     def added_bytes(self, layer: Layer, choice: Choice) -> int:
         """An active exit's head, float32 (the evaluator's head: multi-grid pooling + linear): what
@@ -195,7 +226,10 @@ class EarlyExit(Compressor):
         return inner
 
     def options(self) -> dict[str, Any]:
-        return {"thresholds": list(self.thresholds), "exits": list(self.exits), "classes": self.classes}
+        out: dict[str, Any] = {"thresholds": list(self.thresholds), "exits": list(self.exits), "classes": self.classes}
+        if self.exit_data is not None:  # recorded only when given: a record without it fits on calib alone
+            out.update(exit_data=self.exit_data, exit_images=self.exit_images)
+        return out
 
 
 def policy_from_choices(choices: Mapping[str, Choice], backbone: Backbone) -> ExitPolicy:
@@ -224,3 +258,10 @@ def _threshold(choice: Choice) -> float:
 def head_bytes(heads: Mapping[str, ExitHead], policy: ExitPolicy) -> int:
     """Float32 bytes of the active exits' heads (what size_bytes must add for a plan with exits)."""
     return sum(heads[e].params * 4 for e in policy.active().exits)
+
+
+def _exit_cell(raw: Mapping[str, Any] | None) -> Cell:
+    if raw is None:
+        return Cell("no exit", None)
+    t = float(raw["threshold"])
+    return Cell(f"exit ≥{t:g}", min(1.0, max(0.1, (1.0 - t) * 5)))  # lower thresholds exit more

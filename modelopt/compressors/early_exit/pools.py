@@ -1,4 +1,5 @@
-"""Which images heads may be fitted and calibrated on without touching the val/test sample.
+"""Which images heads may be fitted and calibrated on without touching the val/test sample, and the
+extra images (`EarlyExit(exit_data=...)`) they are fitted on.
 
 The JPEG copy of the CIFAR-10 test set (../shared/data) holds the exact-pixel test images too,
 re-encoded and in another order; fitting or calibrating on those would leak val/test images.
@@ -12,10 +13,35 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from modelopt.compressors.early_exit.features import read_images
+from modelopt.data.readers import read_npz
+from modelopt.errors import ConfigError, LoadError
+from modelopt.model.workload import Workload
 
-__all__ = ["heldout_indices"]
+__all__ = ["heldout_indices", "load_exit_images"]
+
+
+def load_exit_images(wl: Workload, path: str | Path, n: int = 10000, seed: int = 0) -> torch.Tensor:
+    """A seeded subset of `n` images from an `.npz` (pixels or JPEG bytes), normalised for `wl`'s
+    model: extra unlabeled images that early-exit heads are fitted on. They must be images the
+    search never scores (e.g. the training set), never the val or test images.
+
+    Example:
+        >>> x = load_exit_images(wl, "../shared/data/cifar10/cifar10_jpeg_train.npz", 10000)
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise LoadError(f"exit data {str(p)!r} is not a file; pass an .npz of images such as "
+                        "../shared/data/cifar10/cifar10_jpeg_train.npz")
+    if str(wl.data.source) in (str(path), str(p.resolve())):
+        raise ConfigError(f"exit data {str(p)!r} is the data the search scores; fitting heads on val or test "
+                          "images would leak them: pass other images (e.g. the training set)")
+    if not isinstance(n, int) or n < 1:
+        raise ConfigError(f"exit_images must be a positive number of images, got {n!r}")
+    x, _, _ = read_npz(p, lambda total: np.sort(np.random.default_rng(seed).permutation(total)[: min(n, total)]))
+    return wl.prepare(torch.from_numpy(x))
 
 
 def heldout_indices(exact: str | Path, pool: str | Path) -> np.ndarray:

@@ -16,6 +16,7 @@ from modelopt.compressors.early_exit import EarlyExitNet, exit_table, extract_fe
 from modelopt.compressors.early_exit.runtime import RuntimeConfig, exit_layout
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.priors import measure_errors
 from modelopt.plan.space import SearchSpace
 
 
@@ -40,8 +41,8 @@ def test_candidate_exits_are_block_ends_but_the_last(ee):
 
 def test_no_exit_plan_is_scored_as_before(ee, resnet20_workload):
     plain = Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, build_compressors(["quantize"])))
-    a = ee.evaluate(ee.space.plan())
-    b = plain.evaluate(plain.space.plan())
+    a = ee.scorer.evaluate(ee.space.plan())
+    b = plain.scorer.evaluate(plain.space.plan())
     assert a.exited is None and (a.accuracy, a.macs, a.size_bytes, a.bitops) == (b.accuracy, b.macs, b.size_bytes,
                                                                                b.bitops)
 
@@ -50,13 +51,13 @@ def test_no_exit_plan_is_scored_as_before(ee, resnet20_workload):
 def test_exit_plan_matches_the_simulator_and_the_deployable_module(ee, resnet20_workload):
     wl = resnet20_workload
     plan = ee.space.plan(_exits(ee, PLAN))
-    m = ee.evaluate(plan)
-    heads, cost = ee.exit_heads()
+    m = ee.scorer.evaluate(plan)
+    heads, cost = ee.routes.routing.heads()
     assert cost == 0.0  # fitted by the evaluation above, charged to it
     assert m.prep_cost > 0
-    policy = ee.exit_policy(plan)
+    policy = ee.routes.route(plan)
     assert policy is not None and policy.exits == ("layer1.2", "layer2.1", "layer3.0")
-    layout = ee.exit_layout()
+    layout = ee.routes.routing.layout
     val = wl.split("val")
     table = exit_table(heads, extract_features(layout.backbone, val.x, RuntimeConfig().spec, labels=val.y),
                        layout.backbone)
@@ -74,14 +75,15 @@ def test_exit_plan_matches_the_simulator_and_the_deployable_module(ee, resnet20_
 
 def test_heads_count_toward_size_and_bitops_follow_the_samples(ee):
     plan = ee.space.plan(_exits(ee, PLAN))
-    heads, _ = ee.exit_heads()
-    policy = ee.exit_policy(plan)
-    assert ee.size_bytes(plan) - ee.size_bytes(ee.space.plan()) == sum(heads[e].params * 4 for e in policy.exits)
-    m = ee.evaluate(plan)
+    heads, _ = ee.routes.routing.heads()
+    policy = ee.routes.route(plan)
+    added = ee.plan_cost(plan).size_bytes - ee.plan_cost(ee.space.plan()).size_bytes
+    assert added == sum(heads[e].params * 4 for e in policy.exits)
+    m = ee.scorer.evaluate(plan)
     assert m.bitops < m.float_bitops
     # The same exits on a quantized backbone: its heads read the quantized features.
     q = {d.name: QuantSpec(8) for d in ee.space.decisions if d.compressor == "quantize"}
-    mq = ee.evaluate(ee.space.plan({**q, **_exits(ee, PLAN)}))
+    mq = ee.scorer.evaluate(ee.space.plan({**q, **_exits(ee, PLAN)}))
     assert mq.prep_cost == 0.0 and mq.exited is not None
     assert mq.bitops < m.bitops / 3
 
@@ -91,8 +93,8 @@ def test_staged_scoring_keeps_the_exit_figures(ee):
     from modelopt.evaluation.fidelity import Fidelity
 
     plan = ee.space.plan(_exits(ee, {"layer2.0.conv2": 0.95}))
-    full = ee.evaluate(plan)
-    staged = Evaluator(ee.workload, ee.space).evaluate_staged(plan, 0.5, Fidelity())
+    full = ee.scorer.evaluate(plan)
+    staged = Evaluator(ee.workload, ee.space).scorer.evaluate_staged(plan, 0.5, Fidelity())
     assert (staged.accuracy, staged.macs, staged.exited) == (full.accuracy, full.macs, full.exited)
 
 
@@ -103,7 +105,7 @@ def test_a_decision_that_ends_no_block_is_refused(resnet20_workload):
         exit_layout(wl.model, (32, 32), ["layer1.0.conv1"], [x.name for x in wl.layers])
     ev = Evaluator(wl, space)
     with pytest.raises(ConfigError, match=r"layer1\.0\.conv1"):
-        ev.evaluate(space.plan({"layer1.0.conv1/early_exit": ExitChoice(0.9)}))
+        ev.scorer.evaluate(space.plan({"layer1.0.conv1/early_exit": ExitChoice(0.9)}))
 
 
 def test_default_compressors_follow_the_objective(resnet20_workload):
@@ -120,11 +122,11 @@ def test_an_exit_plan_exports_and_loads_as_the_module_that_stops_early(ee, resne
 
     q = {d.name: QuantSpec(8) for d in ee.space.decisions if d.compressor == "quantize"}
     plan = ee.space.plan({**q, **_exits(ee, PLAN)})
-    m = ee.evaluate(plan)
+    m = ee.scorer.evaluate(plan)
     path = export_packed(ee, plan, tmp_path / "ee.pt")
     assert m.size_bytes <= path.stat().st_size <= 1.05 * m.size_bytes
     net = load(path)
-    assert type(net).__name__ == "EarlyExitNet" and net.policy == ee.exit_policy(plan)
+    assert type(net).__name__ == "EarlyExitNet" and net.policy == ee.routes.route(plan)
     assert_norms_run_on_cuda(net)
     val = resnet20_workload.split("val")
     with torch.inference_mode():
@@ -137,14 +139,14 @@ def test_an_exit_plan_is_refused_by_the_onnx_export_in_one_line(ee, tmp_path):
     pytest.importorskip("onnx")
     from modelopt.exporters.onnx import export_onnx
 
-    with pytest.raises(ConfigError, match="early exits cannot be exported to ONNX"):
+    with pytest.raises(ConfigError, match=r"early_exit route .* cannot run in an ONNX export"):
         export_onnx(ee, ee.space.plan(_exits(ee, PLAN)), tmp_path / "x.onnx")
 
 
 def test_strategies_see_an_exit_cost_its_heads_bytes(ee):
     """The search's per-choice cost estimate of an exit is the head the evaluator will count."""
     plan = ee.space.plan(_exits(ee, {"layer2.1.conv2": 0.9}))
-    extra = ee.size_bytes(plan) - ee.size_bytes(ee.space.plan())
+    extra = ee.plan_cost(plan).size_bytes - ee.plan_cost(ee.space.plan()).size_bytes
     feats = dict(zip(ee.space.decision("layer2.1.conv2/early_exit").choices,
                      ee.space.features["layer2.1.conv2/early_exit"], strict=True))
     assert feats[ExitChoice(0.9)].bytes - feats[None].bytes == extra > 0
@@ -154,20 +156,20 @@ def test_strategies_see_an_exit_cost_its_heads_bytes(ee):
 def test_exit_priors_give_strategies_mac_savings_and_a_loss_proxy(resnet20_workload):
     wl = resnet20_workload
     ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["early_exit", "prune"], model=wl.model)))
-    ev.measure_errors()
+    measure_errors(ev)
     name = "layer1.2.conv2/early_exit"
     feats = dict(zip(ev.space.decision(name).choices, ev.space.features[name], strict=True))
     low, high = feats[ExitChoice(0.8)], feats[ExitChoice(0.995)]
     assert low.macs < feats[None].macs and low.macs < high.macs  # lower thresholds: more leave, more saved
     assert low.error > high.error >= 0  # (an exit nobody takes costs its head and loses nothing)
     # The fit and the val pass are charged to the next trial, once.
-    first = ev.evaluate(ev.space.plan())
-    assert first.prep_cost == pytest.approx(ev.cost() * (2000 + 423) / 423 + 1.0)
-    assert Evaluator(wl, ev.space).evaluate(ev.space.plan()).prep_cost == 0.0
+    first = ev.scorer.evaluate(ev.space.plan())
+    assert first.prep_cost == pytest.approx(ev.scorer.cost() * (2000 + 423) / 423 + 1.0)
+    assert Evaluator(wl, ev.space).scorer.evaluate(ev.space.plan()).prep_cost == 0.0
     # A structured choice's MACs estimate is what the evaluator counts for it alone.
     d = ev.space.decision("layer2.0.conv1/prune")
     for c, f in zip(d.choices, ev.space.features[d.name], strict=True):
-        saved_by_plan = ev.macs(ev.space.plan()) - ev.macs(ev.space.plan({d.name: c}))
+        saved_by_plan = ev.plan_cost(ev.space.plan()).macs() - ev.plan_cost(ev.space.plan({d.name: c})).macs()
         assert wl.layers[[x.name for x in wl.layers].index("layer2.0.conv1")].macs - f.macs == saved_by_plan
 
 
@@ -175,7 +177,7 @@ def test_exit_priors_give_strategies_mac_savings_and_a_loss_proxy(resnet20_workl
 def test_heads_can_fit_on_extra_unlabeled_images_which_are_charged(resnet20_workload, tmp_path):
     import numpy as np
 
-    from modelopt.api import load_exit_images
+    from modelopt.compressors.early_exit.pools import load_exit_images
     from modelopt.errors import LoadError
 
     wl = resnet20_workload
@@ -183,9 +185,10 @@ def test_heads_can_fit_on_extra_unlabeled_images_which_are_charged(resnet20_work
     np.savez(tmp_path / "extra.npz", x=src["calib_x"][:100], y=src["calib_y"][:100])
     x = load_exit_images(wl, tmp_path / "extra.npz", 64)
     assert x.shape == (64, 3, 32, 32) and x.dtype == torch.float32
-    space = SearchSpace(wl.layers, build_compressors(["early_exit"], model=wl.model))
-    ev = Evaluator(wl, space, exit_images=x)
-    _, cost = ev.exit_heads()
+    options = {"early_exit": {"exit_data": str(tmp_path / "extra.npz"), "exit_images": 64}}
+    space = SearchSpace(wl.layers, build_compressors(["early_exit"], options, model=wl.model))
+    ev = Evaluator(wl, space)  # the compressor's own setting: its routing loads the images
+    _, cost = ev.routes.routing.heads()
     assert cost == pytest.approx((2000 + 64 + 423) / 423)
     with pytest.raises(LoadError, match="is not a file"):
         load_exit_images(wl, tmp_path / "missing.npz")
