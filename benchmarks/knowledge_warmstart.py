@@ -40,11 +40,12 @@ R56 = {"model": "cifar10_resnet56", "data": str(SHARED / "data/cifar10/cifar10_e
 
 def _optimize(**kwargs: Any) -> dict[str, Any]:
     result = modelopt.optimize(progress=False, report=False, **kwargs)
-    best = result.summary.get("best") or {}
-    test = best.get("test") or {}
+    best = result.summary.best
+    test = None if best is None or best.test is None else best.test.metrics
     return {"budget_used": result.budget_used, "trials": len(result.trials),
-            "retention": test.get("retention"), "compression": test.get("compression"),
-            "confirmed": best.get("confirmed")}
+            "retention": None if test is None else test.retention,
+            "compression": None if test is None else test.compression,
+            "confirmed": None if best is None else best.confirmed}
 
 
 def _source(out: Path, seed: int, budget: float, store: Path) -> dict[str, Any]:

@@ -25,7 +25,6 @@ estimate (`--confidence 0`): 169 val images cannot certify a 99 % floor at 95 % 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import threading
@@ -40,6 +39,7 @@ from modelopt.config.build import build
 from modelopt.config.run_config import RunConfig
 from modelopt.evaluation.metrics import Metrics
 from modelopt.executors import Executor, Job, Scored
+from modelopt.run.journal import read_records
 from modelopt.run.runner import Runner
 from modelopt.search import STRATEGIES
 
@@ -75,7 +75,7 @@ def throughput(args: argparse.Namespace, root: Path) -> None:
         result = optimize(R56["model"], R56["data"], weights=R56["weights"], budget=args.budget, seed=0,
                           out=root / f"{executor}-{workers}", executor=executor, workers=workers, **SETTINGS)
         wall = time.perf_counter() - t0
-        search = result.summary["search_wall_seconds"]
+        search = result.summary.search_wall_seconds
         rate = len(result.trials) / search * 60
         base = rate if executor == "ray" and workers == 1 else base
         ratio = "" if base is None or executor == "local" else f" ({rate / base:.2f}x of 1 worker)"
@@ -95,14 +95,14 @@ def quality(args: argparse.Namespace, root: Path) -> None:
             result = optimize(R56["model"], R56["data"], weights=R56["weights"], budget=args.budget, seed=seed,
                               out=out, executor="local", workers=n, resume=(out / "trials.jsonl").is_file(),
                               **SETTINGS)
-            best, reported = result.summary["search_best"], result.summary["best"]
-            said = "none confirmed" if reported is None else (
-                f"{reported['test']['compression']:.2f}x at {reported['test']['retention']:.2%} on test")
-            if best is None:
+            best, reported = result.summary.search_best, result.summary.best
+            said = "none confirmed" if reported is None or reported.test is None else (
+                f"{reported.test.metrics.compression:.2f}x at {reported.test.metrics.retention:.2%} on test")
+            if best is None or best.val is None or best.test is None:
                 print(f"| {seed} | {n} | {len(result.trials)} | none | | | {said} |", flush=True)
                 continue
-            print(f"| {seed} | {n} | {len(result.trials)} | {best['val']['compression']:.2f}x | "
-                  f"{best['val']['retention']:.2%} | {best['test']['retention']:.2%} | {said} |", flush=True)
+            print(f"| {seed} | {n} | {len(result.trials)} | {best.val.metrics.compression:.2f}x | "
+                  f"{best.val.metrics.retention:.2%} | {best.test.metrics.retention:.2%} | {said} |", flush=True)
 
 
 class SyntheticExecutor(Executor):
@@ -163,8 +163,8 @@ def driver(args: argparse.Namespace, root: Path) -> None:
         executor = SyntheticExecutor(built.evaluator, workers, args.delay)
         runner = Runner(built.evaluator, strategy, built.objective, budget=float(args.trials),
                         run_dir=root / f"driver-{workers}", config=built.config, progress=False, executor=executor)
-        wall = runner.run().summary["search_wall_seconds"]  # the search loop only, not the final re-scoring
-        journal = [json.loads(line) for line in (root / f"driver-{workers}" / "trials.jsonl").read_text().splitlines()]
+        wall = runner.run().summary.search_wall_seconds  # the search loop only, not the final re-scoring
+        journal = read_records(root / f"driver-{workers}" / "trials.jsonl")
         rate, ideal = len(journal) / wall, workers / args.delay
         busy = len(journal) * args.delay / workers  # the time the workers alone would need
         print(f"| {workers} | {rate:.2f} | {ideal:.2f} | {rate / ideal:.0%} | {(wall - busy) / len(journal):.4f} |",

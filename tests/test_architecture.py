@@ -214,7 +214,13 @@ def test_no_module_imports_upward() -> None:
 # (`modelopt.compressors`: the registry and the contract) and its private contract modules (`_base`, `_registry`,
 # `_inputs`), never through a plugin's own module, and never spells a registered compressor's name.
 CONTRACT = frozenset({"modelopt.compressors", "modelopt.compressors._base", "modelopt.compressors._registry",
-                      "modelopt.compressors._inputs"})
+                      "modelopt.compressors._inputs", "modelopt.compressors._surface"})
+# What the package itself may hand out beyond its contract modules: the registry and the records of the contract.
+# The package re-exports the shipped plugins' classes for users (`modelopt.compressors.Quantize`); the public
+# facade `modelopt/__init__.py` hands `QuantSpec` and `Granularity` on to them, and nothing else imports those.
+CONTRACT_NAMES = frozenset({"COMPRESSORS", "FIRST_COMPRESSOR", "Cell", "Choice", "Compressor", "ReportColumn",
+                            "Setting", "SettingKind", "Storage", "compressor_settings"})
+FACADE = "modelopt"
 # The names of the compressors modelopt ships, as the registry knows them.
 SHIPPED = ("quantize", "prune", "early_exit")
 
@@ -224,9 +230,21 @@ def _outside_compressors() -> list[str]:
 
 
 def test_nothing_outside_compressors_imports_a_plugin_module() -> None:
-    bad = [f"{MODULES[m].relative_to(PACKAGE.parent)}:{line} imports {t}" for m in _outside_compressors()
-           for t, line in _all_imports(m) if t.startswith("modelopt.compressors") and t not in CONTRACT]
+    bad = sorted({f"{MODULES[m].relative_to(PACKAGE.parent)}:{line} imports {t}" for m in _outside_compressors()
+                  for t, line in _all_imports(m) if t.startswith("modelopt.compressors") and t not in CONTRACT})
     assert not bad, f"{len(bad)} imports of compressor plugins from outside compressors/:\n" + "\n".join(bad)
+
+
+def test_what_is_imported_from_the_compressors_package_is_its_contract() -> None:
+    bad = []
+    for m in _outside_compressors():
+        if m == FACADE:
+            continue
+        for node in ast.walk(ast.parse(MODULES[m].read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "modelopt.compressors":
+                bad += [f"{MODULES[m].relative_to(PACKAGE.parent)}:{node.lineno} imports {a.name}"
+                        for a in node.names if a.name not in CONTRACT_NAMES]
+    assert not bad, "plugin classes imported through the compressors package:\n" + "\n".join(bad)
 
 
 def _strings(tree: ast.AST) -> list[tuple[str, int]]:

@@ -47,7 +47,8 @@ def test_final_pareto_set_gets_latency_by_default(resnet20_workload, tmp_path):
                           report=False, latency=QUICK, compressors=["quantize"])
     assert all(t.metrics.latency_ms is None for t in result.trials)  # not during a size search
     assert all(test is not None and test.latency_ms > 0 for _, test in result.pareto)
-    assert result.summary["pareto"][0]["test"]["latency_backend"] == "torch/cpu/b8"
+    front_test = result.summary.pareto[0].test
+    assert front_test is not None and front_test.metrics.latency_backend == "torch/cpu/b8"
 
 
 @pytest.mark.slow

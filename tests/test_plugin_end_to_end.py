@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import modelopt
-from modelopt.compressors import COMPRESSORS, Compressor
+from modelopt.compressors import COMPRESSORS, Cell, Compressor, ReportColumn, Setting, SettingKind
 from modelopt.compressors._base import Choice, Granularity, IntegerWeight, WeightForm
 from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError
@@ -37,6 +37,18 @@ class RoundOneDecimal(Compressor):
 
     name = "round1"
     order = 30  # after pruning: it rounds the kept weights
+    # Its own flag (--decimals), sweep-file key and optimize keyword, and its own report column.
+    settings = (Setting("decimals", SettingKind.INT, "Decimals weights are rounded to (1 only).", 1),)
+    report_columns = (ReportColumn("decimals", "Greens", lambda raw: Cell("–", None) if raw is None
+                                   else Cell("1 dp", 0.5)),)  # raw: the choice's JSON form, "1dp"
+
+    def __init__(self, decimals: int = 1) -> None:
+        if decimals != 1:
+            raise ConfigError(f"round1 rounds to 1 decimal, not {decimals!r}")
+        self.decimals = decimals
+
+    def options(self) -> dict[str, Any]:
+        return {"decimals": self.decimals}
 
     def menu(self, layer: Layer) -> tuple[Choice, ...]:
         return (None, ON)
@@ -143,10 +155,40 @@ def test_html_report_and_optuna_export(toy_run: Path, tmp_path: Path) -> None:
         if f.is_file():
             (copy / f.name).write_bytes(f.read_bytes())
     paths = modelopt.report(copy)
-    assert "round1" in paths.markdown.read_text(encoding="utf-8")  # its own column in the per-layer map
+    assert "| decimals |" in paths.markdown.read_text(encoding="utf-8")  # its own column in the per-layer map
     assert paths.html.is_file()
     done = export_run(copy, f"sqlite:///{tmp_path / 'studies.db'}")
     assert done.added == len(read_run(copy).records)
     summary = json.loads((copy / "summary.json").read_text())
-    assert summary["config"]["compressors"] == {"round1": {}}
+    assert summary["config"]["compressors"] == {"round1": {"decimals": 1}}
     assert dataclasses.is_dataclass(read_run(copy).run_config)
+
+
+def test_its_flag_reaches_it_from_the_command_line(toy, small_data, tmp_path: Path) -> None:
+    """`--decimals` exists because the toy declares it: refused by the toy in one line, taken when right."""
+    from typer.testing import CliRunner
+
+    from modelopt.cli.app import app
+    from modelopt.testing.cli import assert_one_line_error
+
+    args = ["optimize", "--compressors", "round1", "--data", str(small_data), "--strategy", "random", "--budget",
+            "2", "--min-retention", "0.5", "--confidence", "0", "--latency", "none", "--no-progress"]
+    assert "--decimals" in CliRunner().invoke(app, ["optimize", "--help"]).stdout
+    assert_one_line_error(CliRunner().invoke(app, [*args, "--decimals", "2", "--out", str(tmp_path / "no")]),
+                          "round1 rounds to 1 decimal, not 2")
+    result = CliRunner().invoke(app, [*args, "--decimals", "1", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert RunConfig.read(tmp_path / "run").options["round1"] == {"decimals": 1}
+
+
+def test_its_sweep_key_reaches_it_from_a_sweep_file(toy, tmp_path: Path) -> None:
+    from modelopt.sweep import load_sweep
+
+    text = ("name: t\nmodels: [{name: r20, model: cifar10_resnet20}]\nstrategies: [random]\nbudgets: [2]\n"
+            "seeds: [0]\ncompressors: [round1]\ndecimals: DECIMALS\n")
+    (tmp_path / "good.yaml").write_text(text.replace("DECIMALS", "1"))
+    sweep = load_sweep(tmp_path / "good.yaml")
+    assert sweep.settings["decimals"] == 1 and sweep.config.options["round1"] == {"decimals": 1}
+    (tmp_path / "bad.yaml").write_text(text.replace("DECIMALS", "2"))
+    with pytest.raises(ConfigError, match=r"line 7, key 'decimals': round1 rounds to 1 decimal, not 2"):
+        load_sweep(tmp_path / "bad.yaml")

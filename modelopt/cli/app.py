@@ -102,19 +102,22 @@ def _csv(value: str, cast: Callable[[str], Any], what: str) -> list[Any]:
 
 
 def _run_json(result: Any) -> dict[str, Any]:
-    """The run's headline as one JSON object (`--json`)."""
-    s = result.summary
-    best = s["best"]
+    """The run's headline as one JSON object (`--json`): the best plan's figures as summary.json has them."""
+    s, best = result.summary, result.summary.best
+
+    def scores(x: Any) -> dict[str, Any] | None:
+        return None if x is None else x.to_json()
+
     return {
         "run_dir": str(result.run_dir),
-        "n_trials": s["n_trials"],
-        "budget_used": s["budget_used"],
-        "baseline": s["baseline"],
-        "best_plan": None if best is None else best["plan"],
-        "best_test": None if best is None else best["test"],
-        "best_confirm": None if best is None else best["confirm"],
-        "best_val": None if best is None else best["val"],
-        "confirmed": None if best is None else best["confirmed"],
+        "n_trials": s.n_trials,
+        "budget_used": s.budget_used,
+        "baseline": {split: b.to_json() for split, b in s.baseline.items()},
+        "best_plan": None if best is None else best.plan,
+        "best_test": None if best is None else scores(best.test),
+        "best_confirm": None if best is None else scores(best.confirm),
+        "best_val": None if best is None else scores(best.val),
+        "confirmed": None if best is None else best.confirmed,
     }
 
 

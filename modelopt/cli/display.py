@@ -9,6 +9,7 @@ from rich.table import Table
 from modelopt.evaluation.metrics import Metrics
 from modelopt.plan.plan import Plan
 from modelopt.run.runner import RunResult
+from modelopt.run.summary import Preparation
 
 
 def fmt_bytes(n: float) -> str:
@@ -39,16 +40,15 @@ def _plan_table(plan: Plan) -> Table:
 def print_run(out: Console, result: RunResult) -> None:
     """A finished run as the CLI shows it: the best plan's figures (test first), its layers, the run folder."""
     s = result.summary
-    conf = float(s["objective"].get("confidence") or 0.0)
-    floor = float(s["objective"]["min_retention"])
-    confirmation = s.get("confirmation") or {}
+    conf, floor = s.objective.confidence, s.objective.min_retention
+    confirmation = s.confirmation
     if result.best is None:
-        out.print(f"[yellow]No plan was {'confirmed' if confirmation.get('split') else 'certified'} at the "
-                  f"{floor:.1%} floor in {s['n_trials']} trials.[/] Run folder: {result.run_dir}")
-        ceiling = confirmation.get("ceiling")
+        out.print(f"[yellow]No plan was {'confirmed' if confirmation.split else 'certified'} at the "
+                  f"{floor:.1%} floor in {s.n_trials} trials.[/] Run folder: {result.run_dir}")
+        ceiling = confirmation.ceiling
         if ceiling is not None and ceiling < floor:
             out.print(f"The confirm split is too small to certify the floor: a plan that agrees with the float model "
-                      f"on all {s['baseline']['confirm']['n_samples']} of its images is certified only at "
+                      f"on all {s.baseline['confirm'].n_samples} of its images is certified only at "
                       f"{ceiling:.2%} (confidence {conf:g}). Pass more data, or --confidence 0 for point estimates.")
         if result.search_best is not None:
             m = result.search_best.scored
@@ -56,19 +56,18 @@ def print_run(out: Console, result: RunResult) -> None:
                       f"{result.search_best.number}, {m.compression:.2f}x at {m.retention:.2%} val retention.")
         return
     val, test, conf_m = result.best.scored, result.best_test, result.best_confirm
-    if s["best"].get("confirmed"):
+    if s.confirmed:
         status = "confirmed on images that did not select it"
-    elif confirmation.get("split") is None:
+    elif confirmation.split is None:
         status = "certified on val, NOT confirmed (the data have no confirm split)"
     else:
         status = "certified on val, NOT confirmed (the confirm split is too small to certify the floor)"
-    table = Table(title=f"Best plan (trial {result.best.number} of {s['n_trials']}), {status}; "
+    table = Table(title=f"Best plan (trial {result.best.number} of {s.n_trials}), {status}; "
                         f"retention [bounds at confidence {conf:g}]")
     for col in ("images", "n", "top-1", "retention", f"bounds ({conf:g})", "agree", "÷size"):
         table.add_column(col, justify="right", no_wrap=True)
-    base = s["baseline"]
-    table.add_row("float (test)", str(base["test"]["n_samples"]), f"{base['test']['accuracy']:.2%}", "100.00%", "",
-                  "100.00%", "1.00x")
+    base = s.baseline["test"]
+    table.add_row("float (test)", str(base.n_samples), f"{base.accuracy:.2%}", "100.00%", "", "100.00%", "1.00x")
     rows: tuple[tuple[str, Metrics | None], ...] = (
         ("test (held out)", test), ("confirm", conf_m), ("val (search estimate)", val))
     for name, maybe in rows:
@@ -92,12 +91,11 @@ def print_run(out: Console, result: RunResult) -> None:
                   f"({test.float_latency_ms / test.latency_ms:.2f}x)")
     sb = result.search_best
     if sb is not None and sb.plan.key != result.best.plan.key:
-        tested = len(confirmation.get("finalists") or [])
         out.print(f"The search's own pick on val, trial {sb.number} ({sb.scored.compression:.2f}x), is not the "
-                  f"reported plan: that is the smallest of the {confirmation.get('confirmed', 0)} finalists confirmed "
-                  f"(of {tested} tested on the confirm split).")
+                  f"reported plan: that is the smallest of the {confirmation.confirmed} finalists confirmed "
+                  f"(of {len(confirmation.finalists)} tested on the confirm split).")
     out.print(_plan_table(result.best.plan))
-    if prep := _preparation_text(s.get("preparation") or {}):
+    if prep := _preparation_text(s.preparation):
         out.print(f"Preparation: {prep}", highlight=False)
     out.print(f"Pareto front: {len(result.pareto)} plans (re-scored on test) — run folder: [bold]{result.run_dir}[/]")
     out.print(f"Best plan written to {result.run_dir / 'best_plan.yaml'}")
@@ -108,9 +106,9 @@ _PREP_NAMES = {"layer_inputs": "layer inputs (GPTQ)", "choice_tensors": "every c
                "exit_heads": "exit heads"}
 
 
-def _preparation_text(prep: dict[str, dict[str, float]]) -> str:
+def _preparation_text(prep: Preparation) -> str:
     """One-time work of a run: seconds here and budget units charged, e.g. 'layer inputs (GPTQ) 3.4 s, 0.61 units'."""
-    seconds, charged = prep.get("seconds", {}), prep.get("charged", {})
+    seconds, charged = prep.seconds, prep.charged
     parts = []
     for key in dict.fromkeys([*seconds, *charged]):
         name = _PREP_NAMES.get(key.split(":")[0], key)

@@ -104,33 +104,45 @@ Knowledge = Annotated[
 ]
 
 
-def with_compressor_settings(command: Callable[..., Any]) -> Callable[..., Any]:
+class with_compressor_settings:
     """`command` with one option per registered compressor's setting (`--bits`, `--exit-data`, ...): those
     given reach it parsed (`Setting.from_text`), as ``settings={option: value}``.
+
+    The options are read from the registry each time the command line is built (typer reads the signature
+    then), so a compressor registered after this module was imported gets its flags too.
 
     Example:
         >>> @app.command()
         ... @with_compressor_settings
         ... def optimize(budget: Budget = None, *, settings: dict[str, Any]) -> None: ...
     """
-    declared = compressor_settings()
-    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "settings"]
-    clash = sorted({p.name for p in own} & set(declared))
-    if clash:
-        raise ConfigError(f"compressor {declared[clash[0]][0]!r} declares the setting {clash[0]!r}, which is already "
-                          "an option of the command; the compressor must rename it")
-    extra = [inspect.Parameter(option, inspect.Parameter.KEYWORD_ONLY, default=None,
-                               annotation=Annotated[str | None, typer.Option(s.flag, help=f"{s.help} [{comp}]")])
-             for option, (comp, s) in declared.items()]
 
-    @functools.wraps(command)
-    def wrapper(**kwargs: Any) -> Any:
+    def __init__(self, command: Callable[..., Any]) -> None:
+        self.command = command
+        self.own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "settings"]
+        # Its name and help, not its signature or `__wrapped__`: `inspect.signature` must stop at `__signature__`.
+        functools.update_wrapper(self, command, assigned=("__module__", "__name__", "__qualname__", "__doc__"),
+                                 updated=())
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        declared = compressor_settings()
+        clash = sorted({p.name for p in self.own} & set(declared))
+        if clash:
+            raise ConfigError(f"compressor {declared[clash[0]][0]!r} declares the setting {clash[0]!r}, which is "
+                              "already an option of the command; the compressor must rename it")
+        extra = [inspect.Parameter(option, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                   annotation=Annotated[str | None, typer.Option(s.flag, help=f"{s.help} [{comp}]")])
+                 for option, (comp, s) in declared.items()]
+        return inspect.Signature([*self.own, *extra])
+
+    @property
+    def __annotations__(self) -> dict[str, Any]:  # type: ignore[override]
+        return {p.name: p.annotation for p in self.__signature__.parameters.values()}
+
+    def __call__(self, **kwargs: Any) -> Any:
+        declared = compressor_settings()
         given = {o: declared[o][1].from_text(kwargs.pop(o)) for o in declared if kwargs.get(o) is not None}
         for o in declared:
             kwargs.pop(o, None)
-        return command(**kwargs, settings=given)
-
-    params = [*own, *extra]
-    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {p.name: p.annotation for p in params}
-    return wrapper
+        return self.command(**kwargs, settings=given)

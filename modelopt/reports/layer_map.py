@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from modelopt.compressors import COMPRESSORS, Cell
-from modelopt.run.run_folder import Record, RunFolder
+from modelopt.run.journal import Record
+from modelopt.run.run_folder import RunFolder
 
 __all__ = ["Cell", "Column", "LayerMap", "LayerRow", "columns_for", "layer_map", "plan_mix"]
 

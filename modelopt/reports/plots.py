@@ -18,7 +18,8 @@ import numpy as np
 from modelopt.evaluation.metrics import Metrics
 from modelopt.objective import Objective, pareto_front
 from modelopt.reports.layer_map import LayerMap
-from modelopt.run.run_folder import Record, RunFolder
+from modelopt.run.journal import Record
+from modelopt.run.run_folder import RunFolder
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -197,7 +198,7 @@ def progress_png(run: RunFolder) -> bytes:
     ax.grid(True, alpha=0.3)
     trace = run.best_so_far()
     pts = [(c, b) for c, b in trace if b is not None]
-    dots = [(r.cum_cost, run.reduction(r.metrics)) for r in run.records
+    dots = [(cum, run.reduction(r.metrics)) for r, cum in zip(run.records, run.cum_costs, strict=True)
             if r.metrics is not None and obj.feasible(r.metrics)]
     if dots:
         ax.scatter([c for c, _ in dots], [v for _, v in dots], s=10, color=C_FEASIBLE, alpha=0.3, lw=0,

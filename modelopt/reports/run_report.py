@@ -25,7 +25,8 @@ from modelopt.reports.document import (
     write_document,
 )
 from modelopt.reports.layer_map import layer_map, plan_mix
-from modelopt.run.run_folder import Record, RunFolder, read_run
+from modelopt.run.journal import Record
+from modelopt.run.run_folder import RunFolder, read_run
 
 __all__ = ["ReportPaths", "run_blocks", "write_report"]
 
@@ -82,8 +83,8 @@ def _summary_table(run: RunFolder) -> Table:
         rows.append(("stopped early", f"{n_stopped} trials {note}"))
     m0 = next((r.metrics for r in run.records if r.metrics is not None), None)
     if s is not None:
-        base = s["baseline"]
-        rows.append(("float top-1", ", ".join(f"{base[k]['accuracy']:.2%} {k} ({base[k]['n_samples']} images)"
+        base = s.baseline
+        rows.append(("float top-1", ", ".join(f"{base[k].accuracy:.2%} {k} ({base[k].n_samples} images)"
                                               for k in ("test", "confirm", "val") if k in base)))
     elif m0 is not None:
         rows.append(("float top-1", f"{m0.baseline_accuracy:.2%} val ({m0.n_samples} images); test: when the run ends"))

@@ -24,7 +24,7 @@ from modelopt.exporters.packed import export_packed
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace, read_plan_file
-from modelopt.run.journal import Journal
+from modelopt.run.journal import Record, read_records
 from modelopt.run.layout import BEST_PLAN, JOURNAL
 
 __all__ = ["FORMATS", "ExportSource", "PlanRef", "export", "resolve"]
@@ -129,12 +129,12 @@ def _best_path(run_dir: Path) -> Path:
     return path
 
 
-def _trial_record(number: int, run_dir: Path) -> dict[str, Any]:
-    records = Journal(run_dir / JOURNAL).read()
+def _trial_record(number: int, run_dir: Path) -> Record:
+    records = read_records(run_dir / JOURNAL)  # read-only: the run may still be going on
     for rec in records:
-        if int(rec.get("number", -1)) == number:
-            if rec.get("status") != "complete":
-                raise ConfigError(f"trial {number} of {str(run_dir)!r} failed ({rec.get('error')}); pick another")
+        if rec.number == number:
+            if not rec.ok:
+                raise ConfigError(f"trial {number} of {str(run_dir)!r} failed ({rec.error}); pick another")
             return rec
     raise ConfigError(f"run {str(run_dir)!r} has no trial {number}; valid: 0..{len(records) - 1}")
 
@@ -142,7 +142,7 @@ def _trial_record(number: int, run_dir: Path) -> dict[str, Any]:
 def _trial_plan(number: int, space: SearchSpace, run_dir: Path | None) -> Plan:
     if run_dir is None:
         raise ConfigError(f"plan {number} (a trial number) needs a run folder as the source")
-    return space.plan_from_flat(_trial_record(number, run_dir)["plan"])
+    return space.plan_from_flat(_trial_record(number, run_dir).plan)
 
 
 FORMATS = {"modelopt": ".pt", "onnx": ".onnx"}

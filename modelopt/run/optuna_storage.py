@@ -24,7 +24,8 @@ from modelopt._version import __version__
 from modelopt.compressors import COMPRESSORS
 from modelopt.errors import ConfigError, LoadError
 from modelopt.plan.plan import jsonable
-from modelopt.run.run_folder import Record, RunFolder, read_run
+from modelopt.run.journal import Record
+from modelopt.run.run_folder import RunFolder, read_run
 
 if TYPE_CHECKING:
     import optuna
@@ -107,7 +108,8 @@ def _key(raw: Any) -> str:
     return json.dumps(raw, sort_keys=True, separators=(",", ":"))
 
 
-def _frozen_trial(run: RunFolder, r: Record, menus: dict[str, dict[str, str]], optuna: Any) -> optuna.trial.FrozenTrial:
+def _frozen_trial(run: RunFolder, r: Record, cum_cost: float, menus: dict[str, dict[str, str]],
+                  optuna: Any) -> optuna.trial.FrozenTrial:
     from optuna.distributions import BaseDistribution, CategoricalDistribution
     from optuna.trial import TrialState, create_trial
 
@@ -118,7 +120,7 @@ def _frozen_trial(run: RunFolder, r: Record, menus: dict[str, dict[str, str]], o
         params[name] = menu[_key(raw)]
         dists[name] = CategoricalDistribution(tuple(menu.values()))
     attrs: dict[str, Any] = {NUMBER_ATTR: r.number, "plan_key": r.plan_key, "cost": r.cost,
-                             "cumulative_cost": r.cum_cost, "strategy": r.strategy, "seed": r.seed,
+                             "cumulative_cost": cum_cost, "strategy": r.strategy, "seed": r.seed,
                              "feasible": bool(r.metrics is not None and run.objective.feasible(r.metrics))}
     system: dict[str, Any] = {}
     if r.metrics is None:
@@ -209,7 +211,8 @@ def _export(optuna: Any, run: RunFolder, storage: str, name: str) -> OptunaExpor
                 f"this run's has {r.plan_key}); pass another --study-name"
             )
     menus = _menus(run)
-    new = [_frozen_trial(run, r, menus, optuna) for r in run.records if r.number not in have]
+    new = [_frozen_trial(run, r, cum, menus, optuna) for r, cum in zip(run.records, run.cum_costs, strict=True)
+           if r.number not in have]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         study.add_trials(new)

@@ -11,9 +11,9 @@ back to the architecture named in run.json (weights are not needed for shapes).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -31,33 +31,16 @@ from modelopt.model.loader import load_model
 from modelopt.objective import Objective, best_of
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace
-from modelopt.run.journal import read_journal, read_json
-from modelopt.run.layout import CONFIG, JOURNAL, LAYERS, SUMMARY
+from modelopt.run.journal import Record, read_json, read_records
+from modelopt.run.layout import CONFIG, JOURNAL, LAYERS
+from modelopt.run.summary import RunSummary, read_summary
 from modelopt.zoo import MODELS, ZooEntry
 
 log = logging.getLogger(__name__)
 
 LAYERS_VERSION = 1
 
-__all__ = ["LAYERS", "Record", "RunFolder", "is_run_folder", "read_run", "save_layers"]
-
-
-@dataclass(frozen=True)
-class Record:
-    """One journal line, with its metrics parsed (None for a failed trial)."""
-
-    number: int
-    plan_key: str
-    plan: dict[str, Any]  # {decision name: JSON form of the choice}, the journal's form
-    ok: bool
-    metrics: Metrics | None
-    feasible: bool
-    reward: float | None
-    cost: float
-    strategy: str
-    seed: int
-    error: str | None
-    cum_cost: float  # budget spent up to and including this trial
+__all__ = ["LAYERS", "RunFolder", "is_run_folder", "read_run", "save_layers"]
 
 
 @dataclass(frozen=True)
@@ -67,7 +50,7 @@ class RunFolder:
     Attributes:
         path: the folder.
         config: run.json (model, data, strategy, seed, objective, floor, compressors, budget).
-        records: the journal's finished trials, by number.
+        records: the journal's finished trials, by number (`modelopt.run.journal.Record`).
         summary: summary.json, or None while the run is still in progress (or was killed).
         layers: the model's compressible layers, or None when neither layers.json nor the model
             named in run.json could be read.
@@ -76,7 +59,7 @@ class RunFolder:
     path: Path
     config: dict[str, Any]
     records: tuple[Record, ...]
-    summary: dict[str, Any] | None
+    summary: RunSummary | None
     layers: tuple[Layer, ...] | None
 
     @property
@@ -101,14 +84,19 @@ class RunFolder:
     def budget(self) -> float:
         return float(self.config.get("budget", 0.0))
 
+    @cached_property
+    def cum_costs(self) -> tuple[float, ...]:
+        """The budget spent up to and including each record (aligned with `records`)."""
+        return tuple(itertools.accumulate(r.cost for r in self.records))
+
     @property
     def spent(self) -> float:
-        return self.records[-1].cum_cost if self.records else 0.0
+        return self.cum_costs[-1] if self.records else 0.0
 
     @property
     def float_size_bytes(self) -> int | None:
-        if self.summary is not None:
-            return int(self.summary["float_size_bytes"])
+        if self.summary is not None and self.summary.float_size_bytes:
+            return self.summary.float_size_bytes
         m = next((r.metrics for r in self.records if r.metrics is not None), None)
         return None if m is None else m.float_size_bytes
 
@@ -130,45 +118,42 @@ class RunFolder:
         confirm split when the data have one); while it runs, the search's pick so far."""
         if self.summary is None:
             return self.search_best
-        entry = self.summary.get("best")
-        if not entry:
+        entry = self.summary.best
+        if entry is None:
             return None
-        return next((r for r in self.records if r.plan_key == entry["plan_key"]), None)
+        return next((r for r in self.records if r.plan_key == entry.plan_key), None)
 
     @property
     def confirmed(self) -> bool:
         """Whether the reported best was confirmed on images that did not select it."""
-        return bool(self.summary and (self.summary.get("best") or {}).get("confirmed"))
+        return self.summary is not None and self.summary.confirmed
 
     def best_so_far(self) -> list[tuple[float, float | None]]:
         """(cumulative cost, best feasible reduction so far or None) after each trial."""
         out: list[tuple[float, float | None]] = []
         best: float | None = None
-        for r in self.records:
+        for r, cum in zip(self.records, self.cum_costs, strict=True):
             if r.metrics is not None and self.objective.feasible(r.metrics):
                 red = self.reduction(r.metrics)
                 best = red if best is None else max(best, red)
-            out.append((r.cum_cost, best))
+            out.append((cum, best))
         return out
 
     @cached_property
     def test_by_key(self) -> dict[str, Metrics]:
         """Test re-scores from summary.json (the best plan and the Pareto plans), by plan key."""
-        out: dict[str, Metrics] = {}
         if self.summary is None:
-            return out
-        for entry in [self.summary.get("best"), self.summary.get("search_best"), *self.summary.get("pareto", [])]:
-            if entry and entry.get("test"):
-                out[entry["plan_key"]] = Metrics.from_dict(entry["test"])
-        return out
+            return {}
+        s = self.summary
+        return {e.plan_key: e.test.metrics for e in (s.best, s.search_best, *s.pareto)
+                if e is not None and e.test is not None}
 
     @cached_property
     def confirm_by_key(self) -> dict[str, Metrics]:
         """Confirm-split re-scores from summary.json (the finalists confirmation tested), by plan key."""
         if self.summary is None:
             return {}
-        finalists = (self.summary.get("confirmation") or {}).get("finalists", [])
-        return {f["plan_key"]: Metrics.from_dict(f["confirm"]) for f in finalists if f.get("confirm")}
+        return {f.plan_key: f.confirm.metrics for f in self.summary.confirmation.finalists if f.confirm is not None}
 
     @cached_property
     def space(self) -> SearchSpace | None:
@@ -210,24 +195,6 @@ class RunFolder:
 
 def is_run_folder(path: str | Path) -> bool:
     return (Path(path) / CONFIG).is_file()
-
-
-def _read_records(path: Path) -> tuple[Record, ...]:
-    raw = read_journal(path)
-    out, cum = [], 0.0
-    for d in raw:
-        cum += float(d.get("cost", 0.0))
-        metrics = None if d.get("metrics") is None else Metrics.from_dict(d["metrics"])
-        reward = d.get("reward")
-        out.append(Record(
-            number=int(d["number"]), plan_key=str(d.get("plan_key", "")), plan=dict(d.get("plan", {})),
-            ok=d.get("status") == "complete" and metrics is not None, metrics=metrics,
-            feasible=bool(d.get("feasible", False)),
-            reward=None if reward is None or not math.isfinite(float(reward)) else float(reward),
-            cost=float(d.get("cost", 0.0)), strategy=str(d.get("strategy", "")), seed=int(d.get("seed", 0)),
-            error=d.get("error"), cum_cost=cum,
-        ))
-    return tuple(out)
 
 
 def save_layers(run_dir: str | Path, layers: Sequence[Layer]) -> Path:
@@ -298,7 +265,7 @@ def read_run(run_dir: str | Path, *, layers: Sequence[Layer] | None = None, with
     if config is None:
         what = "does not exist" if not path.exists() else f"is not a modelopt run folder (no readable {CONFIG})"
         raise LoadError(f"{str(path)!r} {what}; pass a folder written by `modelopt optimize --out`")
-    records = _read_records(path / JOURNAL)
+    records = tuple(read_records(path / JOURNAL))
     found = tuple(layers) if layers is not None else _layers_from_file(path / LAYERS) if with_layers else None
     if found is None and with_layers:
         found = _layers_from_model(config)
@@ -307,4 +274,4 @@ def read_run(run_dir: str | Path, *, layers: Sequence[Layer] | None = None, with
         names = {layer.name for layer in found}
         if any(name.rsplit("/", 1)[0] not in names for name in records[0].plan if "/" in name):
             found = None
-    return RunFolder(path, config, records, read_json(path / SUMMARY), found)
+    return RunFolder(path, config, records, read_summary(path), found)

@@ -12,7 +12,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -30,10 +29,10 @@ from modelopt.latency.plan import PlanLatency
 from modelopt.objective import Objective, Target, best_of
 from modelopt.plan.plan import Plan
 from modelopt.run.confirm import Confirmation, confirm, finalists
-from modelopt.run.journal import Journal, write_json_atomic
+from modelopt.run.journal import Journal, Record, write_json_atomic
 from modelopt.run.layout import BEST_PLAN, CONFIG, JOURNAL, STATE, STATE_NEXT, SUMMARY
 from modelopt.run.lock import RunLock, lock_run_folder
-from modelopt.run.summary import run_summary
+from modelopt.run.summary import RunSummary, summarize
 from modelopt.search._base import Strategy
 
 __all__ = ["MAX_IDLE_ASKS", "RunResult", "Runner", "free_cuda_memory"]
@@ -56,7 +55,7 @@ class RunResult:
     best_test: Metrics | None
     pareto: tuple[tuple[Trial, Metrics | None], ...]
     budget_used: float
-    summary: dict[str, Any]
+    summary: RunSummary
     best_confirm: Metrics | None = None  # the best plan's metrics on the confirm split
     search_best: Trial | None = None  # the search's pick on val (a search-time estimate)
     confirmation: Confirmation | None = None
@@ -138,13 +137,13 @@ class Runner:
         cfg_path = self.run_dir / CONFIG
         if self.journal.exists() or cfg_path.exists():
             if not self.resume:
-                n = len(self.journal.read())
+                n = self.journal.check()
                 raise ConfigError(
                     f"run folder {str(self.run_dir)!r} already holds a run ({n} trials); "
                     "pass --resume to continue it, or another --out"
                 )
             self._check_same_run(cfg_path)
-            self.trials = [Trial.from_json(r, self.space) for r in self.journal.read()]
+            self.trials = [record.trial(self.space) for record in self.journal.records()]
             for trial in self.trials:  # what the killed process charged once is not charged again
                 self.evaluator.states.mark_paid(trial.plan)
             self._restore_strategy()
@@ -238,7 +237,7 @@ class Runner:
         state = {"n_trials": len(self.trials), "strategy": self.strategy.state_dict(),
                  "in_flight": [plan.to_flat() for plan in in_flight]}
         write_json_atomic(self.run_dir / STATE_NEXT, state, durable=False)
-        self.journal.append(trial.to_json())
+        self.journal.append(Record.of(trial))
         os.replace(self.run_dir / STATE_NEXT, self.run_dir / STATE)
 
     def _best_text(self) -> str:
@@ -372,9 +371,12 @@ class Runner:
         pareto = tuple((t, test_metrics.get(t.plan.key)) for t in front)
         if best is not None:
             self.space.save_plan(best.plan, self.run_dir / BEST_PLAN)
-        summary = run_summary(self, best, search_best, confirmation, test_metrics, pareto, search_wall,
-                              final.anchors)
-        write_json_atomic(self.run_dir / SUMMARY, summary)
+        summary = summarize(
+            evaluator=self.evaluator, objective=self.objective, config=self.config, run_dir=self.run_dir,
+            budget=self.budget, trials=self.trials, best=best, search_best=search_best, confirmation=confirmation,
+            test=test_metrics, pareto=front, anchors=final.anchors, search_wall=search_wall,
+            eval_seconds=self.eval_seconds)
+        write_json_atomic(self.run_dir / SUMMARY, summary.to_json())
         confirmed = {t.plan.key: m for t, m in confirmation.finalists}
         return RunResult(self.run_dir, tuple(self.trials), best, best_test, pareto, self.spent, summary,
                          best_confirm=confirmed.get(best.plan.key) if best else None, search_best=search_best,

@@ -1,84 +1,370 @@
-"""A finished run's summary.json: the reported best with its test, confirm and val figures, the
-confirmation, the Pareto front, and what the run spent."""
+"""A finished run's summary.json as frozen records: the reported best with its test, confirm and val
+figures, the confirmation, the anchors, the Pareto front, and what the run spent.
+
+`summarize` builds a `RunSummary` from what the runner holds at the end; `RunSummary.to_json` is the
+file's layout and `RunSummary.from_json` reads it back, older files included (a key they lack takes
+its default). Readers (the CLI, reports, sweeps) use the records' attributes, never the file's keys.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from modelopt._version import __version__
+from modelopt.config.run_config import RunConfig
+from modelopt.errors import ModeloptError
+from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.metrics import Metrics
 from modelopt.evaluation.trial import Trial
+from modelopt.objective import Objective, Target
+from modelopt.plan.space import SearchSpace
 from modelopt.run.confirm import Confirmation
+from modelopt.run.journal import read_json
+from modelopt.run.layout import SUMMARY
 
-if TYPE_CHECKING:  # the runner imports this module: its type only
-    from modelopt.run.runner import Runner
+log = logging.getLogger(__name__)
 
-__all__ = ["run_summary"]
+__all__ = ["Baseline", "ConfirmationEntry", "Finalist", "PlanEntry", "Preparation", "RunSummary", "Scores",
+           "read_summary", "summarize"]
 
 
-def _uniform_name(self: Runner, trial: Trial) -> str:
+@dataclass(frozen=True)
+class Scores:
+    """A plan's metrics on one split, with its retention bounds at the run's confidence and the bound the
+    objective certifies (None in a file that lacks them)."""
+
+    metrics: Metrics
+    retention_lower: float | None = None
+    retention_upper: float | None = None
+    retention_certified: float | None = None
+
+    @classmethod
+    def of(cls, m: Metrics, objective: Objective) -> Scores:
+        lo, hi = m.retention_bounds(objective.confidence)
+        return cls(m, lo, hi, objective.retention_lower(m))
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.metrics.to_dict(), "retention_lower": self.retention_lower,
+                "retention_upper": self.retention_upper, "retention_certified": self.retention_certified}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> Scores | None:
+        if not d:
+            return None
+        return cls(Metrics.from_dict(dict(d)), _float(d.get("retention_lower")), _float(d.get("retention_upper")),
+                   _float(d.get("retention_certified")))
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """One plan the summary names, with its figures on each split it was scored on.
+
+    `confirmed` is set on the reported best only (whether images that did not select it confirmed it);
+    `name` on an anchor only ("INT4": the uniform plan it is).
+    """
+
+    trial: int
+    plan_key: str
+    plan: dict[str, Any] = field(hash=False)  # the plan file's form (`SearchSpace.dump_plan`)
+    test: Scores | None = None
+    confirm: Scores | None = None
+    val: Scores | None = None
+    confirmed: bool | None = None
+    name: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"trial": self.trial, "plan_key": self.plan_key, "plan": self.plan, "test": _json(self.test),
+               "confirm": _json(self.confirm), "val": _json(self.val)}
+        if self.confirmed is not None:
+            out["confirmed"] = self.confirmed
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> PlanEntry | None:
+        if not d:
+            return None
+        confirmed = d.get("confirmed")
+        return cls(int(d["trial"]), str(d["plan_key"]), dict(d.get("plan") or {}), Scores.from_json(d.get("test")),
+                   Scores.from_json(d.get("confirm")), Scores.from_json(d.get("val")),
+                   None if confirmed is None else bool(confirmed), d.get("name"))
+
+
+@dataclass(frozen=True)
+class Finalist:
+    """A plan confirmation tested: its verdict, its chance to pass as predicted from val, its confirm figures."""
+
+    trial: int
+    plan_key: str
+    confirmed: bool
+    pass_chance: float | None = None
+    confirm: Scores | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"trial": self.trial, "plan_key": self.plan_key, "confirmed": self.confirmed,
+                "pass_chance": self.pass_chance, "confirm": _json(self.confirm)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Finalist:
+        return cls(int(d["trial"]), str(d["plan_key"]), bool(d.get("confirmed", False)), _float(d.get("pass_chance")),
+                   Scores.from_json(d.get("confirm")))
+
+
+@dataclass(frozen=True)
+class ConfirmationEntry:
+    """What the confirm split said (`modelopt.run.confirm.Confirmation`, as saved).
+
+    Attributes:
+        split: the split that vouched, or None when the data have none.
+        usable: whether that split is large enough to confirm a plan at the floor.
+        ceiling: the bound a plan agreeing with the float model on every confirm image would get.
+        confirmed: how many finalists were confirmed.
+        finalists: each finalist tested, in the order tested.
+    """
+
+    split: str | None = None
+    usable: bool = False
+    ceiling: float | None = None
+    confirmed: int = 0
+    finalists: tuple[Finalist, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"split": self.split, "usable": self.usable, "ceiling": self.ceiling, "confirmed": self.confirmed,
+                "finalists": [f.to_json() for f in self.finalists]}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> ConfirmationEntry:
+        d = d or {}
+        return cls(d.get("split"), bool(d.get("usable", False)), _float(d.get("ceiling")), int(d.get("confirmed", 0)),
+                   tuple(Finalist.from_json(f) for f in d.get("finalists") or ()))
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The float model on one split."""
+
+    accuracy: float
+    n_samples: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"accuracy": self.accuracy, "n_samples": self.n_samples}
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """One-time work, by preparation key: wall seconds in the process that wrote the summary, and the
+    budget units the run was charged for it."""
+
+    seconds: dict[str, float] = field(default_factory=dict, hash=False)
+    charged: dict[str, float] = field(default_factory=dict, hash=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seconds": dict(self.seconds), "charged": dict(self.charged)}
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A finished run as summary.json holds it.
+
+    `best` is the plan the run reports (confirmed on images that did not select it when the data have a
+    confirm split); `search_best` the search's own pick on val, a search-time estimate. `anchors` are the
+    uniform plans scored beside the search on the same images; `pareto` the val front, re-scored on test.
+
+    Example:
+        >>> s = read_summary("runs/r20")
+        >>> s.best.test.metrics.compression if s and s.best and s.best.test else None
+    """
+
+    version: str = ""  # the package version that wrote it
+    run_dir: str = ""
+    config: dict[str, Any] = field(default_factory=dict, hash=False)  # `RunConfig.to_json()` of the run
+    objective: Objective = field(default_factory=lambda: Objective(confidence=0.0, count_gains=False))
+    budget: float = 0.0
+    budget_used: float = 0.0
+    n_trials: int = 0
+    n_failed: int = 0
+    n_feasible: int = 0
+    baseline: dict[str, Baseline] = field(default_factory=dict, hash=False)  # by split
+    float_size_bytes: int = 0  # 0: not recorded
+    device: str = ""
+    best: PlanEntry | None = None
+    search_best: PlanEntry | None = None
+    confirmation: ConfirmationEntry = ConfirmationEntry()
+    anchors: tuple[PlanEntry, ...] = ()
+    pareto: tuple[PlanEntry, ...] = ()
+    preparation: Preparation = Preparation()
+    search_wall_seconds: float = 0.0
+    eval_seconds_this_session: float = 0.0
+
+    @property
+    def confirmed(self) -> bool:
+        """Whether the reported best was confirmed on images that did not select it."""
+        return bool(self.best is not None and self.best.confirmed)
+
+    def to_json(self) -> dict[str, Any]:
+        """summary.json's layout."""
+        o = self.objective
+        return {
+            "version": self.version,
+            "run_dir": self.run_dir,
+            "config": self.config,
+            "objective": {"target": o.target.value, "min_retention": o.min_retention, "confidence": o.confidence,
+                          "count_gains": o.count_gains, "claim_images": o.claim_images},
+            "budget": self.budget,
+            "budget_used": self.budget_used,
+            "n_trials": self.n_trials,
+            "n_failed": self.n_failed,
+            "n_feasible": self.n_feasible,
+            "baseline": {split: b.to_json() for split, b in self.baseline.items()},
+            "float_size_bytes": self.float_size_bytes,
+            "device": self.device,
+            "best": _json(self.best),
+            "search_best": _json(self.search_best),
+            "confirmation": self.confirmation.to_json(),
+            "anchors": [a.to_json() for a in self.anchors],
+            "pareto": [p.to_json() for p in self.pareto],
+            "preparation": self.preparation.to_json(),
+            "search_wall_seconds": self.search_wall_seconds,
+            "eval_seconds_this_session": self.eval_seconds_this_session,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> RunSummary:
+        """A summary.json; a key an older file lacks takes its default (a run from before a field existed
+        ran without it: point estimates, bounds on breaks only, no anchors).
+
+        Raises:
+            KeyError, TypeError, ValueError, AttributeError, ModeloptError: not a summary (`read_summary`: None).
+        """
+        o, prep = d.get("objective") or {}, d.get("preparation") or {}
+        return cls(
+            version=str(d.get("version", "")),
+            run_dir=str(d.get("run_dir", "")),
+            config=dict(d.get("config") or {}),
+            objective=Objective(Target.parse(o.get("target") or "size"), float(o.get("min_retention", 0.99)),
+                                float(o.get("confidence") or 0.0), bool(o.get("count_gains", False)),
+                                o.get("claim_images")),
+            budget=float(d.get("budget", 0.0)),
+            budget_used=float(d.get("budget_used", 0.0)),
+            n_trials=int(d.get("n_trials", 0)),
+            n_failed=int(d.get("n_failed", 0)),
+            n_feasible=int(d.get("n_feasible", 0)),
+            baseline={split: Baseline(float(b["accuracy"]), int(b["n_samples"]))
+                      for split, b in (d.get("baseline") or {}).items()},
+            float_size_bytes=int(d.get("float_size_bytes") or 0),
+            device=str(d.get("device", "")),
+            best=PlanEntry.from_json(d.get("best")),
+            search_best=PlanEntry.from_json(d.get("search_best")),
+            confirmation=ConfirmationEntry.from_json(d.get("confirmation")),
+            anchors=_entries(d.get("anchors")),
+            pareto=_entries(d.get("pareto")),
+            preparation=Preparation(dict(prep.get("seconds") or {}), dict(prep.get("charged") or {})),
+            search_wall_seconds=float(d.get("search_wall_seconds", 0.0)),
+            eval_seconds_this_session=float(d.get("eval_seconds_this_session", 0.0)),
+        )
+
+
+def read_summary(run_dir: str | Path) -> RunSummary | None:
+    """A run folder's summary.json, or None while the run has not finished (or when the file is unreadable).
+
+    Example:
+        >>> read_summary("runs/r20").budget_used
+    """
+    path = Path(run_dir) / SUMMARY
+    doc = read_json(path)
+    if doc is None:
+        return None
+    try:
+        return RunSummary.from_json(doc)
+    except (KeyError, TypeError, ValueError, AttributeError, ModeloptError) as exc:
+        log.info("summary %s unreadable: %r", path, exc)
+        return None
+
+
+def summarize(
+    *, evaluator: Evaluator, objective: Objective, config: RunConfig, run_dir: Path, budget: float,
+    trials: Sequence[Trial], best: Trial | None, search_best: Trial | None, confirmation: Confirmation,
+    test: Mapping[str, Metrics], pareto: Sequence[Trial], anchors: Sequence[Trial] = (), search_wall: float = 0.0,
+    eval_seconds: float = 0.0,
+) -> RunSummary:
+    """The summary of a finished run.
+
+    Args:
+        evaluator: the run's evaluator (its workload's baselines, its space, its one-time costs).
+        objective: the run's objective (the bounds each figure is given with).
+        config: the run's settings, saved whole.
+        run_dir: the run folder.
+        budget: the run's budget, in full val evaluations.
+        trials: every trial of the run.
+        best: the reported plan; search_best: the search's own pick on val.
+        confirmation: what the confirm split said.
+        test: test re-scores by plan key (best, search best, front, anchors).
+        pareto: the val front's trials; anchors: the uniform plans scored.
+        search_wall: wall seconds of the search; eval_seconds: of the evaluations this session.
+
+    Example:
+        >>> summarize(evaluator=ev, objective=obj, config=cfg, run_dir=out, budget=50, trials=trials, best=best,
+        ...           search_best=best, confirmation=conf, test=test, pareto=[best]).to_json()
+    """
+    wl, space = evaluator.workload, evaluator.space
+    confirmed = {t.plan.key: m for t, m in confirmation.finalists}
+
+    def scores(m: Metrics | None) -> Scores | None:
+        return None if m is None else Scores.of(m, objective)
+
+    def entry(t: Trial, **extra: Any) -> PlanEntry:
+        return PlanEntry(t.number, t.plan.key, space.dump_plan(t.plan), scores(test.get(t.plan.key)),
+                         scores(confirmed.get(t.plan.key)), scores(t.metrics), **extra)
+
+    finalists = tuple(
+        Finalist(t.number, t.plan.key, confirmation.verdicts[i],
+                 confirmation.chances[i] if i < len(confirmation.chances) else None, scores(m))
+        for i, (t, m) in enumerate(confirmation.finalists))
+    splits = ("val", "confirm", "test") if "confirm" in wl.splits else ("val", "test")
+    return RunSummary(
+        version=__version__,
+        run_dir=str(run_dir),
+        config=config.to_json(),
+        objective=objective,
+        budget=budget,
+        budget_used=sum(t.cost for t in trials),
+        n_trials=len(trials),
+        n_failed=sum(not t.ok for t in trials),
+        n_feasible=sum(t.feasible for t in trials),
+        baseline={s: Baseline(wl.baseline_accuracy(s), len(wl.split(s))) for s in splits},
+        float_size_bytes=wl.float_size_bytes,
+        device=str(wl.device),
+        best=None if best is None else entry(best, confirmed=confirmation.usable),
+        search_best=None if search_best is None else entry(search_best),
+        confirmation=ConfirmationEntry(confirmation.split, confirmation.usable, confirmation.ceiling,
+                                       confirmation.confirmed, finalists),
+        anchors=tuple(entry(t, name=_uniform_name(space, t)) for t in anchors),
+        pareto=tuple(entry(t) for t in pareto),
+        preparation=Preparation(dict(evaluator.one_time.seconds), dict(evaluator.one_time.charged)),
+        search_wall_seconds=search_wall,
+        eval_seconds_this_session=eval_seconds,
+    )
+
+
+def _uniform_name(space: SearchSpace, trial: Trial) -> str:
     """"INT4" for a plan whose compressed layers all store 4-bit weights."""
-    bits = {self.space.compressors[d.compressor].weight_bits(c) for d in self.space.decisions
+    bits = {space.compressors[d.compressor].weight_bits(c) for d in space.decisions
             if (c := trial.plan.get(d.name)) is not None}
     return f"INT{bits.pop()}" if len(bits) == 1 else "mixed"
 
 
-def run_summary(
-    self: Runner, best: Trial | None, search_best: Trial | None, confirmation: Confirmation,
-    test: dict[str, Metrics], pareto: tuple[tuple[Trial, Metrics | None], ...], search_wall: float,
-    anchors: tuple[Trial, ...] = (),
-) -> dict[str, Any]:
-    wl = self.evaluator.workload
-    confirmed = {t.plan.key: m for t, m in confirmation.finalists}
-    conf = self.objective.confidence
+def _json(record: Scores | PlanEntry | None) -> dict[str, Any] | None:
+    return None if record is None else record.to_json()
 
-    def metrics(m: Metrics | None) -> dict[str, Any] | None:
-        if m is None:
-            return None
-        lo, hi = m.retention_bounds(conf)
-        return {**m.to_dict(), "retention_lower": lo, "retention_upper": hi,
-                "retention_certified": self.objective.retention_lower(m)}
 
-    def entry(t: Trial) -> dict[str, Any]:
-        return {"trial": t.number, "plan_key": t.plan.key, "plan": self.space.dump_plan(t.plan),
-                "test": metrics(test.get(t.plan.key)), "confirm": metrics(confirmed.get(t.plan.key)),
-                "val": metrics(t.metrics)}
+def _entries(raw: Sequence[Mapping[str, Any]] | None) -> tuple[PlanEntry, ...]:
+    return tuple(e for e in map(PlanEntry.from_json, raw or ()) if e is not None)
 
-    splits = ("val", "confirm", "test") if "confirm" in wl.splits else ("val", "test")
-    return {
-        "version": __version__,
-        "run_dir": str(self.run_dir),
-        "config": self.config.to_json(),
-        "objective": {"target": self.objective.target.value, "min_retention": self.objective.min_retention,
-                      "confidence": conf, "count_gains": self.objective.count_gains,
-                      "claim_images": self.objective.claim_images},
-        "budget": self.budget,
-        "budget_used": self.spent,
-        "n_trials": len(self.trials),
-        "n_failed": sum(not t.ok for t in self.trials),
-        "n_feasible": sum(t.feasible for t in self.trials),
-        "baseline": {s: {"accuracy": wl.baseline_accuracy(s), "n_samples": len(wl.split(s))} for s in splits},
-        "float_size_bytes": wl.float_size_bytes,
-        "device": str(wl.device),
-        # The reported best: confirmed on images that did not select it (when the data have a
-        # confirm split); `search_best` is the search's own pick on val, a search-time estimate.
-        "best": None if best is None else {**entry(best), "confirmed": confirmation.usable},
-        "search_best": None if search_best is None else entry(search_best),
-        "confirmation": {
-            "split": confirmation.split,
-            "usable": confirmation.usable,
-            "ceiling": confirmation.ceiling,
-            "confirmed": confirmation.confirmed,
-            "finalists": [{"trial": t.number, "plan_key": t.plan.key, "confirmed": confirmation.verdicts[i],
-                           "pass_chance": confirmation.chances[i] if i < len(confirmation.chances) else None,
-                           "confirm": metrics(m)} for i, (t, m) in enumerate(confirmation.finalists)],
-        },
-        # The uniform plans (INT8, INT4, INT3 per channel) scored beside the search on the same images.
-        "anchors": [{**entry(t), "name": _uniform_name(self, t)} for t in anchors],
-        "pareto": [entry(t) for t, _ in pareto],
-        # One-time work: wall seconds in this process, and the budget units charged for it.
-        "preparation": {"seconds": dict(self.evaluator.one_time.seconds),
-                        "charged": dict(self.evaluator.one_time.charged)},
-        "search_wall_seconds": search_wall,
-        "eval_seconds_this_session": self.eval_seconds,
-    }
+
+def _float(v: Any) -> float | None:
+    return None if v is None else float(v)

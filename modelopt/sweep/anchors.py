@@ -3,11 +3,11 @@ table shows them: the no-search answers every strategy stands beside, on the sam
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from modelopt.run.journal import read_json
-from modelopt.run.layout import SUMMARY
+from modelopt.run.summary import Scores, read_summary
 
 __all__ = ["anchor_lines"]
 
@@ -20,26 +20,34 @@ def anchor_lines(run_dirs: Sequence[Path]) -> list[str]:
         >>> "\n".join(anchor_lines([Path("experiments/jpeg_r20/runs/resnet20/mcts/seed0")]))
     """
     for run_dir in run_dirs:
-        summary = read_json(run_dir / SUMMARY) or {}
-        anchors = summary.get("anchors") or []
-        if not anchors:
+        summary = read_summary(run_dir)
+        if summary is None or not summary.anchors:
             continue
-        tested = {f["plan_key"]: f for f in (summary.get("confirmation") or {}).get("finalists", [])}
+        tested = {f.plan_key: f for f in summary.confirmation.finalists}
         lines = ["", f"**The uniform plans on the same images** (scored in every run; from `{run_dir.name}` of "
                  f"`{run_dir.parent.name}`; confirmed: its confirm bound cleared the floor in that run's sequence).",
                  "", "| plan | × | val retention bound | confirm retention bound | confirmed | test retention |",
                  "| --- | ---: | ---: | ---: | --- | ---: |"]
-        for a in anchors:
-            val, test = a.get("val") or {}, a.get("test") or {}
-            conf = (tested.get(a["plan_key"]) or {}).get("confirm") or {}
-            lines.append(f"| uniform {a.get('name', '?')} | {val.get('compression', float('nan')):.2f}× | "
-                         f"{_pct(val.get('retention_certified'))} | {_pct(conf.get('retention_certified'))} | "
-                         f"{'yes' if (tested.get(a['plan_key']) or {}).get('confirmed') else 'no'} | "
-                         f"{_pct(test.get('retention'))} [{_pct(test.get('retention_lower'))}, "
-                         f"{_pct(test.get('retention_upper'))}] |")
+        for a in summary.anchors:
+            finalist = tested.get(a.plan_key)
+            conf = None if finalist is None else finalist.confirm
+            x = "–" if a.val is None else f"{a.val.metrics.compression:.2f}"
+            lines.append(f"| uniform {a.name or '?'} | {x}× | {_certified(a.val)} | {_certified(conf)} | "
+                         f"{'yes' if finalist is not None and finalist.confirmed else 'no'} | {_interval(a.test)} |")
         return lines
     return []
 
 
-def _pct(v: object) -> str:
-    return f"{100 * v:.2f} %" if isinstance(v, (int, float)) else "–"
+def _certified(s: Scores | None) -> str:
+    return _pct(None if s is None else s.retention_certified)
+
+
+def _interval(s: Scores | None) -> str:
+    """Retention with its bounds: "99.10 % [98.20 %, 99.90 %]"."""
+    if s is None:
+        return "– [–, –]"
+    return f"{_pct(s.metrics.retention)} [{_pct(s.retention_lower)}, {_pct(s.retention_upper)}]"
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None or math.isnan(v) else f"{100 * v:.2f} %"

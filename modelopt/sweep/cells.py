@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from modelopt.run.journal import read_journal, read_json
-from modelopt.run.layout import CONFIG, JOURNAL, SUMMARY
+from modelopt.run.journal import read_records
+from modelopt.run.layout import CONFIG, JOURNAL
+from modelopt.run.summary import read_summary
 
 __all__ = ["EPS", "Cell", "cell_status"]
 
@@ -36,8 +37,8 @@ class Cell:
 def cell_status(run_dir: Path, model: str, strategy: str, seed: int, budget: float) -> Cell:
     """A cell is done when its summary exists and its trials' cost reaches `budget`, or its run
     stopped early at that budget because the strategy had nothing new to propose."""
-    records = read_journal(run_dir / JOURNAL)
-    spent = sum(float(r.get("cost", 0.0)) for r in records)
-    summary = read_json(run_dir / SUMMARY)
-    done = summary is not None and (spent >= budget - EPS or float(summary.get("budget", 0)) >= budget - EPS)
+    records = read_records(run_dir / JOURNAL)
+    spent = sum(r.cost for r in records)
+    summary = read_summary(run_dir)
+    done = summary is not None and (spent >= budget - EPS or summary.budget >= budget - EPS)
     return Cell(model, strategy, seed, run_dir, len(records), spent, done)

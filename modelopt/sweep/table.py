@@ -24,13 +24,13 @@ from modelopt.config.build import load_workload, make_evaluator
 from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator, Metrics
-from modelopt.evaluation.trial import Trial
 from modelopt.model.workload import Workload
 from modelopt.objective import Objective, best_of
 from modelopt.plan.plan import Plan
 from modelopt.run.confirm import confirm, finalists
-from modelopt.run.journal import read_journal, read_json
-from modelopt.run.layout import CONFIG, JOURNAL, RUNS, SEEDS_CSV, SUMMARY, TABLE_CSV, TABLE_MD
+from modelopt.run.journal import Record, read_records
+from modelopt.run.layout import CONFIG, JOURNAL, RUNS, SEEDS_CSV, TABLE_CSV, TABLE_MD
+from modelopt.run.summary import read_summary
 from modelopt.run.sweep_folder import sweep_layout
 from modelopt.sweep.anchors import anchor_lines
 from modelopt.sweep.file import EPS
@@ -46,15 +46,15 @@ class _Seed:
     seed: int
     config: RunConfig
     objective: Objective
-    trace: list[tuple[float, dict[str, Any] | None]]  # (cumulative cost, best feasible record so far)
+    trace: list[tuple[float, Record | None]]  # (cumulative cost, best feasible record so far)
     covered: float  # the largest budget this cell's trace answers for
-    records: list[tuple[float, dict[str, Any]]]  # (cumulative cost, record) of every journal line
+    records: list[tuple[float, Record]]  # (cumulative cost, record) of every journal line
     run_dir: Path
 
-    def records_within(self, budget: float) -> list[dict[str, Any]]:
+    def records_within(self, budget: float) -> list[Record]:
         return [rec for cost, rec in self.records if cost <= budget + EPS]
 
-    def best_within(self, budget: float) -> dict[str, Any] | None:
+    def best_within(self, budget: float) -> Record | None:
         best = None
         for cost, rec in self.trace:
             if cost > budget + EPS:
@@ -72,32 +72,28 @@ class _Seed:
         return math.inf
 
 
-def _metrics(rec: Mapping[str, Any]) -> Metrics:
-    return Metrics.from_dict(rec["metrics"])
-
-
-def _reduction(obj: Objective, rec: Mapping[str, Any]) -> float:
-    return obj.reward(_metrics(rec))
+def _reduction(obj: Objective, rec: Record) -> float:
+    return obj.reward(rec.scored)
 
 
 def _read_cell(run_dir: Path, seed: int) -> _Seed | None:
     if not (run_dir / CONFIG).is_file():
         return None
-    config, summary = RunConfig.read(run_dir), read_json(run_dir / SUMMARY)
-    obj = dataclasses.replace(config.make_objective(), claim_images=((summary or {}).get("objective") or {}).get(
-        "claim_images"))  # the search's bound as the run took it
-    trace: list[tuple[float, dict[str, Any] | None]] = []
-    records: list[tuple[float, dict[str, Any]]] = []
+    config, summary = RunConfig.read(run_dir), read_summary(run_dir)
+    obj = dataclasses.replace(config.make_objective(), claim_images=None if summary is None else
+                              summary.objective.claim_images)  # the search's bound as the run took it
+    trace: list[tuple[float, Record | None]] = []
+    records: list[tuple[float, Record]] = []
     cum, best = 0.0, None
-    for rec in read_journal(run_dir / JOURNAL):
-        cum += float(rec.get("cost", 0.0))
+    for rec in read_records(run_dir / JOURNAL):
+        cum += rec.cost
         records.append((cum, rec))
-        if rec.get("status") == "complete" and rec.get("metrics") is not None:
+        if rec.ok:
             # The runner's rule (best_of): the best so far stays unless this one beats it.
-            best = best_of([r for r in (best, rec) if r is not None], _metrics, obj)
+            best = best_of([r for r in (best, rec) if r is not None], lambda r: r.scored, obj)
         trace.append((cum, best))
     # A run that stopped early (nothing new to propose) covers its whole budget.
-    covered = max(cum, float(summary.get("budget", 0.0)) if summary else 0.0)
+    covered = max(cum, summary.budget if summary else 0.0)
     return _Seed(seed, config, obj, trace, covered, records, run_dir)
 
 
@@ -124,20 +120,20 @@ class _Scorer:
             self.evaluators[key] = make_evaluator(config, self.workloads[model])
         return self.evaluators[key]
 
-    def test(self, model: str, config: RunConfig, rec: Mapping[str, Any] | None) -> Metrics:
+    def test(self, model: str, config: RunConfig, rec: Record | None) -> Metrics:
         ev = self.evaluator(model, config)
-        plan: Plan = ev.space.plan() if rec is None else ev.space.plan_from_flat(rec["plan"])
+        plan: Plan = ev.space.plan() if rec is None else ev.space.plan_from_flat(rec.plan)
         return ev.scorer.evaluate(plan, split="test")
 
-    def reported(self, model: str, cell: _Seed, budget: float) -> dict[str, Any] | None:
+    def reported(self, model: str, cell: _Seed, budget: float) -> Record | None:
         """What a run stopped at `budget` would report (`modelopt.run.confirm`), or its val best without confirm."""
         ev = self.evaluator(model, cell.config)
-        trials = [Trial.from_json(r, ev.space) for r in cell.records_within(budget)]
+        trials = [r.trial(ev.space) for r in cell.records_within(budget)]
         keys = [p.key for p in ev.space.anchors()] if cell.objective.confidence else []
         final = finalists(trials, cell.objective, keys)
         confirmation = confirm(ev, cell.objective, list(final.candidates), final.anchors, trials)
         best = confirmation.best if confirmation.split is not None else final.search_best
-        return None if best is None else next(r for r in cell.records_within(budget) if r["number"] == best.number)
+        return None if best is None else next(r for r in cell.records_within(budget) if r.number == best.number)
 
 
 def make_table(
@@ -222,8 +218,8 @@ def _model_rows(
                 held = test.retention >= c.objective.min_retention - 1e-12
                 n_held += rec is not None and held
                 val_red = 1.0 if rec is None else _reduction(c.objective, rec)
-                val_comp = 1.0 if rec is None else _metrics(rec).compression
-                val_ret = 1.0 if rec is None else _metrics(rec).retention
+                val_comp = 1.0 if rec is None else rec.scored.compression
+                val_ret = 1.0 if rec is None else rec.scored.retention
                 # What the seed delivers: its reported plan's compression when the plan holds the floor on
                 # test, else nothing (1.00x): a claim that breaks on unseen images compresses nothing.
                 held_comp = test.compression if held else 1.0
@@ -233,8 +229,8 @@ def _model_rows(
                     vals[k].append(v)
                 seed_rows.append({
                     "model": model, "strategy": strategy, "budget": _num(b), "seed": c.seed,
-                    "best_trial": None if rec is None else rec["number"],
-                    "plan_key": None if rec is None else rec["plan_key"],
+                    "best_trial": None if rec is None else rec.number,
+                    "plan_key": None if rec is None else rec.plan_key,
                     "held_compression": held_comp,
                     "val_reduction": val_red, "val_compression": val_comp, "val_retention": val_ret,
                     "test_compression": test.compression, "test_retention": test.retention,

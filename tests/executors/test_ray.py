@@ -73,7 +73,7 @@ def test_ray_workers_give_the_local_executors_trials(cluster, small_data, tmp_pa
     on_ray = api.optimize("cifar10_resnet20", small_data, out=tmp_path / "ray", executor="ray", **kw)
     assert _scores(_journal(on_ray.run_dir)) == _scores(_journal(local.run_dir))
     assert on_ray.budget_used == pytest.approx(local.budget_used, abs=1e-9) and on_ray.budget_used >= 7
-    assert on_ray.summary["preparation"]["charged"] == local.summary["preparation"]["charged"]
+    assert on_ray.summary.preparation.charged == local.summary.preparation.charged
 
 
 def _runner(small_data, out: Path, budget: float, **settings) -> tuple[Runner, RayExecutor]:

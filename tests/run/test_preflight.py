@@ -137,7 +137,8 @@ def test_a_damaged_journal_is_refused_before_loading_with_the_way_out(tmp_path, 
 
 def test_exit_data_without_early_exit_is_refused(tmp_path, no_loading):
     assert_one_line_error(_run("optimize", "--out", tmp_path / "r", "--exit-data", tmp_path / "x.npz"),
-                          "searches no early exit (compressors: prune, quantize)", "drop --exit-data")
+                          "setting of compressor 'early_exit', which this run does not use (compressors: prune, "
+                          "quantize)", "drop --exit-data")
     assert os.listdir(tmp_path) == []
 
 

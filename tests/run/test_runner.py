@@ -90,7 +90,7 @@ def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path, resnet20_wo
     assert failed and all("non-finite" in r["error"] for r in failed)
     assert all(r["plan"]["linear/poison"] == "nan" for r in failed)
     assert any(r["status"] == "complete" for r in records)
-    assert result.summary["n_failed"] == len(failed)
+    assert result.summary.n_failed == len(failed)
 
 
 @pytest.mark.slow
@@ -157,24 +157,25 @@ def test_confidence_zero_runs_on_point_estimates(tmp_path, resnet20_workload):
     """--confidence 0 is today's rule: a plan is feasible when its val retention meets the floor."""
     result = modelopt.optimize(resnet20_workload, budget=4, seed=1, out=tmp_path / "r", progress=False, report=False,
                                compressors=["quantize"], confidence=0.0, min_retention=0.99)
-    assert result.summary["objective"]["confidence"] == 0.0
+    assert result.summary.objective.confidence == 0.0
     for t in result.trials:
         if t.ok:
             assert t.feasible == (t.metrics.stopped is None and t.metrics.retention >= 0.99)
-    assert result.summary["confirmation"]["split"] == "confirm"  # the bundled sample's own confirm images
+    assert result.summary.confirmation.split == "confirm"  # the bundled sample's own confirm images
 
 
 @pytest.mark.slow
 def test_the_summary_leads_with_test_and_bounds(tmp_path, resnet20_workload):
     result = modelopt.optimize(resnet20_workload, budget=4, seed=0, out=tmp_path / "r", progress=False, report=False,
                                compressors=["quantize"], min_retention=0.97)
-    best = result.summary["best"]
+    best = result.summary.to_json()["best"]  # summary.json's layout: the test figures first
     assert best is not None and list(best)[:6] == ["trial", "plan_key", "plan", "test", "confirm", "val"]
     lo, hi = best["test"]["retention_lower"], best["test"]["retention_upper"]
     assert lo < best["test"]["retention"] < hi
     assert best["val"]["retention_lower"] >= 0.97  # feasible means the val bound clears the floor
-    assert result.summary["confirmation"]["split"] == "confirm"
+    assert result.summary.confirmation.split == "confirm"
     assert best["confirmed"] is True and best["confirm"]["retention_certified"] >= 0.97
+    assert json.loads((tmp_path / "r" / "summary.json").read_text()) == result.summary.to_json()
     assert result.trials[0].plan == result.trials[0].plan.__class__(tuple(result.trials[0].plan.choices))
     assert all(c is not None for n, c in result.trials[0].plan.choices if n.endswith("/quantize"))  # the anchor
 
@@ -189,12 +190,13 @@ def test_a_val_split_too_small_to_certify_the_floor_is_refused_before_the_search
 def test_a_run_with_a_confirm_split_reports_only_what_confirmation_held(tmp_path, small_workload):
     result = modelopt.optimize(small_workload, budget=6, seed=0, out=tmp_path / "r", progress=False, report=False,
                                compressors=["quantize"], min_retention=0.9)
-    conf = result.summary["confirmation"]
-    assert conf["split"] == "confirm" and conf["usable"]
+    conf = result.summary.confirmation
+    assert conf.split == "confirm" and conf.usable
     if result.best is not None:
-        assert result.summary["best"]["confirmed"] is True
+        best = result.summary.best
+        assert best is not None and best.confirmed is True and best.confirm is not None
         assert result.best_confirm is not None and result.best_confirm.split == "confirm"
-        lo = result.summary["best"]["confirm"]["retention_lower"]
-        assert lo >= 0.9  # confirmed: the confirm split's bound clears the floor
-        tested = [f["plan_key"] for f in conf["finalists"]]
+        lo = best.confirm.retention_lower
+        assert lo is not None and lo >= 0.9  # confirmed: the confirm split's bound clears the floor
+        tested = [f.plan_key for f in conf.finalists]
         assert result.best.plan.key in tested
