@@ -19,6 +19,7 @@ from modelopt.config.build import load_workload, make_evaluator
 from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.trial import TrialStatus
 from modelopt.exporters.onnx import export_onnx
 from modelopt.exporters.packed import export_packed
 from modelopt.model.workload import Workload
@@ -133,7 +134,7 @@ def _trial_record(number: int, run_dir: Path) -> Record:
     records = read_records(run_dir / JOURNAL)  # read-only: the run may still be going on
     for rec in records:
         if rec.number == number:
-            if not rec.ok:
+            if rec.status is not TrialStatus.COMPLETE:  # its plan is what it is, metrics or not
                 raise ConfigError(f"trial {number} of {str(run_dir)!r} failed ({rec.error}); pick another")
             return rec
     raise ConfigError(f"run {str(run_dir)!r} has no trial {number}; valid: 0..{len(records) - 1}")
