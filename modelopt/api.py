@@ -20,7 +20,6 @@ from modelopt.evaluation.evaluator import Evaluator, Metrics
 from modelopt.executors import make_executor
 from modelopt.executors.on_ray import import_ray
 from modelopt.knowledge import read_store, record_run
-from modelopt.latency.plan import PlanLatency
 from modelopt.model.loader import LoadedModel, load_model
 from modelopt.model.workload import Workload, check_split
 from modelopt.plan.plan import Plan
@@ -239,7 +238,7 @@ def run(
     lock = lock_run_folder(out) if out is not None else None
     try:
         built = build(config, workload, allow_pickle=allow_pickle)
-        timer = None if config.latency is None else PlanLatency(built.evaluator, config.latency)
+        timer = built.latency
         run_dir = Path(out) if out is not None else default_run_dir(built.workload.name, config.strategy, config.seed)
         executor = make_executor(built, workload=workload, allow_pickle=allow_pickle)
         runner = Runner(built.evaluator, built.strategy, built.objective, budget=config.budget, run_dir=run_dir,

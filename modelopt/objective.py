@@ -11,6 +11,8 @@ from typing import TypeVar
 from modelopt.confidence import DEFAULT_CONFIDENCE, PairedCounts, check_confidence
 from modelopt.errors import ConfigError
 from modelopt.evaluation.metrics import Metrics
+from modelopt.plan.plan import Plan
+from modelopt.plan.space import SearchSpace
 
 # Val standard errors (of a plan's net loss) by which a plan the search picked is assumed luckier on val
 # than it is. The largest of k independent near-floor estimates sits about sqrt(2 ln k) errors high, but
@@ -70,6 +72,16 @@ class Objective:
     # every plan by it made the search judge uniform INT4 (confirmed at 99.29 % on 7,154 images) infeasible
     # on the bundled default, and aim ever lower.
     claim_images: int | None = None
+
+    def anchors(self, space: SearchSpace) -> tuple[Plan, ...]:
+        """The no-search answers every run scores beside its search, on the same images, and confirms first:
+        the uniform plans (`SearchSpace.anchors`: INT8, INT4, INT3); for latency also the float model (a
+        compressed plan slower than it is no answer) and uniform INT8 with quantized inputs where the menus
+        offer it (integer kernels). A search that reports less than a confirmed anchor has failed."""
+        plans = list(space.anchors())
+        if self.target is Target.LATENCY and space.decisions:
+            plans = [space.plan(), *plans, *space.anchors((8,), act_bits=8)]
+        return tuple(dict.fromkeys(plans))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target", Target.parse(self.target))

@@ -11,7 +11,7 @@ import modelopt
 
 PACKAGE = Path(__file__).resolve().parents[1] / "modelopt"
 # Extras a user may not have installed (pyproject.toml's optional dependencies): imported where used.
-OPTIONAL = frozenset({"torchvision", "optuna", "optuna_dashboard", "onnx", "onnxruntime", "bitsandbytes",
+OPTIONAL = frozenset({"torchvision", "optuna", "optuna_dashboard", "onnx", "onnxruntime", "openvino", "bitsandbytes",
                       "matplotlib", "ray"})
 
 

@@ -21,11 +21,11 @@ def test_latency_is_measured_once_per_plan_and_named(resnet20_workload):
     first = lat.measure(ev.space.plan())
     assert first.median_ms > 0 and first.backend == "torch" and first.batch_size == 8
     assert lat.measure(ev.space.plan()) is first  # cached by plan key
-    assert lat.name == "torch/cpu/b8"
+    assert lat.name == "torch/cpu/fp32/b8"
 
 
 def test_unknown_backend_is_a_config_error():
-    with pytest.raises(ConfigError, match=r"'tvm'.*torch, onnxruntime"):
+    with pytest.raises(ConfigError, match=r"'tvm'.*onnxruntime, openvino, torch"):
         LatencySpec("tvm")
 
 
@@ -36,7 +36,7 @@ def test_latency_objective_measures_every_plan(resnet20_workload, tmp_path):
     for t in result.trials:
         m = t.metrics
         assert m.stopped is None  # a plan stopped below the floor on part of val is not timed
-        assert m.latency_ms > 0 and m.float_latency_ms > 0 and m.latency_backend == "torch/cpu/b8"
+        assert m.latency_ms > 0 and m.float_latency_ms > 0 and m.latency_backend == "torch/cpu/fp32/b8"
         if t.feasible:
             assert t.reward == pytest.approx(m.float_latency_ms / m.latency_ms)
 
@@ -48,7 +48,7 @@ def test_final_pareto_set_gets_latency_by_default(resnet20_workload, tmp_path):
     assert all(t.metrics.latency_ms is None for t in result.trials)  # not during a size search
     assert all(test is not None and test.latency_ms > 0 for _, test in result.pareto)
     front_test = result.summary.pareto[0].test
-    assert front_test is not None and front_test.metrics.latency_backend == "torch/cpu/b8"
+    assert front_test is not None and front_test.metrics.latency_backend == "torch/cpu/fp32/b8"
 
 
 @pytest.mark.slow

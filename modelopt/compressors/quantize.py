@@ -174,9 +174,12 @@ class Quantize(Compressor):
                 ["per_channel", "group"]),
         Setting("rounding", SettingKind.NAMES, "How codes are picked: gptq (calibrated on the calib split), "
                 "nearest, or gptq,nearest to let the search choose.", ["gptq"]),
-        # Quantized inputs lower only bitops: offered by default for that objective alone.
+        # Quantized inputs lower bitops, and latency in an engine with integer kernels (ONNX Runtime, OpenVINO:
+        # a layer whose inputs stay float runs as dequantized weights and a float kernel, slower than float):
+        # offered by default for those objectives alone.
         Setting("activations", SettingKind.BITS, "Input activation bits offered per layer: none (float), 8, or "
-                "none,8 (default: none,8 for --objective bitops, else none).", None, (("bitops", [None, 8]),)),
+                "none,8 (default: none,8 for --objective bitops or latency, else none).", None,
+                (("bitops", [None, 8]), ("latency", [None, 8]))),
         Setting("norm_images", SettingKind.INT, "Calibration images batch-norm statistics are re-estimated on "
                 "for plans with a layer at 4 bits or fewer (0: never).", 64),
     )

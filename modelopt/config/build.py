@@ -29,15 +29,16 @@ from modelopt.evaluation.output_sensitivity import output_losses, probe_images
 from modelopt.evaluation.priors import measure_errors
 from modelopt.evaluation.sensitivity import estimate_losses
 from modelopt.knowledge import warm_start
+from modelopt.latency.plan import PlanLatency
 from modelopt.model.layers import Layer
 from modelopt.model.loader import load_model
 from modelopt.model.workload import Workload
-from modelopt.objective import Objective
+from modelopt.objective import Objective, Target
 from modelopt.plan.space import SearchSpace
 from modelopt.search import STRATEGIES, Strategy
 
 __all__ = ["BuiltRun", "build", "compressor_names", "load_workload", "make_compressors", "make_evaluator",
-           "make_objective", "make_space", "resolve"]
+           "make_latency", "make_objective", "make_space", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class BuiltRun:
     evaluator: Evaluator
     strategy: Strategy
     objective: Objective
+    latency: PlanLatency | None = None  # where latency is measured (and plans scored, for some engines)
 
     @property
     def space(self) -> SearchSpace:
@@ -69,7 +71,7 @@ def compressor_names(config: RunConfig, model: nn.Module | None) -> tuple[str, .
     if model is None:
         raise ConfigError("a RunConfig without compressors needs the model to choose them")
     names = default_compressors(config.objective, model)
-    return tuple(n for n in names if not (config.onnx_timed and COMPRESSORS.get(n).routes))  # ONNX cannot route
+    return tuple(n for n in names if not (config.static_timed and COMPRESSORS.get(n).routes))  # a graph cannot route
 
 
 def make_compressors(config: RunConfig, model: nn.Module | None = None) -> list[Compressor]:
@@ -83,8 +85,22 @@ def make_space(config: RunConfig, layers: Sequence[Layer], model: nn.Module | No
 
 
 def make_evaluator(config: RunConfig, workload: Workload) -> Evaluator:
-    """An evaluator of the run's space on `workload`."""
-    return Evaluator(workload, make_space(config, workload.layers, workload.model))
+    """An evaluator of the run's space on `workload`; when the run's latency engine computes something else
+    than the PyTorch simulation (integer kernels, half precision), it scores the plans there
+    (`modelopt.latency.plan.PlanLatency`), so the run certifies what deploys."""
+    evaluator = Evaluator(workload, make_space(config, workload.layers, workload.model))
+    if config.latency is not None:
+        timer = PlanLatency(evaluator, config.latency)
+        if timer.scores:
+            evaluator.scorer.engine = timer
+    return evaluator
+
+
+def make_latency(config: RunConfig, evaluator: Evaluator) -> PlanLatency | None:
+    """Where the run measures latency: the engine its plans are scored in, else a new one (None: nowhere)."""
+    if isinstance(evaluator.scorer.engine, PlanLatency):
+        return evaluator.scorer.engine
+    return None if config.latency is None else PlanLatency(evaluator, config.latency)
 
 
 def make_objective(config: RunConfig, workload: Workload) -> Objective:
@@ -122,6 +138,9 @@ def build(config: RunConfig, workload: Workload | None = None, *, allow_pickle: 
     objective = make_objective(config, wl)
     check_certifiable(wl, objective)  # a val split too small to certify the floor: refused before any work
     measure_errors(evaluator)  # data-free priors the strategies start from; costs no evaluation
+    latency = make_latency(config, evaluator)
+    if latency is not None and objective.target is Target.LATENCY:
+        latency.priors()  # per-choice latency estimates, from the anchors measured in the run's engine
     strategy = STRATEGIES.get(config.strategy)(evaluator.space, objective, seed=config.seed)
     if strategy.loss_estimator == "fisher":  # the knapsack's one-pass (gradient) sensitivities
         strategy.use_loss_estimates(estimate_losses(evaluator))
@@ -131,4 +150,4 @@ def build(config: RunConfig, workload: Workload | None = None, *, allow_pickle: 
         strategy.use_loss_estimates(output_losses(evaluator, n))
     if config.knowledge is not None:  # priors from earlier runs' lessons (a missing store: none yet)
         warm_start(config.knowledge, evaluator, strategy)
-    return BuiltRun(resolve(config, wl, evaluator.space), wl, evaluator, strategy, objective)
+    return BuiltRun(resolve(config, wl, evaluator.space), wl, evaluator, strategy, objective, latency)

@@ -24,11 +24,13 @@ from modelopt.compressors._inputs import (
     InputQParams,
     fake_quantized_inputs,
     input_ranges,
+    install_input_quantizers,
 )
 from modelopt.evaluation.norm_stats import NormStats
 from modelopt.evaluation.prep_costs import OneTimeCosts
 from modelopt.evaluation.routes import PlanRoutes
 from modelopt.model.layer_inputs import LayerInputs, input_columns, input_hessians
+from modelopt.model.layers import compressible_modules
 from modelopt.model.surgery import remove_channels
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
@@ -277,6 +279,11 @@ class CompressedStates:
         return remove_channels(model, {lname: idx for lname, (_, idx) in self.kept_channels(plan).items()})
 
     def deployable(self, plan: Plan) -> nn.Module:
-        """The module the plan deploys as: `physical_model`, routed as the plan routes (an early-exit network
-        that really returns at the first confident exit): what latency is measured on."""
-        return self.routes.deployable(self.physical_model(plan), plan)
+        """The module the plan deploys as: `physical_model`, its quantized inputs quantized as scored (the
+        hooks `modelopt.load` puts back), routed as the plan routes (an early-exit network that really returns
+        at the first confident exit): what the torch engine runs and times."""
+        model = self.physical_model(plan)
+        qparams, _ = self.input_qparams(plan)
+        if qparams:
+            install_input_quantizers(compressible_modules(model), qparams)
+        return self.routes.deployable(model, plan)

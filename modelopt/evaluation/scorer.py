@@ -7,10 +7,12 @@ the one cost accounting (`modelopt.evaluation.cost`). Results are cached by (pla
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import torch
 
@@ -25,9 +27,20 @@ from modelopt.evaluation.routes import PlanRoutes
 from modelopt.model.workload import SplitData, Workload
 from modelopt.plan.plan import Plan
 
-__all__ = ["Scorer"]
+__all__ = ["Engine", "Scorer"]
 
 Predictions = tuple[torch.Tensor, torch.Tensor | None]  # top-1 per sample; with exits, where each left
+
+
+class Engine(Protocol):
+    """An engine the run's plans are scored in instead of the PyTorch simulation (`Scorer.engine`; the run's
+    latency engine when its answers can differ from the simulation: `modelopt.latency.plan.PlanLatency`)."""
+
+    def logits(self, plan: Plan, x: torch.Tensor) -> torch.Tensor:
+        """The engine's logits for `plan` on `x`."""
+
+    def cost(self, plan: Plan) -> float:
+        """Budget building `plan` for the engine costs now (0 once built)."""
 
 
 class Scorer:
@@ -48,6 +61,9 @@ class Scorer:
                  price: Callable[[Plan], PlanCost]) -> None:
         self.workload, self.states, self.routes, self.price = workload, states, routes, price
         self._results: dict[tuple[str, str, int], Metrics] = {}
+        # Where plans are scored when not in the PyTorch simulation: the run's latency engine, when what it
+        # computes differs (integer kernels, half precision): the run certifies what deploys.
+        self.engine: Engine | None = None
 
     def cost(self, split: str = "val", n: int | None = None) -> float:
         """Budget charged for scoring one plan on n samples of a split: n / len(val)."""
@@ -82,7 +98,7 @@ class Scorer:
             return self._results[key]
         t0 = time.perf_counter()
         policy, state, prep = self._prepare(plan)
-        with self.workload.state(state), self.states.activation_quant(plan):
+        with self._resident(plan, state):
             pred = self._predict(plan, data.x[:n], policy)
         metrics = self._metrics(plan, split, pred, time.perf_counter() - t0, prep_cost=prep, policy=policy)
         self._results[key] = metrics
@@ -107,7 +123,7 @@ class Scorer:
         t0 = time.perf_counter()
         preds: list[Predictions] = []
         policy, state, prep = self._prepare(plan)
-        with self.workload.state(state), self.states.activation_quant(plan):
+        with self._resident(plan, state):
             start = 0
             for stop in fidelity.cuts(len(data)):
                 preds.append(self._predict(plan, data.x[start:stop], policy))
@@ -128,13 +144,25 @@ class Scorer:
         prepares on the float model, e.g. exit heads are fitted there, so before the swap)."""
         policy, prep = self.routes.setup(plan)
         state, cost = self.states.compressed_state(plan)
+        if self.engine is not None:
+            cost += self.engine.cost(plan)
         return policy, state, prep + cost
+
+    def _resident(self, plan: Plan, state: dict[str, torch.Tensor]) -> contextlib.AbstractContextManager[object]:
+        """The plan's tensors swapped into the model (and its inputs quantized) while the simulation predicts;
+        nothing to swap when an engine scores it."""
+        if self.engine is not None:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.workload.state(state))
+        stack.enter_context(self.states.activation_quant(plan))
+        return stack
 
     def _predict(self, plan: Plan, x: torch.Tensor, policy: Route | None) -> Predictions:
         """Predictions for `x` and, with a route, the exit each sample left at."""
         if policy is not None:
             return self.routes.predict(policy, x)
-        logits = self.workload.logits(x)
+        logits = self.workload.logits(x) if self.engine is None else self.engine.logits(plan, x)
         if not torch.isfinite(logits).all():
             raise TrialError(f"plan {plan.key} gives non-finite outputs")
         return logits.argmax(dim=1), None

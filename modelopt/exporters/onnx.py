@@ -9,19 +9,24 @@ and 5..7 to 8, ONNX having no narrower type ONNX Runtime runs). Group scales use
 blocked DequantizeLinear over the weight flattened to (out channels, fan-in), reshaped back for
 the Conv. Batch norms are folded into their convs, each channel's factor going into its scale.
 
-With ``activations=True`` every activation around a Conv/Gemm/Add (but the network input, by
-default) gets a uint8 QDQ pair whose range is calibrated on the workload's calib split (min/max or
-percentile). ONNX Runtime's CPU provider then fuses int8-weight layers into QLinearConv /
-QLinearAdd (integer kernels; see `fused_op_counts`); int4 and group-scaled layers run as
-DequantizeLinear + float Conv, the activation QDQ still simulating 8-bit activations
-(``widen_int4=True`` stores them as int8 so per-channel ones fuse too).
+Activations (``activations``): ``"plan"`` (the default) puts a uint8 QDQ pair on the activations around
+the layers whose inputs the plan quantizes (a quantize choice with ``activations: 8``: the layers it runs
+as integer kernels), and around an Add whose inputs are all quantized; ``True`` (``"all"``) around every
+Conv/Gemm/Add (but the network input, by default); ``False`` on none. Ranges are calibrated on the float
+model over the workload's calib split (min/max or percentile), once per workload and setting. ONNX
+Runtime's CPU provider then fuses int8-weight layers with quantized activations into QLinearConv /
+QLinearAdd (integer kernels; see `fused_op_counts`); a layer with float activations runs as
+DequantizeLinear + float Conv (slower than the float model: the weights are dequantized on every call);
+int4 and group-scaled layers do too (``widen_int4=True`` stores them as int8 so per-channel ones fuse).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import tempfile
 import warnings
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,11 +48,13 @@ from modelopt.exporters.onnx_qdq import (
     fold_batchnorm,
     tensor_proto,
 )
+from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
 
 OPSET = 21  # int4 and blocked (group) DequantizeLinear
 IR_VERSION = 10
 CALIBRATIONS = ("minmax", "percentile")
+ACTIVATION_MODES = ("plan", "all", "none")
 INTEGER_KERNELS = ("QLinearConv", "QLinearAdd", "ConvInteger", "MatMulInteger", "QGemm", "QLinearMatMul",
                    "QLinearGlobalAveragePool", "DynamicQuantizeLinear")
 
@@ -71,7 +78,7 @@ def export_onnx(
     plan: Plan,
     path: str | Path,
     *,
-    activations: bool = True,
+    activations: bool | str = "plan",
     calibration: str = "minmax",
     percentile: float = 99.99,
     calib_samples: int = 512,
@@ -85,8 +92,9 @@ def export_onnx(
         plan: the plan to export: any compressors' choices but early exits (a graph has no
             data-dependent return; export those with `export_packed`).
         path: the .onnx file to write.
-        activations: quantize activations to uint8 (calibrated) so ONNX Runtime runs integer kernels;
-            False writes weight-only quantization (float activations).
+        activations: which activations get a uint8 QDQ pair (calibrated), so ONNX Runtime runs integer
+            kernels there: ``"plan"``, those of the layers whose inputs the plan quantizes; ``True`` or
+            ``"all"``, every one; False, none (weight-only quantization, float activations).
         calibration: ``minmax`` or ``percentile`` activation ranges.
         percentile: the tail percentile for ``percentile`` calibration.
         calib_samples: calib-split images the ranges are measured on.
@@ -104,33 +112,55 @@ def export_onnx(
         >>> info = export_onnx(ev, ev.space.load_plan("best_plan.yaml"), "r20.onnx")
         >>> run_onnx(info.path, x).argmax(1)
     """
-    _check(evaluator, plan, calibration, calib_samples, percentile)
+    model, info = onnx_model(evaluator, plan, activations=activations, calibration=calibration, percentile=percentile,
+                             calib_samples=calib_samples, quantize_input=quantize_input, widen_int4=widen_int4)
     import onnx
-    from onnx import version_converter
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_atomic(path, lambda f: onnx.save(model, f))  # never half a model on a failed write
+    return dataclasses.replace(info, path=path)
+
+
+def onnx_model(
+    evaluator: Evaluator,
+    plan: Plan,
+    *,
+    activations: bool | str = "plan",
+    calibration: str = "minmax",
+    percentile: float = 99.99,
+    calib_samples: int = 512,
+    quantize_input: bool = False,
+    widen_int4: bool = False,
+) -> tuple[Any, OnnxExport]:
+    """The ONNX model `export_onnx` writes (an `onnx.ModelProto`) and what it holds (`path`: none yet)."""
+    _check(evaluator, plan, calibration, calib_samples, percentile)
+    mode = {True: "all", False: "none"}.get(activations, activations) if isinstance(activations, bool) else activations
+    if mode not in ACTIVATION_MODES:
+        raise ConfigError(f"unknown activations {activations!r}; valid: {', '.join(ACTIVATION_MODES)}")
+    import onnx
 
     forms = layer_forms(evaluator, plan)
-    exported = version_converter.convert_version(_torch_export(evaluator, plan), OPSET)
+    exported = version_converter_convert(_torch_export(evaluator, plan))
     graph = Graph(exported)
     factors = fold_batchnorm(graph)
     missing = [layer for layer in forms if f"{layer}.weight" not in graph.inits]
     if missing:
         raise ConfigError(f"layer {missing[0]!r} has no weight initializer in the exported graph; cannot export it")
     qparams: dict[str, QParams] = {}
-    if activations:
-        calib_x = evaluator.workload.split("calib").x[:calib_samples].cpu().numpy()
-        qparams = _activation_qparams(graph, exported, calib_x, calibration, percentile, quantize_input)
+    layers = None if mode == "all" else set(evaluator.states.input_qparams(plan)[0]) if mode == "plan" else set()
+    if layers is None or layers:
+        qparams = _activation_qparams(evaluator, graph, exported, layers, _Calibration(calibration, percentile,
+                                      calib_samples), quantize_input)
     weights = _Weights(graph, factors, qparams, widen_int4)
     for layer, form in forms.items():
         weights.add(layer, form)
     model = _model(graph, exported, _with_qdq(graph, qparams, weights.front, weights.extra), weights.inits,
                    weights.extra)
     onnx.checker.check_model(model)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_atomic(path, lambda f: onnx.save(model, f))  # never half a model on a failed write
     counts = weights.counts
-    return OnnxExport(path, OPSET, counts["int8"], counts["int4"], counts["float"], tuple(weights.widened),
-                      len(qparams), calibration if activations else None)
+    return model, OnnxExport(Path(), OPSET, counts["int8"], counts["int4"], counts["float"], tuple(weights.widened),
+                             len(qparams), calibration if qparams else None)
 
 
 def _check(evaluator: Evaluator, plan: Plan, calibration: str, calib_samples: int, percentile: float) -> None:
@@ -144,14 +174,48 @@ def _check(evaluator: Evaluator, plan: Plan, calibration: str, calib_samples: in
         raise ConfigError(f"percentile must be in (50, 100], got {percentile!r}")
 
 
-def _activation_qparams(graph: Graph, exported: Any, calib_x: np.ndarray, calibration: str, percentile: float,
-                        quantize_input: bool) -> dict[str, QParams]:
-    """uint8 QDQ parameters of every activation to quantize, from ranges on the calibration images."""
-    source = activation_tensors(graph)
-    batches = (calib_x[i : i + 128] for i in range(0, len(calib_x), 128))
-    ranges = calibrate(_model(graph, exported, []), set(source.values()), batches, calibration, percentile)
+@dataclass(frozen=True)
+class _Calibration:
+    method: str
+    percentile: float
+    samples: int
+
+
+# Activation ranges in the float model, per workload and calibration: measured once, shared by every export.
+_RANGES: weakref.WeakKeyDictionary[Workload, dict[_Calibration, dict[str, tuple[float, float]]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _activation_qparams(evaluator: Evaluator, graph: Graph, exported: Any, layers: set[str] | None,
+                        calib: _Calibration, quantize_input: bool) -> dict[str, QParams]:
+    """uint8 QDQ parameters of the activations to quantize (`layers`: around those; None: every one), from
+    their ranges on the calibration images in the float model. The ranges are measured once per workload
+    and calibration (the float graph's tensors keep their names in every plan's graph) and cached there."""
+    source = activation_tensors(graph, layers)
+    ranges = _RANGES.setdefault(evaluator.workload, {}).setdefault(calib, {})
+    missing = set(source.values()) - set(ranges)
+    if missing:
+        float_graph = Graph(version_converter_convert(_torch_export(evaluator, evaluator.space.plan())))
+        fold_batchnorm(float_graph)
+        every = set(activation_tensors(float_graph).values()) | missing
+        calib_x = evaluator.workload.split("calib").x[: calib.samples].cpu().numpy()
+        batches = (calib_x[i : i + 128] for i in range(0, len(calib_x), 128))
+        known = {t for t in every if any(t in n.output for n in float_graph.nodes) or t in float_graph.inputs}
+        ranges.update(calibrate(_model(float_graph, float_graph.model, []), known, batches, calib.method,
+                                calib.percentile))
+        if missing - set(ranges):  # a tensor only this plan's graph has: calibrated on it
+            batches = (calib_x[i : i + 128] for i in range(0, len(calib_x), 128))
+            ranges.update(calibrate(_model(graph, exported, []), missing - set(ranges), batches, calib.method,
+                                    calib.percentile))
     return {t: QParams.from_range(*ranges[root]) for t, root in source.items()
             if quantize_input or t not in graph.inputs}
+
+
+def version_converter_convert(model: Any) -> Any:
+    """`model` at the export's opset."""
+    from onnx import version_converter
+
+    return version_converter.convert_version(model, OPSET)
 
 
 class _Weights:

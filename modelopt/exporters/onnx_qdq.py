@@ -11,7 +11,7 @@ tensor reuse its scale, so re-quantizing them loses nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -110,8 +110,13 @@ def fold_batchnorm(graph: Graph) -> dict[str, np.ndarray]:
     return factors
 
 
-def activation_tensors(graph: Graph) -> dict[str, str]:
-    """The activations to quantize, each mapped to the tensor whose range sets its scale."""
+def activation_tensors(graph: Graph, layers: Collection[str] | None = None) -> dict[str, str]:
+    """The activations to quantize, each mapped to the tensor whose range sets its scale.
+
+    `layers`: only around these layers' Conv/Gemm/MatMul nodes (found by their weight initializer,
+    ``<layer>.weight``), and around an Add whose data inputs are all quantized already (so it runs as an
+    integer Add too); None: around every such node.
+    """
     producer, consumers = graph.producer(), graph.consumers()
     needed: dict[str, None] = {}
     for n in graph.nodes:
@@ -120,6 +125,8 @@ def activation_tensors(graph: Graph) -> dict[str, str]:
         data_inputs = [i for i in (n.input[:1] if n.op_type in ("Conv", "Gemm") else n.input)
                        if i and i not in graph.inits]
         if not all(_is_float_activation(i, producer) for i in data_inputs):
+            continue
+        if layers is not None and not _chosen(n, data_inputs, layers, needed, producer):
             continue
         for i in data_inputs:
             needed[i] = None
@@ -141,6 +148,20 @@ def activation_tensors(graph: Graph) -> dict[str, str]:
         source[t] = root
         source.setdefault(root, root)
     return source
+
+
+def _chosen(node: Any, data_inputs: list[str], layers: Collection[str], needed: Mapping[str, None],
+            producer: Mapping[str, Any]) -> bool:
+    """Whether `node` runs integer in a plan whose integer layers are `layers` (nodes come in graph order)."""
+    if node.op_type != "Add":
+        return any(w.endswith(".weight") and w[: -len(".weight")] in layers for w in node.input[1:2])
+
+    def quantized(t: str) -> bool:  # the tensor, or what a data-movement op derived it from, is quantized
+        while t not in needed and t in producer and producer[t].op_type in PRESERVING_OPS:
+            t = producer[t].input[0]
+        return t in needed
+
+    return bool(data_inputs) and all(quantized(i) for i in data_inputs)
 
 
 def _is_float_activation(name: str, producer: Mapping[str, Any]) -> bool:

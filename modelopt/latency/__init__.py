@@ -1,12 +1,18 @@
-"""Measured latency, with the device and backend named (DESIGN.md, latency_ms).
+"""Measured latency, with the device, engine, precision and batch named (DESIGN.md, latency_ms).
 
-- `measure`: one module's median batch latency on a backend (`torch_latency`, `onnx_latency`).
-- `spec`: `LatencySpec`, how a run measures (backend, batch size, threads, repeats).
-- `plan`: `PlanLatency`, the latency of a plan as it deploys, measured once per distinct plan
-  (import it from `modelopt.latency.plan`: it exports plans to ONNX, so this package does not load it).
+- `measure`: one module's or ONNX file's median batch latency (`torch_latency`, `onnx_latency`).
+- `engine`: the engines a plan deploys in, as plugins (`ENGINES`: ``torch``, ``onnxruntime``, ``openvino``),
+  each building, running and timing a plan (`engine_torch`, `engine_onnx`).
+- `spec`: `LatencySpec`, how a run measures (engine, batch size, threads, repeats).
+- `plan`: `PlanLatency`, a run's plans built in its engine, scored there when its answers can differ from
+  the PyTorch simulation, and timed once per distinct graph (import it from `modelopt.latency.plan`).
+- `model`: the latency cost model the strategies' priors read (per layer and choice, refined by trials).
 """
 
-from modelopt.latency.measure import BACKENDS, Latency, measure_latency, onnx_latency, torch_latency
+from modelopt.latency import engine_onnx, engine_torch  # noqa: F401 -- they register the engines
+from modelopt.latency.engine import ENGINES, Compiled, Engine
+from modelopt.latency.measure import Latency, measure_latency, onnx_latency, torch_latency
 from modelopt.latency.spec import LatencySpec
 
-__all__ = ["BACKENDS", "Latency", "LatencySpec", "measure_latency", "onnx_latency", "torch_latency"]
+__all__ = ["ENGINES", "Compiled", "Engine", "Latency", "LatencySpec", "measure_latency", "onnx_latency",
+           "torch_latency"]

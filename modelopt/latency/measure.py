@@ -24,8 +24,6 @@ from torch import nn
 
 from modelopt.errors import ConfigError
 
-BACKENDS = ("torch", "onnxruntime")
-
 
 @dataclass(frozen=True)
 class Latency:
@@ -46,14 +44,14 @@ class Latency:
                 f"{self.threads} threads, median of {self.repeats})")
 
 
-def _check(batch_size: int, threads: int, warmup: int, repeats: int) -> None:
+def check_protocol(batch_size: int, threads: int, warmup: int, repeats: int) -> None:
     for name, v, low in (("batch_size", batch_size, 1), ("threads", threads, 1), ("warmup", warmup, 0),
                          ("repeats", repeats, 1)):
         if not isinstance(v, int) or isinstance(v, bool) or v < low:
             raise ConfigError(f"latency: {name} must be an integer >= {low}, got {v!r}")
 
 
-def _time(run: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
+def time_runs(run: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
     for _ in range(warmup):
         run()
     times = []
@@ -64,7 +62,7 @@ def _time(run: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
     return times
 
 
-def _record(times: list[float], batch_size: int, backend: str, device: str, threads: int, warmup: int) -> Latency:
+def record(times: list[float], batch_size: int, backend: str, device: str, threads: int, warmup: int) -> Latency:
     return Latency(statistics.median(times), batch_size, backend, device, threads, len(times), warmup,
                    min(times), max(times))
 
@@ -98,9 +96,9 @@ def torch_latency(
     Example:
         >>> torch_latency(model, wl.split("val").x, batch_size=64, threads=2).median_ms
     """
-    _check(batch_size, threads, warmup, repeats)
+    check_protocol(batch_size, threads, warmup, repeats)
     dev = torch.device(device)
-    x = _batch(example.detach(), batch_size).to(dev, torch.float32)
+    x = batch_of(example.detach(), batch_size).to(dev, torch.float32)
     model = model.to(dev).eval()
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -116,14 +114,14 @@ def torch_latency(
                     if dev.type == "cuda":
                         torch.cuda.synchronize(dev)
 
-                times = [t / len(batches) for t in _time(one_pass, 1, max(3, repeats // 10))]
+                times = [t / len(batches) for t in time_runs(one_pass, 1, max(3, repeats // 10))]
             elif dev.type == "cuda":
                 times = _cuda_times(model, x, warmup, repeats)
             else:
-                times = _time(lambda: model(x), warmup, repeats)
+                times = time_runs(lambda: model(x), warmup, repeats)
     finally:
         torch.set_num_threads(old_threads)
-    return _record(times, batch_size, "torch", str(dev), threads, warmup)
+    return record(times, batch_size, "torch", str(dev), threads, warmup)
 
 
 def _cuda_times(model: nn.Module, x: torch.Tensor, warmup: int, repeats: int) -> list[float]:
@@ -165,7 +163,7 @@ def onnx_latency(
     """
     import onnxruntime as ort
 
-    _check(batch_size, threads, warmup, repeats)
+    check_protocol(batch_size, threads, warmup, repeats)
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.intra_op_num_threads = threads
@@ -174,10 +172,10 @@ def onnx_latency(
     source = model if isinstance(model, bytes) else str(model)
     sess = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
     ex = torch.as_tensor(example) if isinstance(example, np.ndarray) else example.detach()
-    x = np.ascontiguousarray(_batch(ex, batch_size).cpu().numpy(), dtype=np.float32)
+    x = np.ascontiguousarray(batch_of(ex, batch_size).cpu().numpy(), dtype=np.float32)
     feed = {sess.get_inputs()[0].name: x}
-    times = _time(lambda: sess.run(None, feed), warmup, repeats)
-    return _record(times, batch_size, "onnxruntime", "cpu", threads, warmup)
+    times = time_runs(lambda: sess.run(None, feed), warmup, repeats)
+    return record(times, batch_size, "onnxruntime", "cpu", threads, warmup)
 
 
 def measure_latency(
@@ -208,10 +206,10 @@ def measure_latency(
         if device != "cpu":
             raise ConfigError(f"backend 'onnxruntime' runs on the cpu here, got device {device!r}")
         return onnx_latency(model, example, batch_size=batch_size, threads=threads, warmup=warmup, repeats=repeats)
-    raise ConfigError(f"unknown latency backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    raise ConfigError(f"unknown latency backend {backend!r}; valid: torch, onnxruntime")
 
 
-def _batch(x: torch.Tensor, batch_size: int) -> torch.Tensor:
+def batch_of(x: torch.Tensor, batch_size: int) -> torch.Tensor:
     if x.dim() == 3:
         x = x.unsqueeze(0)
     if x.shape[0] >= batch_size:

@@ -1,71 +1,127 @@
-"""Measured latency of a plan, once per distinct plan, on a named backend.
+"""A run's plans in the engine it measures latency in: built once per plan, scored there when the engine's
+answers can differ from the PyTorch simulation, timed once per distinct graph.
 
-- ``torch``: the module the plan deploys as (`Evaluator.deployable`: structurally pruned
-  channels physically removed, an `EarlyExitNet` that returns at the first confident exit).
-  Weight-only quantization is simulated there (dequantized float weights, float kernels), so
-  this backend shows what pruning or early exit change, not integer kernels.
-- ``onnxruntime``: the plan exported to ONNX with QuantizeLinear/DequantizeLinear
-  (modelopt.exporters.onnx), run by ONNX Runtime's CPU integer kernels.
+- ``torch`` on the CPU: the plan's deployable module (pruned channels removed, exits that return) in
+  float32: the simulation itself, so plans are scored as always and only timed here.
+- ``onnxruntime``, ``openvino`` (and ``torch`` on a GPU, in half precision): the engine computes something
+  else than the simulation (integer kernels where the plan quantizes activations, half precision), so the
+  run scores every plan in the engine (`modelopt.evaluation.scorer.Scorer.engine`): what it certifies is what
+  deploys. Building a plan (export and the engine's compilation) is charged to the budget, in full val
+  evaluations (its seconds over the seconds the engine takes for the float model on val), once per plan.
 
-The metric's name carries the backend and device (`latency_backend`, e.g.
-``onnxruntime/cpu/b1``), so numbers from different runtimes are never compared as one.
+The metric's name carries the engine, device, precision and batch (`latency_backend`, e.g.
+``onnxruntime/cpu/fp32/b1``), so numbers from different runtimes are never compared as one.
 """
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
+import time
+from collections import OrderedDict
 
-from modelopt.errors import ConfigError
+import torch
+
+from modelopt.errors import TrialError
 from modelopt.evaluation.evaluator import Evaluator
-from modelopt.exporters.onnx import export_onnx
-from modelopt.latency.measure import Latency, onnx_latency, torch_latency
+from modelopt.latency.engine import ENGINES, Compiled
+from modelopt.latency.measure import Latency
+from modelopt.latency.model import LatencyModel
 from modelopt.latency.spec import LatencySpec
 from modelopt.plan.plan import Plan
 
+__all__ = ["PlanLatency"]
+
+KEEP_BUILT = 4  # plans kept built: a trial's, and the plans confirmation and the test re-scoring come back to
+
 
 class PlanLatency:
-    """Measures and caches plan latencies for one evaluator.
+    """Builds, scores with and times a run's plans in its engine.
 
     Example:
-        >>> lat = PlanLatency(evaluator, LatencySpec("torch", batch_size=64))
+        >>> lat = PlanLatency(evaluator, LatencySpec("onnxruntime", batch_size=64))
         >>> lat.measure(plan).median_ms, lat.reference().median_ms
+        >>> lat.logits(plan, x)            # the engine's answers
     """
 
     def __init__(self, evaluator: Evaluator, spec: LatencySpec | None = None) -> None:
         self.evaluator = evaluator
         self.spec = spec or LatencySpec()
-        self._cache: dict[str, Latency] = {}
-        wl = evaluator.workload
-        if self.spec.backend == "onnxruntime" and wl.device.type != "cpu":
-            raise ConfigError(f"latency backend 'onnxruntime' runs on the cpu; the workload is on {wl.device}")
-        self.device = "cpu" if self.spec.backend == "onnxruntime" else str(wl.device)
+        self.engine = ENGINES.get(self.spec.backend)()
+        self.device = self.engine.device(evaluator)
+        self.scores = self.engine.scores_on(evaluator)  # the run scores its plans here
+        self._built: OrderedDict[str, Compiled] = OrderedDict()
+        self._timed: dict[str, Latency] = {}
+        self._charged: set[str] = set()
+        self._val_seconds: float | None = None
+        self.build_seconds = 0.0  # wall seconds building plans took in this process
+        self.model = LatencyModel(evaluator.space)  # fitted on every plan measured (`measure`)
 
     @property
     def name(self) -> str:
-        return self.spec.name(self.device)
+        precision = "fp16" if self.engine.name == "torch" and self.device.startswith("cuda") else "fp32"
+        return self.spec.name(self.device, precision)
+
+    def compiled(self, plan: Plan) -> Compiled:
+        """The plan as the engine runs it (built on first use; the last `KEEP_BUILT` plans are kept).
+
+        Raises:
+            ConfigError: the engine cannot build it (one line naming the layer and the engine's limit), or it
+                routes samples and the engine runs a static graph.
+        """
+        if plan.key in self._built:
+            self._built.move_to_end(plan.key)
+            return self._built[plan.key]
+        if self.engine.static:
+            self.evaluator.routes.refuse_static(plan, f"latency backend {self.engine.name!r}", "use --latency torch")
+        built = self.engine.compile(self.evaluator, plan, self.spec)
+        self.build_seconds += built.seconds
+        self._built[plan.key] = built
+        while len(self._built) > KEEP_BUILT:
+            self._built.popitem(last=False)
+        return built
 
     def reference(self) -> Latency:
         """The uncompressed model's latency, measured the same way."""
         return self.measure(self.evaluator.space.plan())
 
     def measure(self, plan: Plan) -> Latency:
-        if plan.key not in self._cache:
-            self._cache[plan.key] = self._measure(plan)
-        return self._cache[plan.key]
+        """The plan's median batch latency (plans that build to the same graph share one measurement)."""
+        built = self.compiled(plan)
+        if built.key not in self._timed:
+            x = self.evaluator.workload.split("val").x
+            self._timed[built.key] = built.time(x)
+        latency = self._timed[built.key]
+        self.model.observe(plan, latency.median_ms)
+        return latency
 
-    def _measure(self, plan: Plan) -> Latency:
-        s, wl = self.spec, self.evaluator.workload
-        x = wl.split("val").x
-        if s.backend == "torch":
-            # What the plan deploys as: structurally pruned channels removed, exits that really return.
-            model = self.evaluator.states.deployable(plan)
-            return torch_latency(model, x, batch_size=s.batch_size, device=wl.device, threads=s.threads,
-                                 warmup=s.warmup, repeats=s.repeats,
-                                 varying=self.evaluator.routes.route(plan) is not None)
-        self.evaluator.routes.refuse_static(plan, "latency backend 'onnxruntime'", "use the torch backend")
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "plan.onnx"
-            export_onnx(self.evaluator, plan, path)
-            return onnx_latency(path, x.cpu(), batch_size=s.batch_size, threads=s.threads, warmup=s.warmup,
-                                repeats=s.repeats)
+    def priors(self) -> None:
+        """The strategies' per-choice latency estimates (`ChoiceFeatures.latency`), from the latency model fitted
+        on the no-search plans (float, and each uniform anchor the menus offer), measured here; building them
+        is charged when they are scored (they are the run's first trials)."""
+        space = self.evaluator.space
+        for plan in dict.fromkeys((space.plan(), *space.anchors((8,)), *space.anchors((8,), act_bits=8))):
+            self.measure(plan)
+        self.model.apply()
+
+    def logits(self, plan: Plan, x: torch.Tensor) -> torch.Tensor:
+        """The engine's logits for `plan` on `x`; TrialError when they are not finite."""
+        out = self.compiled(plan).run(x)
+        if not torch.isfinite(out).all():
+            raise TrialError(f"plan {plan.key} gives non-finite outputs in {self.engine.name}")
+        return out
+
+    def cost(self, plan: Plan) -> float:
+        """Budget building `plan` costs now, in full val evaluations: its seconds over the seconds the engine
+        takes to score the float model on val (measured once); 0 after the first time."""
+        if plan.key in self._charged:
+            return 0.0
+        built = self.compiled(plan)
+        self._charged.add(plan.key)
+        return built.seconds / self._val_pass_seconds()
+
+    def _val_pass_seconds(self) -> float:
+        if self._val_seconds is None:
+            reference = self.compiled(self.evaluator.space.plan())
+            t0 = time.perf_counter()
+            reference.run(self.evaluator.workload.split("val").x)
+            self._val_seconds = max(time.perf_counter() - t0, 1e-3)
+        return self._val_seconds

@@ -35,6 +35,7 @@ class ChoiceFeatures:
     macs: int  # the layer's multiply-accumulates per sample, less what the choice saves (an estimate)
     error: float  # relative squared error of the weight, or of the layer's output (Evaluator.measure_errors)
     act_bits: int = 32  # bits of the layer's input activations (32 = float)
+    latency: float = math.nan  # estimated ms per batch it costs in the run's engine (`modelopt.latency.model`)
 
 
 class SearchSpace:
@@ -111,24 +112,27 @@ class SearchSpace:
                 chosen[d.name] = d.choices[min(ok)[3]]
         return self.plan(chosen)
 
-    def anchors(self, widths: Sequence[int] = ANCHOR_BITS) -> tuple[Plan, ...]:
+    def anchors(self, widths: Sequence[int] = ANCHOR_BITS, act_bits: int = 32) -> tuple[Plan, ...]:
         """The uniform plans every run scores beside its search, safest first: `anchor()` (INT8), then
         each narrower width of `widths` the menus offer, every layer that offers it at that width with
         the fewest bytes (per channel rather than group-wise scales) and, among those, the smallest
         error (GPTQ codes where offered), every other decision off. A search that reports less than
         a confirmed anchor has failed, and confirmation tests them first (`modelopt.run.confirm`).
 
+        `act_bits` < 32: the plans with inputs quantized to that width too (integer kernels), at each of
+        `widths` (the INT8 anchor not first).
+
         Example:
             >>> len(space.anchors())  # INT8, INT4 and INT3 per channel, when quantize offers them
             3
         """
-        plans = [self.anchor()] if self.decisions else []
+        plans = [self.anchor()] if self.decisions and act_bits == 32 else []
         for width in widths:
             chosen = {}
             for d in self.decisions:
                 feats = self.features[d.name]
                 ok = [(f.bytes, f.error, i) for i, (c, f) in enumerate(zip(d.choices, feats, strict=True))
-                      if c is not None and f.bits == width and f.act_bits == 32]
+                      if c is not None and f.bits == width and f.act_bits == act_bits]
                 if ok:
                     chosen[d.name] = d.choices[min(ok)[2]]
             plan = self.plan(chosen)

@@ -29,6 +29,7 @@ from modelopt.latency.plan import PlanLatency
 from modelopt.objective import Objective, Target, best_of
 from modelopt.plan.plan import Plan
 from modelopt.run.confirm import Confirmation, confirm, finalists
+from modelopt.run.deployed import check_deployed
 from modelopt.run.journal import Journal, Record, write_json_atomic
 from modelopt.run.layout import BEST_PLAN, CONFIG, JOURNAL, STATE, STATE_NEXT, SUMMARY
 from modelopt.run.lock import RunLock, lock_run_folder
@@ -38,6 +39,7 @@ from modelopt.search._base import Strategy
 __all__ = ["MAX_IDLE_ASKS", "RunResult", "Runner", "free_cuda_memory"]
 
 MAX_IDLE_ASKS = 2000  # consecutive already-seen plans before the space counts as exhausted
+REFIT_EVERY = 10  # latency measurements between refits of the strategies' latency priors
 
 
 @dataclass(frozen=True)
@@ -222,9 +224,13 @@ class Runner:
 
     def _with_latency(self, metrics: Metrics, plan: Plan) -> Metrics:
         assert self.latency is not None
-        return dataclasses.replace(metrics, latency_ms=self.latency.measure(plan).median_ms,
-                                   latency_backend=self.latency.name,
-                                   float_latency_ms=self.latency.reference().median_ms)
+        out = dataclasses.replace(metrics, latency_ms=self.latency.measure(plan).median_ms,
+                                  latency_backend=self.latency.name,
+                                  float_latency_ms=self.latency.reference().median_ms)
+        if self.objective.target is Target.LATENCY and len(self.latency.model.ms) % REFIT_EVERY == 0:
+            self.latency.model.apply()  # the latency model refitted on the trials measured so far
+            self.strategy.costs_changed()
+        return out
 
     def _record(self, trial: Trial, in_flight: tuple[Plan, ...] = ()) -> None:
         self.trials.append(trial)
@@ -283,7 +289,7 @@ class Runner:
         before any strategy asks: the no-search answers the search must beat, told to every strategy like
         its own trials, and the plans confirmation tests first. A run resumed before they were all
         scored scores the rest; a run whose search had begun (or under point estimates) scores none."""
-        anchors = self.space.anchors() if self.objective.confidence > 0 else ()
+        anchors = self.objective.anchors(self.space) if self.objective.confidence > 0 else ()
         keys = {plan.key for plan in anchors}
         if any(t.plan.key not in keys for t in self.trials):
             return
@@ -353,14 +359,23 @@ class Runner:
 
     # ---- the end: re-score on test, write the run folder ----------------------------------
 
+    def _reportable(self, best: Trial, confirmation: Confirmation) -> list[Trial]:
+        """`best`, then the other confirmed plans from the best objective value on: what may be reported."""
+        held = [t for (t, _), ok in zip(confirmation.finalists, confirmation.verdicts, strict=False)
+                if ok and t.plan.key != best.plan.key]
+        return [best, *sorted(held, key=lambda t: self.objective.value(t.scored))]
+
     def _finish(self, search_wall: float) -> RunResult:
-        anchor_keys = [p.key for p in self.space.anchors()] if self.objective.confidence > 0 else []
+        anchor_keys = [p.key for p in self.objective.anchors(self.space)] if self.objective.confidence > 0 else []
         final = finalists(self.trials, self.objective, anchor_keys)
         search_best, front = final.search_best, list(final.front)
         confirmation = confirm(self.evaluator, self.objective, list(final.candidates), final.anchors, self.trials)
         # With a confirm split the reported best is the smallest plan it confirmed; without one (or
         # with one too small to certify the floor), the search's best on the val bound, unconfirmed.
         best = confirmation.best if confirmation.usable else search_best
+        deployed = None
+        if best is not None and self.latency is not None:  # deployed equals certified, or the next plan is
+            best, deployed = check_deployed(self.latency, self._reportable(best, confirmation))
         # The anchors are re-scored on test too: every result stands beside the no-search answers.
         to_score = {t.plan.key: t for t in ([best] if best else []) + ([search_best] if search_best else []) + front
                     + list(final.anchors)}
@@ -375,7 +390,7 @@ class Runner:
             evaluator=self.evaluator, objective=self.objective, config=self.config, run_dir=self.run_dir,
             budget=self.budget, trials=self.trials, best=best, search_best=search_best, confirmation=confirmation,
             test=test_metrics, pareto=front, anchors=final.anchors, search_wall=search_wall,
-            eval_seconds=self.eval_seconds)
+            eval_seconds=self.eval_seconds, deployed=deployed)
         write_json_atomic(self.run_dir / SUMMARY, summary.to_json())
         confirmed = {t.plan.key: m for t, m in confirmation.finalists}
         return RunResult(self.run_dir, tuple(self.trials), best, best_test, pareto, self.spent, summary,

@@ -23,6 +23,7 @@ from modelopt.evaluation.trial import Trial
 from modelopt.objective import Objective, Target
 from modelopt.plan.space import SearchSpace
 from modelopt.run.confirm import Confirmation
+from modelopt.run.deployed import Deployed
 from modelopt.run.journal import read_json
 from modelopt.run.layout import SUMMARY
 
@@ -200,6 +201,7 @@ class RunSummary:
     preparation: Preparation = Preparation()
     search_wall_seconds: float = 0.0
     eval_seconds_this_session: float = 0.0
+    deployed: Deployed | None = None  # the best plan built as deployed, against its certified answers
 
     @property
     def confirmed(self) -> bool:
@@ -231,6 +233,7 @@ class RunSummary:
             "preparation": self.preparation.to_json(),
             "search_wall_seconds": self.search_wall_seconds,
             "eval_seconds_this_session": self.eval_seconds_this_session,
+            **({} if self.deployed is None else {"deployed": self.deployed.to_json()}),
         }
 
     @classmethod
@@ -266,6 +269,7 @@ class RunSummary:
             preparation=Preparation(dict(prep.get("seconds") or {}), dict(prep.get("charged") or {})),
             search_wall_seconds=float(d.get("search_wall_seconds", 0.0)),
             eval_seconds_this_session=float(d.get("eval_seconds_this_session", 0.0)),
+            deployed=None if not d.get("deployed") else Deployed(**d["deployed"]),
         )
 
 
@@ -290,7 +294,7 @@ def summarize(
     *, evaluator: Evaluator, objective: Objective, config: RunConfig, run_dir: Path, budget: float,
     trials: Sequence[Trial], best: Trial | None, search_best: Trial | None, confirmation: Confirmation,
     test: Mapping[str, Metrics], pareto: Sequence[Trial], anchors: Sequence[Trial] = (), search_wall: float = 0.0,
-    eval_seconds: float = 0.0,
+    eval_seconds: float = 0.0, deployed: Deployed | None = None,
 ) -> RunSummary:
     """The summary of a finished run.
 
@@ -348,14 +352,23 @@ def summarize(
         preparation=Preparation(dict(evaluator.one_time.seconds), dict(evaluator.one_time.charged)),
         search_wall_seconds=search_wall,
         eval_seconds_this_session=eval_seconds,
+        deployed=deployed,
     )
 
 
 def _uniform_name(space: SearchSpace, trial: Trial) -> str:
-    """"INT4" for a plan whose compressed layers all store 4-bit weights."""
-    bits = {space.compressors[d.compressor].weight_bits(c) for d in space.decisions
-            if (c := trial.plan.get(d.name)) is not None}
-    return f"INT{bits.pop()}" if len(bits) == 1 else "mixed"
+    """"INT4" for a plan whose compressed layers all store 4-bit weights ("W8A8" with 8-bit inputs too),
+    "float" for the uncompressed model."""
+    chosen = [(space.compressors[d.compressor], c) for d in space.decisions
+              if (c := trial.plan.get(d.name)) is not None]
+    if not chosen:
+        return "float"
+    bits = {comp.weight_bits(c) for comp, c in chosen}
+    acts = {comp.activation_bits(c) for comp, c in chosen}
+    if len(bits) != 1:
+        return "mixed"
+    width = bits.pop()
+    return f"W{width}A{acts.pop()}" if len(acts) == 1 and 32 not in acts else f"INT{width}"
 
 
 def _json(record: Scores | PlanEntry | None) -> dict[str, Any] | None:

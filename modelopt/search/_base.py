@@ -57,6 +57,10 @@ class Strategy(ABC):
         """Takes estimated losses {(decision name, choice index): loss}; only strategies that want them."""
         raise NotImplementedError(f"strategy {self.name!r} takes no loss estimates")
 
+    def costs_changed(self) -> None:  # noqa: B027 -- optional: a strategy that prices nothing ignores it
+        """The space's per-choice cost estimates changed (the latency model was refitted on measured plans);
+        strategies that price choices with them read them again."""
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 

@@ -105,6 +105,11 @@ class KnapsackSearch(Strategy):
 
     # ---- the model of the objective --------------------------------------------------------
 
+    def costs_changed(self) -> None:
+        if self.objective.target is Target.LATENCY:
+            self._groups = self._build_groups()
+            self._forget()
+
     def _build_groups(self) -> list[tuple[list[int], list[tuple[int, ...]], np.ndarray]]:
         """Per layer: decision indices, option combinations, option costs."""
         by_key: dict[str, list[int]] = {}
@@ -122,6 +127,10 @@ class KnapsackSearch(Strategy):
         # Priced by the one cost accounting (modelopt.evaluation.cost), the layer alone: what its option
         # stores (the whole chain: pruned then quantized) and runs (structured pruning's MACs).
         choices = {d.name: d.choices[j] for d, j in zip(decs, opt, strict=True)}
+        if self.objective.target is Target.LATENCY:  # the latency model's estimates (modelopt.latency.model)
+            est = [self.space.features[d.name][j].latency for d, j in zip(decs, opt, strict=True)]
+            if all(math.isfinite(e) for e in est):
+                return float(sum(est))
         cost = self._costs.choice_cost(self.space.layers[decs[0].layer], choices)
         if self.objective.target is Target.BITOPS:
             return float(cost.bitops)

@@ -155,7 +155,18 @@ class MCTS(Strategy):
             node.prior = None
         self._fit()
 
+    def costs_changed(self) -> None:
+        """Prices the choices again (the decisions' order in the tree stays as it was)."""
+        if self.objective.target is not Target.LATENCY:
+            return
+        self.cost = [np.array([self._cost_of(f) for f in self.space.features[d.name]], dtype=float)
+                     for d in self.decisions]
+        for i in range(self.n_dec):
+            self._costmat[i, : len(self.cost[i])] = self.cost[i]
+
     def _cost_of(self, f: Any) -> float:
+        if self.objective.target is Target.LATENCY and math.isfinite(f.latency):
+            return float(f.latency)  # the latency model's estimate (modelopt.latency.model)
         if self.objective.target is Target.BITOPS:
             return float(f.macs * f.bits * f.act_bits)
         if self.objective.target is Target.MACS:

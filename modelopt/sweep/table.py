@@ -129,7 +129,7 @@ class _Scorer:
         """What a run stopped at `budget` would report (`modelopt.run.confirm`), or its val best without confirm."""
         ev = self.evaluator(model, cell.config)
         trials = [r.trial(ev.space) for r in cell.records_within(budget)]
-        keys = [p.key for p in ev.space.anchors()] if cell.objective.confidence else []
+        keys = [p.key for p in cell.objective.anchors(ev.space)] if cell.objective.confidence else []
         final = finalists(trials, cell.objective, keys)
         confirmation = confirm(ev, cell.objective, list(final.candidates), final.anchors, trials)
         best = confirmation.best if confirmation.split is not None else final.search_best

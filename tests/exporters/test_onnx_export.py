@@ -19,7 +19,7 @@ def _torch_logits(evaluator, plan, x):
 
 def test_int8_qdq_runs_integer_kernels_and_agrees(r20_evaluator, r20_plans, tmp_path):
     plan = r20_plans["int8_per_channel"]
-    info = export_onnx(r20_evaluator, plan, tmp_path / "int8.onnx")
+    info = export_onnx(r20_evaluator, plan, tmp_path / "int8.onnx", activations="all")
     model = onnx.load(info.path)
     onnx.checker.check_model(model, full_check=True)
     assert info.int8_layers == 20 and info.int4_layers == 0 and info.activation_tensors > 0
@@ -31,6 +31,22 @@ def test_int8_qdq_runs_integer_kernels_and_agrees(r20_evaluator, r20_plans, tmp_
     x = r20_evaluator.workload.split("val").x
     agreement = float((run_onnx(info.path, x).argmax(1) == _torch_logits(r20_evaluator, plan, x).argmax(1)).mean())
     assert agreement >= 0.995, agreement
+
+
+def test_the_plan_decides_which_layers_run_integer_kernels(r20_evaluator, r20_plans, tmp_path):
+    """By default the export quantizes activations exactly around the layers whose inputs the plan quantizes:
+    a weight-only plan stays float there (DequantizeLinear + float Conv), an integer-input plan fuses."""
+    weight_only = export_onnx(r20_evaluator, r20_plans["int8_per_channel"], tmp_path / "w8.onnx")
+    assert weight_only.activation_tensors == 0 and "QLinearConv" not in fused_op_counts(weight_only.path)
+    ev = r20_evaluator
+    stage3 = {n: {"quantize": {"bits": 8, "activations": 8}} for n in ev.space.layers if n.startswith("layer3")}
+    plan = ev.space.parse_plan({"default": {"quantize": {"bits": 8}}, "layers": stage3})
+    info = export_onnx(ev, plan, tmp_path / "w8a8.onnx")
+    ops = fused_op_counts(info.path)
+    assert ops.get("QLinearConv") == 6 and info.activation_tensors > 0, ops  # the six convs of stage 3 alone
+    x = ev.workload.split("val").x
+    agreement = float((run_onnx(info.path, x).argmax(1) == _torch_logits(ev, plan, x).argmax(1)).mean())
+    assert agreement >= 0.99, agreement
 
 
 def test_weight_only_int4_group_is_exact(r20_evaluator, r20_plans, tmp_path):

@@ -1,0 +1,89 @@
+"""The engines a plan is deployed in, as plugins: each builds ("compiles") a plan for itself, runs it and
+times it, with the device, engine, precision and batch named in the figure (DESIGN.md, latency_ms).
+
+Engines register by name (`ENGINES`, entry-point group ``modelopt.engines``): ``torch`` (the plan's
+deployable module; float32 on the CPU, half precision with CUDA graphs on a GPU), ``onnxruntime`` and
+``openvino`` (the plan exported to ONNX as `modelopt export --format onnx` writes it, integer kernels where
+the plan quantizes activations). An engine whose answers can differ from the PyTorch simulation (integer
+kernels, half precision) scores the plans of a run that measures latency in it (`Engine.scores`): what is
+certified is what the engine computes. TensorRT would be one more subclass (README, "Engines").
+
+Example:
+    >>> engine = ENGINES.get("onnxruntime")()
+    >>> built = engine.compile(evaluator, plan, LatencySpec("onnxruntime"))
+    >>> built.run(x).argmax(1), built.time(x).median_ms
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from modelopt._registry import Registry
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.latency.measure import Latency
+from modelopt.plan.plan import Plan
+
+if TYPE_CHECKING:  # the spec names an engine: it imports this module
+    from modelopt.latency.spec import LatencySpec
+
+__all__ = ["ENGINES", "Compiled", "Engine", "structure_key"]
+
+
+class Compiled(ABC):
+    """A plan as an engine runs it.
+
+    Attributes:
+        key: what the engine runs, without the weights' values (graph, shapes, dtypes): plans with the
+            same key run the same kernels and share one latency measurement.
+        seconds: wall seconds building it took (export and the engine's own compilation).
+        name: the latency figure's name: engine/device/precision/batch, e.g. ``onnxruntime/cpu/fp32/b1``.
+    """
+
+    key: str
+    seconds: float
+    name: str
+
+    @abstractmethod
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the plan on `x` (normalised NCHW images; any batch), float32 on the CPU."""
+
+    @abstractmethod
+    def time(self, x: torch.Tensor) -> Latency:
+        """Median batch latency on batches of `x`'s rows, as the spec the plan was built with says."""
+
+
+class Engine(ABC):
+    """Builds plans for one runtime (`compile`), on the device `device` picks for the workload."""
+
+    name: ClassVar[str]
+    # Its answers can differ from the PyTorch simulation (integer kernels, half precision): a run that
+    # measures latency in it scores its plans in it too (`modelopt.latency.plan.PlanLatency`).
+    scores: ClassVar[bool] = True
+    # It runs an exported graph, which has no data-dependent return: plans that route samples (early exit)
+    # cannot be built for it.
+    static: ClassVar[bool] = True
+
+    @abstractmethod
+    def compile(self, evaluator: Evaluator, plan: Plan, spec: LatencySpec) -> Compiled:
+        """`plan` applied to the evaluator's model, built for this engine. A plan the engine cannot build
+        raises ConfigError in one line naming the layer and the engine's limit."""
+
+    def device(self, evaluator: Evaluator) -> str:
+        """Where it runs plans of `evaluator`'s workload (default: the CPU)."""
+        return "cpu"
+
+    def scores_on(self, evaluator: Evaluator) -> bool:
+        """Whether its answers on this workload's device can differ from the PyTorch simulation."""
+        return self.scores
+
+
+ENGINES: Registry[type[Engine]] = Registry("latency engine", "modelopt.engines")
+
+
+def structure_key(*parts: object) -> str:
+    """A short hash of what an engine runs (graph structure, shapes, dtypes; never weight values)."""
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]

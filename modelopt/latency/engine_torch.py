@@ -1,0 +1,99 @@
+"""The ``torch`` engine: the module the plan deploys as (`CompressedStates.deployable`: structurally pruned
+channels physically removed, exits that really return). On the CPU it runs in float32 (weight-only
+quantization is simulated there: dequantized weights, float kernels); on a GPU in half precision, timed
+through a CUDA graph (one launch per batch) where the plan has no data-dependent return.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.latency.engine import ENGINES, Compiled, Engine, structure_key
+from modelopt.latency.measure import Latency, batch_of, check_protocol, record, torch_latency
+from modelopt.plan.plan import Plan
+
+if TYPE_CHECKING:
+    from modelopt.latency.spec import LatencySpec
+
+__all__ = ["Torch"]
+
+
+@ENGINES.register("torch")
+class Torch(Engine):
+    """PyTorch eager, on the workload's device: float32 on the CPU, float16 (and CUDA graphs) on CUDA."""
+
+    name = "torch"
+    static = False  # an early-exit module returns early: it runs here
+
+    def device(self, evaluator: Evaluator) -> str:
+        return str(evaluator.workload.device)
+
+    def scores_on(self, evaluator: Evaluator) -> bool:
+        return evaluator.workload.device.type == "cuda"  # half precision; on the CPU it is the simulation
+
+    def compile(self, evaluator: Evaluator, plan: Plan, spec: LatencySpec) -> Compiled:
+        t0 = time.perf_counter()
+        device = evaluator.workload.device
+        model = evaluator.states.deployable(plan).to(device).eval()
+        routed = evaluator.routes.route(plan) is not None
+        half = device.type == "cuda"
+        if half:
+            model = model.half()
+        key = structure_key([(k, tuple(v.shape), str(v.dtype)) for k, v in model.state_dict().items()], routed,
+                            str(device))
+        return _TorchCompiled(model, key, spec, device, half, routed, time.perf_counter() - t0)
+
+
+class _TorchCompiled(Compiled):
+    def __init__(self, model: nn.Module, key: str, spec: LatencySpec, device: torch.device, half: bool,
+                 routed: bool, seconds: float) -> None:
+        self.model, self.key, self.spec, self.device, self.half, self.routed = model, key, spec, device, half, routed
+        self.seconds = seconds
+        self.name = spec.name(str(device), "fp16" if half else "fp32")
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = torch.float16 if self.half else torch.float32
+        with torch.inference_mode():
+            out = [self.model(x[i : i + 256].to(self.device, dtype)).float().cpu() for i in range(0, len(x), 256)]
+        return torch.cat(out)
+
+    def time(self, x: torch.Tensor) -> Latency:
+        s = self.spec
+        if not self.half or self.routed:  # the CPU, or a module whose work depends on its input
+            return torch_latency(self.model, x.to(torch.float16) if self.half else x, batch_size=s.batch_size,
+                                 device=self.device, threads=s.threads, warmup=s.warmup, repeats=s.repeats,
+                                 varying=self.routed)
+        return _cuda_graph_latency(self.model, x, s, self.device)
+
+
+def _cuda_graph_latency(model: nn.Module, x: torch.Tensor, s: LatencySpec, device: torch.device) -> Latency:
+    """Median batch latency of one CUDA-graph replay (the batch captured once, in half precision)."""
+    check_protocol(s.batch_size, s.threads, s.warmup, s.repeats)
+    static_x = batch_of(x.detach(), s.batch_size).to(device, torch.float16)
+    stream = torch.cuda.Stream(device)
+    with torch.inference_mode():
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):  # warm-up on a side stream, as graph capture requires
+            for _ in range(max(3, s.warmup)):
+                model(static_x)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            model(static_x)
+        for _ in range(s.warmup):
+            graph.replay()
+        torch.cuda.synchronize(device)
+        times = []
+        for _ in range(s.repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(float(start.elapsed_time(end)))
+    return record(times, s.batch_size, "torch", str(device), s.threads, s.warmup)

@@ -1,0 +1,123 @@
+"""The latency cost model the strategies' priors read when the objective is measured latency.
+
+A layer costs its multiply-accumulates times a rate that depends on how the engine runs it: in float
+(no quantization), as integer kernels (8-bit weights and quantized inputs: QLinearConv in ONNX Runtime),
+or dequantized (quantized weights with float inputs, or weights under 5 bits: the engine turns them back
+into float on every call, then runs a float kernel, which costs more than float itself). A plan costs a
+fixed overhead plus the sum over its layers:
+
+    latency(plan) ~ overhead + sum_kind rate[kind] * MACs[kind](plan)
+
+The rates are fitted (least squares, non-negative) on the plans the run has measured: at the start the
+uniform anchors (float, INT8 with float inputs, INT8 with quantized inputs), then every trial's measured
+latency. Each choice's prior (`ChoiceFeatures.latency`) is its layer's MACs at the rate of the kind it
+selects; a pruning choice's is what its saved MACs cost at the float rate (negative: a saving).
+
+Example:
+    >>> model = LatencyModel(space)
+    >>> model.observe(space.plan(), 0.66); model.observe(int8_plan, 0.41)
+    >>> model.apply()                     # space.features[...].latency, in ms per batch
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from modelopt.plan.plan import Plan
+from modelopt.plan.space import ChoiceFeatures, SearchSpace
+
+__all__ = ["KINDS", "LatencyModel", "kind_of"]
+
+KINDS = ("float", "integer", "dequantized")
+INTEGER_BITS = range(5, 9)  # weight widths stored as int8 (5..8): integer kernels when the inputs are quantized
+
+
+def kind_of(f: ChoiceFeatures) -> str:
+    """How an engine runs a layer under a choice with these features."""
+    if f.bits >= 32:
+        return "float"
+    return "integer" if f.bits in INTEGER_BITS and f.act_bits < 32 else "dequantized"
+
+
+class LatencyModel:
+    """Per-kind rates (ms per MAC) and an overhead, fitted on measured plans of `space`."""
+
+    def __init__(self, space: SearchSpace) -> None:
+        self.space = space
+        self.rows: list[np.ndarray] = []  # [1, MACs float, MACs integer, MACs dequantized] per measured plan
+        self.ms: list[float] = []
+        self.coef: np.ndarray | None = None  # overhead, then one rate per kind
+
+    def features(self, plan: Plan) -> np.ndarray:
+        """[1, MACs run in float, as integer kernels, dequantized] of `plan` (a layer's MACs: its pruned
+        MACs, at the kind its quantization gives it)."""
+        out = np.zeros(1 + len(KINDS))
+        out[0] = 1.0
+        macs: dict[str, float] = {name: float(layer.macs) for name, layer in self.space.layers.items()}
+        kinds: dict[str, str] = dict.fromkeys(self.space.layers, "float")
+        for d in self.space.decisions:
+            choice = plan.get(d.name)
+            if choice not in d.choices:  # a plan from a file, with a choice the menu does not offer: unpriced
+                continue
+            f = self.space.features[d.name][d.choices.index(choice)]
+            layer = self.space.layers[d.layer]
+            macs[d.layer] -= layer.macs - f.macs  # what the choice saves (structured pruning)
+            if f.bits < 32:
+                kinds[d.layer] = kind_of(f)
+        for name, m in macs.items():
+            out[1 + KINDS.index(kinds[name])] += max(m, 0.0)
+        return out
+
+    def observe(self, plan: Plan, ms: float) -> None:
+        """A measured plan; the rates are refitted on every measured plan (`fit`)."""
+        if math.isfinite(ms) and ms > 0:
+            self.rows.append(self.features(plan))
+            self.ms.append(float(ms))
+            self.fit()
+
+    def fit(self) -> None:
+        """Non-negative least squares on the measured plans; a kind no measured plan ran takes the float rate."""
+        if not self.rows:
+            return
+        a, b = np.stack(self.rows), np.array(self.ms)
+        used: np.ndarray = np.asarray(a.any(axis=0), dtype=bool)
+        coef = np.zeros(a.shape[1])
+        coef[used] = _nnls(a[:, used], b)
+        float_rate = coef[1] if used[1] else (b / np.maximum(a[:, 1:].sum(axis=1), 1.0)).mean()
+        for k in range(1, a.shape[1]):
+            if not used[k]:
+                coef[k] = float_rate
+        self.coef = coef
+
+    def predict(self, plan: Plan) -> float:
+        """The plan's estimated latency (ms); nan before any plan was measured."""
+        return math.nan if self.coef is None else float(self.features(plan) @ self.coef)
+
+    def apply(self) -> None:
+        """Each choice's prior latency (ms) into the space's features (`ChoiceFeatures.latency`)."""
+        if self.coef is None:
+            return
+        rates = dict(zip(KINDS, self.coef[1:], strict=True))
+        for d in self.space.decisions:
+            layer = self.space.layers[d.layer]
+            feats = []
+            for f in self.space.features[d.name]:
+                saved = layer.macs - f.macs
+                cost = rates[kind_of(f)] * layer.macs if f.bits < 32 else -rates["float"] * saved
+                feats.append(dataclasses.replace(f, latency=float(cost)))
+            self.space.features[d.name] = tuple(feats)
+
+
+def _nnls(a: np.ndarray, b: np.ndarray, iterations: int = 500) -> np.ndarray:
+    """min |a x - b| over x >= 0 (projected gradient on the scaled problem; a few columns, few rows)."""
+    scale = np.maximum(np.abs(a).max(axis=0), 1e-12)
+    s = a / scale
+    x, *_ = np.linalg.lstsq(s, b, rcond=None)
+    x = np.maximum(x, 0.0)
+    step = 1.0 / max(np.linalg.norm(s, 2) ** 2, 1e-12)
+    for _ in range(iterations):
+        x = np.maximum(x - step * (s.T @ (s @ x - b)), 0.0)
+    return x / scale
