@@ -295,3 +295,17 @@ def test_allowed_drop_is_the_largest_certified_one(n, base_right):
     assert PairedCounts(n, base_right, lost, 0).retention_lower(0.95) >= 0.99 or lost == 0
     assert PairedCounts(n, base_right, lost + 1, 0).retention_lower(0.95) < 0.99
     assert Objective("size", 0.99, confidence=0).allowed_drop(n, base_right) == pytest.approx(0.01)
+
+
+def test_latency_anchors_include_the_float_model_and_integer_kernels(resnet20_workload):
+    """A latency search stands beside the float model (a plan slower than it is no answer) and uniform INT8
+    with quantized inputs, besides the weight-only anchors; a size search beside the latter alone."""
+    from modelopt.compressors import Quantize
+    from modelopt.plan.space import SearchSpace
+
+    space = SearchSpace(resnet20_workload.layers, [Quantize(bits=(8, 4), activations=(None, 8))])
+    size = Objective("size").anchors(space)
+    latency = Objective("latency").anchors(space)
+    assert latency[0] == space.plan() and set(size) < set(latency) and len(latency) == len(size) + 2
+    (integer,) = set(latency) - set(size) - {space.plan()}
+    assert all(c.bits == 8 and c.activations == 8 for _, c in integer.choices)

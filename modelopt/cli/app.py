@@ -320,12 +320,16 @@ def export_(
     out_path: Annotated[Path | None, typer.Option("--out",
         help="File to write (default RUN_DIR/model-<plan>.pt|.onnx).")] = None,
     calibration: Annotated[str | None, typer.Option(help="onnx: activation ranges from minmax or percentile.")] = None,
+    activations: Annotated[str | None, typer.Option(
+        help="onnx: which activations are quantized (uint8 QDQ, so ONNX Runtime and OpenVINO run integer kernels): "
+             "plan (around the layers whose inputs the plan quantizes; the default), all, or none.")] = None,
 ) -> None:
     """Write a run's plan as a packed checkpoint (reload with modelopt.load) or an ONNX model for ONNX Runtime."""
     _setup_logging(False)
-    if calibration is not None and format != "onnx":
-        raise ConfigError(f"--calibration applies only to --format onnx, not {format!r}")
-    options = {} if calibration is None else {"calibration": calibration}
+    given = {k: v for k, v in (("calibration", calibration), ("activations", activations)) if v is not None}
+    if given and format != "onnx":
+        raise ConfigError(f"--{min(given)} applies only to --format onnx, not {format!r}")
+    options: dict[str, Any] = dict(given)
     path = do_export(run_dir, plan=plan, format=format, out=out_path, **options)
     out.print(f"Wrote {path} ({fmt_bytes(path.stat().st_size)})", highlight=False, soft_wrap=True)
 

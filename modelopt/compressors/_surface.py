@@ -29,6 +29,7 @@ class SettingKind(str, Enum):
     """How a setting's value is written: on the command line (comma-separated) and in YAML / JSON."""
 
     INTS = "ints"  # a list of integers: 8,4 / [8, 4]
+    FLOATS = "floats"  # a list of numbers: 0.25,0.5 / [0.25, 0.5]
     NAMES = "names"  # a list of names: per_channel,group / [per_channel, group]
     BITS = "bits"  # a list of bit widths or none (float): none,8 / [null, 8]
     INT = "int"  # one integer: 64
@@ -37,6 +38,7 @@ class SettingKind(str, Enum):
 
 _FORMS = {
     SettingKind.INTS: "a list of integers like [8, 4]",
+    SettingKind.FLOATS: "a list of numbers like [0.25, 0.5]",
     SettingKind.NAMES: "a list of names like [per_channel, group]",
     SettingKind.BITS: "a list of bit widths or null like [null, 8]",
     SettingKind.INT: "an integer like 64",
@@ -44,8 +46,15 @@ _FORMS = {
 }
 
 
+_LISTS = (SettingKind.INTS, SettingKind.FLOATS, SettingKind.NAMES, SettingKind.BITS)
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _bits(text: str) -> int | None:
@@ -86,8 +95,8 @@ class Setting:
                 return int(text)
             if self.kind is SettingKind.PATH:
                 return str(text)
-            parsers: dict[SettingKind, Callable[[str], Any]] = {SettingKind.INTS: int, SettingKind.NAMES: str,
-                                                                 SettingKind.BITS: _bits}
+            parsers: dict[SettingKind, Callable[[str], Any]] = {SettingKind.INTS: int, SettingKind.FLOATS: float,
+                                                                 SettingKind.NAMES: str, SettingKind.BITS: _bits}
             parse = parsers[self.kind]
             items = [parse(v.strip()) for v in text.split(",") if v.strip()]
         except ValueError:
@@ -103,10 +112,11 @@ class Setting:
             return str(value)
         if isinstance(value, tuple):
             value = list(value)
-        elif self.kind in (SettingKind.INTS, SettingKind.NAMES, SettingKind.BITS) and not isinstance(value, list):
+        elif self.kind in _LISTS and not isinstance(value, list):
             value = [value]  # one value where a list is expected: a list of one
         ok = {
             SettingKind.INTS: lambda v: isinstance(v, list) and bool(v) and all(_is_int(x) for x in v),
+            SettingKind.FLOATS: lambda v: isinstance(v, list) and bool(v) and all(_is_number(x) for x in v),
             SettingKind.NAMES: lambda v: isinstance(v, list) and bool(v) and all(isinstance(x, str) for x in v),
             SettingKind.BITS: lambda v: isinstance(v, list) and bool(v) and all(x is None or _is_int(x) for x in v),
             SettingKind.INT: _is_int,

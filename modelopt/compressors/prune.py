@@ -34,7 +34,7 @@ from modelopt.compressors._base import (  # noqa: F401 -- re-exported
     sparse_encoding,
 )
 from modelopt.compressors._registry import COMPRESSORS
-from modelopt.compressors._surface import Cell, ReportColumn
+from modelopt.compressors._surface import Cell, ReportColumn, Setting, SettingKind
 from modelopt.errors import ConfigError
 from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer, LayerKind
@@ -115,6 +115,15 @@ class Prune(Compressor):
     name = "prune"
     order = 10  # before quantization
     report_columns = (ReportColumn("pruned", "Purples", lambda raw: _prune_cell(raw)),)
+    settings = (
+        Setting("sparsity", SettingKind.FLOATS, "Shares of weights (unstructured) or channels (structured) pruning "
+                "offers per layer, e.g. 0.25,0.5,0.75."),
+        # Unstructured sparsity leaves the multiply-accumulates of a dense kernel in place: for latency only
+        # channels are offered.
+        Setting("kind", SettingKind.NAMES, "Pruning kinds offered: unstructured (magnitude), structured "
+                "(channels); default both, structured alone for --objective latency.", None,
+                (("latency", ["structured"]),)),
+    )
 
     reduces = frozenset({"size", "bitops", "macs", "latency"})
 

@@ -168,10 +168,15 @@ class Quantize(Compressor):
     # per channel 78.6 % retention nearest, 100.8 % GPTQ (`modelopt.compressors.gptq`); INT3 is offered: with
     # GPTQ, uniform INT3 per channel keeps 99.8 % of ResNet-56's accuracy on 4,000 JPEG test images, and the
     # plans that beat uniform INT4 mix it in; 64 norm images: INT2 group-64 confirm agreement 88.5 -> 94.9 %.
+    # For latency only what an engine can run faster is offered: 8-bit weights with per-channel scales (weights
+    # under 5 bits, and group scales, are dequantized to float on every call in ONNX Runtime and OpenVINO, which
+    # builds no group-wise DequantizeLinear whose fan-in the groups do not divide).
     settings = (
-        Setting("bits", SettingKind.INTS, "Weight bit widths offered, e.g. 8,4 or 8,4,3,2.", [8, 4, 3]),
-        Setting("granularity", SettingKind.NAMES, "Scale granularities: per_tensor, per_channel, group.",
-                ["per_channel", "group"]),
+        Setting("bits", SettingKind.INTS, "Weight bit widths offered, e.g. 8,4 or 8,4,3,2 (default 8,4,3; 8 for "
+                "--objective latency).", [8, 4, 3], (("latency", [8]),)),
+        Setting("granularity", SettingKind.NAMES, "Scale granularities: per_tensor, per_channel, group (default "
+                "per_channel,group; per_channel for --objective latency).", ["per_channel", "group"],
+                (("latency", ["per_channel"]),)),
         Setting("rounding", SettingKind.NAMES, "How codes are picked: gptq (calibrated on the calib split), "
                 "nearest, or gptq,nearest to let the search choose.", ["gptq"]),
         # Quantized inputs lower bitops, and latency in an engine with integer kernels (ONNX Runtime, OpenVINO:

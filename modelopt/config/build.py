@@ -85,11 +85,12 @@ def make_space(config: RunConfig, layers: Sequence[Layer], model: nn.Module | No
 
 
 def make_evaluator(config: RunConfig, workload: Workload) -> Evaluator:
-    """An evaluator of the run's space on `workload`; when the run's latency engine computes something else
-    than the PyTorch simulation (integer kernels, half precision), it scores the plans there
-    (`modelopt.latency.plan.PlanLatency`), so the run certifies what deploys."""
+    """An evaluator of the run's space on `workload`. A run that minimises latency in an engine that computes
+    something else than the PyTorch simulation (integer kernels, half precision) scores its plans there
+    (`modelopt.latency.plan.PlanLatency`): it certifies what deploys. Other runs score in the simulation, and
+    the plan they report is checked against the engine at the end (`modelopt.run.deployed`)."""
     evaluator = Evaluator(workload, make_space(config, workload.layers, workload.model))
-    if config.latency is not None:
+    if config.latency is not None and config.objective == Target.LATENCY.value:
         timer = PlanLatency(evaluator, config.latency)
         if timer.scores:
             evaluator.scorer.engine = timer

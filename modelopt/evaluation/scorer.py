@@ -104,6 +104,12 @@ class Scorer:
         self._results[key] = metrics
         return metrics
 
+    def predictions(self, plan: Plan, split: str) -> torch.Tensor:
+        """The plan's top-1 on every image of `split`, as it is scored (exits, engine and all)."""
+        policy, state, _ = self._prepare(plan)
+        with self._resident(plan, state):
+            return self._predict(plan, self.workload.split(split).x, policy)[0]
+
     def evaluate_staged(self, plan: Plan, min_retention: float, fidelity: Fidelity, *, finish: bool = True,
                         confidence: float = 0.0, count_gains: bool = True, claim_images: int | None = None) -> Metrics:
         """Scores `plan` on the val split in stages, stopping once the rest cannot matter.

@@ -10,8 +10,9 @@ fixed overhead plus the sum over its layers:
 
 The rates are fitted (least squares, non-negative) on the plans the run has measured: at the start the
 uniform anchors (float, INT8 with float inputs, INT8 with quantized inputs), then every trial's measured
-latency. Each choice's prior (`ChoiceFeatures.latency`) is its layer's MACs at the rate of the kind it
-selects; a pruning choice's is what its saved MACs cost at the float rate (negative: a saving).
+latency. Each choice of a quantizing decision is priced at its layer's MACs times the rate of the kind it
+selects (off: float); a pruning choice at what its saved MACs cost (negative: a saving), at the integer rate
+when the menus offer integer kernels, else the float rate.
 
 Example:
     >>> model = LatencyModel(space)
@@ -101,14 +102,18 @@ class LatencyModel:
         if self.coef is None:
             return
         rates = dict(zip(KINDS, self.coef[1:], strict=True))
+        # What a MAC removed saves: at the integer rate when the menus offer integer kernels (the plans that
+        # matter run there), else at the float rate.
+        offers_integer = any(kind_of(f) == "integer" for fs in self.space.features.values() for f in fs)
+        saving = rates["integer"] if offers_integer else rates["float"]
         for d in self.space.decisions:
             layer = self.space.layers[d.layer]
-            feats = []
-            for f in self.space.features[d.name]:
-                saved = layer.macs - f.macs
-                cost = rates[kind_of(f)] * layer.macs if f.bits < 32 else -rates["float"] * saved
-                feats.append(dataclasses.replace(f, latency=float(cost)))
-            self.space.features[d.name] = tuple(feats)
+            feats = self.space.features[d.name]
+            quantizes = any(f.bits < 32 for f in feats)  # the decision sets how the layer runs (off: float)
+            self.space.features[d.name] = tuple(
+                dataclasses.replace(f, latency=float(rates[kind_of(f)] * layer.macs if quantizes
+                                                     else -saving * (layer.macs - f.macs)))
+                for f in feats)
 
 
 def _nnls(a: np.ndarray, b: np.ndarray, iterations: int = 500) -> np.ndarray:

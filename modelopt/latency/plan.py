@@ -15,12 +15,13 @@ The metric's name carries the engine, device, precision and batch (`latency_back
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 
 import torch
 
-from modelopt.errors import TrialError
+from modelopt.errors import ConfigError, TrialError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.latency.engine import ENGINES, Compiled
 from modelopt.latency.measure import Latency
@@ -29,6 +30,8 @@ from modelopt.latency.spec import LatencySpec
 from modelopt.plan.plan import Plan
 
 __all__ = ["PlanLatency"]
+
+log = logging.getLogger(__name__)
 
 KEEP_BUILT = 4  # plans kept built: a trial's, and the plans confirmation and the test re-scoring come back to
 
@@ -99,7 +102,10 @@ class PlanLatency:
         is charged when they are scored (they are the run's first trials)."""
         space = self.evaluator.space
         for plan in dict.fromkeys((space.plan(), *space.anchors((8,)), *space.anchors((8,), act_bits=8))):
-            self.measure(plan)
+            try:
+                self.measure(plan)
+            except ConfigError as exc:  # the engine cannot build it: the search learns that from the trial
+                log.info("latency priors: %s", exc)
         self.model.apply()
 
     def logits(self, plan: Plan, x: torch.Tensor) -> torch.Tensor:

@@ -46,7 +46,7 @@ def deployed_agreement(latency: PlanLatency, plan: Plan, split: str = SPLIT) -> 
     run scored (the engine's, when the run scores in its engine; else the PyTorch simulation's)."""
     ev = latency.evaluator
     x = ev.workload.split(split).x
-    scored = (latency.logits(plan, x) if ev.scorer.engine is latency else ev.states.logits(plan, x)).argmax(1)
+    scored = ev.scorer.predictions(plan, split)
     deployed = _deployed_logits(ev, latency, plan, x).argmax(1)
     return float((scored.cpu() == deployed.cpu()).double().mean())
 

@@ -169,3 +169,10 @@ def test_a_format_1_record_keeps_its_early_exit_images(tmp_path: Path) -> None:
     (tmp_path / CONFIG).write_text(json.dumps(raw))
     cfg = RunConfig.read(tmp_path)
     assert cfg.options["early_exit"] == {"exit_data": "train.npz", "exit_images": 500}
+
+
+def test_latency_menus_offer_what_an_engine_can_run_fast() -> None:
+    options = RunConfig(objective="latency").options
+    assert options["quantize"]["bits"] == [8] and options["quantize"]["granularity"] == ["per_channel"]
+    assert options["quantize"]["activations"] == [None, 8] and options["prune"]["kind"] == ["structured"]
+    assert "prune" not in RunConfig().options and RunConfig().options["quantize"]["bits"] == [8, 4, 3]
