@@ -38,7 +38,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     wl = build_workload("cifar10_resnet56", "cifar10-sample", weights=args.weights, device="cpu")
-    blocks = [x.name for x in wl.layers if x.channel_consumer is not None]
+    blocks = [x.name for x in wl.layers if x.prunable]
     doc = {"layers": {n: {"prune": {"sparsity": args.sparsity, "kind": "structured"}} for n in blocks}}
     rows = []
     for bn_samples in (512, 0):

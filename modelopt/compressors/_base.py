@@ -382,7 +382,7 @@ class Compressor(ABC):
 
     def kept_channels(self, weight: torch.Tensor, choice: Choice) -> torch.Tensor | None:
         """Indices (ascending) of the output channels `choice` keeps, for choices that remove
-        channels (structured pruning of a layer with `channel_consumer`); None otherwise."""
+        channels (structured pruning of a channel group's root, `Layer.prunable`); None otherwise."""
         return None
 
     def norm_calibration(self, choice: Choice) -> int:

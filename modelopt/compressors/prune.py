@@ -1,14 +1,14 @@
-"""Pruning: unstructured magnitude sparsity per layer, or structured removal of a block's internal channels.
+"""Pruning: unstructured magnitude sparsity per layer, or structured removal of a channel group.
 
 - ``unstructured``: the smallest-magnitude weights of the layer become exactly zero. The packed
   form stores which weights are kept (the cheaper of a bitmask and an index list) and the kept
   values (float32, or the quantizer's codes when the layer is also quantized: pruning runs
   first, so the quantizer's scales are searched on the pruned weight and zeros stay zero).
-- ``structured``: a residual block's conv1 loses the output channels of smallest L1 (or L2)
-  filter norm, and with them the following batch norm's channels and conv2's matching input
-  channels. Only these internal channels are removed, never the residual stream, so option-A
-  shortcuts stay valid. The evaluator simulates it exactly (pruned filters, norm scale and shift
-  zeroed, so the ReLU outputs 0 there) and `modelopt.model.surgery.remove_channels` builds the physically smaller model.
+- ``structured``: a group root's output channels of smallest L1 (or L2) filter norm go, and with them
+  everything the model's graph ties to them (`modelopt.model.channels`: the norm after it, a depthwise
+  convolution, the layers reading them, a residual stream's other writers and readers, squeeze-excitation).
+  Offered only on groups whose removal the evaluator's simulation (their weights, norms' scales and shifts and
+  biases zeroed) computes exactly, checked on the model; the deployed model is physically smaller.
 
 After pruning, the evaluator re-estimates batch-norm statistics on `bn_samples` calibration images
 (forward passes only) and charges them to the trial.
@@ -98,7 +98,8 @@ class Prune(Compressor):
     """Magnitude pruning (unstructured) and internal-channel pruning (structured), per layer.
 
     Offered on every conv reading at least 4 channels (not the stem that reads the image) and on
-    linear layers; structured choices only on a residual block's conv1 (`Layer.channel_consumer`).
+    linear layers; structured choices on the root of a channel group (`Layer.prunable`: the model's graph says
+    which channels go together, `modelopt.model.channels`).
 
     Args:
         sparsity: shares offered: of the weights (unstructured) or of conv1's output channels (structured).
@@ -156,12 +157,10 @@ class Prune(Compressor):
         return layer.kind is LayerKind.LINEAR or layer.in_channels >= _MIN_IN_CHANNELS
 
     def menu(self, layer: Layer) -> tuple[Choice, ...]:
-        if not self.handles(layer):
-            return ()
         specs: list[Choice] = [None]
-        if PruneKind.UNSTRUCTURED in self.kinds:
+        if PruneKind.UNSTRUCTURED in self.kinds and self.handles(layer):
             specs += [PruneSpec(s) for s in self.sparsity]
-        if PruneKind.STRUCTURED in self.kinds and layer.channel_consumer is not None:
+        if PruneKind.STRUCTURED in self.kinds and layer.prunable:
             specs += [PruneSpec(s, PruneKind.STRUCTURED) for s in self.sparsity]
         return tuple(specs) if len(specs) > 1 else ()
 
@@ -179,12 +178,12 @@ class Prune(Compressor):
         if "sparsity" not in raw:
             raise ConfigError(f"{where}: 'sparsity' is required (a share in (0, 1), e.g. 0.5)")
         spec = PruneSpec(_sparsity(raw["sparsity"], where), _kind(raw.get("kind", PruneKind.UNSTRUCTURED)))
-        if not self.handles(layer):
+        if spec.kind is PruneKind.UNSTRUCTURED and not self.handles(layer):
             raise ConfigError(f"{where}: this layer reads {layer.in_channels} channels; prune only layers reading "
                               f">= {_MIN_IN_CHANNELS} (not the stem)")
-        if spec.kind is PruneKind.STRUCTURED and layer.channel_consumer is None:
-            raise ConfigError(f"{where}: kind 'structured' needs a residual block's conv1 (internal channels); "
-                              "use kind: unstructured here")
+        if spec.kind is PruneKind.STRUCTURED and not layer.prunable:
+            raise ConfigError(f"{where}: kind 'structured' needs a layer whose output channels a checked channel "
+                              "group removes (a block's conv1, an expansion conv, ...); use kind: unstructured here")
         return spec
 
     def dump(self, choice: Choice) -> dict[str, Any] | None:
@@ -232,12 +231,11 @@ class Prune(Compressor):
         return self.stored(layer, choice, Storage(shape)).bytes
 
     def macs_saved(self, layer: Layer, choice: Choice, layers: Mapping[str, Layer]) -> int:
-        """Structured pruning removes its share of this layer's outputs and of its consumer's inputs."""
+        """Structured pruning removes its share of the MACs of every layer of the group (rows or columns)."""
         if not isinstance(choice, PruneSpec) or choice.kind is not PruneKind.STRUCTURED:
             return 0
         removed = 1.0 - n_kept(layer.out_channels, choice.sparsity) / layer.out_channels
-        consumer = layers.get(layer.channel_consumer or "")
-        return round(removed * (layer.macs + (consumer.macs if consumer is not None else 0)))
+        return round(removed * sum(layers[m].macs for m, _ in layer.channel_group if m in layers))
 
     def norm_calibration(self, choice: Choice) -> int:
         return 0 if choice is None else self.bn_samples

@@ -29,16 +29,22 @@ from modelopt.compressors._inputs import (
 from modelopt.evaluation.norm_stats import NormStats
 from modelopt.evaluation.prep_costs import OneTimeCosts
 from modelopt.evaluation.routes import PlanRoutes
+from modelopt.model.channels import Removal, zeroed
 from modelopt.model.layer_inputs import LayerInputs, input_columns, input_hessians
 from modelopt.model.layers import compressible_modules
-from modelopt.model.surgery import remove_channels
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace
 
-__all__ = ["CompressedStates", "Kept"]
+__all__ = ["CompressedStates", "Kept", "Slices"]
 
-Kept = dict[str, tuple[str, torch.Tensor]]  # {conv1 layer: (decision, ascending kept output channels)}
+Kept = dict[str, tuple[str, torch.Tensor]]  # {root layer: (decision, ascending kept output channels)}
+Slices = dict[str, tuple[torch.Tensor | None, torch.Tensor | None]]  # {layer: (kept rows, kept columns)}
+
+
+def _kept(n: int, removed: set[int]) -> torch.Tensor | None:
+    """The ascending indices of `n` that `removed` leaves (None: all of them)."""
+    return None if not removed else torch.tensor(sorted(set(range(n)) - removed), dtype=torch.long)
 
 
 class CompressedStates:
@@ -70,10 +76,13 @@ class CompressedStates:
         self._layer_decisions = {
             layer.name: [d for d in space.decisions if d.layer == layer.name] for layer in workload.layers
         }
-        # conv2 -> conv1 of each block whose internal channels structured pruning may remove.
+        # The roots of the channel groups structured pruning may remove from (`modelopt.model.channels`).
         self._layers = {layer.name: layer for layer in workload.layers}
-        self._producer = {x.channel_consumer: x.name for x in workload.layers if x.channel_consumer is not None}
+        self._roots = [x.name for x in workload.layers if x.prunable]
         self._kept: dict[tuple[Any, ...], torch.Tensor | None] = {}
+        # Modules whose removed channels are zeroed by name (norms, biases), besides the compressed weights.
+        self._zeroable = {n for n, m in workload.model.named_modules() if list(m.parameters(recurse=False))}
+        self._removals: dict[tuple[str, tuple[int, ...]], tuple[Removal, ...]] = {}
         self._input_ranges: dict[Calibration, dict[str, tuple[float, float]]] = {}  # activation quantization
         self.norm_stats = NormStats(workload, one_time)  # batch norms re-estimated per plan
         self._pre_passes: dict[str, float] = {}  # a strategy's passes before any plan (add_pre_pass)
@@ -81,9 +90,9 @@ class CompressedStates:
     # ---- weights --------------------------------------------------------------------------
 
     def kept_channels(self, plan: Plan) -> Kept:
-        """{conv1 layer: (decision, ascending kept output channels)} for the plan's structured pruning."""
+        """{root layer: (decision, ascending kept output channels)} for the plan's structured pruning."""
         out = {}
-        for lname in self._producer.values():
+        for lname in self._roots:
             for d in self._layer_decisions[lname]:
                 c = plan.get(d.name)
                 if c is None:
@@ -97,42 +106,74 @@ class CompressedStates:
                     out[lname] = (d.name, idx)
         return out
 
+    def removals(self, plan: Plan) -> tuple[Removal, ...]:
+        """What the plan's structured pruning removes, module by module (each root's group, its channels mapped
+        onto every member: `ChannelGroups.removals`)."""
+        out: list[Removal] = []
+        for root, (_, idx) in self.kept_channels(plan).items():
+            removed = tuple(sorted(set(range(self._layers[root].out_channels)) - set(idx.tolist())))
+            key = (root, removed)
+            if key not in self._removals:
+                assert self.workload.channels is not None, "a prunable layer comes from the workload's groups"
+                self._removals[key] = self.workload.channels.removals(root, removed)
+            out += self._removals[key]
+        return tuple(out)
+
+    def kept_slices(self, plan: Plan) -> Slices:
+        """Per layer the plan's structured pruning shrinks: (kept rows, kept columns) of its weight, ascending
+        (None: all of them)."""
+        gone: dict[str, tuple[set[int], set[int]]] = {}
+        for r in self.removals(plan):
+            module = self.workload.modules.get(r.module)
+            if module is None:
+                continue  # a norm: zeroed in `compressed_state`
+            along_rows = r.out or (isinstance(module, nn.Conv2d) and module.groups > 1)
+            gone.setdefault(r.module, (set(), set()))[0 if along_rows else 1].update(r.idxs)
+        out: Slices = {}
+        for name, (rows, cols) in gone.items():
+            shape = self.workload.original[name].shape
+            out[name] = (_kept(shape[0], rows), _kept(shape[1], cols))
+        return out
+
     def compressed_weights(self, plan: Plan) -> dict[str, torch.Tensor]:
         """The weights the plan runs with, full shape (structurally pruned channels are zero)."""
-        kept = self.kept_channels(plan)
+        kept, slices = self.kept_channels(plan), self.kept_slices(plan)
         weights = {}
         for layer in self.workload.layers:
             decs = self._layer_decisions[layer.name]
             choices = tuple(plan.get(d.name) for d in decs)
-            prod = kept.get(self._producer.get(layer.name, ""))
-            if all(c is None for c in choices) and prod is None:
+            rows, cols = slices.get(layer.name, (None, None))
+            if all(c is None for c in choices) and rows is None and cols is None:
                 continue
-            in_key = None if prod is None else tuple(prod[1].tolist())
-            key = (layer.name, tuple(self._compressor_keys[d.compressor] for d in decs), choices, in_key)
+            shape_key = tuple(None if t is None else tuple(t.tolist()) for t in (rows, cols))
+            key = (layer.name, tuple(self._compressor_keys[d.compressor] for d in decs), choices, shape_key)
             w = self._tensors.get(key)
             if w is None:
-                self._tensors[key] = w = self._compress(layer.name, plan, kept).contiguous()
+                self._tensors[key] = w = self._compress(layer.name, plan, kept, (rows, cols)).contiguous()
             weights[layer.name] = w
         return weights
 
-    def _compress(self, lname: str, plan: Plan, kept: Kept) -> torch.Tensor:
+    def _compress(self, lname: str, plan: Plan, kept: Kept,
+                  kept_slice: tuple[torch.Tensor | None, torch.Tensor | None]) -> torch.Tensor:
         # The chain runs on the physically kept slice, so it computes exactly what the smaller
         # model holds (group boundaries, per-tensor scales, magnitude ranks), then is scattered back.
         orig = self.workload.original[lname]
-        own, prod = kept.get(lname), kept.get(self._producer.get(lname, ""))
-        rows = torch.arange(orig.shape[0], device=orig.device) if own is None else own[1].to(orig.device)
-        cols = torch.arange(orig.shape[1], device=orig.device) if prod is None else prod[1].to(orig.device)
-        w = orig if own is None and prod is None else orig[rows[:, None], cols[None, :]]
+        own = kept.get(lname)
+        keep_rows, keep_cols = kept_slice
+        rows = torch.arange(orig.shape[0], device=orig.device) if keep_rows is None else keep_rows.to(orig.device)
+        cols = torch.arange(orig.shape[1], device=orig.device) if keep_cols is None else keep_cols.to(orig.device)
+        sliced = keep_rows is not None or keep_cols is not None
+        w = orig[rows[:, None], cols[None, :]] if sliced else orig
         for d in self._layer_decisions[lname]:
             c = plan.get(d.name)
             if c is None or (own is not None and d.name == own[0]):  # slicing already applied that one
                 continue
             comp = self.space.compressors[d.compressor]
             if n := comp.input_images(c):
-                w = comp.apply_calibrated(w, c, self.layer_inputs(lname, n, None if prod is None else cols))
+                w = comp.apply_calibrated(w, c, self.layer_inputs(lname, n, None if keep_cols is None else cols))
             else:
                 w = comp.apply(w, c)
-        if own is None and prod is None:
+        if not sliced:
             return w
         full = torch.zeros_like(orig)
         full[rows[:, None], cols[None, :]] = w
@@ -169,16 +210,9 @@ class CompressedStates:
         the float model, so it happens here, before the plan's tensors are swapped in.
         """
         state = {f"{name}.weight": w for name, w in self.compressed_weights(plan).items()}
-        for lname, (_, idx) in self.kept_channels(plan).items():
-            norm = self._layers[lname].channel_norm
-            assert norm is not None
-            bn = self.norm_stats.norms[norm]
-            drop = torch.ones(bn.num_features, dtype=torch.bool, device=idx.device)
-            drop[idx] = False
-            for attr in ("weight", "bias"):
-                t = getattr(bn, attr)
-                if t is not None:
-                    state[f"{norm}.{attr}"] = t.data.masked_fill(drop.to(t.device), 0.0)
+        if removals := self.removals(plan):  # the removed channels' norms and biases, zeroed in the float model
+            zero = zeroed(self.workload.model, removals)
+            state.update({k: t for k, t in zero.items() if k not in state and k.rsplit(".", 1)[0] in self._zeroable})
         stats, cost = self.norm_stats.recalibrated(plan.key, self._norm_images(plan), state)
         pre = sum(self.one_time.charge(k, c) for k, c in self._pre_passes.items())
         return {**state, **stats}, cost + self.input_qparams(plan)[1] + self.input_cost(plan) + pre
@@ -276,7 +310,11 @@ class CompressedStates:
         state, _ = self.compressed_state(plan)
         with self.workload.state(state):
             model = copy.deepcopy(self.workload.model)
-        return remove_channels(model, {lname: idx for lname, (_, idx) in self.kept_channels(plan).items()})
+        removals = self.removals(plan)
+        if not removals:
+            return model
+        assert self.workload.channels is not None, "removals come from the workload's channel groups"
+        return self.workload.channels.remove(model, removals)
 
     def deployable(self, plan: Plan) -> nn.Module:
         """The module the plan deploys as: `physical_model`, its quantized inputs quantized as scored (the

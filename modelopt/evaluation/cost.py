@@ -127,8 +127,7 @@ class CostModel:
         self.decisions: dict[str, list[Decision]] = {x.name: [] for x in self.layers}
         for d in space.decisions:
             self.decisions[d.layer].append(d)
-        # Internal channels: conv2 -> conv1 of each block whose conv1 outputs structured pruning may remove.
-        self.producer = {x.channel_consumer: x.name for x in self.layers if x.channel_consumer is not None}
+        self.roots = [x.name for x in self.layers if x.prunable]  # channel groups' roots (structured pruning)
         self._counts: dict[tuple[str, str, Choice], int | None] = {}
 
     def cost(self, plan: Plan, kept: Mapping[str, int] | None = None) -> PlanCost:
@@ -136,21 +135,30 @@ class CostModel:
 
         Args:
             plan: A plan of the space.
-            kept: {layer: output channels kept} for the layers structured pruning shrinks; None:
+            kept: {root layer: output channels kept} for the channel groups structured pruning shrinks; None:
                 counted from the compressors (`kept_counts`), as when no weights are at hand.
         """
         kept = self.kept_counts(plan) if kept is None else kept
-        return PlanCost(tuple(self.layer_cost(x, {d.name: plan.get(d.name) for d in self.decisions[x.name]},
-                                              kept.get(x.name), kept.get(self.producer.get(x.name, "")))
-                              for x in self.layers), self.other_bytes)
+        removed: dict[str, list[int]] = {}  # layer -> [rows removed, columns removed]
+        for root, n in kept.items():
+            layer = self.space.layers[root]
+            for member, rows in layer.channel_group:
+                removed.setdefault(member, [0, 0])[0 if rows else 1] += layer.out_channels - n
+        costs = []
+        for x in self.layers:
+            gone_rows, gone_cols = removed.get(x.name, (0, 0))
+            costs.append(self.layer_cost(x, {d.name: plan.get(d.name) for d in self.decisions[x.name]},
+                                         x.out_channels - gone_rows if gone_rows else None,
+                                         x.in_channels - gone_cols if gone_cols else None))
+        return PlanCost(tuple(costs), self.other_bytes)
 
     def layer_cost(self, layer: Layer, choices: Mapping[str, Choice], out: int | None = None,
                    inp: int | None = None) -> LayerCost:
         """One layer's cost under its decisions' `choices` {decision name: choice}.
 
         Args:
-            out: Output channels kept (structured pruning of this layer); None: all.
-            inp: Input channels kept (structured pruning of the layer feeding it); None: all.
+            out: Output channels kept (structured pruning of a group this layer's rows are in); None: all.
+            inp: Input channels kept (of a group its columns are in); None: all.
         """
         stored = _stored_layer(layer, out, inp)
         storage = Storage(stored.weight_shape)
@@ -164,9 +172,10 @@ class CostModel:
             weight_bits = min(weight_bits, comp.weight_bits(c))
             activation_bits = min(activation_bits, comp.activation_bits(c))
         freed = 0
-        if layer.channel_consumer is not None:
-            # Removed channels take their folded norm (scale, shift) and the layer's bias with them.
-            freed = (layer.out_channels - stored.out_channels) * 4 * (2 + int(layer.has_bias))
+        if layer.prunable:
+            # A root's removed channels take their group's float entries with them (norms' scales and shifts,
+            # biases): counted here, with the root.
+            freed = (layer.out_channels - stored.out_channels) * 4 * layer.channel_floats
         return LayerCost(stored, storage, head, freed, weight_bits, activation_bits)
 
     def marginal_bytes(self, center: Plan) -> list[list[int]]:
@@ -196,7 +205,7 @@ class CostModel:
         the channels it really keeps.
         """
         out = {}
-        for lname in self.producer.values():
+        for lname in self.roots:
             n = self._own_kept(self.space.layers[lname], {d.name: plan.get(d.name) for d in self.decisions[lname]})
             if n is not None:
                 out[lname] = n
@@ -204,7 +213,7 @@ class CostModel:
 
     def _own_kept(self, layer: Layer, choices: Mapping[str, Choice]) -> int | None:
         """Output channels `choices` keep of `layer` (None: all of them)."""
-        if layer.channel_consumer is None:
+        if not layer.prunable:
             return None
         kept = None
         for d in self.decisions[layer.name]:

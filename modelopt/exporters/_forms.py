@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from modelopt.compressors._base import Choice, WeightForm
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.plan.plan import Plan
@@ -28,13 +26,11 @@ class Step:
 def layer_steps(evaluator: Evaluator, plan: Plan, layer: str) -> list[Step]:
     """The layer's forms along its chain: first its float weight at the stored shape (the kept
     channels only), then after each compressor whose choice is not None."""
-    kept = evaluator.states.kept_channels(plan)
-    producer = next((x.name for x in evaluator.workload.layers if x.channel_consumer == layer), "")
-    own, prod = kept.get(layer), kept.get(producer)
+    own = evaluator.states.kept_channels(plan).get(layer)
+    rows, cols = evaluator.states.kept_slices(plan).get(layer, (None, None))
     w = evaluator.workload.original[layer]
-    if own is not None:
-        w = w[own[1].to(w.device)]
-    cols: torch.Tensor | None = None if prod is None else prod[1]
+    if rows is not None:
+        w = w[rows.to(w.device)]
     if cols is not None:
         w = w[:, cols.to(w.device)]
     steps = [Step("", None, WeightForm(w))]

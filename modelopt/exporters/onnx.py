@@ -237,7 +237,7 @@ class _Weights:
         if q is None:
             self.counts["float"] += 1
             return
-        node = next(n for n in self.consumers[wname] if n.op_type in ("Conv", "Gemm", "MatMul"))
+        node = self._user(layer, wname)
         if node.op_type == "Gemm" and self.graph.attr(node, "transB", 0) != 1:
             raise ConfigError(f"layer {layer!r}: Gemm without transB is not supported by the exporter")
         int4 = q.bits <= 4 and not self.widen
@@ -250,6 +250,20 @@ class _Weights:
         if (len(node.input) > 2 and node.input[2] and not int4 and x_in in self.qparams
                 and q.granularity is not Granularity.GROUP):
             self._int32_bias(node.input[2], np.float32(self.qparams[x_in].scale) * w_scale)
+
+    def _user(self, layer: str, wname: str) -> Any:
+        """The Conv, Gemm or MatMul that reads the weight (a Linear on 3-D inputs exports as a Transpose of it,
+        then a MatMul)."""
+        users = self.consumers.get(wname, [])
+        for n in users:
+            if n.op_type in ("Conv", "Gemm", "MatMul"):
+                return n
+        for t in (n for n in users if n.op_type == "Transpose"):
+            for n in self.consumers.get(t.output[0], []):
+                if n.op_type == "MatMul":
+                    return n
+        raise ConfigError(f"layer {layer!r}: its weight feeds no Conv, Gemm or MatMul in the exported graph; it "
+                          "cannot be exported to ONNX")
 
     def _int32_bias(self, bname: str, scale: np.ndarray) -> None:
         """The bias at scale x_scale * w_scale, as QLinearConv takes it."""

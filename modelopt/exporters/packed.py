@@ -51,8 +51,9 @@ from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters._forms import layer_forms
 from modelopt.exporters._rebuild import architecture
+from modelopt.model.attention import unfuse_attention
+from modelopt.model.channels import ChannelGroups  # rebuilds the smaller groups the index names
 from modelopt.model.layers import compressible_modules
-from modelopt.model.surgery import remove_channels  # rebuilds the smaller blocks the index names
 from modelopt.plan.plan import Plan
 
 FORMAT = "modelopt.packed"
@@ -237,7 +238,7 @@ def load(path: str | Path, model: nn.Module | None = None) -> nn.Module:
 
     Quantized weights are dequantized from their codes and scales exactly as the evaluator did;
     pruned weights are zero where the mask says so; structurally pruned blocks are rebuilt with
-    their smaller conv1 / norm / conv2 (`remove_channels`); batch norms get their folded scale and
+    their groups' smaller modules (`ChannelGroups`); batch norms get their folded scale and
     shift (zero mean, and variance plus a positive eps exactly 1), from re-estimated statistics after pruning.
     Layers whose inputs the plan quantizes get forward pre-hooks that quantize-dequantize them
     with the stored scale and zero point, as the evaluator did (`install_input_quantizers`).
@@ -261,11 +262,8 @@ def load(path: str | Path, model: nn.Module | None = None) -> nn.Module:
     raw = payload["index"]
     index = json.loads(zlib.decompress(raw) if isinstance(raw, bytes) else raw)  # version 1: plain JSON
     module = architecture(meta, path) if model is None else model
-    module = module.cpu().float().eval()
-    try:
-        remove_channels(module, {name: int(k) for name, k in index.get("c", [])})
-    except ConfigError as exc:
-        raise LoadError(f"{str(path)!r}: {exc}") from None
+    module = unfuse_attention(module.cpu().float().eval())  # as every workload holds it (`modelopt.model.attention`)
+    _shrink(module, [(str(name), int(k)) for name, k in index.get("c", [])], meta, path)
     stream = _Reader(payload, str(path))
     layers = compressible_modules(module)
     for name, tag, shape, *rest in index["q"]:
@@ -293,6 +291,25 @@ def load(path: str | Path, model: nn.Module | None = None) -> nn.Module:
             except (ConfigError, LoadError) as exc:
                 raise LoadError(f"{str(path)!r}: {exc}") from None
     return module
+
+
+def _shrink(module: nn.Module, kept: list[tuple[str, int]], meta: dict[str, Any], path: str | Path) -> None:
+    """The architecture at the sizes a structurally pruned plan left: each group root keeps `k` output channels,
+    and its group shrinks with it (`modelopt.model.channels`); which channels go does not matter, their values
+    are the file's."""
+    if not kept:
+        return
+    size = meta.get("input_size") or [32, 32]
+    layers = compressible_modules(module)
+    try:
+        groups = ChannelGroups(module, torch.zeros(1, 3, int(size[-2]), int(size[-1])), layers, check=False)
+        for root, k in kept:
+            if root not in groups.roots:
+                raise ConfigError(f"layer {root!r} roots no channel group of this model; roots: "
+                                  f"{', '.join(list(groups.roots)[:8])}")
+            groups.remove(module, groups.removals(root, range(groups.roots[root] - k)))
+    except ConfigError as exc:
+        raise LoadError(f"{str(path)!r}: {exc}") from None
 
 
 class _Reader:

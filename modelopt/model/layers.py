@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:  # the groups are found on the layers' modules: its type only
+    from modelopt.model.channels import ChannelGroups
 
 
 class LayerKind(str, Enum):
@@ -24,11 +28,13 @@ class Layer:
     weight_shape: tuple[int, ...]
     macs: int  # multiply-accumulates per sample at the model's input size
     has_bias: bool
-    # Internal channels (a residual block's conv1 -> norm -> ReLU -> conv2): the norm after this
-    # layer and the layer reading its outputs. Set only where removing output channels touches
-    # nothing else (never the residual stream), so structured pruning may remove them.
-    channel_norm: str | None = None
-    channel_consumer: str | None = None
+    # Structured pruning (`modelopt.model.channels`), on the root of a channel group: the compressible layers
+    # its output channels are rows (True) or columns (False) of, itself first (a block's conv1 and the conv2
+    # reading it; a depthwise conv between them; every layer of a residual stream); and the float entries per
+    # channel outside those weights that removing one drops (norms' scales and shifts, biases). Empty on a
+    # layer whose output channels no checked group removes.
+    channel_group: tuple[tuple[str, bool], ...] = ()
+    channel_floats: int = 0
 
     @property
     def params(self) -> int:
@@ -36,6 +42,11 @@ class Layer:
         for d in self.weight_shape:
             n *= d
         return n
+
+    @property
+    def prunable(self) -> bool:
+        """Whether structured pruning may remove this layer's output channels (it roots a channel group)."""
+        return bool(self.channel_group)
 
     @property
     def out_channels(self) -> int:
@@ -78,28 +89,9 @@ def _weight(module: nn.Module) -> torch.Tensor:
     return module.weight
 
 
-def internal_channels(model: nn.Module) -> dict[str, tuple[str, str]]:
-    """{conv1: (norm, conv2)} for every residual block laid out as conv1 -> bn1 -> ReLU -> conv2.
-
-    A block module (not the model itself) with children `conv1` (Conv2d), `bn1` (a batch norm
-    over conv1's outputs) and `conv2` (a Conv2d reading them), all ungrouped: the layout of the
-    CIFAR ResNets and of torchvision's BasicBlock and Bottleneck. conv1's output channels feed
-    only conv2 there, so removing some leaves the residual stream (and option-A shortcuts) as is.
-    """
-    out: dict[str, tuple[str, str]] = {}
-    for name, mod in model.named_modules():
-        if not name:
-            continue
-        c1, bn, c2 = (getattr(mod, a, None) for a in ("conv1", "bn1", "conv2"))
-        if not (isinstance(c1, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d) and isinstance(c2, nn.Conv2d)):
-            continue
-        if c1.groups == 1 and c2.groups == 1 and bn.num_features == c1.out_channels == c2.in_channels:
-            out[f"{name}.conv1"] = (f"{name}.bn1", f"{name}.conv2")
-    return out
-
-
-def discover_layers(model: nn.Module, example: torch.Tensor) -> tuple[Layer, ...]:
-    """Runs one forward pass on `example` (a batch of one) and records each layer's MACs."""
+def discover_layers(model: nn.Module, example: torch.Tensor, groups: ChannelGroups | None = None) -> tuple[Layer, ...]:
+    """Runs one forward pass on `example` (a batch of one) and records each layer's MACs; `groups`: the model's
+    checked channel groups, which structured pruning may remove (`modelopt.model.channels`)."""
     modules = compressible_modules(model)
     macs: dict[str, int] = {}
     hooks = []
@@ -118,19 +110,26 @@ def discover_layers(model: nn.Module, example: torch.Tensor) -> tuple[Layer, ...
         for h in hooks:
             h.remove()
     layers = []
-    internal = internal_channels(model)
     for name, mod in modules.items():
         kind = LayerKind.CONV if isinstance(mod, nn.Conv2d) else LayerKind.LINEAR
-        norm, consumer = internal.get(name, (None, None))
-        layers.append(
-            Layer(
-                name=name,
-                kind=kind,
-                weight_shape=tuple(_weight(mod).shape),
-                macs=macs.get(name, 0),
-                has_bias=mod.bias is not None,
-                channel_norm=norm,
-                channel_consumer=consumer,
-            )
-        )
+        group, floats = ((), 0) if groups is None or name not in groups.roots else _group(groups, name, modules)
+        layers.append(Layer(name=name, kind=kind, weight_shape=tuple(_weight(mod).shape), macs=macs.get(name, 0),
+                            has_bias=mod.bias is not None, channel_group=group, channel_floats=floats))
     return tuple(layers)
+
+
+def _group(groups: ChannelGroups, root: str, modules: Mapping[str, nn.Module]) -> tuple[tuple[tuple[str, bool], ...],
+                                                                                        int]:
+    """(compressible members as (layer, rows), float entries dropped per channel) of `root`'s group."""
+    members: list[tuple[str, bool]] = []
+    floats = 0
+    for r in groups.removals(root, [0]):
+        module = groups.model.get_submodule(r.module)
+        rows = r.out or (isinstance(module, nn.Conv2d) and module.groups > 1)
+        if r.module in modules:
+            members.append((r.module, rows))
+            floats += int(rows and getattr(module, "bias", None) is not None)
+        else:  # a norm: its scale and shift
+            floats += sum(getattr(module, a, None) is not None for a in ("weight", "bias"))
+    members.sort(key=lambda m: m[0] != root)  # the root first
+    return tuple(dict.fromkeys(members)), floats

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from modelopt.errors import LoadError, UnknownNameError
+from modelopt.model.attention import unfuse_attention
 from modelopt.zoo import MODELS, ZooEntry, asset
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "LoadedModel", "list_models", "load_model", "load_weights"]
@@ -326,7 +327,9 @@ def _from_file(path: Path, allow_pickle: bool) -> LoadedModel:
 
 
 def _ready(loaded: LoadedModel) -> LoadedModel:
+    """On the CPU in float32 and eval mode, attention's projections as Linear layers (`unfuse_attention`)."""
     loaded.module.to("cpu").float().eval()
+    unfuse_attention(loaded.module)
     return loaded
 
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from modelopt.data.dataset import Dataset
 from modelopt.errors import ConfigError, LoadError
+from modelopt.model.channels import ChannelGroups
 from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer, compressible_modules, discover_layers
 from modelopt.model.loader import LoadedModel
@@ -84,7 +85,14 @@ class Workload:
         names = ("calib", "val", "test") + (("confirm",) if data.confirm is not None else ())
         splits = {name: self._prepare(data.split(name).x) for name in names}
         self._check_fits(splits["val"])
-        self.layers: tuple[Layer, ...] = discover_layers(self.model, splits["val"][:1])
+        # The channel groups structured pruning may remove (checked once; None with the reason: it does not trace).
+        self.channels: ChannelGroups | None = None
+        self.channels_refused: str | None = None
+        try:
+            self.channels = ChannelGroups(self.model, splits["val"][:2], self.modules)
+        except ConfigError as exc:
+            self.channels_refused = str(exc)
+        self.layers: tuple[Layer, ...] = discover_layers(self.model, splits["val"][:1], self.channels)
         self.splits: dict[str, SplitData] = {}
         for name, x in splits.items():
             y = data.split(name).y.to(self.device)

@@ -11,6 +11,8 @@ back to the architecture named in run.json (weights are not needed for shapes).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -20,13 +22,17 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from modelopt._files import write_atomic
 from modelopt.config.build import make_space
 from modelopt.config.run_config import RunConfig, objective_from_json
-from modelopt.errors import LoadError
+from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluation.cost import CostModel
 from modelopt.evaluation.metrics import Metrics
-from modelopt.model.layers import Layer, LayerKind, compressible_modules, internal_channels
+from modelopt.model.attention import unfuse_attention
+from modelopt.model.channels import ChannelGroups
+from modelopt.model.layers import Layer, LayerKind, compressible_modules, discover_layers
 from modelopt.model.loader import load_model
 from modelopt.objective import Objective, best_of
 from modelopt.plan.plan import Plan
@@ -206,7 +212,8 @@ def save_layers(run_dir: str | Path, layers: Sequence[Layer]) -> Path:
     path = Path(run_dir) / LAYERS
     doc = {"version": LAYERS_VERSION, "layers": [
         {"name": layer.name, "kind": layer.kind.value, "weight_shape": list(layer.weight_shape), "macs": layer.macs,
-         "has_bias": layer.has_bias, "channel_norm": layer.channel_norm, "channel_consumer": layer.channel_consumer}
+         "has_bias": layer.has_bias, "channel_group": [list(m) for m in layer.channel_group],
+         "channel_floats": layer.channel_floats}
         for layer in layers]}
     write_atomic(path, json.dumps(doc, indent=1))
     return path
@@ -216,11 +223,20 @@ def _layers_from_file(path: Path) -> tuple[Layer, ...] | None:
     doc = read_json(path)
     if doc is None or doc.get("version") != LAYERS_VERSION:
         return None
-    if doc["layers"] and "channel_consumer" not in doc["layers"][0]:
+    if doc["layers"] and not {"channel_consumer", "channel_group"} & set(doc["layers"][0]):
         return None  # written before structured pruning's fields: rebuild from the model instead
     return tuple(Layer(d["name"], LayerKind(d["kind"]), tuple(d["weight_shape"]), int(d.get("macs", 0)),
-                       bool(d.get("has_bias", False)), d.get("channel_norm"), d.get("channel_consumer"))
-                 for d in doc["layers"])
+                       bool(d.get("has_bias", False)), *_group_of(d)) for d in doc["layers"])
+
+
+def _group_of(d: dict[str, Any]) -> tuple[tuple[tuple[str, bool], ...], int]:
+    """A layer entry's channel group; an older layers.json named a block's conv2 (`channel_consumer`): the group
+    of conv1's rows, its norm (two entries a channel, and the bias) and conv2's columns."""
+    if "channel_group" in d:
+        return tuple((str(m), bool(r)) for m, r in d["channel_group"]), int(d.get("channel_floats", 0))
+    if d.get("channel_consumer"):
+        return ((d["name"], True), (d["channel_consumer"], False)), 2 + int(bool(d.get("has_bias")))
+    return (), 0
 
 
 def _layers_from_model(config: dict[str, Any]) -> tuple[Layer, ...] | None:
@@ -229,20 +245,16 @@ def _layers_from_model(config: dict[str, Any]) -> tuple[Layer, ...] | None:
     try:
         if source in MODELS.names():  # shapes only: the zoo's factory, no weights file needed
             entry = MODELS.get(source)
-            module = entry.factory() if isinstance(entry, ZooEntry) else entry()
+            module = unfuse_attention(entry.factory() if isinstance(entry, ZooEntry) else entry())
         else:
             module = load_model(source, config.get("weights")).module
     except Exception as exc:  # noqa: BLE001 -- a report without sizes beats no report
         log.info("layer table of %r unavailable: %s", source, exc)
         return None
-    inner = internal_channels(module)
-    layers = []
-    for name, mod in compressible_modules(module).items():
-        kind = LayerKind.LINEAR if mod.__class__.__name__ == "Linear" else LayerKind.CONV
-        norm, consumer = inner.get(name, (None, None))
-        shape = tuple(int(n) for n in mod.get_parameter("weight").shape)
-        layers.append(Layer(name, kind, shape, 0, mod.bias is not None, norm, consumer))
-    return tuple(layers)
+    groups = None
+    with contextlib.suppress(ConfigError):  # a model that does not trace: sizes without structured pruning
+        groups = ChannelGroups(module, torch.zeros(2, 3, 32, 32), compressible_modules(module), check=False)
+    return tuple(dataclasses.replace(x, macs=0) for x in discover_layers(module, torch.zeros(1, 3, 32, 32), groups))
 
 
 def read_run(run_dir: str | Path, *, layers: Sequence[Layer] | None = None, with_layers: bool = True) -> RunFolder:

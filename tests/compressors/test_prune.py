@@ -35,7 +35,8 @@ from modelopt.testing.compressors import (
     synthetic_weight,
 )
 
-BLOCK = Layer("block.conv1", LayerKind.CONV, (32, 16, 3, 3), 1000, False, "block.bn1", "block.conv2")
+BLOCK = Layer("block.conv1", LayerKind.CONV, (32, 16, 3, 3), 1000, False,
+              (("block.conv1", True), ("block.conv2", False)), 2)
 STEM = Layer("stem", LayerKind.CONV, (16, 3, 3, 3), 1, False)
 
 

@@ -47,7 +47,7 @@ def cuda_ev():
 
 
 def _plan(ev: Evaluator, name: str):
-    blocks = [x.name for x in ev.workload.layers if x.channel_consumer]
+    blocks = [x.name for x in ev.workload.layers if x.prunable]
     convs = [x.name for x in ev.workload.layers if x.name not in ("conv1", "linear")]
     docs = {
         "int8": {"default": {"quantize": {"bits": 8}}},

@@ -25,7 +25,7 @@ def ev(resnet20_workload) -> Evaluator:
 
 def _plan(ev: Evaluator, name: str):
     convs = [x.name for x in ev.workload.layers if x.name not in ("conv1", "linear")]
-    blocks = [x.name for x in ev.workload.layers if x.channel_consumer]
+    blocks = [x.name for x in ev.workload.layers if x.prunable]
     docs = {
         # Half of every conv's weights pruned, then INT4 (bitmask + 4-bit kept codes).
         "sparse50_int4": {"default": {"quantize": {"bits": 4}},
@@ -55,14 +55,14 @@ def test_file_is_size_bytes_and_reloads_the_evaluated_model(ev, tmp_path, name):
     net = load(path)
     assert_norms_run_on_cuda(net)
     layers = compressible_modules(net)
-    kept = ev.states.kept_channels(plan)
+    slices = ev.states.kept_slices(plan)
     expected = ev.states.compressed_weights(plan)
     for lname, w in expected.items():
-        if lname in kept:
-            w = w[kept[lname][1]]
-        producer = next((x.name for x in wl.layers if x.channel_consumer == lname), None)
-        if producer in kept:
-            w = w[:, kept[producer][1]]
+        rows, cols = slices.get(lname, (None, None))
+        if rows is not None:
+            w = w[rows]
+        if cols is not None:
+            w = w[:, cols]
         assert torch.equal(layers[lname].weight, w), lname  # bit-identical, at the physical shape
     x = wl.split("val").x[:64]
     with torch.inference_mode():

@@ -1,0 +1,152 @@
+"""Which channels must be removed together, found in the model's graph, and their removal: simulated
+(zeroed) or physical.
+
+Torch-Pruning's dependency graph (`torch_pruning.DependencyGraph`, traced once) groups every layer's output
+channels with everything that shares them: the norm after the layer, depthwise convolutions on them, the
+layers reading them, residual additions that tie several layers' outputs together, concatenations, channel
+shuffles, squeeze-excitation, attention projections, MLP hidden units. A group is offered for structured
+pruning when removing channels from it is exactly what zeroing them computes: the evaluator scores a plan
+with the removed channels' weights zeroed (every slice of the group: a layer's rows, a reader's columns, a
+norm's scale and shift) and deploys the physically smaller model (Torch-Pruning's own slicing), so the two
+must agree. Each group is checked once, on the model as loaded: a quarter of its channels zeroed against
+the same channels removed, on two images (a norm across channels, LayerNorm, computes other statistics
+without them: such groups are left out). A group that changes the model's outputs (its classes) is too.
+
+Example:
+    >>> groups = ChannelGroups(model, x[:2], [layer.name for layer in layers])
+    >>> list(groups.roots)[:2], groups.roots["layer1.0.conv1"]
+    (['layer1.0.conv1', 'layer1.1.conv1'], 16)
+    >>> removals = groups.removals("layer1.0.conv1", [0, 5, 7])
+    >>> smaller = groups.remove(copy.deepcopy(model), removals)
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch_pruning as tp
+from torch import nn
+
+from modelopt.errors import ConfigError
+
+__all__ = ["ChannelGroups", "Removal", "zeroed"]
+
+log = logging.getLogger(__name__)
+
+_CHECK_TOLERANCE = 1e-4  # relative: zeroed and removed logits must agree to float32 rounding
+
+
+@dataclass(frozen=True)
+class Removal:
+    """Channels removed from one module: its outputs (rows of a weight, a norm's entries) or its inputs."""
+
+    module: str
+    out: bool
+    idxs: tuple[int, ...]
+
+
+class ChannelGroups:
+    """The channel groups of `model` that structured pruning may remove from, by root layer.
+
+    Args:
+        model: The model (its structure is traced once; it is not changed).
+        example: A batch of inputs (its first two rows are traced and check each group).
+        layers: The compressible layers (a group's root is one of them).
+        check: Check each group's zeroing against its removal (off: trust them, e.g. to rebuild a model).
+
+    Raises:
+        ConfigError: the model does not trace (a one-line reason; it keeps the other compressors).
+    """
+
+    def __init__(self, model: nn.Module, example: torch.Tensor, layers: Iterable[str], *, check: bool = True) -> None:
+        # Traced on a copy of its own, with gradients (the graph is read off autograd), whatever mode the caller
+        # is in (a model built under inference mode holds inference tensors, which cannot require gradients).
+        with torch.inference_mode(False), torch.enable_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # unwrapped parameters (a class token): their groups fail the check
+            self.model = copy.deepcopy(model)
+            for p in self.model.parameters():
+                p.requires_grad_(True)
+            self._names = {m: n for n, m in self.model.named_modules()}
+            try:
+                self._graph = tp.DependencyGraph().build_dependency(self.model, example_inputs=example[:1].clone())
+            except Exception as exc:  # noqa: BLE001 -- any tracing failure: the model keeps the other compressors
+                raise ConfigError(f"structured pruning needs the model's graph, and it does not trace "
+                                  f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]})") from None
+        wanted = set(layers)
+        self.roots: dict[str, int] = {}  # root layer -> its group's channels
+        for group in self._graph.get_all_groups(root_module_types=[nn.Conv2d, nn.Linear]):
+            root = self._names.get(group[0].dep.target.module)
+            channels = len(group[0].idxs)
+            if root in wanted and channels >= 2 and (not check or self._exact(root, channels, example[:2])):
+                self.roots[root] = channels
+
+    def removals(self, root: str, removed: Sequence[int]) -> tuple[Removal, ...]:
+        """What removing output channels `removed` of `root` removes, module by module."""
+        module = self.model.get_submodule(root)
+        pruner = self._graph.get_pruner_of_module(module)
+        group = self._graph.get_pruning_group(module, pruner.prune_out_channels, sorted(int(i) for i in removed))
+        out = []
+        for dep, idxs in group:
+            name = self._names.get(dep.target.module)
+            if name is None or not list(dep.target.module.parameters(recurse=False)):
+                continue  # an operation without weights (activation, addition, concatenation)
+            out.append(Removal(name, bool(self._graph.is_out_channel_pruning_fn(dep.handler)),
+                               tuple(sorted(int(i) for i in idxs))))
+        return tuple(out)
+
+    def remove(self, model: nn.Module, removals: Iterable[Removal]) -> nn.Module:
+        """`model` (a copy of the traced one, any weights) with the channels physically removed, in place."""
+        for r in removals:
+            module = model.get_submodule(r.module)
+            pruner = self._graph.get_pruner_of_module(module)
+            (pruner.prune_out_channels if r.out else pruner.prune_in_channels)(module, list(r.idxs))
+        return model
+
+    def _exact(self, root: str, channels: int, x: torch.Tensor) -> bool:
+        """Whether zeroing a quarter of the group's channels computes what removing them does."""
+        removals = self.removals(root, range(max(1, channels // 4)))
+        try:
+            with torch.inference_mode():
+                state = {k: v.clone() for k, v in self.model.state_dict().items()}
+                zero = copy.deepcopy(self.model)
+                zero.load_state_dict({**state, **zeroed(self.model, removals)})
+                small = self.remove(copy.deepcopy(self.model), removals)
+                want, got = zero(x), small(x)
+        except Exception as exc:  # noqa: BLE001 -- a removal Torch-Pruning cannot apply: the group is not offered
+            log.info("channel group of %s left out: %s", root, exc)
+            return False
+        if got.shape != want.shape:
+            return False  # it removes outputs (classes)
+        scale = float(want.abs().max()) or 1.0
+        return float((got - want).abs().max()) <= _CHECK_TOLERANCE * scale
+
+
+def zeroed(model: nn.Module, removals: Iterable[Removal]) -> dict[str, torch.Tensor]:
+    """The state-dict entries that zeroing `removals` changes (weights, biases, norms' scales and shifts), as new
+    tensors: the model computes what the physically smaller one does."""
+    state = model.state_dict()
+    out: dict[str, torch.Tensor] = {}
+    for r in removals:
+        module = model.get_submodule(r.module)
+        idx = torch.tensor(r.idxs, dtype=torch.long)
+        rows = r.out or _norm(module) or (isinstance(module, nn.Conv2d) and module.groups > 1)
+        for pname in ("weight", "bias"):
+            key = f"{r.module}.{pname}" if r.module else pname
+            if key not in state or state[key] is None or (pname == "bias" and not rows):
+                continue
+            t = out.get(key, state[key]).clone()
+            if rows:
+                t[idx.to(t.device)] = 0
+            else:
+                t[:, idx.to(t.device)] = 0
+            out[key] = t
+    return out
+
+
+def _norm(module: nn.Module) -> bool:
+    return isinstance(module, (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm))

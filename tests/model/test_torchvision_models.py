@@ -1,0 +1,103 @@
+"""The models people bring (issue 26): eight torchvision classifiers (residual, inverted residual with
+depthwise convolutions and squeeze-excitation, grouped, channel-shuffled, ConvNeXt with LayerNorm, and a vision
+transformer), random weights, on 200 real CIFAR-10 images. Each runs `modelopt.optimize` with every compressor
+that applies (early exit says in one line why it does not, where it does not), its plan exports to the packed
+form and reloads with the logits that were scored, and to ONNX, which ONNX Runtime runs with the same answers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import modelopt
+from modelopt.config.build import make_evaluator
+from modelopt.config.run_config import RunConfig
+from modelopt.errors import ConfigError
+from modelopt.exporters.onnx import export_onnx, run_onnx
+from modelopt.exporters.packed import export_packed
+from modelopt.model.layers import compressible_modules
+from modelopt.run.journal import read_records
+
+torchvision = pytest.importorskip("torchvision")
+
+MODELS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "regnet_x_400mf",
+          "shufflenet_v2_x0_5", "convnext_tiny", "vit")
+
+
+def _model(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if name == "vit":
+        from torchvision.models import VisionTransformer
+
+        return VisionTransformer(image_size=32, patch_size=4, num_layers=2, num_heads=2, hidden_dim=64, mlp_dim=128,
+                                 num_classes=10)
+    return torchvision.models.get_model(name, weights=None, num_classes=10)
+
+
+@pytest.fixture(scope="module")
+def few_images(tmp_path_factory, small_data):
+    path = tmp_path_factory.mktemp("few") / "cifar10_200.npz"  # 80 val images: a random model gets some right
+    with np.load(small_data) as f:
+        np.savez(path, x=f["x"][:200], y=f["y"][:200])
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("torchvision")
+@pytest.mark.parametrize("name", MODELS)
+def test_a_torchvision_classifier_compresses_exports_and_reloads(name, few_images, tmp_path):
+    model = _model(name).eval()
+    wl = modelopt.build_workload(model, str(few_images), device="cpu")
+    out = tmp_path / "run"
+    result = modelopt.optimize(wl, out=out, strategy="random", budget=3, confidence=0.0, min_retention=0.0,
+                               bits=[8, 4], granularity=["per_channel"], rounding=["nearest"], latency=None,
+                               progress=False, report=False)
+    assert result.trials and all(t.ok for t in result.trials), [t.error for t in result.trials]
+    if name == "vit":  # attention's projections are layers too (`modelopt.model.attention`)
+        assert any(n.endswith("self_attention.in_proj") for n in compressible_modules(wl.model))
+    with pytest.raises(ConfigError) as why:  # early exit: one line saying why it does not apply
+        modelopt.optimize(wl, out=tmp_path / "ee", compressors=["early_exit"], budget=1, confidence=0.0,
+                          latency=None, progress=False, report=False)
+    assert "\n" not in str(why.value)
+
+    ev = make_evaluator(RunConfig.read(out), wl)
+    record = read_records(out / "trials.jsonl")[-1]
+    plan = ev.space.plan_from_flat(record.plan)
+    x = wl.split("val").x[:32]
+    want = ev.states.logits(plan, x)
+    net = modelopt.load(export_packed(ev, plan, tmp_path / "m.pt"), model=_model(name))
+    with torch.inference_mode():
+        got = net(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    onnx_path = export_onnx(ev, plan, tmp_path / "m.onnx").path
+    agreement = float((run_onnx(onnx_path, x).argmax(1) == want.argmax(1).numpy()).mean())
+    assert agreement >= 0.99, agreement
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("torchvision")
+@pytest.mark.parametrize("name", ["mobilenet_v2", "efficientnet_b0"])
+def test_structured_pruning_makes_a_depthwise_network_physically_smaller(name, few_images, tmp_path):
+    """Inverted residuals, depthwise convolutions, squeeze-excitation: every checked group pruned by half gives a
+    model with fewer parameters and MACs, whose outputs are the simulated ones, and which reloads and exports."""
+    wl = modelopt.build_workload(_model(name).eval(), str(few_images), device="cpu")
+    roots = [x for x in wl.layers if x.prunable]
+    assert len(roots) >= 10 and any(len(x.channel_group) > 2 for x in roots)  # depthwise members, SE, streams
+    ev = make_evaluator(RunConfig(compressors=("prune",), options={"prune": {"kind": ["structured"]}}), wl)
+    plan = ev.space.parse_plan({"layers": {x.name: {"prune": {"sparsity": 0.5, "kind": "structured"}}
+                                           for x in roots}})
+    small = ev.states.physical_model(plan)
+    params = sum(p.numel() for p in small.parameters())
+    assert params < 0.6 * sum(p.numel() for p in wl.model.parameters())
+    assert ev.plan_cost(plan).macs() < 0.6 * wl.macs
+    x = wl.split("val").x[:16]
+    with torch.inference_mode():
+        torch.testing.assert_close(small(x), ev.states.logits(plan, x), rtol=1e-4, atol=1e-4)
+    net = modelopt.load(export_packed(ev, plan, tmp_path / "m.pt"), model=_model(name))
+    assert sum(p.numel() for p in net.parameters()) == params
+    with torch.inference_mode():
+        torch.testing.assert_close(net(x), small(x), rtol=1e-4, atol=1e-4)
+    onnx_path = export_onnx(ev, plan, tmp_path / "m.onnx").path
+    assert float((run_onnx(onnx_path, x).argmax(1) == small(x).argmax(1).numpy()).mean()) >= 0.99
