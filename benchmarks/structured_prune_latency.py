@@ -1,13 +1,14 @@
-"""Structured pruning of ResNet-56: MACs, measured CPU latency of the physically smaller model, retention.
+"""Structured pruning: MACs, parameters, measured CPU latency of the physically smaller model, retention.
 
-Every residual block's conv1 loses the same share of its output channels (smallest L1 filter
-norm), chosen so the model runs ~30 % fewer MACs; the evaluator's simulation (zeroed channels) is
-checked against the smaller model, which is timed against the unpruned one (batch 64, fixed
-threads, median of 20 runs after warm-up). Retention is top-1 on `--split all` (the 846 exact
-CIFAR-10 test images) relative to the float model, with batch-norm statistics re-estimated on 512
-calibration images and without.
+Every prunable channel group (torch-pruning's dependency graph, checked exact: a residual block's inner
+channels, a MobileNetV2 block's expanded depthwise channels, a ViT block's MLP hidden units) loses the same
+share of its channels (smallest L1 norm over the group); the evaluator's simulation (zeroed channels) is
+checked against the smaller model, which is timed against the unpruned one (batch 64, fixed threads, median of
+20 runs after warm-up). Retention is top-1 on `--split all` (the 846 exact CIFAR-10 test images) relative to
+the float model, with batch-norm statistics re-estimated on 512 calibration images and without.
 
     python benchmarks/structured_prune_latency.py [--threads 1] [--sparsity 0.3]
+    python benchmarks/structured_prune_latency.py --model cifar10_mobilenetv2 --weights models/cifar10_mobilenetv2.pt
 
 On a shared machine the unpruned model is timed before and after the pruned one (both printed).
 """
@@ -29,7 +30,8 @@ WEIGHTS = Path(__file__).resolve().parents[2] / "shared" / "models" / "cifar10" 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--weights", default=str(WEIGHTS))
+    ap.add_argument("--model", default="cifar10_resnet56", help="a zoo name")
+    ap.add_argument("--weights", default=None, help="checkpoint (default: the shared ResNet-56 for cifar10_resnet56)")
     ap.add_argument("--sparsity", type=float, default=0.3, help="share of each block's internal channels removed")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch", type=int, default=64)
@@ -37,8 +39,11 @@ def main() -> None:
     ap.add_argument("--split", default="all")
     args = ap.parse_args()
     torch.manual_seed(0)
-    wl = build_workload("cifar10_resnet56", "cifar10-sample", weights=args.weights, device="cpu")
+    weights = args.weights or (str(WEIGHTS) if args.model == "cifar10_resnet56" else None)
+    wl = build_workload(args.model, "cifar10-sample", weights=weights, device="cpu")
     blocks = [x.name for x in wl.layers if x.prunable]
+    if not blocks:
+        raise SystemExit(f"{args.model} has no prunable channel group: {wl.channels_refused or 'none was exact'}")
     doc = {"layers": {n: {"prune": {"sparsity": args.sparsity, "kind": "structured"}} for n in blocks}}
     rows = []
     for bn_samples in (512, 0):
@@ -61,7 +66,7 @@ def main() -> None:
     pruned = torch_latency(small, x, batch_size=args.batch, threads=args.threads, repeats=args.repeats)
     again = torch_latency(wl.model, x, batch_size=args.batch, threads=args.threads, repeats=args.repeats)
     params = sum(p.numel() for p in small.parameters())
-    print(f"ResNet-56, {len(blocks)} blocks' internal channels pruned by {args.sparsity:.0%} (L1 filter norm)")
+    print(f"{args.model}, {len(blocks)} channel groups pruned by {args.sparsity:.0%} (L1 norm over each group)")
     print(f"  MACs/sample  {m.float_macs / 1e6:8.2f} M -> {m.macs / 1e6:8.2f} M  "
           f"({1 - m.macs / m.float_macs:.1%} fewer)")
     print(f"  parameters   {sum(p.numel() for p in wl.model.parameters()):,} -> {params:,}; "

@@ -331,7 +331,7 @@ class Compressor(ABC):
 
     def apply_calibrated(self, weight: torch.Tensor, choice: Choice, inputs: LayerInputs | None) -> torch.Tensor:
         """`apply` given the second moments of the layer's inputs on `input_images(choice)` calib
-        images (None where the evaluator has none, e.g. a grouped conv); default: `apply`."""
+        images (None where the evaluator has none, e.g. a grouped conv pruned within a group); default: `apply`."""
         return self.apply(weight, choice)
 
     @abstractmethod

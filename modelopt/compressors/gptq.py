@@ -36,29 +36,32 @@ class Rounding(str, Enum):
 def gptq_round(weight: torch.Tensor, scales: torch.Tensor, qmin: int, qmax: int, inputs: LayerInputs,
                damping: float = DAMPING) -> torch.Tensor:
     """Integer codes (float tensor, weight's shape) for `weight` with per-weight `scales` (same shape
-    as the weight flattened per output channel), chosen by GPTQ on the inputs' second moments."""
-    w = weight.detach().reshape(weight.shape[0], -1).double().clone()
-    s = scales.double()
+    as the weight flattened per output channel), chosen by GPTQ on the inputs' second moments. A
+    grouped conv's output channels are rounded group by group, each on its own group's inputs."""
+    g = inputs.groups
+    w = weight.detach().reshape(g, weight.shape[0] // g, -1).double().clone()
+    s = scales.double().reshape(w.shape)
+    h = inputs.hessian.to(w.device, torch.float64).reshape(g, w.shape[2], w.shape[2]).clone()
     zero = w == 0
-    h = inputs.hessian.to(w.device, torch.float64).clone()
-    dead = torch.diagonal(h) == 0  # inputs that are always zero: their weights do not matter
-    h[dead, dead] = 1.0
-    w[:, dead] = 0.0
-    h += torch.eye(h.shape[0], dtype=h.dtype, device=h.device) * damping * float(torch.diagonal(h).mean())
+    diag = torch.diagonal(h, dim1=1, dim2=2)
+    dead = diag == 0  # inputs that are always zero: their weights do not matter
+    diag[dead] = 1.0
+    w[dead[:, None, :].expand_as(w)] = 0.0
+    diag += damping * diag.mean(dim=1, keepdim=True)
     # Upper Cholesky factor of H^-1: row i holds the update direction for column i's error.
     hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
     codes = torch.zeros_like(w)
-    n = w.shape[1]
+    n = w.shape[2]
     for b0 in range(0, n, BLOCK):
         b1 = min(b0 + BLOCK, n)
-        wb, err = w[:, b0:b1].clone(), torch.zeros_like(w[:, b0:b1])
+        wb, err = w[:, :, b0:b1].clone(), torch.zeros_like(w[:, :, b0:b1])
         for j in range(b1 - b0):
-            col, d = b0 + j, hinv[b0 + j, b0 + j]
-            q = torch.clamp(torch.round(wb[:, j] / s[:, col]), qmin, qmax)
-            q = torch.where(zero[:, col], torch.zeros_like(q), q)
-            codes[:, col] = q
-            e = (wb[:, j] - q * s[:, col]) / d
-            wb[:, j + 1 :] -= e[:, None] * hinv[col, col + 1 : b1][None, :]
-            err[:, j] = e
-        w[:, b1:] -= err @ hinv[b0:b1, b1:]
+            col, d = b0 + j, hinv[:, b0 + j, b0 + j, None]
+            q = torch.clamp(torch.round(wb[:, :, j] / s[:, :, col]), qmin, qmax)
+            q = torch.where(zero[:, :, col], torch.zeros_like(q), q)
+            codes[:, :, col] = q
+            e = (wb[:, :, j] - q * s[:, :, col]) / d
+            wb[:, :, j + 1 :] -= e[:, :, None] * hinv[:, None, col, col + 1 : b1]
+            err[:, :, j] = e
+        w[:, :, b1:] -= err @ hinv[:, b0:b1, b1:]
     return codes.float().reshape(weight.shape)

@@ -170,7 +170,7 @@ class CompressedStates:
                 continue
             comp = self.space.compressors[d.compressor]
             if n := comp.input_images(c):
-                w = comp.apply_calibrated(w, c, self.layer_inputs(lname, n, None if keep_cols is None else cols))
+                w = comp.apply_calibrated(w, c, self.layer_inputs(lname, n, kept_slice))
             else:
                 w = comp.apply(w, c)
         if not sliced:
@@ -179,11 +179,13 @@ class CompressedStates:
         full[rows[:, None], cols[None, :]] = w
         return full
 
-    def layer_inputs(self, lname: str, images: int, kept_inputs: torch.Tensor | None = None) -> LayerInputs | None:
+    def layer_inputs(self, lname: str, images: int,
+                     kept: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)) -> LayerInputs | None:
         """Second moments of `lname`'s inputs in the float model over the first `images` calib images
-        (None for a layer they are not measured on, a grouped conv); `kept_inputs`: only those input
-        channels' columns (structured pruning removed the others). Measured once per image count for
-        every layer (`gptq.input_hessians`), shared by runs on the workload; charged by `input_cost`.
+        (a grouped conv's per group; None for a layer they are not measured on); `kept`: the (rows, columns)
+        of the weight structured pruning keeps (None: all), whose inputs alone are returned. Measured
+        once per image count for every layer (`gptq.input_hessians`), shared by runs on the workload;
+        charged by `input_cost`.
         """
         x = self.workload.split("calib").x[:images]
         cache = self.workload.input_cache
@@ -194,9 +196,18 @@ class CompressedStates:
                                                    self.workload.batch_size)
             self.one_time.timed(f"layer_inputs:{x.shape[0]}", time.perf_counter() - t0)
         inputs = cache[x.shape[0]].get(lname)
-        if inputs is None or kept_inputs is None:
-            return inputs
-        return inputs.select(input_columns(kept_inputs, self.workload.original[lname][0, 0].numel()))
+        rows, cols = kept
+        if inputs is None:
+            return None
+        if rows is not None and inputs.groups > 1:  # a grouped conv keeps the groups its kept rows are in
+            per_group = self.workload.original[lname].shape[0] // inputs.groups
+            groups = torch.unique(rows // per_group)
+            if groups.numel() * per_group != rows.numel():
+                return None  # a partial group: no second moments fit it (nearest rounding)
+            inputs = inputs.select_groups(groups)
+        if cols is not None:
+            inputs = inputs.select(input_columns(cols, self.workload.original[lname][0, 0].numel()))
+        return inputs
 
     # ---- the state a plan swaps in --------------------------------------------------------
 

@@ -40,6 +40,8 @@ def measure_errors(evaluator: Evaluator) -> None:
 
         def energy(e: torch.Tensor, h: torch.Tensor | None = h) -> float:
             e = e.reshape(e.shape[0], -1)
+            if h is not None and h.dim() == 3:  # a grouped conv: each group's rows against its own inputs
+                e = e.reshape(h.shape[0], -1, h.shape[-1])
             return float((e**2).sum()) if h is None else float(((e @ h) * e).sum())
 
         norm = energy(w) or 1.0

@@ -41,7 +41,7 @@ def layer_steps(evaluator: Evaluator, plan: Plan, layer: str) -> list[Step]:
         if d.layer != layer or choice is None or (own is not None and d.name == own[0]):
             continue
         comp = space.compressors[d.compressor]
-        inputs = evaluator.states.layer_inputs(layer, n, cols) if (n := comp.input_images(choice)) else None
+        inputs = evaluator.states.layer_inputs(layer, n, (rows, cols)) if (n := comp.input_images(choice)) else None
         steps.append(Step(d.name, choice, comp.pack(steps[-1].form, choice, inputs)))
     return steps
 

@@ -25,15 +25,26 @@ class LayerInputs:
     """Second moments of one layer's inputs: H = sum of x x^T over calibration rows (float64).
 
     Columns are ordered as the layer's weight flattened per output channel (in_channels, kh, kw).
+    A grouped convolution (depthwise included) has one matrix per group, (groups, fan_in, fan_in):
+    each group's output channels see only that group's inputs.
     """
 
-    hessian: torch.Tensor  # (fan_in, fan_in)
+    hessian: torch.Tensor  # (fan_in, fan_in), or (groups, fan_in, fan_in) for a grouped conv
     rows: int  # input rows (images x output positions) it was summed over
+
+    @property
+    def groups(self) -> int:
+        """How many input groups the matrices are for (1 but for a grouped conv)."""
+        return self.hessian.shape[0] if self.hessian.dim() == 3 else 1
 
     def select(self, columns: torch.Tensor) -> LayerInputs:
         """The second moments of a subset of the columns (structured pruning removed the others)."""
         idx = columns.to(self.hessian.device)
-        return LayerInputs(self.hessian[idx[:, None], idx[None, :]], self.rows)
+        return LayerInputs(self.hessian[..., idx[:, None], idx[None, :]], self.rows)
+
+    def select_groups(self, groups: torch.Tensor) -> LayerInputs:
+        """The matrices of a subset of a grouped conv's groups (structured pruning removed the others)."""
+        return LayerInputs(self.hessian[groups.to(self.hessian.device)], self.rows)
 
 
 def input_columns(kept_inputs: torch.Tensor, kernel: int) -> torch.Tensor:
@@ -41,29 +52,33 @@ def input_columns(kept_inputs: torch.Tensor, kernel: int) -> torch.Tensor:
     return (kept_inputs[:, None] * kernel + torch.arange(kernel, device=kept_inputs.device)).reshape(-1)
 
 
-def _rows(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The module's input as rows x fan_in, in the weight's column order."""
-    if isinstance(module, nn.Conv2d):
-        if isinstance(module.padding, str):  # unfold takes numbers; a conv built with padding="same"/"valid"
-            raise ConfigError(f"GPTQ needs a conv's padding as numbers; this one has padding={module.padding!r}")
-        cols = F.unfold(x, module.kernel_size, module.dilation, module.padding, module.stride)
-        return cols.transpose(1, 2).reshape(-1, cols.shape[1])
-    return x.reshape(-1, x.shape[-1])
+def _second_moments(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """X^T X of the module's input x, X as rows x fan_in in the weight's column order (float64; one
+    matrix per group for a grouped conv), and X's row count."""
+    if not isinstance(module, nn.Conv2d):
+        r = x.reshape(-1, x.shape[-1])
+        return (r.T @ r).double(), r.shape[0]
+    if isinstance(module.padding, str):  # unfold takes numbers; a conv built with padding="same"/"valid"
+        raise ConfigError(f"GPTQ needs a conv's padding as numbers; this one has padding={module.padding!r}")
+    cols = F.unfold(x, module.kernel_size, module.dilation, module.padding, module.stride)
+    if module.groups == 1:
+        r = cols.transpose(1, 2).reshape(-1, cols.shape[1])
+        return (r.T @ r).double(), r.shape[0]
+    g = cols.reshape(cols.shape[0], module.groups, -1, cols.shape[2])  # (n, groups, fan_in, positions)
+    return torch.einsum("ngip,ngjp->gij", g, g).double(), cols.shape[0] * cols.shape[2]
 
 
 def input_hessians(model: nn.Module, modules: Mapping[str, nn.Module], x: torch.Tensor,
                    batch_size: int = 128) -> dict[str, LayerInputs]:
     """H = X^T X of every module's input over images `x`, from one pass of `model` as it is (the
-    float model). Grouped convolutions are skipped (their columns are not one matrix)."""
-    wanted = {n: m for n, m in modules.items() if not (isinstance(m, nn.Conv2d) and m.groups != 1)}
+    float model); a grouped conv's one per group."""
     sums: dict[str, torch.Tensor] = {}
-    rows: dict[str, int] = dict.fromkeys(wanted, 0)
+    rows: dict[str, int] = dict.fromkeys(modules, 0)
 
     def hook(name: str, m: nn.Module, inp: torch.Tensor) -> None:
-        r = _rows(m, inp.detach().float())
-        h = (r.T @ r).double()
+        h, n = _second_moments(m, inp.detach().float())
         sums[name] = h if name not in sums else sums[name] + h
-        rows[name] += r.shape[0]
+        rows[name] += n
 
-    feed_inputs(model, wanted, x, batch_size, hook)
+    feed_inputs(model, modules, x, batch_size, hook)
     return {n: LayerInputs(sums[n], rows[n]) for n in sums}

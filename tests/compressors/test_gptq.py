@@ -107,6 +107,36 @@ def test_kept_input_channels_select_their_columns():
     assert torch.equal(LayerInputs(h, 5).select(cols).hessian, h[cols][:, cols])
 
 
+@pytest.mark.parametrize(("groups", "cin", "cout"), [(24, 24, 24), (4, 32, 16)])  # depthwise; 4 groups of 8 -> 4
+def test_a_grouped_conv_is_rounded_group_by_group_on_its_own_inputs(groups, cin, cout):
+    from torch import nn
+
+    from modelopt.model.layer_inputs import input_hessians
+
+    torch.manual_seed(groups)
+    conv = nn.Conv2d(cin, cout, 3, padding=1, groups=groups)
+    x = torch.relu(torch.randn(32, cin, 8, 8) + torch.randn(32, cin, 1, 1))  # channels correlated over positions
+    inputs = input_hessians(nn.Sequential(conv), {"c": conv}, x)["c"]
+    assert inputs.groups == groups and inputs.hessian.shape == (groups, cin // groups * 9, cin // groups * 9)
+    w = conv.weight.detach()
+    spec = QuantSpec(3)
+    s = _per_weight(search_scales(scale_units(w, spec.granularity), 3), spec, w)
+    got = gptq_round(w, s, -4, 3, inputs)
+    per = cout // groups  # each group alone, through the plain (one-matrix) path
+    want = torch.cat([gptq_round(w[i * per : (i + 1) * per], s[i * per : (i + 1) * per], -4, 3,
+                                 LayerInputs(inputs.hessian[i], inputs.rows)) for i in range(groups)])
+    assert torch.equal(got, want)
+    near = torch.clamp(torch.round(w.reshape(cout, -1) / s), -4, 3)
+
+    def output_error(codes: torch.Tensor) -> float:
+        delta = (codes.reshape(cout, -1) * s).reshape(w.shape) - w
+        return float(nn.functional.conv2d(x, delta, padding=1, groups=groups).pow(2).sum())
+
+    assert output_error(got) < output_error(near)
+    kept = inputs.select_groups(torch.tensor([0, 2]))
+    assert torch.equal(kept.hessian, inputs.hessian[[0, 2]])
+
+
 def test_inputs_are_measured_once_and_charged_to_the_first_plan(gptq_evaluator):
     space = gptq_evaluator.space
     plan = space.parse_plan({"default": {"quantize": {"bits": 4, "rounding": "gptq"}}})

@@ -126,7 +126,7 @@ def test_plan_yaml_round_trip_and_errors():
     assert plan["block.conv1/prune"] == PruneSpec(0.5, PruneKind.STRUCTURED)
     assert plan["fc/prune"] == PruneSpec(0.25)
     assert space.parse_plan(space.dump_plan(plan)) == plan
-    with pytest.raises(ConfigError, match="kind 'structured' needs a residual block's conv1"):
+    with pytest.raises(ConfigError, match="kind 'structured' needs a layer whose output channels a checked"):
         space.parse_plan({"layers": {"fc": {"prune": {"sparsity": 0.5, "kind": "structured"}}}})
     with pytest.raises(ConfigError, match=r"sparsity 1\.5 is not a share in \(0, 1\)"):
         space.parse_plan({"layers": {"fc": {"prune": {"sparsity": 1.5}}}})

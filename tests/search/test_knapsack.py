@@ -226,7 +226,8 @@ def test_a_known_plan_moves_L_without_spending_a_trial():
 
 def _option_costs(target):
     """{(prune choice, quantize choice): cost} the knapsack prices one block's conv1 options at."""
-    layers = [Layer("b.conv1", LayerKind.CONV, (16, 16, 3, 3), 16 * 16 * 9 * 64, False, "b.bn1", "b.conv2"),
+    layers = [Layer("b.conv1", LayerKind.CONV, (16, 16, 3, 3), 16 * 16 * 9 * 64, False,
+                    channel_group=(("b.conv1", True), ("b.conv2", False)), channel_floats=2),
               Layer("b.conv2", LayerKind.CONV, (16, 16, 3, 3), 16 * 16 * 9 * 64, False)]
     space = SearchSpace(layers, [Quantize(bits=(8,), granularity=("per_channel",)),
                                  Prune(sparsity=(0.5,), kind=("unstructured", "structured"))])
