@@ -249,7 +249,7 @@ class _Weights:
         x_in = node.input[0]
         if (len(node.input) > 2 and node.input[2] and not int4 and x_in in self.qparams
                 and q.granularity is not Granularity.GROUP):
-            self._int32_bias(node.input[2], np.float32(self.qparams[x_in].scale) * w_scale)
+            self._int32_bias(node, layer, np.float32(self.qparams[x_in].scale) * w_scale)
 
     def _user(self, layer: str, wname: str) -> Any:
         """The Conv, Gemm or MatMul that reads the weight (a Linear on 3-D inputs exports as a Transpose of it,
@@ -265,15 +265,26 @@ class _Weights:
         raise ConfigError(f"layer {layer!r}: its weight feeds no Conv, Gemm or MatMul in the exported graph; it "
                           "cannot be exported to ONNX")
 
-    def _int32_bias(self, bname: str, scale: np.ndarray) -> None:
-        """The bias at scale x_scale * w_scale, as QLinearConv takes it."""
+    def _int32_bias(self, node: Any, layer: str, scale: np.ndarray) -> None:
+        """The bias at scale x_scale * w_scale, as QLinearConv takes it. A bias the exporter merged with an equal
+        one (torchvision's zero-initialised biases: one initializer, Identity nodes for the others) gets a copy
+        of its own, under a new name; the merged one stays for its other readers."""
         from onnx import helper
 
+        bname, source = node.input[2], node.input[2]
+        producer = self.graph.producer()
+        while source not in self.graph.inits and source in producer and producer[source].op_type == "Identity":
+            source = producer[source].input[0]
+        own = source == bname and sum(bname in n.input for n in self.consumers.get(bname, [])) == 1
+        out = bname if own else f"{layer}.bias_own"
+        node.input[2] = out
         b_scale = scale.astype(np.float32)
-        b_q = np.round(self.inits.pop(bname).astype(np.float64) / b_scale).astype(np.int32)
-        self.extra += [tensor_proto(f"{bname}_q", b_q), tensor_proto(f"{bname}_scale", b_scale)]
-        self.front.append(helper.make_node("DequantizeLinear", [f"{bname}_q", f"{bname}_scale"], [bname],
-                                           name=f"{bname}_dq", axis=0))
+        b_q = np.round(self.graph.inits[source].astype(np.float64) / b_scale).astype(np.int32)
+        if own:
+            del self.inits[bname]  # the DequantizeLinear writes it now
+        self.extra += [tensor_proto(f"{out}_q", b_q), tensor_proto(f"{out}_scale", b_scale)]
+        self.front.append(helper.make_node("DequantizeLinear", [f"{out}_q", f"{out}_scale"], [out],
+                                           name=f"{out}_dq", axis=0))
 
 
 def _with_qdq(graph: Graph, qparams: dict[str, QParams], front: list[Any], extra: list[Any]) -> list[Any]:

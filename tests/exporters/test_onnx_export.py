@@ -120,3 +120,33 @@ def test_a_failed_write_leaves_the_old_onnx_file_whole(r20_evaluator, r20_plans,
         export_onnx(r20_evaluator, r20_plans["int4_group"], path, activations=False)
     assert path.read_bytes() == old and os.listdir(tmp_path) == ["m.onnx"]
     onnx.checker.check_model(onnx.load(path))
+
+
+def test_integer_inputs_on_layers_whose_biases_the_exporter_merged(small_data, tmp_path):
+    """torchvision zero-initialises its squeeze-excitation biases; torch.onnx keeps one initializer for equal
+    ones and Identity nodes for the rest. Each integer-input layer still gets its own int32 bias."""
+    torchvision = pytest.importorskip("torchvision")
+    import torch
+
+    import modelopt
+    from modelopt.api import build_compressors
+    from modelopt.evaluation.evaluator import Evaluator
+    from modelopt.plan.space import SearchSpace
+
+    torch.manual_seed(0)
+    wl = modelopt.build_workload(torchvision.models.mobilenet_v3_small(num_classes=10).eval(), str(small_data),
+                                 device="cpu")
+    ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize"], {"quantize": {
+        "bits": [8], "granularity": ["per_channel"], "activations": [None, 8]}})))
+    se = [x.name for x in wl.layers if x.name.endswith("fc1")]
+    plan = ev.space.parse_plan({"layers": {n: {"quantize": {"bits": 8, "granularity": "per_channel",
+                                                           "activations": 8}} for n in se}})
+    info = export_onnx(ev, plan, tmp_path / "se.onnx")
+    model = onnx.load(info.path)
+    onnx.checker.check_model(model, full_check=True)
+    inits = {i.name for i in model.graph.initializer}
+    assert len(se) == 9 and sum(f"{n}.bias_own_q" in inits for n in se) == 7  # per bias shape, one keeps the original
+    assert fused_op_counts(info.path).get("QLinearConv", 0) >= len(se)
+    x = wl.split("val").x[:64]
+    agreement = float((run_onnx(info.path, x).argmax(1) == _torch_logits(ev, plan, x).argmax(1)).mean())
+    assert agreement >= 0.95, agreement

@@ -1,5 +1,8 @@
 """A network cut into a stem, a chain of blocks (the candidate exit points) and a tail.
 
+CIFAR-style ResNets (`conv1`, `bn1`, `layer1..N`, `linear`) are cut by their attributes; any other network by
+tracing it for a chain of blocks (`chain.py`: torchvision's `features` and the like).
+
 An exit can sit after any block: its head reads that block's output. The cut is exact: running
 stem, every block and tail in order gives the model's own logits, so a deployable module built on
 it computes the same function as the model for samples that do not exit.
@@ -17,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from modelopt.compressors.early_exit.chain import Chain, NotAChain, trace_chain
 from modelopt.errors import ConfigError
 from modelopt.model.layers import discover_layers
 
@@ -70,18 +74,17 @@ class Backbone:
         tail: Last block's output to logits.
         points: One `ExitPoint` per block.
         total_macs: MACs of the whole model per sample.
+        classes: Classes the model scores (its logits' width).
+        stem_layers: The compressible layers the stem runs (before the first block).
     """
 
     stem: nn.Module
     blocks: tuple[tuple[str, nn.Module], ...]
-    tail: _Tail
+    tail: nn.Module
     points: tuple[ExitPoint, ...]
     total_macs: int
-
-    @property
-    def classes(self) -> int:
-        """Classes the model scores: its final linear layer's outputs."""
-        return self.tail.linear.out_features
+    classes: int
+    stem_layers: frozenset[str]
 
     def point(self, name: str) -> ExitPoint:
         """The exit point after block `name`; ConfigError naming the valid ones otherwise."""
@@ -99,18 +102,19 @@ class Backbone:
 
 
 def split_backbone(model: nn.Module, input_size: tuple[int, int] = (32, 32)) -> Backbone:
-    """Cuts a CIFAR-style ResNet (`conv1`, `bn1`, `layer1..N` of blocks, `linear`) into blocks.
+    """Cuts a network into stem, blocks and tail: a CIFAR-style ResNet by its layout, any other by tracing.
 
     Args:
-        model: The network; `modelopt.zoo.cifar_resnet.CifarResNet` and any model with the same
-            attribute layout and forward (relu(bn1(conv1)), the stages, global average pool, linear).
+        model: The network: `modelopt.zoo.cifar_resnet.CifarResNet` or any model with the same attribute
+            layout and forward (relu(bn1(conv1)), the stages, global average pool, linear); otherwise any
+            model with a chain of blocks `chain.trace_chain` finds (torchvision's `features`, ...).
         input_size: (height, width) of one input, for the MACs and output sizes.
 
     Returns:
-        The backbone with one exit point per residual block.
+        The backbone with one exit point per block.
 
     Raises:
-        ConfigError: The model does not have that layout.
+        ConfigError: No exact cut into blocks with (N, C, H, W) outputs; one line says why.
 
     Example:
         >>> bb = split_backbone(load_model("cifar10_resnet20").module)
@@ -119,10 +123,7 @@ def split_backbone(model: nn.Module, input_size: tuple[int, int] = (32, 32)) -> 
     """
     needed = ("conv1", "bn1", "layer1", "linear")
     if not all(hasattr(model, a) for a in needed):
-        raise ConfigError(
-            f"early exit needs a CIFAR-style ResNet with attributes {', '.join(needed)} (stages layer1..N "
-            f"of blocks); {type(model).__name__} lacks {[a for a in needed if not hasattr(model, a)]}"
-        )
+        return _traced(model, input_size)
     blocks: list[tuple[str, nn.Module]] = []
     stage = 1
     while hasattr(model, f"layer{stage}"):
@@ -147,11 +148,71 @@ def split_backbone(model: nn.Module, input_size: tuple[int, int] = (32, 32)) -> 
             h = block(h)
             macs += sum(m for n, m in layer_macs.items() if n.startswith(name + "."))
             points.append(ExitPoint(name, i, int(h.shape[1]), (int(h.shape[2]), int(h.shape[3])), macs))
-    return Backbone(stem, tuple(blocks), tail, tuple(points), sum(layer_macs.values()))
+    return Backbone(stem, tuple(blocks), tail, tuple(points), sum(layer_macs.values()), linear.out_features,
+                    frozenset({"conv1"}))
+
+
+def _traced(model: nn.Module, input_size: tuple[int, int]) -> Backbone:
+    """The cut `chain.trace_chain` finds, checked exact, with its exit points."""
+    first_conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    example = torch.randn(2, first_conv.in_channels if first_conv else 3, *input_size, device=device,
+                          generator=torch.Generator(device).manual_seed(0))
+    was_training = model.training
+    want: list[torch.Tensor] = []
+
+    def check(chain: Chain, x: torch.Tensor) -> str | None:
+        try:
+            with torch.inference_mode():
+                if not want:
+                    want.append(model(x))
+                h, shapes = chain.stem(x), []
+                for _, block in chain.blocks:
+                    h = block(h)
+                    shapes.append(tuple(h.shape))
+                got = chain.tail(h)
+        except Exception as e:  # noqa: BLE001 - a model that needs another input: one line says so
+            return f"it does not run on a {tuple(x.shape)} input ({str(e).splitlines()[0] if str(e) else e!r})"
+        flat = [s for s in shapes[:-1] if len(s) != 4]
+        if flat:
+            return f"its blocks give {flat[0]}-shaped outputs, and exit heads pool (N, C, H, W) feature maps"
+        if not isinstance(got, torch.Tensor) or got.shape != want[0].shape or not torch.allclose(
+                got, want[0], 1e-4, 1e-5):
+            return "stem, blocks and tail in order do not give the model's logits"
+        return None
+
+    model.eval()
+    try:
+        chain = trace_chain(model, example, check)
+        return _with_points(model, chain, example[:1], int(want[0].shape[1]))
+    except NotAChain as e:
+        raise ConfigError(f"early exit needs a chain of blocks with (N, C, H, W) outputs (a CIFAR ResNet's "
+                          f"layer1..N, an nn.Sequential like torchvision's features); {type(model).__name__}: {e}"
+                          ) from None
+    finally:
+        model.train(was_training)
+
+
+def _with_points(model: nn.Module, chain: Chain, example: torch.Tensor, classes: int) -> Backbone:
+    """The backbone of a traced chain, with an exit point (MACs up to it, output shape) per block."""
+    layer_macs = {layer.name: layer.macs for layer in discover_layers(model, example)}
+    stem_layers = frozenset(n for n in layer_macs if any(n == m or n.startswith(m + ".") for m in chain.stem_modules))
+    macs = sum(layer_macs[n] for n in stem_layers)
+    points = []
+    with torch.inference_mode():
+        h = chain.stem(example)
+        for i, (name, block) in enumerate(chain.blocks):
+            h = block(h)
+            macs += sum(m for n, m in layer_macs.items() if n.startswith(name + "."))
+            size = (int(h.shape[2]), int(h.shape[3])) if h.dim() == 4 else (1, 1)
+            points.append(ExitPoint(name, i, int(h.shape[1]), size, macs))
+    return Backbone(chain.stem, chain.blocks, chain.tail, tuple(points), sum(layer_macs.values()), classes,
+                    stem_layers)
 
 
 def exit_layers(backbone: Backbone) -> dict[str, str]:
-    """{last conv layer of each block: exit point name}: the layers `EarlyExit(exits=...)` decides on.
+    """{last conv (or Linear) layer of each block: exit point name}: the layers `EarlyExit(exits=...)` decides on.
 
     Example:
         >>> exit_layers(split_backbone(load_model("cifar10_resnet20").module))["layer2.0.conv2"]
@@ -159,7 +220,7 @@ def exit_layers(backbone: Backbone) -> dict[str, str]:
     """
     out = {}
     for name, block in backbone.blocks:
-        convs = [n for n, m in block.named_modules() if isinstance(m, torch.nn.Conv2d)]
+        convs = [n for n, m in block.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
         if convs:
-            out[f"{name}.{convs[-1]}"] = name
+            out[f"{name}.{convs[-1]}" if convs[-1] else name] = name
     return out

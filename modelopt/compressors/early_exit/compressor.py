@@ -84,6 +84,8 @@ class EarlyExit(Compressor):
         exits: Names (or fnmatch patterns) of the layers that end a candidate block, e.g.
             ``exit_layers(split_backbone(model))``; the default ``("*",)`` offers every
             convolution, which only a model whose every conv ends a block should use.
+        blocks: The block each of `exits` ends (plans name exits by block); None: the layer's name
+            without its last part (``layer2.1.conv2`` ends ``layer2.1``), as in a CIFAR ResNet.
 
     Example:
         >>> ee = EarlyExit(thresholds=(0.9, 0.99), exits=exit_layers(split_backbone(model)))
@@ -106,15 +108,22 @@ class EarlyExit(Compressor):
     def model_options(cls, model: torch.nn.Module) -> dict[str, Any]:
         """Every block's end but the last one's (an exit there saves nothing) is a candidate exit."""
         backbone = split_backbone(model)
-        return {"exits": list(exit_layers(backbone))[:-1], "classes": backbone.classes}
+        ends = list(exit_layers(backbone).items())[:-1]
+        return {"exits": [layer for layer, _ in ends], "blocks": [block for _, block in ends],
+                "classes": backbone.classes}
 
     def __init__(self, thresholds: Sequence[float] = DEFAULT_THRESHOLDS, exits: Sequence[str] = ("*",),
-                 classes: int = 10, exit_data: str | None = None, exit_images: int = 10000) -> None:
+                 classes: int = 10, exit_data: str | None = None, exit_images: int = 10000,
+                 blocks: Sequence[str] | None = None) -> None:
         if not thresholds:
             raise ConfigError("early_exit needs at least one threshold")
         self.thresholds = tuple(sorted({float(t) for t in thresholds}))
         self._choices = tuple(ExitChoice(t) for t in self.thresholds)  # validates each
         self.exits = tuple(exits)
+        if blocks is not None and (len(blocks) != len(self.exits) or not all(isinstance(b, str) for b in blocks)):
+            raise ConfigError(f"early_exit: blocks must name one block per exit ({len(self.exits)}); got {blocks!r}")
+        self.blocks = None if blocks is None else tuple(blocks)
+        self._block_of = dict(zip(self.exits, self.blocks, strict=True)) if self.blocks else {}
         if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
             raise ConfigError(f"early_exit: classes must be a positive integer, got {classes!r}")
         self.classes = classes
@@ -146,7 +155,13 @@ class EarlyExit(Compressor):
         return RuntimeConfig().spec.params(layer.out_channels, self.classes) * 4
 
     def _offers(self, layer: Layer) -> bool:
-        return layer.kind is LayerKind.CONV and any(fnmatch.fnmatchcase(layer.name, p) for p in self.exits)
+        """A conv matching `exits`, or any layer they name exactly (a Linear can end a block: ConvNeXt's)."""
+        return layer.name in self._block_of or (layer.kind is LayerKind.CONV and any(
+            fnmatch.fnmatchcase(layer.name, p) for p in self.exits))
+
+    def block(self, layer: str) -> str:
+        """The block that `layer` ends: what a plan names its exit by."""
+        return self._block_of.get(layer) or layer.rsplit(".", 1)[0]
 
     def menu(self, layer: Layer) -> tuple[Choice, ...]:
         return (None, *self._choices) if self._offers(layer) else ()
@@ -195,7 +210,7 @@ class EarlyExit(Compressor):
             wanted = {name: shared for name in exits}
         else:
             raise ConfigError(f"plan key 'early_exit.exits' must be a list or a mapping of exits; got {exits!r}")
-        offered = {x.name.rsplit(".", 1)[0]: x.name for x in layers if self._offers(x)}
+        offered = {self.block(x.name): x.name for x in layers if self._offers(x)}
         out: dict[str, Choice] = {}
         for name, t in wanted.items():
             layer = name if name in offered.values() else offered.get(str(name))
@@ -205,7 +220,7 @@ class EarlyExit(Compressor):
         return out
 
     def dump_top(self, choices: Mapping[str, Choice]) -> Any:
-        active = {layer.rsplit(".", 1)[0]: _threshold(c) for layer, c in choices.items() if c is not None}
+        active = {self.block(layer): _threshold(c) for layer, c in choices.items() if c is not None}
         if not active:
             return None
         shared = set(active.values())
@@ -227,6 +242,9 @@ class EarlyExit(Compressor):
 
     def options(self) -> dict[str, Any]:
         out: dict[str, Any] = {"thresholds": list(self.thresholds), "exits": list(self.exits), "classes": self.classes}
+        named = self.blocks is None or all(b == e.rsplit(".", 1)[0] for e, b in zip(self.exits, self.blocks, strict=True))
+        if not named:
+            out["blocks"] = list(self.blocks)  # only where the names do not say it (a CIFAR ResNet's do)
         if self.exit_data is not None:  # recorded only when given: a record without it fits on calib alone
             out.update(exit_data=self.exit_data, exit_images=self.exit_images)
         return out

@@ -98,7 +98,7 @@ def exit_layout(model: nn.Module, input_size: tuple[int, int], decisions: Sequen
         raise ConfigError(f"early_exit decisions on {wrong}, which end no block; valid: {sorted(ends)}")
     block_of = {}
     for name in layers:
-        idx = -1 if name.startswith("conv1") else len(backbone.blocks)  # stem, or the tail's linear layer
+        idx = -1 if name in backbone.stem_layers else len(backbone.blocks)  # stem, or the tail's layers
         for i, (bname, _) in enumerate(backbone.blocks):
             if name.startswith(bname + "."):
                 idx = i
