@@ -242,7 +242,8 @@ class EarlyExit(Compressor):
 
     def options(self) -> dict[str, Any]:
         out: dict[str, Any] = {"thresholds": list(self.thresholds), "exits": list(self.exits), "classes": self.classes}
-        named = self.blocks is None or all(b == e.rsplit(".", 1)[0] for e, b in zip(self.exits, self.blocks, strict=True))
+        blocks = self.blocks or ()
+        named = all(b == e.rsplit(".", 1)[0] for e, b in zip(self.exits[: len(blocks)], blocks, strict=True))
         if not named:
             out["blocks"] = list(self.blocks)  # only where the names do not say it (a CIFAR ResNet's do)
         if self.exit_data is not None:  # recorded only when given: a record without it fits on calib alone
