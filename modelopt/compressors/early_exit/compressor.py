@@ -245,7 +245,7 @@ class EarlyExit(Compressor):
         blocks = self.blocks or ()
         named = all(b == e.rsplit(".", 1)[0] for e, b in zip(self.exits[: len(blocks)], blocks, strict=True))
         if not named:
-            out["blocks"] = list(self.blocks)  # only where the names do not say it (a CIFAR ResNet's do)
+            out["blocks"] = list(blocks)  # only where the names do not say it (a CIFAR ResNet's do)
         if self.exit_data is not None:  # recorded only when given: a record without it fits on calib alone
             out.update(exit_data=self.exit_data, exit_images=self.exit_images)
         return out
