@@ -75,6 +75,10 @@ def main() -> None:
           f"{full.median_ms:.2f} ms (again after: {again.median_ms:.2f} ms) -> {pruned.median_ms:.2f} ms  "
           f"({min(full.median_ms, again.median_ms) / pruned.median_ms:.2f}x against the faster)")
     print(f"  physical vs simulated logits: max |diff| {gap:.2e}")
+    if m.baseline_accuracy == 0:
+        print(f"  retention: none to measure (the float model gets none of the {m.n_samples} images right: random "
+              "weights?)")
+        rows = []
     for bn_samples, mm in rows:
         how = f"BN re-estimated on {bn_samples} calib images" if bn_samples else "BN statistics as trained"
         print(f"  retention on {args.split} ({mm.n_samples} images), {how}: {mm.retention:.2%} "

@@ -115,7 +115,7 @@ def main() -> None:
             loss.backward()
             optim.step()
             sched.step()
-            total += float(loss)
+            total += loss.item()
         print(f"epoch {epoch + 1}/{args.epochs}: loss {total / (len(x) // 128):.3f}, {time.time() - t0:.0f} s",
               flush=True)
     jpeg, exact = _accuracy(model, xt, yt, mean, std), _accuracy(model, xe, ye, mean, std)
