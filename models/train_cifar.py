@@ -1,8 +1,8 @@
 """Trains the zoo's non-ResNet CIFAR-10 models on the 50,000 CIFAR-10 training images (the JPEG copies in
 ../shared/data/cifar10/cifar10_jpeg_train.npz) and writes their weights and how they were made.
 
-    python models/train_cifar.py cifar10_mobilenetv2 --epochs 12
-    python models/train_cifar.py cifar10_vit --epochs 12
+    python models/train_cifar.py cifar10_mobilenetv2 --epochs 10
+    python models/train_cifar.py cifar10_vit --epochs 4
 
 Each run writes models/<name>.pt (a state dict under `state_dict`, with `accuracy`, `epochs`, `seed`, `recipe`)
 and prints its top-1 on the 10,000 JPEG test images and on the 846 exact-pixel test images. Inputs are scaled
