@@ -136,20 +136,10 @@ def split_backbone(model: nn.Module, input_size: tuple[int, int] = (32, 32)) -> 
             f"early exit needs a CIFAR-style ResNet whose conv1 is a Conv2d and linear a Linear; "
             f"{type(model).__name__} has {type(conv1).__name__} and {type(linear).__name__}"
         )
-    stem, tail = _Stem(conv1, bn1), _Tail(linear)
     device = next(model.parameters()).device
     example = torch.zeros(1, conv1.in_channels, *input_size, device=device)
-    layer_macs = {layer.name: layer.macs for layer in discover_layers(model, example)}
-    points = []
-    macs = layer_macs.get("conv1", 0)
-    with torch.inference_mode():
-        h = stem(example)
-        for i, (name, block) in enumerate(blocks):
-            h = block(h)
-            macs += sum(m for n, m in layer_macs.items() if n.startswith(name + "."))
-            points.append(ExitPoint(name, i, int(h.shape[1]), (int(h.shape[2]), int(h.shape[3])), macs))
-    return Backbone(stem, tuple(blocks), tail, tuple(points), sum(layer_macs.values()), linear.out_features,
-                    frozenset({"conv1"}))
+    chain = Chain(_Stem(conv1, bn1), tuple(blocks), _Tail(linear), frozenset({"conv1"}))
+    return _with_points(model, chain, example, linear.out_features)
 
 
 def _traced(model: nn.Module, input_size: tuple[int, int]) -> Backbone:

@@ -16,6 +16,7 @@ blocks (tokens) does not qualify, and the error says so.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import fx, nn
@@ -38,12 +39,14 @@ class _Leaves(fx.Tracer):
         return module_qualified_name in self.leaves or super().is_leaf_module(m, module_qualified_name)
 
 
+@dataclass(frozen=True, eq=False)
 class Chain:
-    """A traced cut: `stem`, the `blocks` (qualified name, module) and `tail`, with the stem's module names."""
+    """A cut: `stem`, the `blocks` (qualified name, module) and `tail`, with the modules the stem runs."""
 
-    def __init__(self, stem: nn.Module, blocks: tuple[tuple[str, nn.Module], ...], tail: nn.Module,
-                 stem_modules: frozenset[str]) -> None:
-        self.stem, self.blocks, self.tail, self.stem_modules = stem, blocks, tail, stem_modules
+    stem: nn.Module
+    blocks: tuple[tuple[str, nn.Module], ...]
+    tail: nn.Module
+    stem_modules: frozenset[str]
 
 
 def _weighted(m: nn.Module) -> bool:

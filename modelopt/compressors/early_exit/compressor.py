@@ -122,8 +122,7 @@ class EarlyExit(Compressor):
         self.exits = tuple(exits)
         if blocks is not None and (len(blocks) != len(self.exits) or not all(isinstance(b, str) for b in blocks)):
             raise ConfigError(f"early_exit: blocks must name one block per exit ({len(self.exits)}); got {blocks!r}")
-        self.blocks = None if blocks is None else tuple(blocks)
-        self._block_of = dict(zip(self.exits, self.blocks, strict=True)) if self.blocks else {}
+        self._block_of = dict(zip(self.exits, blocks, strict=True)) if blocks else {}
         if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
             raise ConfigError(f"early_exit: classes must be a positive integer, got {classes!r}")
         self.classes = classes
@@ -242,10 +241,8 @@ class EarlyExit(Compressor):
 
     def options(self) -> dict[str, Any]:
         out: dict[str, Any] = {"thresholds": list(self.thresholds), "exits": list(self.exits), "classes": self.classes}
-        blocks = self.blocks or ()
-        named = all(b == e.rsplit(".", 1)[0] for e, b in zip(self.exits[: len(blocks)], blocks, strict=True))
-        if not named:
-            out["blocks"] = list(blocks)  # only where the names do not say it (a CIFAR ResNet's do)
+        if any(b != e.rsplit(".", 1)[0] for e, b in self._block_of.items()):
+            out["blocks"] = list(self._block_of.values())  # only where the names do not say it (a CIFAR ResNet's do)
         if self.exit_data is not None:  # recorded only when given: a record without it fits on calib alone
             out.update(exit_data=self.exit_data, exit_images=self.exit_images)
         return out
