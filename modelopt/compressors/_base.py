@@ -221,6 +221,18 @@ Route = Hashable  # a plan's routing as a `Routing` describes it (early exit: it
 Forward = Callable[[torch.Tensor], torch.Tensor]  # the resident model's logits on a batch
 
 
+@dataclass(frozen=True, eq=False)
+class ExitTap:
+    """Where a routed plan's samples may leave a model, as a graph export cuts it (`Routing.taps`): after
+    `block` (a module the model calls once per forward pass) `head` maps the block's output to (logits,
+    confidence); a sample whose confidence is at least `threshold` leaves with those logits."""
+
+    name: str
+    block: nn.Module
+    head: nn.Module
+    threshold: float
+
+
 class Routing(ABC):
     """What a compressor whose choices let samples leave the network early does when plans are scored.
 
@@ -271,6 +283,12 @@ class Routing(ABC):
     @abstractmethod
     def deployable(self, model: nn.Module, route: Route) -> nn.Module:
         """`model` (the plan's physical model) wrapped so that it really routes (what latency is measured on)."""
+
+    def taps(self, model: nn.Module, route: Route) -> list[ExitTap]:
+        """Where samples may leave `model` (the plan's physical model) under `route`, in the order they run: what
+        an ONNX export cuts into segments that return early (`modelopt.exporters.onnx_exits`). Default: the
+        route cannot be exported to a graph."""
+        raise ConfigError(f"route {self.describe(route)} cannot be exported to a graph")
 
     def pack(self, route: Route) -> tuple[list[Any], list[torch.Tensor]]:
         """What a packed checkpoint stores for `route`: index entries (JSON) and float32 tensors, read back by

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from modelopt.compressors import COMPRESSORS, Compressor
+from modelopt.compressors import Compressor
 from modelopt.confidence import PairedCounts
 from modelopt.config.assemble import build_compressors, default_compressors
 from modelopt.config.evidence import CONFIRM, check_certifiable
@@ -70,8 +70,7 @@ def compressor_names(config: RunConfig, model: nn.Module | None) -> tuple[str, .
         return config.compressors
     if model is None:
         raise ConfigError("a RunConfig without compressors needs the model to choose them")
-    names = default_compressors(config.objective, model)
-    return tuple(n for n in names if not (config.static_timed and COMPRESSORS.get(n).routes))  # a graph cannot route
+    return tuple(default_compressors(config.objective, model))
 
 
 def make_compressors(config: RunConfig, model: nn.Module | None = None) -> list[Compressor]:

@@ -33,7 +33,6 @@ from modelopt.config.assemble import (
 from modelopt.config.forms import check_forms
 from modelopt.errors import ConfigError, LoadError, UnknownNameError
 from modelopt.evaluation.fidelity import Fidelity
-from modelopt.latency.engine import ENGINES
 from modelopt.latency.spec import LatencySpec
 from modelopt.objective import Objective, Target
 from modelopt.search import STRATEGIES
@@ -231,17 +230,6 @@ class RunConfig:
         if self.latency is None and self.objective == Target.LATENCY.value:
             raise ConfigError("objective 'latency' needs a latency backend; pass latency='torch', 'onnxruntime' or "
                               "'openvino'")
-        routing = [n for n in self.compressors or () if COMPRESSORS.get(n).routes]
-        if self.static_timed and routing:
-            assert self.latency is not None
-            raise ConfigError(f"latency backend {self.latency.backend!r} cannot time {routing[0]} (its samples leave "
-                              f"the network early; a static graph has no early return); use --latency torch, or "
-                              f"leave {routing[0]} out of --compressors")
-
-    @property
-    def static_timed(self) -> bool:
-        """Whether latency is measured in an engine that runs a static graph (ONNX Runtime, OpenVINO)."""
-        return self.latency is not None and ENGINES.get(self.latency.backend).static
 
     def make_objective(self) -> Objective:
         """The run's objective (on a workload, `modelopt.config.build.make_objective` also sizes its claims)."""

@@ -14,7 +14,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from modelopt.compressors._base import Route, Routing
+from modelopt.compressors._base import ExitTap, Route, Routing
 from modelopt.errors import ConfigError
 from modelopt.evaluation.prep_costs import OneTimeCosts
 from modelopt.model.workload import Workload
@@ -104,6 +104,11 @@ class PlanRoutes:
             return
         raise ConfigError(f"this plan's {self.owner} route ({self.routing.describe(route)}) cannot run in {what} (a "
                           f"graph has no data-dependent return); {instead}")
+
+    def taps(self, model: nn.Module, plan: Plan) -> list[ExitTap]:
+        """Where the plan's samples may leave `model` (its physical model), in order: none without a route."""
+        route = self.route(plan)
+        return [] if route is None or self.routing is None else self.routing.taps(model, route)
 
     def deployable(self, model: nn.Module, plan: Plan) -> nn.Module:
         """`model` as the plan deploys it: routed when the plan has a route."""

@@ -36,8 +36,8 @@ class Engine(Protocol):
     """An engine the run's plans are scored in instead of the PyTorch simulation (`Scorer.engine`; the run's
     latency engine when its answers can differ from the simulation: `modelopt.latency.plan.PlanLatency`)."""
 
-    def logits(self, plan: Plan, x: torch.Tensor) -> torch.Tensor:
-        """The engine's logits for `plan` on `x`."""
+    def answers(self, plan: Plan, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The engine's logits for `plan` on `x` and, for a plan with exits, the exit each sample left at."""
 
     def cost(self, plan: Plan) -> float:
         """Budget building `plan` for the engine costs now (0 once built)."""
@@ -106,9 +106,13 @@ class Scorer:
 
     def predictions(self, plan: Plan, split: str) -> torch.Tensor:
         """The plan's top-1 on every image of `split`, as it is scored (exits, engine and all)."""
+        return self.answers(plan, split)[0]
+
+    def answers(self, plan: Plan, split: str) -> Predictions:
+        """The plan's top-1 on every image of `split` and, with exits, where each left, as it is scored."""
         policy, state, _ = self._prepare(plan)
         with self._resident(plan, state):
-            return self._predict(plan, self.workload.split(split).x, policy)[0]
+            return self._predict(plan, self.workload.split(split).x, policy)
 
     def evaluate_staged(self, plan: Plan, min_retention: float, fidelity: Fidelity, *, finish: bool = True,
                         confidence: float = 0.0, count_gains: bool = True, claim_images: int | None = None) -> Metrics:
@@ -165,10 +169,13 @@ class Scorer:
         return stack
 
     def _predict(self, plan: Plan, x: torch.Tensor, policy: Route | None) -> Predictions:
-        """Predictions for `x` and, with a route, the exit each sample left at."""
+        """Predictions for `x` and, with a route, the exit each sample left at (the engine's, when one scores)."""
+        if self.engine is not None:
+            logits, exit_at = self.engine.answers(plan, x)
+            return logits.argmax(dim=1), exit_at if policy is not None else None
         if policy is not None:
             return self.routes.predict(policy, x)
-        logits = self.workload.logits(x) if self.engine is None else self.engine.logits(plan, x)
+        logits = self.workload.logits(x)
         if not torch.isfinite(logits).all():
             raise TrialError(f"plan {plan.key} gives non-finite outputs")
         return logits.argmax(dim=1), None

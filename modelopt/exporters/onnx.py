@@ -22,12 +22,14 @@ int4 and group-scaled layers do too (``widen_int4=True`` stores them as int8 so 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import tempfile
 import warnings
 import weakref
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,7 @@ import numpy as np
 import torch
 
 from modelopt._files import save_atomic
-from modelopt.compressors._base import Granularity, IntegerWeight, WeightForm
+from modelopt.compressors._base import ExitTap, Granularity, IntegerWeight, WeightForm
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters._forms import layer_forms
@@ -71,6 +73,7 @@ class OnnxExport:
     widened: tuple[str, ...]  # layers stored wider than their bit width
     activation_tensors: int  # activations with a QDQ pair (0: weight-only)
     calibration: str | None
+    exits: tuple[tuple[str, float], ...] = ()  # a routed export's exits: (name, threshold), in order
 
 
 def export_onnx(
@@ -132,16 +135,25 @@ def onnx_model(
     calib_samples: int = 512,
     quantize_input: bool = False,
     widen_int4: bool = False,
+    routed: bool = False,
 ) -> tuple[Any, OnnxExport]:
-    """The ONNX model `export_onnx` writes (an `onnx.ModelProto`) and what it holds (`path`: none yet)."""
-    _check(evaluator, plan, calibration, calib_samples, percentile)
+    """The ONNX model `export_onnx` writes (an `onnx.ModelProto`) and what it holds (`path`: none yet).
+
+    With `routed`, a plan that routes samples (early exit) is exported whole, with each exit's head and two
+    more outputs per exit, ``exit{k}_logits`` and ``exit{k}_confidence`` (`modelopt.exporters.onnx_exits` cuts
+    it into segments that return early); without, such a plan is refused."""
+    if not routed:
+        evaluator.routes.refuse_static(plan, "one ONNX file", "export it with modelopt.export(format='onnx'), "
+                                       "which writes a folder of segments that return early")
+    _check(calibration, calib_samples, percentile)
     mode = {True: "all", False: "none"}.get(activations, activations) if isinstance(activations, bool) else activations
     if mode not in ACTIVATION_MODES:
         raise ConfigError(f"unknown activations {activations!r}; valid: {', '.join(ACTIVATION_MODES)}")
     import onnx
 
     forms = layer_forms(evaluator, plan)
-    exported = version_converter_convert(_torch_export(evaluator, plan))
+    traced, taps = _torch_export(evaluator, plan, routed=routed)
+    exported = version_converter_convert(traced)
     graph = Graph(exported)
     factors = fold_batchnorm(graph)
     missing = [layer for layer in forms if f"{layer}.weight" not in graph.inits]
@@ -160,12 +172,11 @@ def onnx_model(
     onnx.checker.check_model(model)
     counts = weights.counts
     return model, OnnxExport(Path(), OPSET, counts["int8"], counts["int4"], counts["float"], tuple(weights.widened),
-                             len(qparams), calibration if qparams else None)
+                             len(qparams), calibration if qparams else None,
+                             tuple((t.name, t.threshold) for t in taps))
 
 
-def _check(evaluator: Evaluator, plan: Plan, calibration: str, calib_samples: int, percentile: float) -> None:
-    evaluator.routes.refuse_static(plan, "an ONNX export", "use --format modelopt (modelopt.load rebuilds the "
-                                   "routed model) or a plan without it")
+def _check(calibration: str, calib_samples: int, percentile: float) -> None:
     if calibration not in CALIBRATIONS:
         raise ConfigError(f"unknown calibration {calibration!r}; valid: {', '.join(CALIBRATIONS)}")
     if calib_samples < 1:
@@ -195,7 +206,7 @@ def _activation_qparams(evaluator: Evaluator, graph: Graph, exported: Any, layer
     ranges = _RANGES.setdefault(evaluator.workload, {}).setdefault(calib, {})
     missing = set(source.values()) - set(ranges)
     if missing:
-        float_graph = Graph(version_converter_convert(_torch_export(evaluator, evaluator.space.plan())))
+        float_graph = Graph(version_converter_convert(_torch_export(evaluator, evaluator.space.plan())[0]))
         fold_batchnorm(float_graph)
         every = set(activation_tensors(float_graph).values()) | missing
         calib_x = evaluator.workload.split("calib").x[: calib.samples].cpu().numpy()
@@ -364,13 +375,47 @@ def _model(graph: Graph, exported: Any, nodes: list[Any], inits: dict[str, np.nd
     return model
 
 
-def _torch_export(evaluator: Evaluator, plan: Plan) -> Any:
+def _torch_export(evaluator: Evaluator, plan: Plan, routed: bool = False) -> tuple[Any, list[ExitTap]]:
     """The plan's physical model (dequantized weights, re-estimated norms, pruned channels removed),
-    exported as float ONNX (batch size free)."""
+    exported as float ONNX (batch size free); `routed`: with its exits' heads and their outputs (and the exits)."""
+    model = evaluator.states.physical_model(plan).cpu().float().eval()
+    outputs = ["logits"]
+    taps = evaluator.routes.taps(model, plan) if routed else []
+    with _tapped(model, taps) if taps else contextlib.nullcontext():
+        outputs += [f"exit{k}_{what}" for k in range(len(taps)) for what in ("logits", "confidence")]
+        return _traced(model, evaluator.workload.split("val").x[:1].cpu(), outputs), taps
+
+
+@contextlib.contextmanager
+def _tapped(model: torch.nn.Module, taps: list[ExitTap]) -> Iterator[None]:
+    """`model` also returning each tap's head outputs (logits, confidence), the heads registered under
+    ``exit_heads.{k}`` (their nodes are named ``/exit_heads.{k}/...`` in the traced graph); undone after."""
+    seen: list[torch.Tensor] = []
+    handles = [t.block.register_forward_hook(lambda _m, _i, out: seen.append(out)) for t in taps]
+    heads = torch.nn.ModuleList([t.head for t in taps])
+    model.add_module("exit_heads", heads)
+    plain = model.forward
+
+    def forward(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        seen.clear()
+        logits = plain(x)
+        if len(seen) != len(taps):
+            raise ConfigError(f"the exits' blocks ran {len(seen)} times in one pass, not once each ({len(taps)})")
+        return (logits, *(t for fmap, head in zip(seen, heads, strict=True) for t in head(fmap)))
+
+    model.forward = forward  # this copy only: the tracer calls it
+    try:
+        yield
+    finally:
+        del model.forward
+        del model.exit_heads
+        for h in handles:
+            h.remove()
+
+
+def _traced(model: torch.nn.Module, x: torch.Tensor, outputs: list[str]) -> Any:
     import onnx
 
-    model = evaluator.states.physical_model(plan).cpu().float().eval()
-    x = evaluator.workload.split("val").x[:1].cpu()
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -379,8 +424,8 @@ def _torch_export(evaluator: Evaluator, plan: Plan) -> Any:
         torch.onnx.export(
             model, (x,),
             buf,  # type: ignore[arg-type]  # torch annotates str | PathLike, yet writes to file objects too
-            dynamo=False, opset_version=17, input_names=["input"], output_names=["logits"],
-            dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, do_constant_folding=False,
+            dynamo=False, opset_version=17, input_names=["input"], output_names=outputs,
+            dynamic_axes={name: {0: "batch"} for name in ["input", *outputs]}, do_constant_folding=False,
         )
     return onnx.load_from_string(buf.getvalue())
 

@@ -51,6 +51,11 @@ class Compiled(ABC):
     def run(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of the plan on `x` (normalised NCHW images; any batch), float32 on the CPU."""
 
+    def answers(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits and, for a plan whose samples leave early, the position of the exit each left at (its number of
+        exits: it ran the whole network); None for a plan without exits."""
+        return self.run(x), None
+
     @abstractmethod
     def time(self, x: torch.Tensor) -> Latency:
         """Median batch latency on batches of `x`'s rows, as the spec the plan was built with says."""
@@ -63,18 +68,27 @@ class Engine(ABC):
     # Its answers can differ from the PyTorch simulation (integer kernels, half precision): a run that
     # measures latency in it scores its plans in it too (`modelopt.latency.plan.PlanLatency`).
     scores: ClassVar[bool] = True
-    # It runs an exported graph, which has no data-dependent return: plans that route samples (early exit)
-    # cannot be built for it.
-    static: ClassVar[bool] = True
+    # It runs the exported file `modelopt export --format onnx` writes (a plan with exits: a folder of segments).
+    exported: ClassVar[bool] = True
 
     @abstractmethod
-    def compile(self, evaluator: Evaluator, plan: Plan, spec: LatencySpec) -> Compiled:
-        """`plan` applied to the evaluator's model, built for this engine. A plan the engine cannot build
-        raises ConfigError in one line naming the layer and the engine's limit."""
+    def compile(self, evaluator: Evaluator, plan: Plan, spec: LatencySpec, precision: str | None = None) -> Compiled:
+        """`plan` applied to the evaluator's model, built for this engine (float layers in `precision`, one of
+        `float_references`; None: the engine's default). A plan the engine cannot build raises ConfigError in one
+        line naming the layer and the engine's limit."""
 
     def device(self, evaluator: Evaluator) -> str:
         """Where it runs plans of `evaluator`'s workload (default: the CPU)."""
         return "cpu"
+
+    def precision(self, evaluator: Evaluator) -> str:
+        """What it computes the float layers of plans in, by default on this machine (named in the figure)."""
+        return "fp32"
+
+    def float_references(self) -> tuple[str, ...]:
+        """Other precisions the float model is also timed in, beside the default (OpenVINO: fp32 where its
+        default is lower), so a speed-up against either reads from the run."""
+        return ()
 
     def scores_on(self, evaluator: Evaluator) -> bool:
         """Whether its answers on this workload's device can differ from the PyTorch simulation."""

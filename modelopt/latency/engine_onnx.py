@@ -17,17 +17,20 @@ import torch
 
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluation.evaluator import Evaluator
+from modelopt.exporters.exit_predictor import Predictor
 from modelopt.exporters.onnx import onnx_model, ort_session
+from modelopt.exporters.onnx_exits import ExitSegments, exit_segments
 from modelopt.latency.engine import ENGINES, Compiled, Engine, structure_key
-from modelopt.latency.measure import Latency, batch_of, check_protocol, onnx_latency, record, time_runs
+from modelopt.latency.measure import Latency, batch_of, check_protocol, onnx_latency, pattern_latency, record, time_runs
 from modelopt.plan.plan import Plan
 
 if TYPE_CHECKING:
     from modelopt.latency.spec import LatencySpec
 
-__all__ = ["OnnxRuntime", "OpenVino", "graph_key"]
+__all__ = ["OnnxRuntime", "OpenVino", "default_precision", "graph_key"]
 
 _SCORE_BATCH = 256  # rows per engine call when a plan is scored
+_PRECISION_NAMES = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}  # OpenVINO's element types, as figures name them
 
 
 def graph_key(model: Any) -> str:
@@ -38,22 +41,63 @@ def graph_key(model: Any) -> str:
 
 
 class _OnnxEngine(Engine):
-    """Exports the plan to ONNX, then hands the bytes to `_build`."""
+    """Exports the plan to ONNX, then hands the bytes to `_build`; a plan with exits as segments (`_build_exits`)."""
 
-    def compile(self, evaluator: Evaluator, plan: Plan, spec: LatencySpec) -> Compiled:
+    def compile(self, evaluator: Evaluator, plan: Plan, spec: LatencySpec, precision: str | None = None) -> Compiled:
+        """`precision`: the float layers' precision where the engine has a choice (None: its default)."""
         t0 = time.perf_counter()
-        model, _ = onnx_model(evaluator, plan)
-        data = model.SerializeToString()
         try:
-            return self._build(data, graph_key(model), spec, t0)
+            if evaluator.routes.route(plan) is not None:
+                segments = exit_segments(evaluator, plan)
+                return self._build_exits(segments, plan.key, spec, t0, precision)
+            model, _ = onnx_model(evaluator, plan)
+            return self._build(model.SerializeToString(), graph_key(model), spec, t0, precision)
         except (ConfigError, LoadError):
             raise
         except Exception as exc:  # noqa: BLE001 -- the engine's own failure: one line naming the layer it names
             raise ConfigError(_cannot_build(self.name, str(exc))) from None
 
     @abstractmethod
-    def _build(self, data: bytes, key: str, spec: LatencySpec, t0: float) -> Compiled:
+    def _build(self, data: bytes, key: str, spec: LatencySpec, t0: float, precision: str | None) -> Compiled:
         """The engine's build of the serialized model."""
+
+    def _build_exits(self, segments: ExitSegments, key: str, spec: LatencySpec, t0: float, precision: str | None
+                     ) -> Compiled:
+        """The segments as `predict.py` runs them (written to a folder, read back: what a deployment reads)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            segments.write(Path(tmp))
+            return _ExitCompiled(self.name, Path(tmp), key, spec, t0, precision,
+                                 spec.name("cpu", _PRECISION_NAMES.get(precision or "", "fp32")))
+
+
+class _ExitCompiled(Compiled):
+    """A plan with exits, run as its exported folder runs: segment by segment, each sample leaving at its first
+    confident exit. Timed on the exit pattern of real images (`pattern_latency`), not one repeated batch."""
+
+    def __init__(self, engine: str, folder: Path, key: str, spec: LatencySpec, t0: float, precision: str | None,
+                 name: str) -> None:
+        self.spec, self.key, self.name = spec, key, name
+        threads = torch.get_num_threads()
+        self.scoring = Predictor(str(folder), engine=engine, threads=threads, precision=precision)
+        # Timed as deployed at the spec's batch: OpenVINO compiled for it (static shapes), ORT as it is.
+        self.timing = self.scoring if engine == "onnxruntime" and spec.threads == threads else Predictor(
+            str(folder), engine=engine, threads=spec.threads, precision=precision,
+            batch=spec.batch_size if engine == "openvino" else None)
+        self.seconds = time.perf_counter() - t0
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        return self.answers(x)[0]
+
+    def answers(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        rows = np.ascontiguousarray(x.detach().cpu().numpy(), dtype=np.float32)
+        parts = [self.scoring.run_with_exits(rows[i : i + _SCORE_BATCH]) for i in range(0, len(rows), _SCORE_BATCH)]
+        return (torch.from_numpy(np.concatenate([p[0] for p in parts])),
+                torch.from_numpy(np.concatenate([p[1] for p in parts])))
+
+    def time(self, x: torch.Tensor) -> Latency:
+        s = self.spec
+        rows = np.ascontiguousarray(x.detach().cpu().numpy(), dtype=np.float32)
+        return pattern_latency(self.timing.run, rows, s.batch_size, self.spec.backend, s.threads, s.warmup, s.repeats)
 
 
 def _cannot_build(engine: str, message: str) -> str:
@@ -74,7 +118,7 @@ class OnnxRuntime(_OnnxEngine):
 
     name = "onnxruntime"
 
-    def _build(self, data: bytes, key: str, spec: LatencySpec, t0: float) -> Compiled:
+    def _build(self, data: bytes, key: str, spec: LatencySpec, t0: float, precision: str | None) -> Compiled:
         with tempfile.TemporaryDirectory() as tmp:  # built once here: a plan ORT cannot build fails now
             path = Path(tmp) / "plan.onnx"
             path.write_bytes(data)
@@ -105,15 +149,31 @@ class OpenVino(_OnnxEngine):
 
     name = "openvino"
 
-    def _build(self, data: bytes, key: str, spec: LatencySpec, t0: float) -> Compiled:
+    def precision(self, evaluator: Evaluator) -> str:
+        """OpenVINO's default inference precision on this CPU (bf16 where the CPU has bfloat16 instructions)."""
+        return _PRECISION_NAMES.get(default_precision(), "fp32")
+
+    def float_references(self) -> tuple[str, ...]:
+        return ("f32",) if default_precision() != "f32" else ()
+
+    def _build(self, data: bytes, key: str, spec: LatencySpec, t0: float, precision: str | None) -> Compiled:
         core = _core()
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "plan.onnx"
             path.write_bytes(data)
             model = core.read_model(str(path))
         threads = torch.get_num_threads()
-        scoring = core.compile_model(model, "CPU", _ov_config(threads))
-        return _OvCompiled(core, model, scoring, key, spec, time.perf_counter() - t0)
+        scoring = core.compile_model(model, "CPU", _ov_config(threads, precision))
+        name = spec.name("cpu", _PRECISION_NAMES.get(precision or default_precision(), "fp32"))
+        return _OvCompiled(core, model, scoring, key, spec, time.perf_counter() - t0, precision, name)
+
+    def _build_exits(self, segments: ExitSegments, key: str, spec: LatencySpec, t0: float, precision: str | None
+                     ) -> Compiled:
+        _core()  # a missing OpenVINO in one line
+        with tempfile.TemporaryDirectory() as tmp:
+            segments.write(Path(tmp))
+            name = spec.name("cpu", _PRECISION_NAMES.get(precision or default_precision(), "fp32"))
+            return _ExitCompiled(self.name, Path(tmp), key, spec, t0, precision, name)
 
 
 def _core() -> Any:
@@ -124,17 +184,27 @@ def _core() -> Any:
     return ov.Core()
 
 
-def _ov_config(threads: int) -> dict[str, Any]:
-    """One stream of `threads` threads, float32 (the plan's own QDQ decides what runs in int8)."""
-    return {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY",
-            "INFERENCE_PRECISION_HINT": "f32"}
+def default_precision() -> str:
+    """OpenVINO's CPU inference precision when none is asked for (``bf16`` on CPUs with bfloat16 instructions,
+    ``f32`` elsewhere): what a user's plain `compile_model` gets."""
+    return str(_core().get_property("CPU", "INFERENCE_PRECISION_HINT").to_string())
+
+
+def _ov_config(threads: int, precision: str | None = None) -> dict[str, Any]:
+    """One stream of `threads` threads; float layers in `precision` (None: OpenVINO's default on this CPU); the
+    plan's own QDQ decides what runs in int8."""
+    config: dict[str, Any] = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    return config
 
 
 class _OvCompiled(Compiled):
-    def __init__(self, core: Any, model: Any, scoring: Any, key: str, spec: LatencySpec, seconds: float) -> None:
+    def __init__(self, core: Any, model: Any, scoring: Any, key: str, spec: LatencySpec, seconds: float,
+                 precision: str | None, name: str) -> None:
         self.core, self.model, self.scoring = core, model, scoring
-        self.key, self.spec, self.seconds = key, spec, seconds
-        self.name = spec.name("cpu", "fp32")
+        self.key, self.spec, self.seconds, self.precision = key, spec, seconds, precision
+        self.name = name
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         rows = np.ascontiguousarray(x.detach().cpu().numpy(), dtype=np.float32)
@@ -147,7 +217,7 @@ class _OvCompiled(Compiled):
         batch = np.ascontiguousarray(batch_of(x.detach().cpu(), s.batch_size).numpy(), dtype=np.float32)
         model = self.model.clone()
         model.reshape({model.inputs[0].get_any_name(): list(batch.shape)})  # static: what a deployment compiles
-        compiled = self.core.compile_model(model, "CPU", _ov_config(s.threads))
+        compiled = self.core.compile_model(model, "CPU", _ov_config(s.threads, self.precision))
         request = compiled.create_infer_request()
         times = time_runs(lambda: request.infer({0: batch}), s.warmup, s.repeats)
         return record(times, s.batch_size, "openvino", "cpu", s.threads, s.warmup)

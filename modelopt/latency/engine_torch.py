@@ -28,7 +28,7 @@ class Torch(Engine):
     """PyTorch eager, on the workload's device: float32 on the CPU, float16 (and CUDA graphs) on CUDA."""
 
     name = "torch"
-    static = False  # an early-exit module returns early: it runs here
+    exported = False  # it runs the deployable module, not an exported file
 
     def device(self, evaluator: Evaluator) -> str:
         return str(evaluator.workload.device)
@@ -36,7 +36,10 @@ class Torch(Engine):
     def scores_on(self, evaluator: Evaluator) -> bool:
         return evaluator.workload.device.type == "cuda"  # half precision; on the CPU it is the simulation
 
-    def compile(self, evaluator: Evaluator, plan: Plan, spec: LatencySpec) -> Compiled:
+    def precision(self, evaluator: Evaluator) -> str:
+        return "fp16" if evaluator.workload.device.type == "cuda" else "fp32"
+
+    def compile(self, evaluator: Evaluator, plan: Plan, spec: LatencySpec, precision: str | None = None) -> Compiled:
         t0 = time.perf_counter()
         device = evaluator.workload.device
         model = evaluator.states.deployable(plan).to(device).eval()
@@ -57,10 +60,23 @@ class _TorchCompiled(Compiled):
         self.name = spec.name(str(device), "fp16" if half else "fp32")
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
+        return self.answers(x)[0]
+
+    def answers(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         dtype = torch.float16 if self.half else torch.float32
+        # A routed module (early exit) says where each sample left (`EarlyExitNet.forward_with_exits`).
+        forward = getattr(self.model, "forward_with_exits", None) if self.routed else None
+        logits, exits = [], []
         with torch.inference_mode():
-            out = [self.model(x[i : i + 256].to(self.device, dtype)).float().cpu() for i in range(0, len(x), 256)]
-        return torch.cat(out)
+            for i in range(0, len(x), 256):
+                batch = x[i : i + 256].to(self.device, dtype)
+                if forward is None:
+                    logits.append(self.model(batch).float().cpu())
+                else:
+                    out, exit_at = forward(batch)
+                    logits.append(out.float().cpu())
+                    exits.append(exit_at.cpu())
+        return torch.cat(logits), torch.cat(exits) if exits else None
 
     def time(self, x: torch.Tensor) -> Latency:
         s = self.spec

@@ -11,6 +11,7 @@ untimed runs, then `repeats` timed runs of the same batch, and the median report
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -176,6 +177,36 @@ def onnx_latency(
     feed = {sess.get_inputs()[0].name: x}
     times = time_runs(lambda: sess.run(None, feed), warmup, repeats)
     return record(times, batch_size, "onnxruntime", "cpu", threads, warmup)
+
+
+def pattern_latency(run: Callable[[np.ndarray], Any], rows: np.ndarray, batch_size: int, backend: str, threads: int,
+                    warmup: int, repeats: int, images: int = 256) -> Latency:
+    """Latency of a model whose work depends on its input (early exit), on the exit pattern of real images.
+
+    The first `images` rows (at least 8 batches' worth when there are that many) are cut into batches of
+    `batch_size` in order; every batch runs once per round over max(3, repeats // 10) rounds after `warmup` untimed
+    batches, and a batch's time is its fastest round (what remains is the work, not the machine's noise). The
+    figure is the mean over the batches: the expected cost of a batch drawn as these images are. `min_ms` and
+    `max_ms` are the fastest and slowest batch.
+
+    Example:
+        >>> pattern_latency(predictor.run, x_val, 1, "onnxruntime", 1, 5, 30).median_ms
+    """
+    check_protocol(batch_size, threads, warmup, repeats)
+    count = min(len(rows), max(images, 8 * batch_size)) // batch_size
+    if count < 1:
+        raise ConfigError(f"latency: {len(rows)} images cannot fill one batch of {batch_size}")
+    batches = [np.ascontiguousarray(rows[i * batch_size : (i + 1) * batch_size]) for i in range(count)]
+    for i in range(warmup):
+        run(batches[i % count])
+    best = [math.inf] * count
+    for _ in range(max(3, repeats // 10)):
+        for i, b in enumerate(batches):
+            t0 = time.perf_counter()
+            run(b)
+            best[i] = min(best[i], (time.perf_counter() - t0) * 1e3)
+    return Latency(statistics.fmean(best), batch_size, backend, "cpu", threads, max(3, repeats // 10), warmup,
+                   min(best), max(best))
 
 
 def measure_latency(

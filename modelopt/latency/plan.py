@@ -60,21 +60,17 @@ class PlanLatency:
 
     @property
     def name(self) -> str:
-        precision = "fp16" if self.engine.name == "torch" and self.device.startswith("cuda") else "fp32"
-        return self.spec.name(self.device, precision)
+        return self.spec.name(self.device, self.engine.precision(self.evaluator))
 
     def compiled(self, plan: Plan) -> Compiled:
         """The plan as the engine runs it (built on first use; the last `KEEP_BUILT` plans are kept).
 
         Raises:
-            ConfigError: the engine cannot build it (one line naming the layer and the engine's limit), or it
-                routes samples and the engine runs a static graph.
+            ConfigError: the engine cannot build it (one line naming the layer and the engine's limit).
         """
         if plan.key in self._built:
             self._built.move_to_end(plan.key)
             return self._built[plan.key]
-        if self.engine.static:
-            self.evaluator.routes.refuse_static(plan, f"latency backend {self.engine.name!r}", "use --latency torch")
         built = self.engine.compile(self.evaluator, plan, self.spec)
         self.build_seconds += built.seconds
         self._built[plan.key] = built
@@ -108,12 +104,25 @@ class PlanLatency:
                 log.info("latency priors: %s", exc)
         self.model.apply()
 
-    def logits(self, plan: Plan, x: torch.Tensor) -> torch.Tensor:
-        """The engine's logits for `plan` on `x`; TrialError when they are not finite."""
-        out = self.compiled(plan).run(x)
+    def float_references(self) -> dict[str, Latency]:
+        """The float model timed in the engine's other precisions (`Engine.float_references`), by figure name:
+        beside `reference()` (its default), so a speed-up against either reads from the run."""
+        plan = self.evaluator.space.plan()
+        out = {}
+        for precision in self.engine.float_references():
+            built = self.engine.compile(self.evaluator, plan, self.spec, precision)
+            if built.key + precision not in self._timed:
+                self._timed[built.key + precision] = built.time(self.evaluator.workload.split("val").x)
+            out[built.name] = self._timed[built.key + precision]
+        return out
+
+    def answers(self, plan: Plan, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The engine's logits for `plan` on `x` and, with exits, where each sample left; TrialError when the
+        logits are not finite."""
+        out, exit_at = self.compiled(plan).answers(x)
         if not torch.isfinite(out).all():
             raise TrialError(f"plan {plan.key} gives non-finite outputs in {self.engine.name}")
-        return out
+        return out, exit_at
 
     def cost(self, plan: Plan) -> float:
         """Budget building `plan` costs now, in full val evaluations: its seconds over the seconds the engine

@@ -8,7 +8,7 @@ the next confirmed plan is checked instead.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +17,9 @@ import torch
 
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.trial import Trial
+from modelopt.exporters.exit_predictor import Predictor
 from modelopt.exporters.onnx import export_onnx, run_onnx
+from modelopt.exporters.onnx_exits import export_onnx_exits
 from modelopt.latency.plan import PlanLatency
 from modelopt.plan.plan import Plan
 
@@ -52,10 +54,13 @@ def deployed_agreement(latency: PlanLatency, plan: Plan, split: str = SPLIT) -> 
 
 
 def _deployed_logits(ev: Evaluator, latency: PlanLatency, plan: Plan, x: torch.Tensor) -> torch.Tensor:
-    if latency.engine.static:  # the file `modelopt export --format onnx` writes, in a new engine session
+    if latency.engine.exported:  # what `modelopt export --format onnx` writes, in a new engine session
         with tempfile.TemporaryDirectory() as tmp:
-            path = export_onnx(ev, plan, Path(tmp) / "plan.onnx").path
-            return _run_file(latency.engine.name, path, x)
+            if ev.routes.route(plan) is not None:  # a folder of segments, run by its own predict.py's class
+                folder = export_onnx_exits(ev, plan, Path(tmp) / "plan").path
+                predictor = Predictor(str(folder), engine=latency.engine.name)
+                return torch.from_numpy(_batched(predictor.run, x))
+            return _run_file(latency.engine.name, export_onnx(ev, plan, Path(tmp) / "plan.onnx").path, x)
     model = ev.states.deployable(plan).to(ev.workload.device).eval()
     half = latency.name.split("/")[2] == "fp16"
     with torch.inference_mode():
@@ -63,14 +68,18 @@ def _deployed_logits(ev: Evaluator, latency: PlanLatency, plan: Plan, x: torch.T
                           .float().cpu() for i in range(0, len(x), 256)])
 
 
-def _run_file(engine: str, path: Path, x: torch.Tensor) -> torch.Tensor:
+def _batched(run: Callable[[np.ndarray], np.ndarray], x: torch.Tensor) -> np.ndarray:
     rows = np.ascontiguousarray(x.detach().cpu().numpy(), dtype=np.float32)
-    if engine == "openvino":
+    return np.concatenate([run(rows[i : i + 256]) for i in range(0, len(rows), 256)])
+
+
+def _run_file(engine: str, path: Path, x: torch.Tensor) -> torch.Tensor:
+    if engine == "openvino":  # in OpenVINO's default precision, as a user's plain compile_model runs it
         import openvino as ov
 
-        compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-        return torch.from_numpy(np.concatenate([compiled(rows[i : i + 256])[0] for i in range(0, len(rows), 256)]))
-    return torch.from_numpy(run_onnx(path, rows))
+        compiled = ov.Core().compile_model(str(path), "CPU")
+        return torch.from_numpy(_batched(lambda rows: compiled(rows)[0], x))
+    return torch.from_numpy(run_onnx(path, x))
 
 
 def check_deployed(latency: PlanLatency, candidates: Sequence[Trial]) -> tuple[Trial | None, Deployed]:

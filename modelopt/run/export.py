@@ -21,6 +21,7 @@ from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.trial import TrialStatus
 from modelopt.exporters.onnx import export_onnx
+from modelopt.exporters.onnx_exits import export_onnx_exits
 from modelopt.exporters.packed import export_packed
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
@@ -165,9 +166,11 @@ def export(
             quantizer reads the plan) or the Evaluator that scored the plan.
         plan: ``"best"`` (the run's best_plan.yaml), a trial number of the run, a plan YAML file,
             a Plan or a plan mapping.
-        format: ``modelopt`` (packed checkpoint; reload with `modelopt.load`) or ``onnx`` (QDQ,
-            runs in ONNX Runtime).
-        out: the file to write; default ``<run folder>/model-<plan>.pt`` or ``.onnx``.
+        format: ``modelopt`` (packed checkpoint; reload with `modelopt.load`) or ``onnx`` (QDQ, runs in ONNX
+            Runtime and OpenVINO; a plan with early exits is written as a folder of segment files with an
+            ``exits.json`` and a ``predict.py`` that needs only onnxruntime or openvino and numpy).
+        out: the file (or, for an ONNX export with exits, the folder) to write; default
+            ``<run folder>/model-<plan>.pt``, ``.onnx`` or ``model-<plan>/``.
         device: where a workload rebuilt from a run folder lives.
         **options: for ``onnx``: activations, calibration, percentile, calib_samples, quantize_input,
             widen_int4 (see `modelopt.exporters.onnx.export_onnx`).
@@ -189,14 +192,17 @@ def export(
     if format == "modelopt" and options:
         raise ConfigError(f"option {min(options)!r} applies only to format 'onnx'")
     src = resolve(source, plan, device=device)
+    routed = format == "onnx" and src.evaluator.routes.route(src.plan) is not None
     if out is None:
         if src.run_dir is None:
             raise ConfigError("pass out=PATH (--out) when exporting from a workload rather than a run folder")
-        out = src.run_dir / f"model-{src.tag}{FORMATS[format]}"
+        out = src.run_dir / f"model-{src.tag}{'' if routed else FORMATS[format]}"
     if format == "onnx":
         valid = ("activations", "calibration", "percentile", "calib_samples", "quantize_input", "widen_int4")
         for key in options:
             if key not in valid:
                 raise ConfigError(f"unknown onnx export option {key!r}; valid: {', '.join(valid)}")
+        if routed:  # early exits: a folder of segments that return early, with its predict.py
+            return export_onnx_exits(src.evaluator, src.plan, out, **options).path
         return export_onnx(src.evaluator, src.plan, out, **options).path
     return export_packed(src.evaluator, src.plan, out)

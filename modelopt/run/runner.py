@@ -30,6 +30,7 @@ from modelopt.objective import Objective, Target, best_of
 from modelopt.plan.plan import Plan
 from modelopt.run.confirm import Confirmation, confirm, finalists
 from modelopt.run.deployed import check_deployed
+from modelopt.run.exit_pattern import exit_pattern
 from modelopt.run.journal import Journal, Record, write_json_atomic
 from modelopt.run.layout import BEST_PLAN, CONFIG, JOURNAL, STATE, STATE_NEXT, SUMMARY
 from modelopt.run.lock import RunLock, lock_run_folder
@@ -386,11 +387,16 @@ class Runner:
         pareto = tuple((t, test_metrics.get(t.plan.key)) for t in front)
         if best is not None:
             self.space.save_plan(best.plan, self.run_dir / BEST_PLAN)
+        float_latency = {}
+        if self.latency is not None:  # the float model in the engine's default precision first, then the others
+            float_latency = {self.latency.name: self.latency.reference().median_ms,
+                             **{k: v.median_ms for k, v in self.latency.float_references().items()}}
         summary = summarize(
             evaluator=self.evaluator, objective=self.objective, config=self.config, run_dir=self.run_dir,
             budget=self.budget, trials=self.trials, best=best, search_best=search_best, confirmation=confirmation,
             test=test_metrics, pareto=front, anchors=final.anchors, search_wall=search_wall,
-            eval_seconds=self.eval_seconds, deployed=deployed)
+            eval_seconds=self.eval_seconds, deployed=deployed, float_latency=float_latency,
+            exits=None if best is None else exit_pattern(self.evaluator, best.plan))
         write_json_atomic(self.run_dir / SUMMARY, summary.to_json())
         confirmed = {t.plan.key: m for t, m in confirmation.finalists}
         return RunResult(self.run_dir, tuple(self.trials), best, best_test, pareto, self.spent, summary,

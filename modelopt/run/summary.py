@@ -24,6 +24,7 @@ from modelopt.objective import Objective, Target
 from modelopt.plan.space import SearchSpace
 from modelopt.run.confirm import Confirmation
 from modelopt.run.deployed import Deployed
+from modelopt.run.exit_pattern import ExitPattern
 from modelopt.run.journal import read_json
 from modelopt.run.layout import SUMMARY
 
@@ -202,6 +203,10 @@ class RunSummary:
     search_wall_seconds: float = 0.0
     eval_seconds_this_session: float = 0.0
     deployed: Deployed | None = None  # the best plan built as deployed, against its certified answers
+    # The float model's latency in every precision the engine was timed in, by figure name (the engine's default
+    # first: the one the speed-ups are stated against), e.g. {"openvino/cpu/bf16/b1": .., "openvino/cpu/fp32/b1": ..}
+    float_latency: dict[str, float] = field(default_factory=dict, hash=False)
+    exits: ExitPattern | None = None  # where test images leave the best plan, and the float model with its exits
 
     @property
     def confirmed(self) -> bool:
@@ -234,6 +239,8 @@ class RunSummary:
             "search_wall_seconds": self.search_wall_seconds,
             "eval_seconds_this_session": self.eval_seconds_this_session,
             **({} if self.deployed is None else {"deployed": self.deployed.to_json()}),
+            **({"float_latency": self.float_latency} if self.float_latency else {}),
+            **({} if self.exits is None else {"exits": self.exits.to_json()}),
         }
 
     @classmethod
@@ -270,6 +277,8 @@ class RunSummary:
             search_wall_seconds=float(d.get("search_wall_seconds", 0.0)),
             eval_seconds_this_session=float(d.get("eval_seconds_this_session", 0.0)),
             deployed=None if not d.get("deployed") else Deployed(**d["deployed"]),
+            float_latency={str(k): float(v) for k, v in (d.get("float_latency") or {}).items()},
+            exits=ExitPattern.from_json(d.get("exits")),
         )
 
 
@@ -294,7 +303,8 @@ def summarize(
     *, evaluator: Evaluator, objective: Objective, config: RunConfig, run_dir: Path, budget: float,
     trials: Sequence[Trial], best: Trial | None, search_best: Trial | None, confirmation: Confirmation,
     test: Mapping[str, Metrics], pareto: Sequence[Trial], anchors: Sequence[Trial] = (), search_wall: float = 0.0,
-    eval_seconds: float = 0.0, deployed: Deployed | None = None,
+    eval_seconds: float = 0.0, deployed: Deployed | None = None, float_latency: Mapping[str, float] | None = None,
+    exits: ExitPattern | None = None,
 ) -> RunSummary:
     """The summary of a finished run.
 
@@ -353,6 +363,8 @@ def summarize(
         search_wall_seconds=search_wall,
         eval_seconds_this_session=eval_seconds,
         deployed=deployed,
+        float_latency=dict(float_latency or {}),
+        exits=exits,
     )
 
 

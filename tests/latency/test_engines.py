@@ -35,7 +35,7 @@ def _agreement(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def test_the_engines_are_registered() -> None:
     assert {"torch", "onnxruntime", "openvino"} <= set(ENGINES.names())
-    assert ENGINES.get("onnxruntime").static and not ENGINES.get("torch").static
+    assert ENGINES.get("onnxruntime").exported and not ENGINES.get("torch").exported
 
 
 @pytest.mark.parametrize("engine", ["torch", *ONNX_ENGINES])
@@ -43,12 +43,28 @@ def test_an_engine_runs_a_plan_as_scored_and_times_it(ev, engine: str) -> None:
     pytest.importorskip("openvino" if engine == "openvino" else "torch")
     spec = LatencySpec(engine, batch_size=4, threads=1, warmup=1, repeats=3)
     x = ev.workload.split("val").x[:128]
+    precision = "f32" if engine == "openvino" else None  # its default may be bf16: answers near, not equal
     for plan, floor in ((ev.space.plan(), 1.0), (_plan(ev, bits=8), 1.0), (_plan(ev, bits=8, activations=8), 0.98)):
-        built = ENGINES.get(engine)().compile(ev, plan, spec)
+        built = ENGINES.get(engine)().compile(ev, plan, spec, precision)
         assert _agreement(built.run(x), ev.states.logits(plan, x)) >= floor  # integer kernels: near, not equal
         latency = built.time(x)
         assert latency.median_ms > 0 and latency.batch_size == 4 and latency.threads == 1
     assert built.name == f"{engine}/cpu/fp32/b4"
+
+
+def test_openvino_runs_and_names_its_default_precision(ev) -> None:
+    """A plan runs in OpenVINO's default precision on this CPU (what a user's plain compile_model gets), named in
+    the figure; the float model is also timed at f32 when that default is lower."""
+    pytest.importorskip("openvino")
+    from modelopt.latency.engine_onnx import default_precision
+
+    engine = ENGINES.get("openvino")()
+    built = engine.compile(ev, ev.space.plan(), LatencySpec("openvino", batch_size=2, warmup=1, repeats=3))
+    x = ev.workload.split("val").x[:256]
+    assert _agreement(built.run(x), ev.states.logits(ev.space.plan(), x)) >= 0.97
+    expected = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}[default_precision()]
+    assert built.name == f"openvino/cpu/{expected}/b2" == PlanLatency(ev, LatencySpec("openvino", batch_size=2)).name
+    assert engine.float_references() == (() if expected == "fp32" else ("f32",))
 
 
 def test_plans_that_build_to_one_graph_share_a_measurement(ev) -> None:
@@ -86,7 +102,7 @@ def test_a_graph_engine_scores_the_run_and_charges_its_builds(ev, tmp_path) -> N
     plan = evaluator.space.parse_plan({"default": {"quantize": {"bits": 8, "activations": 8}}})
     first = evaluator.scorer.evaluate(plan, split="val")
     x = evaluator.workload.split("val").x
-    engine_right = (timer.logits(plan, x).argmax(1) == evaluator.workload.split("val").y).double().mean()
+    engine_right = (timer.answers(plan, x)[0].argmax(1) == evaluator.workload.split("val").y).double().mean()
     assert first.accuracy == pytest.approx(float(engine_right))
     assert first.prep_cost > 0  # its build, charged
     assert evaluator.scorer.evaluate(plan, split="test").prep_cost == 0.0  # once

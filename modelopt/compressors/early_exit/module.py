@@ -21,14 +21,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from modelopt.compressors.early_exit.backbone import Backbone
-from modelopt.compressors.early_exit.heads import ExitHead, pool_features
+from modelopt.compressors.early_exit.heads import ExitHead, HeadSpec, pool_features
 from modelopt.compressors.early_exit.simulate import ExitPolicy
 from modelopt.errors import ConfigError
 
-__all__ = ["EarlyExitNet", "heads_state", "load_early_exit"]
+__all__ = ["EarlyExitNet", "HeadModule", "heads_state", "load_early_exit"]
 
 
-class _Head(nn.Module):
+class HeadModule(nn.Module):
+    """An exit head as a module: a block's output -> (logits, confidence).
+
+    With `size` (the block output's height and width, known when the model is cut), pooling is written with fixed
+    windows, as a graph export needs (ONNX has no adaptive pooling): the same bins as adaptive pooling."""
+
     # Buffers, registered from the head's tensors (hidden_* only when the head has a hidden layer).
     weight: torch.Tensor
     bias: torch.Tensor
@@ -36,20 +41,38 @@ class _Head(nn.Module):
     hidden_weight: torch.Tensor
     hidden_bias: torch.Tensor
 
-    def __init__(self, head: ExitHead) -> None:
+    def __init__(self, head: ExitHead, size: tuple[int, int] | None = None) -> None:
         super().__init__()
         self.spec = head.spec
         for name, t in head._tensors().items():
             self.register_buffer(name, t.detach().clone().float())
         self.hidden = head.hidden_weight is not None
+        self.size = size
 
     def forward(self, fmap: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = pool_features(fmap, self.spec)
+        h = pool_features(fmap, self.spec) if self.size is None else _fixed_pools(fmap, self.spec, self.size)
         if self.hidden:
             h = F.relu(F.linear(h, self.hidden_weight, self.hidden_bias))
         logits = F.linear(h, self.weight, self.bias)
         conf = torch.softmax(logits / self.temperature, dim=-1).amax(dim=-1)
         return logits, conf
+
+
+def _fixed_pools(fmap: torch.Tensor, spec: HeadSpec, size: tuple[int, int]) -> torch.Tensor:
+    """`pool_features` with every window fixed by `size`: one pooling op per grid that divides the map, else each
+    adaptive bin ([floor(i H / g), ceil((i + 1) H / g))) reduced on its own."""
+    height, width = size
+    parts = []
+    for grids, pool, reduce in ((spec.avg_grids, F.avg_pool2d, torch.mean), (spec.max_grids, F.max_pool2d, torch.amax)):
+        for g in grids:
+            if height % g == 0 and width % g == 0:
+                parts.append(pool(fmap, (height // g, width // g)).flatten(1))
+                continue
+            rows = [(i * height // g, -(-(i + 1) * height // g)) for i in range(g)]
+            cols = [(j * width // g, -(-(j + 1) * width // g)) for j in range(g)]
+            bins = [reduce(fmap[:, :, r0:r1, c0:c1], dim=(2, 3)) for r0, r1 in rows for c0, c1 in cols]
+            parts.append(torch.stack(bins, dim=2).flatten(1))
+    return torch.cat(parts, dim=1)
 
 
 class EarlyExitNet(nn.Module):
@@ -80,7 +103,7 @@ class EarlyExitNet(nn.Module):
         self.stem = backbone.stem
         self.blocks = nn.ModuleList([m for _, m in backbone.blocks])
         self.tail = backbone.tail
-        self.heads = nn.ModuleList([_Head(heads[e]) for e in policy.exits])
+        self.heads = nn.ModuleList([HeadModule(heads[e]) for e in policy.exits])
         self._exit_after = {p: k for k, p in enumerate(pos)}  # block position -> head position
         self.register_buffer("thresholds", torch.tensor(policy.thresholds, dtype=torch.float32))
         self._thr = tuple(float(t) for t in policy.thresholds)  # python floats: no tensor compare per call

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from modelopt.compressors._base import Choice, Forward, Route, Routing
+from modelopt.compressors._base import Choice, ExitTap, Forward, Route, Routing
 from modelopt.compressors.early_exit.backbone import split_backbone
 from modelopt.compressors.early_exit.heads import ExitHead, HeadSpec
-from modelopt.compressors.early_exit.module import EarlyExitNet
+from modelopt.compressors.early_exit.module import EarlyExitNet, HeadModule
 from modelopt.compressors.early_exit.runtime import ExitLayout, ExitProbe, decide, exit_layout, fit_heads
 from modelopt.compressors.early_exit.simulate import ExitPolicy
 from modelopt.errors import ConfigError, LoadError, TrialError
@@ -163,6 +163,26 @@ class ExitRouting(Routing):
         heads, _ = self.heads()
         _, _, height, width = self.workload.split("val").x.shape
         return EarlyExitNet(split_backbone(model, (height, width)), heads, _policy(route)).eval()
+
+    def taps(self, model: nn.Module, route: Route) -> list[ExitTap]:
+        """The active exits of `route` on `model` (the plan's physical model): each block, its head, its threshold.
+
+        Raises:
+            ConfigError: the plan removes channels of a block's output that an exit's head reads (the head was
+                fitted on them).
+        """
+        heads, _ = self.heads()
+        policy = _policy(route)
+        _, _, height, width = self.workload.split("val").x.shape
+        backbone = split_backbone(model, (height, width))
+        blocks = dict(backbone.blocks)
+        out = []
+        for point, threshold in zip(policy.exits, policy.thresholds, strict=True):
+            if heads[point].spec.features(backbone.point(point).channels) != heads[point].in_features:
+                raise ConfigError(f"the plan removes output channels of block {point!r}, which its exit's head was "
+                                  "fitted on; an exit cannot follow a block whose output channels are pruned")
+            out.append(ExitTap(point, blocks[point], HeadModule(heads[point], backbone.point(point).size), threshold))
+        return out
 
     def pack(self, route: Route) -> tuple[list[Any], list[torch.Tensor]]:
         """Each active head: [exit point, threshold, avg grids, max grids, hidden units, [[tensor, shape], ...]]

@@ -1,0 +1,155 @@
+"""Runs an early-exit ONNX export: segment files chained by the caller, each sample leaving at its first confident
+exit. This file is copied verbatim into every exported exit folder as ``predict.py``: it imports only numpy and
+the engine (onnxruntime or openvino), never modelopt, so a deployment needs neither torch nor this package.
+
+The folder holds ``exits.json`` and one ONNX file per segment. Segment k < last reads the previous segment's
+boundary tensor (the network input for the first) and returns its own boundary tensor, its exit's logits and
+their confidence (max softmax of the temperature-scaled logits); the last segment returns the network's logits.
+A sample whose confidence reaches its exit's threshold leaves with that exit's logits; the rows that stay go on
+alone into the next segment, and the answers are scattered back into input order (so a batch costs what its
+samples' exit pattern costs).
+
+Usage (a shell in the exported folder)::
+
+    python predict.py images.npy               # prints each row's class and the exit it left at
+    >>> from predict import Predictor
+    >>> logits = Predictor(".").run(x)         # x: float32 NCHW, normalised as the model expects
+    >>> logits, exit_at = Predictor(".", engine="openvino").run_with_exits(x)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+MANIFEST = "exits.json"
+FORMAT = "modelopt-exits"
+ENGINES = ("onnxruntime", "openvino")
+
+
+def _ort_runner(path: str, threads: int | None) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if threads is not None:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+    session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    outputs = [o.name for o in session.get_outputs()]
+    return lambda x: session.run(outputs, {name: x})
+
+
+def _ov_runner(path: str, threads: int | None, precision: str | None, batch: int | None) -> Any:
+    import openvino as ov
+
+    core = ov.Core()
+    model = core.read_model(path)
+    if batch is not None:  # a static batch, what a deployment at a fixed batch compiles
+        shape = model.inputs[0].get_partial_shape()
+        shape[0] = ov.Dimension(batch)
+        model.reshape({model.inputs[0].get_any_name(): shape})
+    config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+    if threads is not None:
+        config["INFERENCE_NUM_THREADS"] = threads
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    request = core.compile_model(model, "CPU", config).create_infer_request()
+    count = len(model.outputs)
+
+    def run(x: np.ndarray) -> list[np.ndarray]:
+        out = request.infer({0: x})
+        return [np.array(out[i]) for i in range(count)]  # copies: the request reuses its buffers
+
+    return run
+
+
+class Predictor:
+    """An exported early-exit network, run segment by segment.
+
+    Args:
+        folder: The exported folder (``exits.json`` and the segment files).
+        engine: ``onnxruntime`` or ``openvino``.
+        threads: Intra-op threads per segment (None: the engine's default).
+        precision: OpenVINO's inference precision for float layers (``f32``, ``bf16``; None: its default on
+            this CPU). Ignored by onnxruntime.
+        batch: Compile for this batch size (OpenVINO: the first segment static, the later ones too at batch 1);
+            None: any batch.
+    """
+
+    def __init__(self, folder: str, engine: str = "onnxruntime", threads: int | None = None,
+                 precision: str | None = None, batch: int | None = None) -> None:
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
+        with open(os.path.join(folder, MANIFEST)) as f:
+            manifest = json.load(f)
+        if manifest.get("format") != FORMAT:
+            raise ValueError(f"{os.path.join(folder, MANIFEST)} is not a modelopt early-exit manifest")
+        self.manifest = manifest
+        self.segments = manifest["segments"]
+        self.thresholds = [float(s["threshold"]) for s in self.segments[:-1]]
+        self.exits = [s["exit"] for s in self.segments[:-1]]
+        self.runners = []
+        for k, seg in enumerate(self.segments):
+            path = os.path.join(folder, seg["file"])
+            if engine == "onnxruntime":
+                self.runners.append(_ort_runner(path, threads))
+            else:
+                static = batch if batch is not None and (k == 0 or batch == 1) else None
+                self.runners.append(_ov_runner(path, threads, precision, static))
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        """Logits of each row of `x` (float32 NCHW), from the exit it left at."""
+        return self.run_with_exits(x)[0]
+
+    def run_with_exits(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Logits and, per row, the exit it left at (its position in `exits`; len(exits): the end)."""
+        h = np.ascontiguousarray(x, dtype=np.float32)
+        n = h.shape[0]
+        exit_at = np.full(n, len(self.thresholds), dtype=np.int64)
+        out: np.ndarray | None = None
+        alive = np.arange(n)
+        for k, threshold in enumerate(self.thresholds):
+            boundary, logits, confidence = self.runners[k](h)
+            if out is None:
+                out = np.empty((n, logits.shape[1]), dtype=np.float32)
+            fire = confidence >= np.float32(threshold)
+            if fire.all():
+                out[alive] = logits
+                exit_at[alive] = k
+                return out, exit_at
+            if fire.any():
+                out[alive[fire]] = logits[fire]
+                exit_at[alive[fire]] = k
+                stay = ~fire
+                alive, h = alive[stay], np.ascontiguousarray(boundary[stay])
+            else:
+                h = boundary
+        final = self.runners[-1](h)[0]
+        if out is None:
+            return final.astype(np.float32, copy=False), exit_at
+        out[alive] = final
+        return out, exit_at
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[1] in ("-h", "--help"):
+        print("usage: python predict.py IMAGES.npy [onnxruntime|openvino]  (float32 NCHW, normalised)")
+        return 0 if len(argv) >= 2 else 2
+    engine = argv[2] if len(argv) > 2 else "onnxruntime"
+    predictor = Predictor(os.path.dirname(os.path.abspath(__file__)), engine=engine)
+    logits, exit_at = predictor.run_with_exits(np.load(argv[1]))
+    names = [*predictor.exits, "end"]
+    for i, (row, e) in enumerate(zip(logits.argmax(1), exit_at, strict=True)):
+        print(f"{i}\t{int(row)}\t{names[int(e)]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

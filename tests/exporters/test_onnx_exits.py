@@ -1,0 +1,105 @@
+"""An early-exit plan exported to ONNX: a folder of segments that return early, with a predict.py that needs only
+onnxruntime (or openvino) and numpy. Run in a subprocess that never imports torch or modelopt, it gives the
+answers and exit points the engine gave when the plan was scored in it (what the run certified), which are
+near the PyTorch simulation's (integer kernels aside)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from modelopt.api import build_compressors
+from modelopt.errors import ConfigError
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.exporters.exit_predictor import Predictor
+from modelopt.exporters.onnx import export_onnx
+from modelopt.exporters.onnx_exits import export_onnx_exits
+from modelopt.latency import LatencySpec
+from modelopt.latency.plan import PlanLatency
+from modelopt.plan.space import SearchSpace
+
+pytest.importorskip("onnxruntime")
+
+# A low threshold early in the network and one later, so images leave at both exits and run to the end.
+EXITS = {"early_exit": {"exits": {"layer1.2": 0.8, "layer2.2": 0.9}}}
+
+
+@pytest.fixture(scope="module")
+def ev(resnet20_workload) -> Evaluator:
+    options = {"quantize": {"bits": [8], "granularity": ["per_channel"], "activations": [None, 8]}}
+    wl = resnet20_workload
+    return Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize", "early_exit"], options, model=wl.model)))
+
+
+@pytest.fixture(scope="module")
+def plan(ev):
+    return ev.space.parse_plan({"default": {"quantize": {"bits": 8, "activations": 8}}, **EXITS})
+
+
+def test_an_exit_plan_runs_without_modelopt_as_the_engine_scored_it(ev, plan, tmp_path) -> None:
+    folder = export_onnx_exits(ev, plan, tmp_path / "r20-exits").path
+    manifest = json.loads((folder / "exits.json").read_text())
+    assert [s.get("exit") for s in manifest["segments"]] == ["layer1.2", "layer2.2", None]
+    assert sorted(p.name for p in folder.iterdir()) == ["exits.json", "predict.py", "segment0.onnx",
+                                                         "segment1.onnx", "segment2.onnx"]
+    x = ev.workload.split("test").x
+    np.save(tmp_path / "x.npy", x.numpy())
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(folder)!r})
+        import numpy as np
+        from predict import Predictor
+        logits, exit_at = Predictor({str(folder)!r}, threads=1).run_with_exits(np.load({str(tmp_path / 'x.npy')!r}))
+        np.save({str(tmp_path / 'logits.npy')!r}, logits); np.save({str(tmp_path / 'exits.npy')!r}, exit_at)
+        assert not {{"torch", "modelopt"}} & set(sys.modules), "predict.py imported torch or modelopt"
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path, timeout=300)
+    logits, exit_at = np.load(tmp_path / "logits.npy"), np.load(tmp_path / "exits.npy")
+
+    timer = PlanLatency(ev, LatencySpec("onnxruntime", batch_size=1, warmup=1, repeats=3))
+    scored, scored_exits = timer.answers(plan, x)  # as a run that measures latency in ONNX Runtime scores it
+    assert np.array_equal(logits.argmax(1), scored.argmax(1).numpy())
+    assert np.array_equal(exit_at, scored_exits.numpy())
+    assert set(np.unique(exit_at)) == {0, 1, 2}  # images leave at both exits and run to the end
+
+    pred, sim_exits = ev.scorer.answers(plan, "test")  # the PyTorch simulation (this evaluator has no engine)
+    assert sim_exits is not None
+    assert float((torch.from_numpy(logits.argmax(1)) == pred).double().mean()) >= 0.97
+    assert float((torch.from_numpy(exit_at) == sim_exits).double().mean()) >= 0.95
+
+
+def test_a_batch_is_answered_in_input_order_whatever_leaves(ev, plan, tmp_path) -> None:
+    """Rows that stay go on alone and are scattered back: a batch gives each row what it gives alone."""
+    folder = export_onnx_exits(ev, plan, tmp_path / "exits").path
+    predictor = Predictor(str(folder), threads=1)
+    x = ev.workload.split("val").x[:64].numpy()
+    logits, exit_at = predictor.run_with_exits(x)
+    alone = [predictor.run_with_exits(x[i : i + 1]) for i in range(len(x))]
+    assert np.array_equal(exit_at, np.concatenate([e for _, e in alone]))
+    assert np.allclose(logits, np.concatenate([lg for lg, _ in alone]), atol=1e-4)
+
+
+def test_openvino_runs_the_exported_folder(ev, plan, tmp_path) -> None:
+    pytest.importorskip("openvino")
+    folder = export_onnx_exits(ev, plan, tmp_path / "exits").path
+    x = ev.workload.split("test").x[:256].numpy()
+    ort_logits, ort_exits = Predictor(str(folder), threads=1).run_with_exits(x)
+    ov_logits, ov_exits = Predictor(str(folder), engine="openvino", threads=1, precision="f32").run_with_exits(x)
+    assert (ov_logits.argmax(1) == ort_logits.argmax(1)).mean() >= 0.97
+    assert (ov_exits == ort_exits).mean() >= 0.95
+
+
+def test_one_file_refuses_exits_and_a_folder_is_not_overwritten_by_accident(ev, plan, tmp_path) -> None:
+    with pytest.raises(ConfigError, match="folder of segments"):
+        export_onnx(ev, plan, tmp_path / "one.onnx")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    with pytest.raises(ConfigError, match="is not an early-exit export"):
+        export_onnx_exits(ev, plan, tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
