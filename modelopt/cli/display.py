@@ -9,7 +9,7 @@ from rich.table import Table
 from modelopt.evaluation.metrics import Metrics
 from modelopt.plan.plan import Plan
 from modelopt.run.runner import RunResult
-from modelopt.run.summary import Preparation
+from modelopt.run.summary import Preparation, RunSummary
 
 
 def fmt_bytes(n: float) -> str:
@@ -86,9 +86,13 @@ def print_run(out: Console, result: RunResult) -> None:
     if test is not None and test.exited is not None:
         out.print(f"Early exit: {test.exited:.1%} of test and {val.exited:.1%} of val images leave at an exit "
                   "(MACs and bitops are means over the images)")
+        if s.exits is not None:
+            out.print(_exits_table(s))
     if test is not None and test.latency_ms is not None and test.float_latency_ms is not None:
+        others = "".join(f"; float {ms:.3f} ms in {name} ({ms / test.latency_ms:.2f}x)"
+                         for name, ms in s.float_latency.items() if name != test.latency_backend)
         out.print(f"Latency ({test.latency_backend}): {test.latency_ms:.3f} ms vs float {test.float_latency_ms:.3f} ms "
-                  f"({test.float_latency_ms / test.latency_ms:.2f}x)")
+                  f"({test.float_latency_ms / test.latency_ms:.2f}x){others}")
     sb = result.search_best
     if sb is not None and sb.plan.key != result.best.plan.key:
         out.print(f"The search's own pick on val, trial {sb.number} ({sb.scored.compression:.2f}x), is not the "
@@ -99,6 +103,18 @@ def print_run(out: Console, result: RunResult) -> None:
         out.print(f"Preparation: {prep}", highlight=False)
     out.print(f"Pareto front: {len(result.pareto)} plans (re-scored on test) — run folder: [bold]{result.run_dir}[/]")
     out.print(f"Best plan written to {result.run_dir / 'best_plan.yaml'}")
+
+
+def _exits_table(s: RunSummary) -> Table:
+    """Per exit: the share of test images that leave there and their top-1, float model (same exits) and plan."""
+    assert s.exits is not None
+    table = Table(title="Where test images leave: the float model with the plan's exits, and the plan")
+    for col in ("exit", "float: share", "float: top-1", "plan: share", "plan: top-1"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for f, p in zip(s.exits.float, s.exits.plan, strict=True):
+        table.add_row(f.exit, f"{f.share:.1%}", "" if f.accuracy is None else f"{f.accuracy:.2%}", f"{p.share:.1%}",
+                      "" if p.accuracy is None else f"{p.accuracy:.2%}")
+    return table
 
 
 _PREP_NAMES = {"layer_inputs": "layer inputs (GPTQ)", "choice_tensors": "every choice's tensors",
