@@ -45,7 +45,7 @@ def _cpu() -> str:
     return platform.processor() or platform.machine()
 
 
-def _file_runner(path: Path, engine: str, threads: int, precision: str | None, batch: int) -> Run:
+def _file_runner(path: Path, engine: str, threads: int, precision: str | None, batch: int | None) -> Run:
     if engine == "onnxruntime":
         session = ort_session(path, threads)
         name = session.get_inputs()[0].name
@@ -54,9 +54,10 @@ def _file_runner(path: Path, engine: str, threads: int, precision: str | None, b
 
     core = ov.Core()
     model = core.read_model(str(path))
-    shape = model.inputs[0].get_partial_shape()
-    shape[0] = ov.Dimension(batch)  # static at the timed batch, as a deployment compiles it
-    model.reshape({model.inputs[0].get_any_name(): shape})
+    if batch is not None:  # static at the timed batch, as a deployment compiles it
+        shape = model.inputs[0].get_partial_shape()
+        shape[0] = ov.Dimension(batch)
+        model.reshape({model.inputs[0].get_any_name(): shape})
     config = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
     if precision is not None:
         config["INFERENCE_PRECISION_HINT"] = precision
@@ -70,7 +71,7 @@ def _export(ev: Evaluator, plan: Plan, folder: Path, tag: str) -> Path:
     return export_onnx(ev, plan, folder / f"{tag}.onnx").path
 
 
-def _runner(path: Path, engine: str, threads: int, precision: str | None, batch: int) -> Run:
+def _runner(path: Path, engine: str, threads: int, precision: str | None, batch: int | None) -> Run:
     if path.is_dir():
         predictor = Predictor(str(path), engine=engine, threads=threads, precision=precision,
                               batch=batch if engine == "openvino" else None)
@@ -107,9 +108,9 @@ def main() -> None:
                      for tag, plan in (("float", ev.space.plan()), ("w8a8", w8a8), ("plan", best))}
             for engine in (e.strip() for e in args.engines.split(",")):
                 plan_path = paths["plan"]
-                scorer = _runner(plan_path, engine, args.threads, None, 256)
+                scorer = _runner(plan_path, engine, args.threads, None, None)
                 pred = np.concatenate([scorer(x[i : i + 256]) for i in range(0, len(x), 256)]).argmax(1)
-                base = _runner(paths["float"], engine, args.threads, None, 256)
+                base = _runner(paths["float"], engine, args.threads, None, None)
                 base_pred = np.concatenate([base(x[i : i + 256]) for i in range(0, len(x), 256)]).argmax(1)
                 y = test.y.cpu().numpy()
                 retention = (pred == y).mean() / max((base_pred == y).mean(), 1e-12)
