@@ -316,7 +316,7 @@ class Compressor(ABC):
     settings: ClassVar[tuple[Setting, ...]] = ()
     # Columns of the per-layer map in reports (`_surface.ReportColumn`); none: one generic column.
     report_columns: ClassVar[tuple[ReportColumn, ...]] = ()
-    # Whether its choices route samples (`routing`: early exit), which a static graph (ONNX) cannot run.
+    # Whether its choices route samples (`routing`: early exit); a graph export cuts them into segments (`taps`).
     routes: ClassVar[bool] = False
     # The key a packed checkpoint stores a route's entries under (`Routing.pack`); None: it stores none.
     packed_key: ClassVar[str | None] = None

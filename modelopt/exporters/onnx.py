@@ -29,7 +29,6 @@ import tempfile
 import warnings
 import weakref
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from modelopt.compressors._base import ExitTap, Granularity, IntegerWeight, Weig
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters._forms import layer_forms
+from modelopt.exporters._taps import tapped
 from modelopt.exporters.onnx_qdq import (
     Graph,
     QParams,
@@ -381,36 +381,9 @@ def _torch_export(evaluator: Evaluator, plan: Plan, routed: bool = False) -> tup
     model = evaluator.states.physical_model(plan).cpu().float().eval()
     outputs = ["logits"]
     taps = evaluator.routes.taps(model, plan) if routed else []
-    with _tapped(model, taps) if taps else contextlib.nullcontext():
+    with tapped(model, taps) if taps else contextlib.nullcontext():
         outputs += [f"exit{k}_{what}" for k in range(len(taps)) for what in ("logits", "confidence")]
         return _traced(model, evaluator.workload.split("val").x[:1].cpu(), outputs), taps
-
-
-@contextlib.contextmanager
-def _tapped(model: torch.nn.Module, taps: list[ExitTap]) -> Iterator[None]:
-    """`model` also returning each tap's head outputs (logits, confidence), the heads registered under
-    ``exit_heads.{k}`` (their nodes are named ``/exit_heads.{k}/...`` in the traced graph); undone after."""
-    seen: list[torch.Tensor] = []
-    handles = [t.block.register_forward_hook(lambda _m, _i, out: seen.append(out)) for t in taps]
-    heads = torch.nn.ModuleList([t.head for t in taps])
-    model.add_module("exit_heads", heads)
-    plain = model.forward
-
-    def forward(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        seen.clear()
-        logits = plain(x)
-        if len(seen) != len(taps):
-            raise ConfigError(f"the exits' blocks ran {len(seen)} times in one pass, not once each ({len(taps)})")
-        return (logits, *(t for fmap, head in zip(seen, heads, strict=True) for t in head(fmap)))
-
-    model.forward = forward  # this copy only: the tracer calls it
-    try:
-        yield
-    finally:
-        del model.forward
-        del model.exit_heads
-        for h in handles:
-            h.remove()
 
 
 def _traced(model: torch.nn.Module, x: torch.Tensor, outputs: list[str]) -> Any:

@@ -95,7 +95,7 @@ class EarlyExit(Compressor):
     name = "early_exit"
     order = 90  # after every weight transform; it changes none
     packed_key = "e"  # a packed checkpoint's exit heads (`modelopt.compressors.early_exit.routing.ExitRouting.pack`)
-    routes = True  # samples leave at the first confident exit: no static graph (ONNX) runs that
+    routes = True  # samples leave at the first confident exit (ONNX: a folder of segments)
     settings = (
         Setting("exit_data", SettingKind.PATH, "An .npz of images the search never scores (e.g. "
                 "../shared/data/cifar10/cifar10_jpeg_train.npz): early-exit heads are also fitted on them."),
