@@ -88,7 +88,7 @@ def main() -> None:
     ap.add_argument("runs", nargs="+", type=Path, help="finished run folders")
     ap.add_argument("--engines", default="onnxruntime,openvino", help="comma-separated engine names")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=3, help="rounds over the images; a batch's time is its fastest")
+    ap.add_argument("--rounds", type=int, default=10, help="rounds over the images; a batch's time is its fastest")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"machine: {_cpu()}, {os.cpu_count()} logical cores; {args.threads} thread(s) per session; mean per batch "

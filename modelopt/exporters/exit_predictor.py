@@ -112,6 +112,8 @@ class Predictor:
         """Logits and, per row, the exit it left at (its position in `exits`; len(exits): the end)."""
         h = np.ascontiguousarray(x, dtype=np.float32)
         n = h.shape[0]
+        if n == 1:
+            return self._one(h)
         exit_at = np.full(n, len(self.thresholds), dtype=np.int64)
         out: np.ndarray | None = None
         alive = np.arange(n)
@@ -136,6 +138,15 @@ class Predictor:
             return final.astype(np.float32, copy=False), exit_at
         out[alive] = final
         return out, exit_at
+
+    def _one(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One sample: no masks, no scatter (at batch 1 their numpy calls cost as much as a small segment)."""
+        for k, threshold in enumerate(self.thresholds):
+            boundary, logits, confidence = self.runners[k](h)
+            if confidence[0] >= np.float32(threshold):  # as the batched path compares
+                return logits, np.array([k], dtype=np.int64)
+            h = boundary
+        return self.runners[-1](h)[0].astype(np.float32, copy=False), np.array([len(self.thresholds)], dtype=np.int64)
 
 
 def main(argv: list[str]) -> int:

@@ -21,7 +21,7 @@ from modelopt.exporters.exit_predictor import Predictor
 from modelopt.exporters.onnx import onnx_model, ort_session
 from modelopt.exporters.onnx_exits import ExitSegments, exit_segments
 from modelopt.latency.engine import ENGINES, Compiled, Engine, structure_key
-from modelopt.latency.measure import Latency, batch_of, check_protocol, onnx_latency, pattern_latency, record, time_runs
+from modelopt.latency.measure import Latency, check_protocol, pattern_latency
 from modelopt.plan.plan import Plan
 
 if TYPE_CHECKING:
@@ -139,8 +139,14 @@ class _OrtCompiled(Compiled):
 
     def time(self, x: torch.Tensor) -> Latency:
         s = self.spec
-        return onnx_latency(self.data, x, batch_size=s.batch_size, threads=s.threads, warmup=s.warmup,
-                            repeats=s.repeats)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "plan.onnx"
+            path.write_bytes(self.data)
+            session = ort_session(path, s.threads)
+        name = session.get_inputs()[0].name
+        rows = np.ascontiguousarray(x.detach().cpu().numpy(), dtype=np.float32)
+        return pattern_latency(lambda b: session.run(None, {name: b}), rows, s.batch_size, "onnxruntime", s.threads,
+                               s.warmup, s.repeats)
 
 
 @ENGINES.register("openvino")
@@ -214,10 +220,11 @@ class _OvCompiled(Compiled):
     def time(self, x: torch.Tensor) -> Latency:
         s = self.spec
         check_protocol(s.batch_size, s.threads, s.warmup, s.repeats)
-        batch = np.ascontiguousarray(batch_of(x.detach().cpu(), s.batch_size).numpy(), dtype=np.float32)
+        rows = np.ascontiguousarray(x.detach().cpu().numpy(), dtype=np.float32)
         model = self.model.clone()
-        model.reshape({model.inputs[0].get_any_name(): list(batch.shape)})  # static: what a deployment compiles
+        shape = [s.batch_size, *rows.shape[1:]]
+        model.reshape({model.inputs[0].get_any_name(): shape})  # static: what a deployment compiles
         compiled = self.core.compile_model(model, "CPU", _ov_config(s.threads, self.precision))
         request = compiled.create_infer_request()
-        times = time_runs(lambda: request.infer({0: batch}), s.warmup, s.repeats)
-        return record(times, s.batch_size, "openvino", "cpu", s.threads, s.warmup)
+        return pattern_latency(lambda b: request.infer({0: b}), rows, s.batch_size, "openvino", s.threads, s.warmup,
+                               s.repeats)

@@ -25,7 +25,7 @@ from modelopt.errors import ConfigError, TrialError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.latency.engine import ENGINES, Compiled
 from modelopt.latency.measure import Latency
-from modelopt.latency.model import LatencyModel
+from modelopt.latency.model import LatencyModel, routes
 from modelopt.latency.spec import LatencySpec
 from modelopt.plan.plan import Plan
 
@@ -95,14 +95,39 @@ class PlanLatency:
     def priors(self) -> None:
         """The strategies' per-choice latency estimates (`ChoiceFeatures.latency`), from the latency model fitted
         on the no-search plans (float, and each uniform anchor the menus offer), measured here; building them
-        is charged when they are scored (they are the run's first trials)."""
+        is charged when they are scored (they are the run's first trials). When the menus offer exits, the last
+        anchor with one exit is measured too (the exit whose leavers skip the most), so an exit's fixed cost is
+        known before a rollout turns exits on; it is no trial, so building it is charged as a preparation."""
         space = self.evaluator.space
-        for plan in dict.fromkeys((space.plan(), *space.anchors((8,)), *space.anchors((8,), act_bits=8))):
+        plans = list(dict.fromkeys((space.plan(), *space.anchors((8,)), *space.anchors((8,), act_bits=8))))
+        for plan in plans:
             try:
                 self.measure(plan)
             except ConfigError as exc:  # the engine cannot build it: the search learns that from the trial
                 log.info("latency priors: %s", exc)
+        with_exit = self._with_one_exit(plans[-1])
+        if with_exit is not None:
+            try:
+                self.measure(with_exit)
+                self.evaluator.states.add_pre_pass("exit_latency", self.cost(with_exit))
+            except (ConfigError, TrialError) as exc:
+                log.info("latency priors: %s", exc)
         self.model.apply()
+
+    def _with_one_exit(self, plan: Plan) -> Plan | None:
+        """`plan` with the one exit choice whose leavers are expected to skip the most MACs; None without exits."""
+        space = self.evaluator.space
+        best: tuple[float, str, object] | None = None
+        for d in space.decisions:
+            if not routes(space, d.name):
+                continue
+            layer = space.layers[d.layer]
+            for c, f in zip(d.choices, space.features[d.name], strict=True):
+                if c is not None and (best is None or layer.macs - f.macs > best[0]):
+                    best = (layer.macs - f.macs, d.name, c)
+        if best is None:
+            return None
+        return space.plan({**{d.name: plan.get(d.name) for d in space.decisions}, best[1]: best[2]})
 
     def float_references(self) -> dict[str, Latency]:
         """The float model timed in the engine's other precisions (`Engine.float_references`), by figure name:
