@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 
 from modelopt.config.assemble import DEFAULT_BUDGET, build_compressors, default_compressors
 from modelopt.config.build import build
+from modelopt.config.evidence import check_scores
 from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import Dataset, load_data
 from modelopt.errors import ConfigError, LoadError
@@ -127,6 +128,7 @@ def evaluate(
     if compressors is None:  # a plan may use any compressor that can handle the model
         compressors = sorted({n for t in ("size", "macs") for n in default_compressors(t, wl.model)})
     space = SearchSpace(wl.layers, build_compressors(compressors, settled.options, model=wl.model))
+    check_scores(wl, split)  # 0 of N right: retention would read nan
     return Evaluator(wl, space).scorer.evaluate(resolve_plan(plan, space), split=split)
 
 
@@ -244,11 +246,13 @@ def run(
         runner = Runner(built.evaluator, built.strategy, built.objective, budget=config.budget, run_dir=run_dir,
                         config=built.config, resume=resume, progress=progress, fidelity=config.fidelity,
                         latency=timer, executor=executor, lock=lock)
-    except BaseException:
+    except BaseException as exc:
         if lock is not None:
             lock.release()
             if created:  # refused before the run began: leave no folder behind
                 lock.remove_folder_if_empty()
+        if isinstance(exc, KeyboardInterrupt):  # no run folder written yet: the CLI says so, not "--resume"
+            exc.started = False  # type: ignore[attr-defined]
         raise
     result = runner.run()
     if config.knowledge is not None:  # what this run learned per layer, for later runs to start from

@@ -68,7 +68,11 @@ def _friendly(fn: F) -> F:
             raise typer.Exit(2) from None
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (`_Terminated`) from a scheduler or `kill`
             what = "terminated" if isinstance(exc, _Terminated) else "interrupted"
-            err.print(f"[yellow]{what}[/]: finished trials are in the journal; rerun with --resume to continue")
+            if getattr(exc, "started", True):
+                err.print(f"[yellow]{what}[/]: finished trials are in the journal; rerun with --resume to continue")
+            else:
+                err.print(f"[yellow]{what}[/] while loading, before the run began: nothing was written; run the same "
+                          "command again")
             raise typer.Exit(143 if isinstance(exc, _Terminated) else 130) from None
 
     return cast(F, friendly)

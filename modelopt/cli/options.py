@@ -27,8 +27,8 @@ Objective = Annotated[str | None, typer.Option(help="What to minimise: size, bit
 Latency = Annotated[
     str | None,
     typer.Option(
-        help="Latency backend: torch, onnxruntime (INT8 QDQ export) or none; measured for the final Pareto "
-        "set, or every plan with --objective latency (default torch)."
+        help="Latency engine: torch, onnxruntime or openvino (the INT8 QDQ export), or none; measured for the "
+        "final Pareto set, or every plan with --objective latency (default torch)."
     ),
 ]
 MinRetention = Annotated[

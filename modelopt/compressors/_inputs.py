@@ -97,6 +97,10 @@ class Calibration:
                 f"activation calibration needs images and samples >= 1, got {self.images}, {self.samples}"
             )
 
+    def __str__(self) -> str:  # how run output names it ("input ranges (percentile 99.99, 256 images)")
+        how = f"percentile {self.percentile:g}" if self.method is CalibrationMethod.PERCENTILE else self.method.value
+        return f"{how}, {self.images} images"
+
 
 @dataclass(frozen=True)
 class InputQParams:

@@ -20,10 +20,27 @@ def certifiable_retention(workload: Workload, split: str, confidence: float) -> 
     return PairedCounts(len(data), int(data.base_correct.sum()), 0, 0).retention_lower(confidence)
 
 
+def check_scores(workload: Workload, split: str) -> None:
+    """Refuses, in one line, a float model that answers none of `split`'s labeled images right (retention would
+    be 0 / 0): a head that does not match the data's classes, or the wrong weights or data."""
+    if split != "all" and split not in workload.splits:
+        return
+    data = workload.split(split)
+    if len(data) and not bool(data.base_correct.any()):
+        outputs, classes = workload.num_outputs, workload.data.num_classes
+        why = (f"its {outputs}-way head does not fit the data's {classes} classes (pass --weights with a checkpoint "
+               "trained on them)" if outputs != classes else
+               "wrong or missing weights (--weights), or images preprocessed otherwise than the model was trained")
+        raise ConfigError(f"the float model gets none of the {len(data):,} {split} images right (0 % top-1), so "
+                          f"there is no accuracy to retain: {why}")
+
+
 def check_certifiable(workload: Workload, objective: Objective) -> tuple[str, ...]:
     """Refuses, in one line, a val split too small to certify the floor even for a plan that agrees
     with the float model on every image (the search would be pointless); returns the warning for a
-    confirm split that small (the best plan is then reported unconfirmed)."""
+    confirm split that small (the best plan is then reported unconfirmed). A float model that gets no val image
+    right is refused first: there is nothing to retain, and more data would not help."""
+    check_scores(workload, "val")
     if objective.confidence <= 0:
         return ()
     floor, conf = objective.min_retention, objective.confidence

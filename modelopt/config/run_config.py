@@ -228,8 +228,8 @@ class RunConfig:
 
     def _check_latency(self) -> None:
         if self.latency is None and self.objective == Target.LATENCY.value:
-            raise ConfigError("objective 'latency' needs a latency backend; pass latency='torch', 'onnxruntime' or "
-                              "'openvino'")
+            raise ConfigError("objective 'latency' needs a latency engine: torch, onnxruntime or openvino "
+                              "(--latency on the command line, latency= in the API and sweep files)")
 
     def make_objective(self) -> Objective:
         """The run's objective (on a workload, `modelopt.config.build.make_objective` also sizes its claims)."""

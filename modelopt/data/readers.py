@@ -193,6 +193,8 @@ def decode_jpegs(data: np.ndarray, offsets: np.ndarray, where: str, keep: np.nda
         try:
             im = Image.open(io.BytesIO(data[offsets[i] : offsets[i + 1]].tobytes()))
             images.append(np.asarray(im.convert("RGB")))
+        except Image.DecompressionBombError as e:
+            raise LoadError(f"image {i} in {where} is too large to decode safely ({e}); shrink or remove it") from None
         except (UnidentifiedImageError, OSError, ValueError) as e:
             raise LoadError(f"image {i} in {where} is not a readable JPEG: {e}") from None
     return _stack(images, where)
@@ -277,6 +279,9 @@ def _read_image_folder(
         try:
             with Image.open(files[i]) as im:
                 images.append(np.asarray(im.convert("RGB")))
+        except Image.DecompressionBombError as e:  # not an OSError: Pillow refuses it before decoding
+            raise LoadError(f"image {str(files[i])!r} is too large to decode safely ({e}); shrink or remove it"
+                            ) from None
         except (UnidentifiedImageError, OSError) as e:
             raise LoadError(f"could not read image {str(files[i])!r}: {e}") from None
     return _stack(images, where), np.asarray(labels, dtype=np.int64)[keep], keep

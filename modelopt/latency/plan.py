@@ -52,7 +52,8 @@ class PlanLatency:
         self.device = self.engine.device(evaluator)
         self.scores = self.engine.scores_on(evaluator)  # the run scores its plans here
         self._built: OrderedDict[str, Compiled] = OrderedDict()
-        self._timed: dict[str, Latency] = {}
+        self._timed: dict[str, Latency] = {}  # by graph (`Compiled.key`)
+        self._graph_of: dict[str, str] = {}  # plan key -> its graph's key
         self._charged: set[str] = set()
         self._val_seconds: float | None = None
         self.build_seconds = 0.0  # wall seconds building plans took in this process
@@ -84,13 +85,26 @@ class PlanLatency:
 
     def measure(self, plan: Plan) -> Latency:
         """The plan's median batch latency (plans that build to the same graph share one measurement)."""
-        built = self.compiled(plan)
-        if built.key not in self._timed:
-            x = self.evaluator.workload.split("val").x
-            self._timed[built.key] = built.time(x)
-        latency = self._timed[built.key]
+        key = self._graph_of.get(plan.key)
+        if key is None or key not in self._timed:  # a plan timed before is not built again to find its graph
+            built = self.compiled(plan)
+            key = self._graph_of[plan.key] = built.key
+            if key not in self._timed:
+                self._timed[key] = built.time(self.evaluator.workload.split("val").x)
+        latency = self._timed[key]
         self.model.observe(plan, latency.median_ms)
         return latency
+
+    def retime(self, plans: list[Plan]) -> None:
+        """Times the float model and `plans` once more, back to back, each keeping the faster of its two figures:
+        on a shared machine a burst of steal can outlast every round of one measurement (the float model read
+        0.86 ms in a run and 0.754-0.766 ms in five later ones), and the figures a run reports are these."""
+        x = self.evaluator.workload.split("val").x
+        for plan in dict.fromkeys([self.evaluator.space.plan(), *plans]):
+            first = self.measure(plan)
+            again = self.compiled(plan).time(x)
+            if again.median_ms < first.median_ms:
+                self._timed[self._graph_of[plan.key]] = again
 
     def priors(self) -> None:
         """The strategies' per-choice latency estimates (`ChoiceFeatures.latency`), from the latency model fitted

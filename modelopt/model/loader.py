@@ -308,7 +308,7 @@ def _from_factory(source: str) -> LoadedModel:
     except SystemExit as exc:  # exit() inside a factory: without this the run ended at once, exit 0, silent
         raise LoadError(f"factory {source!r} called exit({exc.code!r}) instead of returning an nn.Module") from None
     except Exception as exc:  # the user's factory failed: one line names it (the cause is chained)
-        raise LoadError(f"factory {source!r} raised {type(exc).__name__}: {_first_line(exc)}") from exc
+        raise LoadError(f"factory {source!r} raised {_first_line(exc)}") from exc
     if not isinstance(module, nn.Module):
         raise LoadError(f"factory {source!r} returned a {type(module).__name__}, not an nn.Module")
     return LoadedModel(module, source, IMAGENET_MEAN, IMAGENET_STD, None, None)

@@ -193,7 +193,12 @@ class Journal:
 
 def read_records(path: str | Path) -> list[Record]:
     """A journal's finished trials by number, read without touching the file (a torn or damaged
-    last line is skipped): for readers of a run that may still be running, or copied elsewhere.
+    last line is skipped: the run may still be writing it): for readers of a run that may still be running,
+    or copied elsewhere.
+
+    Raises:
+        LoadError: a line before the last is damaged (naming it): what follows it would be silently lost,
+            and a report or export would state another run than the one that ran.
 
     Example:
         >>> sum(r.cost for r in read_records(run_dir / "trials.jsonl"))
@@ -201,7 +206,7 @@ def read_records(path: str | Path) -> list[Record]:
     path = Path(path)
     if not path.is_file():
         return []
-    lines, _ = _parse(path.read_bytes(), path, strict=False)
+    lines, _ = _parse(path.read_bytes(), path)
     return sorted((Record.from_json(d) for d in lines), key=lambda r: r.number)
 
 
@@ -220,8 +225,8 @@ def _parse(raw: bytes, path: Path, *, strict: bool = True) -> tuple[list[dict[st
                 break
             n = len(records)
             raise LoadError(f"journal {str(path)!r} is damaged at line {n + 1} (the {n} trials before it are "
-                            f"intact): keep them with `head -n {n} {path} > kept && mv kept {path}` and "
-                            "resume, or start afresh with another --out") from None
+                            f"intact): keep them with `head -n {n} {path} > kept && mv kept {path}` (then resume or "
+                            "read it again), or start afresh with another --out") from None
         good_end += len(line)
     return records, good_end
 

@@ -382,6 +382,7 @@ class Runner:
                     + list(final.anchors)}
         test_metrics = {key: self.evaluator.scorer.evaluate(t.plan, split="test") for key, t in to_score.items()}
         if self.latency is not None:  # measured once per distinct plan, for the final set only
+            self.latency.retime([t.plan for t in to_score.values()])
             test_metrics = {key: self._with_latency(m, to_score[key].plan) for key, m in test_metrics.items()}
         best_test = test_metrics.get(best.plan.key) if best else None
         pareto = tuple((t, test_metrics.get(t.plan.key)) for t in front)

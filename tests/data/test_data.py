@@ -204,6 +204,18 @@ def test_image_folder_mixed_sizes(tmp_path: Path, caplog: pytest.LogCaptureFixtu
     assert len(data.calib) + len(data.val) + len(data.confirm) + len(data.test) == 11
 
 
+def test_an_image_too_large_to_decode_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for c in ("a", "b"):
+        (tmp_path / c).mkdir()
+        for i in range(3):
+            Image.new("RGB", (8, 8)).save(tmp_path / c / f"{i}.png")
+    Image.new("L", (40, 40), 128).save(tmp_path / "b" / "huge.png")
+    # Pillow refuses images over twice MAX_IMAGE_PIXELS (DecompressionBombError, not an OSError): scaled down here.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 400)
+    with pytest.raises(LoadError, match=r"huge\.png' is too large to decode safely.*shrink or remove it"):
+        load_data(tmp_path)
+
+
 def test_dataloader() -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(50, 3, 8, 8, generator=g)

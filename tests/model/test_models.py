@@ -149,6 +149,8 @@ def test_a_factory_that_exits_or_raises_is_one_load_error():
         load_model("builtins:dict")
     with pytest.raises(LoadError, match=r"factory 'tempfile:mkdtemp' returned a str"):
         load_model("tempfile:mkdtemp")
+    with pytest.raises(LoadError, match=r"^factory 'builtins:input' raised (?!.*Error: \w+Error)"):  # named once
+        load_model("builtins:input")  # reads stdin, closed under pytest: OSError or EOFError
 
 
 def test_a_malicious_checkpoint_is_called_refused_not_damaged(tmp_path):

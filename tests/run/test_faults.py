@@ -237,6 +237,21 @@ def test_a_signal_mid_trial_leaves_a_valid_journal_that_resumes(tmp_path, small_
     assert after[: len(before)] == before and len(after) > len(before)
 
 
+def test_an_interrupt_while_loading_says_nothing_was_started(tmp_path, small_data, monkeypatch):
+    """Ctrl-C while the model and data load: no run folder was written, so "--resume" would fail; the line says to
+    run the command again (the interrupt raised where loading is, as the signal handler raises it)."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(modelopt.api, "build", interrupted)
+    run = tmp_path / "run"
+    result = CliRunner().invoke(app, ["optimize", "--data", str(small_data), "--budget", "2", "--out", str(run),
+                                      "--no-progress"])
+    assert result.exit_code == 130 and "Traceback" not in result.stderr
+    assert result.stderr.strip().startswith("interrupted while loading") and "--resume" not in result.stderr
+    assert "nothing was written" in result.stderr and not run.exists()
+
+
 @pytest.mark.slow
 def test_a_second_process_on_the_same_out_is_refused_by_the_lock(tmp_path, small_data, small_workload, monkeypatch):
     run = tmp_path / "run"

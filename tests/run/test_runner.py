@@ -187,6 +187,24 @@ def test_a_val_split_too_small_to_certify_the_floor_is_refused_before_the_search
     assert not (tmp_path / "r").exists()  # nothing was written
 
 
+def test_a_float_model_that_gets_nothing_right_is_refused_in_one_line(tmp_path, resnet20_workload, monkeypatch):
+    """Retention would be 0 / 0 (it printed "nan%"), and "pass more data" cannot help: the line says what is wrong.
+    The val labels are set one class off the float model's own answers, as a head that fits other classes does."""
+    import dataclasses
+
+    from modelopt.config.evidence import check_scores
+
+    val = resnet20_workload.splits["val"]
+    monkeypatch.setitem(resnet20_workload.splits, "val", dataclasses.replace(val, y=(val.base_pred + 1) % 10))
+    with pytest.raises(ConfigError, match=r"gets none of the [\d,]+ val images right \(0 % top-1\), so there is no "
+                                          r"accuracy to retain: wrong or missing weights"):
+        check_scores(resnet20_workload, "val")
+    with pytest.raises(ConfigError, match="gets none of the"):
+        modelopt.optimize(resnet20_workload, budget=2, out=tmp_path / "r", progress=False, report=False,
+                          compressors=["quantize"])
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_run_with_a_confirm_split_reports_only_what_confirmation_held(tmp_path, small_workload):
     result = modelopt.optimize(small_workload, budget=6, seed=0, out=tmp_path / "r", progress=False, report=False,
                                compressors=["quantize"], min_retention=0.9)
