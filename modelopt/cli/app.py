@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
+import os
 import signal
 import sys
 import warnings
@@ -41,8 +43,11 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
+# Not a terminal (a log file, a pipe, CI): rich would assume 80 columns and cut the result tables' own headers
+# ("retent…"); wide enough for every table instead. COLUMNS, when set, still decides.
+_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+out = Console(width=_WIDTH)
+err = Console(stderr=True, width=_WIDTH)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -142,6 +147,8 @@ def optimize(
     budget: opt.Budget = None,
     objective: opt.Objective = None,
     latency: opt.Latency = None,
+    latency_batch: opt.LatencyBatch = None,
+    latency_threads: opt.LatencyThreads = None,
     min_retention: opt.MinRetention = None,
     confidence: opt.Confidence = None,
     count_gains: opt.CountGains = None,
@@ -181,6 +188,14 @@ def optimize(
         config = RunConfig.read(out_dir).replace(**given, **settings)
     else:
         config = RunConfig().replace(**given, **settings)
+    if latency_batch is not None or latency_threads is not None:
+        spec = config.latency
+        if spec is None:
+            raise ConfigError("--latency-batch and --latency-threads set how the latency engine times; pass "
+                              "--latency torch, onnxruntime or openvino too")
+        config = config.replace(latency=dataclasses.replace(
+            spec, batch_size=spec.batch_size if latency_batch is None else latency_batch,
+            threads=spec.threads if latency_threads is None else latency_threads))
     result = api.run(config, out=out_dir, resume=resume, storage=storage, progress=progress,
                      allow_pickle=allow_pickle)
     print_run(out, result)

@@ -31,6 +31,12 @@ Latency = Annotated[
         "final Pareto set, or every plan with --objective latency (default torch)."
     ),
 ]
+LatencyBatch = Annotated[
+    int | None, typer.Option(help="Images per timed batch in the latency engine (default 1).", min=1)
+]
+LatencyThreads = Annotated[
+    int | None, typer.Option(help="Threads the latency engine times with (default 1).", min=1)
+]
 MinRetention = Annotated[
     float | None, typer.Option(help="Floor on accuracy relative to float, on images the search never saw.")
 ]

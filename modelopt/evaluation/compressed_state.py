@@ -26,6 +26,7 @@ from modelopt.compressors._inputs import (
     input_ranges,
     install_input_quantizers,
 )
+from modelopt.compressors.prune import Criterion, Prune, output_kept, refit_consumer
 from modelopt.evaluation.norm_stats import NormStats
 from modelopt.evaluation.prep_costs import OneTimeCosts
 from modelopt.evaluation.routes import PlanRoutes
@@ -99,12 +100,29 @@ class CompressedStates:
                     continue
                 key = (lname, self._compressor_keys[d.compressor], c)
                 if key not in self._kept:
-                    self._kept[key] = self.space.compressors[d.compressor].kept_channels(
-                        self.workload.original[lname], c)
+                    self._kept[key] = self._select(lname, d.compressor, c)
                 idx = self._kept[key]
                 if idx is not None:
                     out[lname] = (d.name, idx)
         return out
+
+    def _select(self, root: str, compressor: str, choice: Any) -> torch.Tensor | None:
+        """The output channels of `root` a structured choice keeps: by what losing them costs the refitted output
+        of the group's one plain reader (`Criterion.OUTPUT` with repair on), else by the compressor's own rule."""
+        comp = self.space.compressors[compressor]
+        idx = comp.kept_channels(self.workload.original[root], choice)
+        if idx is None or not isinstance(comp, Prune) or comp.criterion is not Criterion.OUTPUT:
+            return idx
+        group = self._layers[root].channel_group
+        readers = [m for m, out in group if not out]
+        writers = [m for m, out in group if out]
+        images = comp.input_images(choice)
+        if len(readers) != 1 or writers != [root] or readers[0] not in self._layers or not images:
+            return idx
+        inputs = self.layer_inputs(readers[0], images)
+        if inputs is None or inputs.groups > 1:
+            return idx
+        return output_kept(self.workload.original[readers[0]], inputs.hessian, idx.numel()).to(idx.device)
 
     def removals(self, plan: Plan) -> tuple[Removal, ...]:
         """What the plan's structured pruning removes, module by module (each root's group, its channels mapped
@@ -146,7 +164,8 @@ class CompressedStates:
             if all(c is None for c in choices) and rows is None and cols is None:
                 continue
             shape_key = tuple(None if t is None else tuple(t.tolist()) for t in (rows, cols))
-            key = (layer.name, tuple(self._compressor_keys[d.compressor] for d in decs), choices, shape_key)
+            repair = self._repair_images(plan) if cols is not None else 0  # the readers' refit, or none
+            key = (layer.name, tuple(self._compressor_keys[d.compressor] for d in decs), choices, shape_key, repair)
             w = self._tensors.get(key)
             if w is None:
                 self._tensors[key] = w = self._compress(layer.name, plan, kept, (rows, cols)).contiguous()
@@ -164,6 +183,8 @@ class CompressedStates:
         cols = torch.arange(orig.shape[1], device=orig.device) if keep_cols is None else keep_cols.to(orig.device)
         sliced = keep_rows is not None or keep_cols is not None
         w = orig[rows[:, None], cols[None, :]] if sliced else orig
+        if keep_cols is not None and (n_repair := self._repair_images(plan)):
+            w = self._refit(lname, orig[rows], cols, n_repair).reshape(w.shape)
         for d in self._layer_decisions[lname]:
             c = plan.get(d.name)
             if c is None or (own is not None and d.name == own[0]):  # slicing already applied that one
@@ -178,6 +199,20 @@ class CompressedStates:
         full = torch.zeros_like(orig)
         full[rows[:, None], cols[None, :]] = w
         return full
+
+    def _repair_images(self, plan: Plan) -> int:
+        """Calibration images removed channels' readers are refitted on (0: the plan's pruning repairs nothing)."""
+        return max((c.input_images(plan.get(d.name)) for d in self.space.decisions
+                    if isinstance(c := self.space.compressors[d.compressor], Prune)), default=0)
+
+    def _refit(self, lname: str, weight: torch.Tensor, cols: torch.Tensor, images: int) -> torch.Tensor:
+        """`weight`'s rows refitted on its kept input channels `cols` to give the float layer's output
+        (`prune.refit_consumer`); a grouped conv, whose groups read their own channels, is only sliced."""
+        inputs = self.layer_inputs(lname, images)
+        kernel = weight[0, 0].numel()
+        if inputs is None or inputs.groups > 1:
+            return weight[:, cols.to(weight.device)]
+        return refit_consumer(weight, inputs.hessian, input_columns(cols.to(weight.device), kernel))
 
     def layer_inputs(self, lname: str, images: int,
                      kept: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)) -> LayerInputs | None:

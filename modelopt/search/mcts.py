@@ -55,6 +55,10 @@ DP_BINS = 160
 MAX_ROLLOUT_TRIES = 16
 PRIOR_ROLLOUTS = 12  # rollouts whose choices at a node form its children's prior
 PRIOR_MIX = 0.75  # share of the rollout policy in a prior (the rest: data-free saving vs loss)
+# Exits a rollout may turn on. An image leaves at one exit only, but the additive cost and loss models price each
+# exit as if it alone were on: a rollout on ResNet-56 turned on 19-26 of its 27 exits, every plan infeasible (val
+# retention 0.88-0.94), and with all of them always on together no trial could tell their losses apart.
+MAX_EXITS = 2
 # The rollouts aim at no less than this share of the drop the floor allows, however many plans miss it:
 # when every plan that changes anything breaks some answers (JPEG images: any layer at INT3 breaks 6-27
 # of 2,000), aiming lower only yields plans that leave layers in float.
@@ -111,6 +115,7 @@ class MCTS(Strategy):
         if objective.target is Target.SIZE:  # priced around the INT4 anchor: pruning saves quantized bytes
             center = (*space.anchors(), space.plan())[min(1, len(space.anchors()) - 1)]  # INT4, else INT8, else none
             self.cost = [np.array(c, dtype=float) for c in CostModel(space).marginal_bytes(center)]
+        self.exits = [i for i, d in enumerate(self.decisions) if space.compressors[d.compressor].routes]
         self.error = [np.nan_to_num(np.array([f.error for f in fs], dtype=float), nan=1.0, posinf=1.0) for fs in feats]
         # Impact order: decisions whose choices move the cost most come first (largest layers).
         spread = [c.max() - c.min() for c in self.cost]
@@ -242,12 +247,26 @@ class MCTS(Strategy):
             idx[np.ix_(over, np.asarray(rest))] = np.argmin(deltas[over][:, rest] + 1e-12 * self._costmat[rest], axis=2)
         live = np.flatnonzero(~over)
         if live.size == 0:
-            return idx
+            return self._cap_exits(idx, len(prefix))
         step = (budget[live] / DP_BINS)[:, None]  # (R', 1)
         d = deltas[live]
         # Losses rounded up to whole bins (within 1e-9 of an edge counts as on it): each draw's plan fits.
         weights = [np.ceil(d[:, i, :] / step - 1e-9).astype(int) for i in rest]
         idx[np.ix_(live, np.asarray(rest))] = solve_binned(weights, [self._costmat[i] for i in rest], DP_BINS)
+        return self._cap_exits(idx, len(prefix))
+
+    def _cap_exits(self, idx: np.ndarray, fixed: int) -> np.ndarray:
+        """Each row with at most MAX_EXITS exits on beyond those its first `fixed` decisions (the tree's) set: the
+        ones priced cheapest stay, the others are turned off (choice 0: off)."""
+        if len(self.exits) <= MAX_EXITS:
+            return idx
+        tree = set(self.order[:fixed])
+        for row in idx:
+            free = [i for i in self.exits if row[i] != 0 and i not in tree]
+            room = MAX_EXITS - sum(1 for i in self.exits if row[i] != 0 and i in tree)
+            if len(free) > max(room, 0):
+                for i in sorted(free, key=lambda i: self._costmat[i, row[i]])[max(room, 0):]:
+                    row[i] = 0
         return idx
 
     # ---- the tree -------------------------------------------------------------------------
@@ -364,6 +383,7 @@ class MCTS(Strategy):
             new = list(idx)
             for i in self.rng.choice(rest, size=min(1 + tries // MAX_ROLLOUT_TRIES, len(rest)), replace=False):
                 new[i] = int(self.rng.integers(len(self.decisions[i].choices)))
+            new = [int(j) for j in self._cap_exits(np.array([new]), len(path))[0]]
             plan = self._plan(new)
             if plan.key not in self.seen and plan.key not in self.pending:
                 break

@@ -31,8 +31,10 @@ def test_list():
 @pytest.mark.slow
 def test_optimize_json_last_line(tmp_path):
     result = _run("optimize", "--budget", 4, "--compressors", "quantize", "--data", "cifar10-exact-sample", "--out",
-                  tmp_path / "r", "--no-progress", "--json")
+                  tmp_path / "r", "--no-progress", "--json", "--latency-batch", 2, "--latency-threads", 1)
     assert result.exit_code == 0, result.output
+    spec = json.loads((tmp_path / "r" / "run.json").read_text())["latency"]
+    assert (spec["backend"], spec["batch_size"], spec["threads"]) == ("torch", 2, 1)
     out = json.loads(result.stdout.strip().splitlines()[-1])
     # 4 budget units buy the INT8 anchor (with GPTQ's one-time calib pass) and more plans after it.
     assert out["n_trials"] >= 3 and out["budget_used"] >= 4 and out["run_dir"] == str(tmp_path / "r")
@@ -40,6 +42,8 @@ def test_optimize_json_last_line(tmp_path):
     if out["best_val"] is not None:
         assert out["best_test"]["split"] == "test" and "default" in out["best_plan"]
         assert "Best plan" in result.stdout
+        # Not a terminal: the result table keeps its own headers whole (rich assumed 80 columns: "retent…").
+        assert "retention" in result.stdout and "retent…" not in result.stdout
 
 
 @pytest.mark.slow
@@ -51,6 +55,11 @@ def test_evaluate_a_hand_written_plan(tmp_path):
     m = json.loads(result.stdout.strip().splitlines()[-1])
     assert m["split"] == "test" and m["n_samples"] == 423
     assert m["retention"] >= 0.99 and 3.8 < m["compression"] < 4.0
+
+
+def test_latency_timing_flags_need_an_engine():
+    _one_line_error(_run("optimize", "--latency", "none", "--latency-batch", 4),
+                    "--latency-batch and --latency-threads set how the latency engine times", "--latency torch")
 
 
 def test_missing_plan_file(tmp_path):
