@@ -43,11 +43,16 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-# Not a terminal (a log file, a pipe, CI): rich would assume 80 columns and cut the result tables' own headers
-# ("retent…"); wide enough for every table instead. COLUMNS, when set, still decides.
-_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
-out = Console(width=_WIDTH)
-err = Console(stderr=True, width=_WIDTH)
+out = Console()
+err = Console(stderr=True)
+_WIDE = 160  # columns when stdout is not a terminal (see `_fit_width`)
+
+
+def _fit_width() -> None:
+    """Not a terminal (a log file, a pipe, CI): rich would assume 80 columns and cut the result tables' own
+    headers ("retent…"); wide enough for every table instead. COLUMNS, when set, still decides."""
+    if not sys.stdout.isatty() and not os.environ.get("COLUMNS"):
+        out.width = err.width = _WIDE
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -66,6 +71,7 @@ def _friendly(fn: F) -> F:
 
     @functools.wraps(fn)
     def friendly(*args: Any, **kwargs: Any) -> Any:
+        _fit_width()
         try:
             return wrapper(*args, **kwargs)
         except ModeloptError as exc:  # escaped: rich would take '[distributed]' or '[random, mcts]' for markup

@@ -398,9 +398,13 @@ class Compressor(ABC):
         for strategies' cost estimates; the evaluator counts them exactly."""
         return 0
 
-    def kept_channels(self, weight: torch.Tensor, choice: Choice) -> torch.Tensor | None:
+    def kept_channels(self, weight: torch.Tensor, choice: Choice,
+                      reader: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
         """Indices (ascending) of the output channels `choice` keeps, for choices that remove
-        channels (structured pruning of a channel group's root, `Layer.prunable`); None otherwise."""
+        channels (structured pruning of a channel group's root, `Layer.prunable`); None otherwise.
+        `reader`: the weight and input second moments of the group's one plain reader, when it has one and
+        the choice asks for calibration inputs (`input_images`): those readers are refitted on the channels
+        kept (`modelopt.model.reconstruct`), and the choice may pick the channels by that refit's cost."""
         return None
 
     def norm_calibration(self, choice: Choice) -> int:

@@ -16,7 +16,7 @@ After pruning, the evaluator re-estimates batch-norm statistics on `bn_samples` 
 Structured removal is repaired (``repair_images`` > 0, the default): each layer that reads removed channels is
 refitted by least squares so that, from the channels left, it gives the float model's output on `repair_images`
 calibration images (closed form from its input second moments, the ones GPTQ measures:
-W_K = W H[:, K] H[K, K]^-1, K the kept input columns; `refit_consumer`). Removal alone only deletes what the
+W_K = W H[:, K] H[K, K]^-1, K the kept input columns; `modelopt.model.reconstruct`). Removal alone only deletes what the
 kept channels cannot stand in for; the refit lets them stand in.
 """
 
@@ -44,19 +44,11 @@ from modelopt.compressors._surface import Cell, ReportColumn, Setting, SettingKi
 from modelopt.errors import ConfigError
 from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer, LayerKind
+from modelopt.model.reconstruct import output_kept
 
 DEFAULT_SPARSITY = (0.25, 0.5, 0.75)
 DEFAULT_BN_SAMPLES = 512
 DEFAULT_REPAIR_IMAGES = 256  # the calibration images GPTQ measures too: one float pass serves both
-# Ridge on H[K, K]: a share of each column's own diagonal (scale-free: a weak input is not shrunk more than a strong
-# one, as a share of the mean diagonal did, 42 % for an input at a tenth of the others' scale), and a trace of the
-# mean for columns that are all zero (a dead channel).
-_REPAIR_DAMP = 0.01
-
-
-def _damped(hkk: torch.Tensor) -> torch.Tensor:
-    diag = hkk.diagonal()
-    return hkk + torch.diag(_REPAIR_DAMP * diag + 1e-8 * float(diag.mean()) + 1e-12)
 _MIN_IN_CHANNELS = 4  # convs reading fewer channels (the stem on RGB, depthwise) are left alone
 
 
@@ -68,8 +60,8 @@ class PruneKind(str, Enum):
 class Criterion(str, Enum):
     L1 = "l1"
     L2 = "l2"
-    # The channels whose removal costs their reader's refitted output least (`output_kept`), where a group has one
-    # plain reader and repair is on; L1 elsewhere.
+    # The channels whose removal costs their reader's refitted output least (`reconstruct.output_kept`), where a
+    # group has one plain reader and repair is on; L1 elsewhere.
     OUTPUT = "output"
 
 
@@ -236,9 +228,12 @@ class Prune(Compressor):
         out[keep] = weight[keep]
         return out
 
-    def kept_channels(self, weight: torch.Tensor, choice: Choice) -> torch.Tensor | None:
+    def kept_channels(self, weight: torch.Tensor, choice: Choice,
+                      reader: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
         if not isinstance(choice, PruneSpec) or choice.kind is not PruneKind.STRUCTURED:
             return None
+        if self.criterion is Criterion.OUTPUT and reader is not None:
+            return output_kept(reader[0], reader[1], n_kept(weight.shape[0], choice.sparsity)).to(weight.device)
         return kept_filters(weight, choice.sparsity, self.criterion)
 
     def pack(self, form: WeightForm, choice: Choice, inputs: LayerInputs | None = None) -> WeightForm:
@@ -272,41 +267,6 @@ class Prune(Compressor):
 
     def norm_calibration(self, choice: Choice) -> int:
         return 0 if choice is None else self.bn_samples
-
-
-def output_kept(reader: torch.Tensor, hessian: torch.Tensor, keep: int) -> torch.Tensor:
-    """Ascending indices of the `keep` input channels of `reader` (out, in, ...) to keep so that, refitted on them
-    (`refit_consumer`), it gives its output on the inputs whose second moments are `hessian` best: backward
-    elimination, each step dropping the channel whose columns cost least to lose. With P the inverse of the kept
-    columns' H and W_K the refitted weights, losing channel c's columns adds tr(W_c P_cc^-1 W_c^T) to the output
-    error (the Optimal Brain Surgeon cost of a block; channel pruning by reconstruction, He et al. 2017)."""
-    out, n_in = reader.shape[0], reader.shape[1]
-    kernel = reader[0, 0].numel()
-    w = reader.reshape(out, -1).double()
-    h = hessian.to(w.device, torch.float64)
-    target = w @ h  # the refit's right-hand side, column by column
-    kept = torch.arange(n_in, device=w.device)
-    while kept.numel() > keep:
-        m = kept.numel()
-        cols = (kept[:, None] * kernel + torch.arange(kernel, device=w.device)).reshape(-1)
-        p = torch.linalg.inv(_damped(h[cols[:, None], cols[None, :]]))
-        wk = (target[:, cols] @ p).reshape(out, m, kernel)
-        blocks = p.reshape(m, kernel, m, kernel)[torch.arange(m), :, torch.arange(m), :]  # (m, k, k)
-        cost = torch.einsum("omk,mkl,oml->m", wk, torch.linalg.inv(blocks), wk)
-        kept = torch.cat([kept[: int(cost.argmin())], kept[int(cost.argmin()) + 1 :]])
-    return kept
-
-
-def refit_consumer(weight: torch.Tensor, hessian: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-    """`weight` (out, in, ...) refitted to read only the input `columns` (of the weight flattened per output row,
-    the order `hessian` = sum x x^T over calibration inputs has) and give, in least squares, the output it gave
-    on all of them: W_K = W H[:, K] (H[K, K] + damp)^-1. Returns the (out, len(columns)) rows."""
-    w = weight.reshape(weight.shape[0], -1).double()
-    h = hessian.to(w.device, torch.float64)
-    k = columns.to(w.device)
-    rhs = w @ h[:, k]  # (out, |K|)
-    out = torch.linalg.solve(_damped(h[k[:, None], k[None, :]]), rhs.T).T  # H[K, K] symmetric
-    return out.to(weight.dtype)
 
 
 def _sparsity(value: object, where: str) -> float:

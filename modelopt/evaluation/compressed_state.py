@@ -26,13 +26,13 @@ from modelopt.compressors._inputs import (
     input_ranges,
     install_input_quantizers,
 )
-from modelopt.compressors.prune import Criterion, Prune, output_kept, refit_consumer
 from modelopt.evaluation.norm_stats import NormStats
 from modelopt.evaluation.prep_costs import OneTimeCosts
 from modelopt.evaluation.routes import PlanRoutes
 from modelopt.model.channels import Removal, zeroed
 from modelopt.model.layer_inputs import LayerInputs, input_columns, input_hessians
 from modelopt.model.layers import compressible_modules
+from modelopt.model.reconstruct import refit_reader
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace
@@ -107,22 +107,23 @@ class CompressedStates:
         return out
 
     def _select(self, root: str, compressor: str, choice: Any) -> torch.Tensor | None:
-        """The output channels of `root` a structured choice keeps: by what losing them costs the refitted output
-        of the group's one plain reader (`Criterion.OUTPUT` with repair on), else by the compressor's own rule."""
+        """The output channels of `root` a structured choice keeps (`Compressor.kept_channels`), told the group's
+        one plain reader when the choice asks for calibration inputs (its readers are then refitted)."""
         comp = self.space.compressors[compressor]
-        idx = comp.kept_channels(self.workload.original[root], choice)
-        if idx is None or not isinstance(comp, Prune) or comp.criterion is not Criterion.OUTPUT:
-            return idx
+        return comp.kept_channels(self.workload.original[root], choice, self._reader(root, comp.input_images(choice)))
+
+    def _reader(self, root: str, images: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(weight, input second moments) of the one layer reading `root`'s group, when it has exactly one, not
+        grouped, and `root` is the group's only writer; None otherwise or without images."""
         group = self._layers[root].channel_group
         readers = [m for m, out in group if not out]
         writers = [m for m, out in group if out]
-        images = comp.input_images(choice)
-        if len(readers) != 1 or writers != [root] or readers[0] not in self._layers or not images:
-            return idx
+        if not images or len(readers) != 1 or writers != [root] or readers[0] not in self._layers:
+            return None
         inputs = self.layer_inputs(readers[0], images)
         if inputs is None or inputs.groups > 1:
-            return idx
-        return output_kept(self.workload.original[readers[0]], inputs.hessian, idx.numel()).to(idx.device)
+            return None
+        return self.workload.original[readers[0]], inputs.hessian
 
     def removals(self, plan: Plan) -> tuple[Removal, ...]:
         """What the plan's structured pruning removes, module by module (each root's group, its channels mapped
@@ -182,9 +183,7 @@ class CompressedStates:
         rows = torch.arange(orig.shape[0], device=orig.device) if keep_rows is None else keep_rows.to(orig.device)
         cols = torch.arange(orig.shape[1], device=orig.device) if keep_cols is None else keep_cols.to(orig.device)
         sliced = keep_rows is not None or keep_cols is not None
-        w = orig[rows[:, None], cols[None, :]] if sliced else orig
-        if keep_cols is not None and (n_repair := self._repair_images(plan)):
-            w = self._refit(lname, orig[rows], cols, n_repair).reshape(w.shape)
+        w = self.sliced(lname, plan) if sliced else orig
         for d in self._layer_decisions[lname]:
             c = plan.get(d.name)
             if c is None or (own is not None and d.name == own[0]):  # slicing already applied that one
@@ -201,18 +200,26 @@ class CompressedStates:
         return full
 
     def _repair_images(self, plan: Plan) -> int:
-        """Calibration images removed channels' readers are refitted on (0: the plan's pruning repairs nothing)."""
-        return max((c.input_images(plan.get(d.name)) for d in self.space.decisions
-                    if isinstance(c := self.space.compressors[d.compressor], Prune)), default=0)
+        """Calibration images the readers of the plan's removed channels are refitted on: what its structured
+        choices ask for (`Compressor.input_images`; 0: none, no repair)."""
+        return max((self.space.compressors[self.space.decision(name).compressor].input_images(plan.get(name))
+                    for name, _ in self.kept_channels(plan).values()), default=0)
 
-    def _refit(self, lname: str, weight: torch.Tensor, cols: torch.Tensor, images: int) -> torch.Tensor:
-        """`weight`'s rows refitted on its kept input channels `cols` to give the float layer's output
-        (`prune.refit_consumer`); a grouped conv, whose groups read their own channels, is only sliced."""
-        inputs = self.layer_inputs(lname, images)
-        kernel = weight[0, 0].numel()
+    def sliced(self, lname: str, plan: Plan) -> torch.Tensor:
+        """`lname`'s float weight at the shape the plan stores: its kept rows and columns, refitted on the kept
+        columns when the plan removed some of its inputs and repairs (`reconstruct.refit_reader`; a grouped conv,
+        whose groups read their own channels, is only sliced). Every compressor's chain starts here."""
+        orig = self.workload.original[lname]
+        keep_rows, keep_cols = self.kept_slices(plan).get(lname, (None, None))
+        w = orig if keep_rows is None else orig[keep_rows.to(orig.device)]
+        if keep_cols is None:
+            return w
+        cols = keep_cols.to(orig.device)
+        inputs = self.layer_inputs(lname, images) if (images := self._repair_images(plan)) else None
         if inputs is None or inputs.groups > 1:
-            return weight[:, cols.to(weight.device)]
-        return refit_consumer(weight, inputs.hessian, input_columns(cols.to(weight.device), kernel))
+            return w[:, cols]
+        return refit_reader(w, inputs.hessian, input_columns(cols, orig[0, 0].numel())).reshape(
+            w.shape[0], len(cols), *orig.shape[2:])
 
     def layer_inputs(self, lname: str, images: int,
                      kept: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)) -> LayerInputs | None:

@@ -25,15 +25,11 @@ class Step:
 
 def layer_steps(evaluator: Evaluator, plan: Plan, layer: str) -> list[Step]:
     """The layer's forms along its chain: first its float weight at the stored shape (the kept
-    channels only), then after each compressor whose choice is not None."""
+    channels only, refitted where the plan repairs: `CompressedStates.sliced`), then after each compressor whose
+    choice is not None."""
     own = evaluator.states.kept_channels(plan).get(layer)
     rows, cols = evaluator.states.kept_slices(plan).get(layer, (None, None))
-    w = evaluator.workload.original[layer]
-    if rows is not None:
-        w = w[rows.to(w.device)]
-    if cols is not None:
-        w = w[:, cols.to(w.device)]
-    steps = [Step("", None, WeightForm(w))]
+    steps = [Step("", None, WeightForm(evaluator.states.sliced(layer, plan)))]
     space = evaluator.space
     for d in space.decisions:
         choice = plan.get(d.name)

@@ -30,8 +30,9 @@ def test_list():
 
 @pytest.mark.slow
 def test_optimize_json_last_line(tmp_path):
-    result = _run("optimize", "--budget", 4, "--compressors", "quantize", "--data", "cifar10-exact-sample", "--out",
-                  tmp_path / "r", "--no-progress", "--json", "--latency-batch", 2, "--latency-threads", 1)
+    args = ["optimize", "--budget", 4, "--compressors", "quantize", "--data", "cifar10-exact-sample", "--out",
+            tmp_path / "r", "--no-progress", "--json", "--latency-batch", 2, "--latency-threads", 1]
+    result = runner.invoke(app, list(map(str, args)), env={"COLUMNS": None})  # as a shell's pipe: no COLUMNS
     assert result.exit_code == 0, result.output
     spec = json.loads((tmp_path / "r" / "run.json").read_text())["latency"]
     assert (spec["backend"], spec["batch_size"], spec["threads"]) == ("torch", 2, 1)
