@@ -137,3 +137,20 @@ def test_plan_yaml_round_trip_and_errors():
     with pytest.raises(ConfigError, match="criterion 'l3' not offered"):
         Prune(criterion="l3")
 
+
+
+def test_structured_choices_keep_a_multiple_of_channel_multiple(resnet20_workload):
+    """Integer kernels ran a 16-channel stage cut to 12, 8 or 4 channels slower than whole: with
+    channel_multiple 16 (the latency objective's default) only counts like 16, 32 and 48 are offered."""
+    from modelopt.config.run_config import RunConfig
+
+    wl = resnet20_workload
+    space = SearchSpace(wl.layers, build_compressors(["prune"], {"prune": {"kind": ["structured"],
+                                                                          "channel_multiple": 16}}, model=wl.model))
+    offered = {d.layer: sorted(c.sparsity for c in d.choices if c is not None) for d in space.decisions}
+    assert "layer1.0.conv1" not in offered  # 16 channels: 12, 8 and 4 are no multiple of 16
+    assert offered["layer2.0.conv1"] == [0.5] and offered["layer3.0.conv1"] == [0.25, 0.5, 0.75]
+    assert RunConfig(objective="latency", latency="onnxruntime").options["prune"]["channel_multiple"] == 16
+    assert RunConfig().options["prune"].get("channel_multiple", 1) == 1
+    with pytest.raises(ConfigError, match="channel_multiple must be an integer >= 1, got 0"):
+        build_compressors(["prune"], {"prune": {"channel_multiple": 0}})
