@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from modelopt.errors import ConfigError
 from modelopt.latency.engine import ENGINES
+from modelopt.latency.measure import check_protocol
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class LatencySpec:
     def __post_init__(self) -> None:
         if self.backend not in ENGINES:
             raise ConfigError(f"unknown latency backend {self.backend!r}; valid: {', '.join(ENGINES.names())}")
+        # Checked here, where a run's settings are read, not when the first plan is timed after loading.
+        check_protocol(self.batch_size, self.threads, self.warmup, self.repeats)
         if not isinstance(self.min_agreement, (int, float)) or not 0.0 <= self.min_agreement <= 1.0:
             raise ConfigError(f"min_agreement must be a share in [0, 1] like 0.995, got {self.min_agreement!r}")
 
