@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
+from engine_latency import _cpu  # this folder's sibling script: the machine's name, as it prints it
 
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters.exit_predictor import Predictor
@@ -33,16 +33,6 @@ from modelopt.plan.plan import Plan
 from modelopt.run.export import resolve
 
 Run = Callable[[np.ndarray], np.ndarray]
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _file_runner(path: Path, engine: str, threads: int, precision: str | None, batch: int | None) -> Run:
