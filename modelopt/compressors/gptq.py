@@ -33,6 +33,18 @@ class Rounding(str, Enum):
     GPTQ = "gptq"
 
 
+def inverse_factor(h: torch.Tensor, w: torch.Tensor, damping: float = DAMPING) -> torch.Tensor:
+    """The upper Cholesky factor of the damped H^-1 per group (row i: the update direction for column i's error),
+    from H (groups, n, n), changed in place; the weights `w` (groups, rows, n) of inputs that are always zero
+    (they do not matter) are set to zero."""
+    diag = torch.diagonal(h, dim1=1, dim2=2)
+    dead = diag == 0
+    diag[dead] = 1.0
+    w[dead[:, None, :].expand_as(w)] = 0.0
+    diag += damping * diag.mean(dim=1, keepdim=True)
+    return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+
+
 def gptq_round(weight: torch.Tensor, scales: torch.Tensor, qmin: int, qmax: int, inputs: LayerInputs,
                damping: float = DAMPING) -> torch.Tensor:
     """Integer codes (float tensor, weight's shape) for `weight` with per-weight `scales` (same shape
@@ -43,13 +55,7 @@ def gptq_round(weight: torch.Tensor, scales: torch.Tensor, qmin: int, qmax: int,
     s = scales.double().reshape(w.shape)
     h = inputs.hessian.to(w.device, torch.float64).reshape(g, w.shape[2], w.shape[2]).clone()
     zero = w == 0
-    diag = torch.diagonal(h, dim1=1, dim2=2)
-    dead = diag == 0  # inputs that are always zero: their weights do not matter
-    diag[dead] = 1.0
-    w[dead[:, None, :].expand_as(w)] = 0.0
-    diag += damping * diag.mean(dim=1, keepdim=True)
-    # Upper Cholesky factor of H^-1: row i holds the update direction for column i's error.
-    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    hinv = inverse_factor(h, w, damping)
     codes = torch.zeros_like(w)
     n = w.shape[2]
     for b0 in range(0, n, BLOCK):

@@ -1,6 +1,9 @@
-"""Pruning: unstructured magnitude sparsity per layer, or structured removal of a channel group.
+"""Pruning: unstructured sparsity per layer (any weights, or 2:4), or structured removal of a channel group.
 
-- ``unstructured``: the smallest-magnitude weights of the layer become exactly zero. The packed
+- ``unstructured``: a share of the layer's weights becomes exactly zero: with ``sparse_images`` (the tool's default),
+  the ones whose loss costs the layer's output least, the loss pushed onto the weights kept (SparseGPT,
+  `modelopt.compressors.sparsegpt`); without, the smallest in magnitude. ``2:4`` keeps two of every four consecutive
+  weights of a row, chosen the same way. The packed
   form stores which weights are kept (the cheaper of a bitmask and an index list) and the kept
   values (float32, or the quantizer's codes when the layer is also quantized: pruning runs
   first, so the quantizer's scales are searched on the pruned weight and zeros stay zero).
@@ -41,6 +44,7 @@ from modelopt.compressors._base import (  # noqa: F401 -- re-exported
 )
 from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors._surface import Cell, ReportColumn, Setting, SettingKind
+from modelopt.compressors.sparsegpt import obs_prune
 from modelopt.errors import ConfigError
 from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer, LayerKind
@@ -55,6 +59,10 @@ _MIN_IN_CHANNELS = 4  # convs reading fewer channels (the stem on RGB, depthwise
 class PruneKind(str, Enum):
     UNSTRUCTURED = "unstructured"
     STRUCTURED = "structured"
+    SEMI = "2:4"  # two of every four consecutive weights of a row kept (GPU sparse tensor cores); sparsity 0.5
+
+
+_PATTERN = (2, 4)
 
 
 class Criterion(str, Enum):
@@ -73,6 +81,8 @@ class PruneSpec:
     kind: PruneKind = PruneKind.UNSTRUCTURED
 
     def __str__(self) -> str:
+        if self.kind is PruneKind.SEMI:
+            return "sparse-2:4"
         return f"{'sparse' if self.kind is PruneKind.UNSTRUCTURED else 'channels'}-{self.sparsity:.0%}"
 
 
@@ -88,6 +98,14 @@ def magnitude_mask(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
     mask = torch.zeros(flat.numel(), dtype=torch.bool, device=weight.device)
     mask[order] = True
     return mask.reshape(weight.shape)
+
+
+def pattern_mask(weight: torch.Tensor, n: int = _PATTERN[0], m: int = _PATTERN[1]) -> torch.Tensor:
+    """Bool mask (weight's shape) keeping the `n` largest-magnitude of every `m` consecutive weights of a row (the
+    weight flattened per output channel; its length a multiple of `m`); ties by position."""
+    groups = weight.detach().reshape(weight.shape[0], -1, m).abs()
+    top = torch.argsort(groups, dim=2, descending=True, stable=True)[:, :, :n]
+    return torch.zeros_like(groups, dtype=torch.bool).scatter_(2, top, True).reshape(weight.shape)
 
 
 def channel_order(weight: torch.Tensor, criterion: Criterion = Criterion.L1) -> torch.Tensor:
@@ -114,10 +132,12 @@ class Prune(Compressor):
 
     Args:
         sparsity: shares offered: of the weights (unstructured) or of conv1's output channels (structured).
-        kind: kinds offered: ``unstructured``, ``structured``.
+        kind: kinds offered: ``unstructured``, ``structured``, ``2:4``.
         criterion: how structured pruning ranks channels: ``output`` (what losing them costs the refitted reader's
             output, `output_kept`; L1 where that is not defined), ``l1`` or ``l2`` (filter norms).
         bn_samples: calibration images batch-norm statistics are re-estimated on after pruning (0: off).
+        sparse_images: calibration images unstructured and 2:4 pruning choose their mask on and feed the pruned
+            weights' error back with (SparseGPT, `modelopt.compressors.sparsegpt`; 0, the class's default: magnitude).
         repair_images: calibration images removed channels' readers are refitted on (0, the class's default so
             runs recorded before repair rebuild as they ran: none; the tool's default is DEFAULT_REPAIR_IMAGES).
         channel_multiple: structured choices are offered only where the channels kept are a multiple of it.
@@ -139,13 +159,17 @@ class Prune(Compressor):
         Setting("channel_multiple", SettingKind.INT, "Structured choices keep a multiple of this many channels "
                 "(default 1: any; 16 for --objective latency, what integer kernels run fast).", None,
                 (("latency", 16),)),
+        Setting("sparse_images", SettingKind.INT, "Calibration images unstructured (and 2:4) pruning chooses which "
+                "weights go on and pushes their loss onto the weights kept (SparseGPT; default 256; 0: magnitude "
+                "alone).", DEFAULT_REPAIR_IMAGES),
         Setting("repair_images", SettingKind.INT, "Calibration images the layers reading removed channels are "
                 "refitted on by least squares, to give the float output from the channels left (default 256; 0: "
                 "no repair).", DEFAULT_REPAIR_IMAGES),
         # Unstructured sparsity leaves the multiply-accumulates of a dense kernel in place: for latency only
         # channels are offered.
-        Setting("kind", SettingKind.NAMES, "Pruning kinds offered: unstructured (magnitude), structured "
-                "(channels); default both, structured alone for --objective latency.", None,
+        Setting("kind", SettingKind.NAMES, "Pruning kinds offered: unstructured, structured (channels), 2:4 (two "
+                "of every four weights, what GPU sparse tensor cores run); default unstructured and structured, "
+                "structured alone for --objective latency.", None,
                 (("latency", ["structured"]),)),
     )
 
@@ -159,13 +183,14 @@ class Prune(Compressor):
         bn_samples: int = DEFAULT_BN_SAMPLES,
         repair_images: int = 0,
         channel_multiple: int = 1,
+        sparse_images: int = 0,
     ) -> None:
         if not sparsity:
             raise ConfigError("prune: sparsity is empty; offer shares in (0, 1) such as 0.25,0.5,0.75")
         self.sparsity = tuple(dict.fromkeys(_sparsity(s, "prune") for s in sparsity))
         self.kinds = tuple(dict.fromkeys(_kind(k) for k in kind))
         if not self.kinds:
-            raise ConfigError("prune: kind is empty; valid: unstructured, structured")
+            raise ConfigError("prune: kind is empty; valid: unstructured, structured, 2:4")
         try:
             self.criterion = Criterion(criterion)
         except ValueError:
@@ -176,6 +201,9 @@ class Prune(Compressor):
         if not isinstance(repair_images, int) or isinstance(repair_images, bool) or repair_images < 0:
             raise ConfigError(f"prune: repair_images must be an integer >= 0 (0: no repair), got {repair_images!r}")
         self.repair_images = repair_images
+        if not isinstance(sparse_images, int) or isinstance(sparse_images, bool) or sparse_images < 0:
+            raise ConfigError(f"prune: sparse_images must be an integer >= 0 (0: magnitude alone), got {sparse_images!r}")
+        self.sparse_images = sparse_images
         if not isinstance(channel_multiple, int) or isinstance(channel_multiple, bool) or channel_multiple < 1:
             raise ConfigError(f"prune: channel_multiple must be an integer >= 1, got {channel_multiple!r}")
         self.channel_multiple = channel_multiple
@@ -183,12 +211,15 @@ class Prune(Compressor):
     def options(self) -> dict[str, Any]:
         return {"sparsity": list(self.sparsity), "kind": [k.value for k in self.kinds],
                 "criterion": self.criterion.value, "bn_samples": self.bn_samples,
-                "repair_images": self.repair_images, "channel_multiple": self.channel_multiple}
+                "repair_images": self.repair_images, "channel_multiple": self.channel_multiple,
+                "sparse_images": self.sparse_images}
 
     def input_images(self, choice: Choice) -> int:
-        """Structured removal: the images the readers of the removed channels are refitted on (0: no repair)."""
-        structured = isinstance(choice, PruneSpec) and choice.kind is PruneKind.STRUCTURED
-        return self.repair_images if structured else 0
+        """Structured removal: the images the readers of the removed channels are refitted on (0: no repair);
+        unstructured and 2:4: the images their mask and error feedback are computed on (0: magnitude)."""
+        if not isinstance(choice, PruneSpec):
+            return 0
+        return self.repair_images if choice.kind is PruneKind.STRUCTURED else self.sparse_images
 
     def handles(self, layer: Layer) -> bool:
         return layer.kind is LayerKind.LINEAR or layer.in_channels >= _MIN_IN_CHANNELS
@@ -197,6 +228,8 @@ class Prune(Compressor):
         specs: list[Choice] = [None]
         if PruneKind.UNSTRUCTURED in self.kinds and self.handles(layer):
             specs += [PruneSpec(s) for s in self.sparsity]
+        if PruneKind.SEMI in self.kinds and _fits_pattern(layer):
+            specs.append(PruneSpec(0.5, PruneKind.SEMI))
         if PruneKind.STRUCTURED in self.kinds and layer.prunable:
             specs += [PruneSpec(s, PruneKind.STRUCTURED) for s in self.sparsity
                       if n_kept(layer.out_channels, s) % self.channel_multiple == 0]
@@ -216,6 +249,10 @@ class Prune(Compressor):
         if "sparsity" not in raw:
             raise ConfigError(f"{where}: 'sparsity' is required (a share in (0, 1), e.g. 0.5)")
         spec = PruneSpec(_sparsity(raw["sparsity"], where), _kind(raw.get("kind", PruneKind.UNSTRUCTURED)))
+        if spec.kind is PruneKind.SEMI and (spec.sparsity != 0.5 or not _fits_pattern(layer)):
+            raise ConfigError(f"{where}: kind '2:4' keeps two of every four weights of a row (sparsity 0.5) and "
+                              f"needs a layer reading >= {_MIN_IN_CHANNELS} channels whose rows are a multiple of "
+                              "4 weights long; use kind: unstructured here")
         if spec.kind is PruneKind.UNSTRUCTURED and not self.handles(layer):
             raise ConfigError(f"{where}: this layer reads {layer.in_channels} channels; prune only layers reading "
                               f">= {_MIN_IN_CHANNELS} (not the stem)")
@@ -234,12 +271,28 @@ class Prune(Compressor):
         if choice is None:
             return weight
         assert isinstance(choice, PruneSpec)
-        if choice.kind is PruneKind.UNSTRUCTURED:
-            return weight * magnitude_mask(weight, choice.sparsity).to(weight.dtype)
+        if choice.kind is not PruneKind.STRUCTURED:
+            return weight * self._mask(weight, choice).to(weight.dtype)
         out = torch.zeros_like(weight)
         keep = kept_filters(weight, choice.sparsity, self.criterion)
         out[keep] = weight[keep]
         return out
+
+    def apply_calibrated(self, weight: torch.Tensor, choice: Choice, inputs: LayerInputs | None) -> torch.Tensor:
+        return self._sparse(weight, choice, inputs)[0] if _sparse_repaired(choice, inputs) else self.apply(weight, choice)
+
+    def _mask(self, weight: torch.Tensor, choice: PruneSpec) -> torch.Tensor:
+        return pattern_mask(weight) if choice.kind is PruneKind.SEMI else magnitude_mask(weight, choice.sparsity)
+
+    def _sparse(self, weight: torch.Tensor, choice: Choice, inputs: LayerInputs | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the pruned weight, its kept-weight mask): SparseGPT's where there are inputs, magnitude's otherwise."""
+        assert isinstance(choice, PruneSpec) and choice.kind is not PruneKind.STRUCTURED
+        if inputs is None:
+            mask = self._mask(weight, choice)
+            return weight * mask.to(weight.dtype), mask
+        pattern = _PATTERN if choice.kind is PruneKind.SEMI else None
+        return obs_prune(weight, inputs, weight.numel() - n_kept(weight.numel(), choice.sparsity), pattern)
 
     def kept_channels(self, weight: torch.Tensor, choice: Choice,
                       reader: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
@@ -254,7 +307,7 @@ class Prune(Compressor):
         Structured: nothing to add, the weight handed over is already the kept channels' slice."""
         if not isinstance(choice, PruneSpec) or choice.kind is PruneKind.STRUCTURED:
             return form
-        return WeightForm(self.apply(form.weight, choice), magnitude_mask(form.weight, choice.sparsity))
+        return WeightForm(*self._sparse(form.weight, choice, inputs if _sparse_repaired(choice, inputs) else None))
 
     def stored(self, layer: Layer, choice: Choice, inner: Storage) -> Storage:
         # Structured pruning is already in `layer`'s (the stored) shape: the evaluator slices first.
@@ -282,6 +335,16 @@ class Prune(Compressor):
         return 0 if choice is None else self.bn_samples
 
 
+def _fits_pattern(layer: Layer) -> bool:
+    """2:4 is offered on layers pruning handles whose rows (weight flattened per output channel) split into fours."""
+    return (layer.kind is LayerKind.LINEAR or layer.in_channels >= _MIN_IN_CHANNELS) and \
+        math.prod(layer.weight_shape[1:]) % _PATTERN[1] == 0
+
+
+def _sparse_repaired(choice: Choice, inputs: LayerInputs | None) -> bool:
+    return isinstance(choice, PruneSpec) and choice.kind is not PruneKind.STRUCTURED and inputs is not None
+
+
 def _sparsity(value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:  # no float(): 10**400
         raise ConfigError(f"{where}: sparsity {value!r} is not a share in (0, 1); e.g. 0.5 removes half")
@@ -292,12 +355,14 @@ def _kind(value: object) -> PruneKind:
     try:
         return PruneKind(value)
     except ValueError:
-        raise ConfigError(f"prune: kind {value!r} not offered; valid: unstructured, structured") from None
+        raise ConfigError(f"prune: kind {value!r} not offered; valid: unstructured, structured, 2:4") from None
 
 
 def _prune_cell(raw: Mapping[str, Any] | None) -> Cell:
     if raw is None:
         return Cell("dense", None)
     share = float(raw["sparsity"])
+    if raw.get("kind") == PruneKind.SEMI.value:
+        return Cell("sparse 2:4", share)
     kind = "channels" if raw.get("kind") == "structured" else "sparse"
     return Cell(f"{kind} {share:.0%}", share)

@@ -17,7 +17,7 @@ from modelopt.compressors import (
     QuantSpec,
     Storage,
 )
-from modelopt.compressors._base import sparse_index_bytes
+from modelopt.compressors._base import WeightForm, sparse_index_bytes
 from modelopt.compressors.prune import (
     decode_mask,
     encode_mask,
@@ -154,3 +154,46 @@ def test_structured_choices_keep_a_multiple_of_channel_multiple(resnet20_workloa
     assert RunConfig().options["prune"].get("channel_multiple", 1) == 1
     with pytest.raises(ConfigError, match="channel_multiple must be an integer >= 1, got 0"):
         build_compressors(["prune"], {"prune": {"channel_multiple": 0}})
+
+
+def test_two_of_four_is_offered_where_rows_split_into_fours_and_stored_as_half():
+    p = Prune(kind=("2:4",))
+    check_compressor(p, [*synthetic_layers(), BLOCK])
+    assert p.menu(BLOCK) == (None, PruneSpec(0.5, PruneKind.SEMI))
+    odd = Layer("odd", LayerKind.CONV, (8, 5, 1, 1), 1, False)  # rows of 5 weights
+    assert p.menu(odd) == ()
+    w = synthetic_weight(BLOCK, seed=1)
+    out = p.apply(w, PruneSpec(0.5, PruneKind.SEMI))
+    kept = (out != 0).reshape(32, -1, 4).sum(2)
+    assert torch.equal(kept, torch.full_like(kept, 2))
+    assert p.weight_bytes(BLOCK, PruneSpec(0.5, PruneKind.SEMI)) == p.weight_bytes(BLOCK, PruneSpec(0.5))
+    space = SearchSpace([odd, BLOCK], [p])
+    assert space.parse_plan({"layers": {"block.conv1": {"prune": {"sparsity": 0.5, "kind": "2:4"}}}})[
+        "block.conv1/prune"] == PruneSpec(0.5, PruneKind.SEMI)
+    with pytest.raises(ConfigError, match="kind '2:4' keeps two of every four weights"):
+        space.parse_plan({"layers": {"block.conv1": {"prune": {"sparsity": 0.25, "kind": "2:4"}}}})
+
+
+def test_sparse_images_choose_the_mask_on_the_layer_inputs():
+    """With calibration inputs, unstructured pruning keeps the weights whose loss costs the output most and refits
+    the rest (SparseGPT); without, magnitude; `input_images` asks for them only when sparse_images > 0."""
+    from modelopt.model.layer_inputs import LayerInputs
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(500, 144, generator=g, dtype=torch.float64) @ torch.randn(144, 144, generator=g,
+                                                                               dtype=torch.float64) / 12
+    w = synthetic_weight(BLOCK, seed=2)[:, :16]
+    inputs = LayerInputs(x.T @ x, 500)
+    spec = PruneSpec(0.5)
+    assert Prune().input_images(spec) == 0 and Prune(sparse_images=64).input_images(spec) == 64
+    plain, repaired = Prune().apply_calibrated(w, spec, None), Prune(sparse_images=64).apply_calibrated(w, spec, inputs)
+    assert int((repaired == 0).sum()) == int((plain == 0).sum()) == w.numel() // 2
+
+    def err(q: torch.Tensor) -> float:
+        return float(((q - w).reshape(32, -1).double() @ x.T).pow(2).sum())
+
+    assert err(repaired) < 0.9 * err(plain)
+    form = Prune(sparse_images=64).pack(WeightForm(w), spec, inputs)
+    assert torch.equal(form.weight, repaired) and torch.equal(form.mask, repaired != 0)
+    with pytest.raises(ConfigError, match="sparse_images must be an integer >= 0"):
+        Prune(sparse_images=-1)

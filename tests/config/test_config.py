@@ -176,5 +176,5 @@ def test_latency_menus_offer_what_an_engine_can_run_fast() -> None:
     assert options["quantize"]["bits"] == [8] and options["quantize"]["granularity"] == ["per_channel"]
     assert options["quantize"]["activations"] == [None, 8] and options["prune"]["kind"] == ["structured"]
     assert options["prune"]["channel_multiple"] == 16  # counts integer kernels run fast
-    assert RunConfig().options["prune"] == {"repair_images": 256}
+    assert RunConfig().options["prune"] == {"sparse_images": 256, "repair_images": 256}
     assert RunConfig().options["quantize"]["bits"] == [8, 4, 3]

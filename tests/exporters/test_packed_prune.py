@@ -23,6 +23,16 @@ def ev(resnet20_workload) -> Evaluator:
     return Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, comps))
 
 
+@pytest.fixture(scope="module")
+def ev_repaired(resnet20_workload) -> Evaluator:
+    # SparseGPT's masks and error feedback, readers of removed channels refitted, 2:4 offered.
+    options = {"prune": {"bn_samples": 64, "sparse_images": 64, "repair_images": 64,
+                         "kind": ["unstructured", "structured", "2:4"]},
+               "quantize": {"clip_ratios": [0.8, 0.9, 1.0], "rounding": ["gptq"], "calib_images": 64}}
+    comps = build_compressors(["quantize", "prune"], options)
+    return Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, comps))
+
+
 def _plan(ev: Evaluator, name: str):
     convs = [x.name for x in ev.workload.layers if x.name not in ("conv1", "linear")]
     blocks = [x.name for x in ev.workload.layers if x.prunable]
@@ -34,6 +44,8 @@ def _plan(ev: Evaluator, name: str):
         "sparse_float": {"layers": {**{n: {"prune": {"sparsity": 0.75}} for n in convs[::2]},
                                     "linear": {"prune": {"sparsity": 0.97}}}},
         # Half the internal channels removed, the rest INT4 group-wise; some blocks also sparse.
+        "semi_int4": {"default": {"quantize": {"bits": 4, "rounding": "gptq"}},
+                      "layers": {n: {"prune": {"sparsity": 0.5, "kind": "2:4"}} for n in convs}},
         "channels50_int4": {"default": {"quantize": {"bits": 4, "granularity": "group"}},
                             "layers": {**{n: {"prune": {"sparsity": 0.5, "kind": "structured"}} for n in blocks},
                                        **{n: {"prune": {"sparsity": 0.5}} for n in convs if n.endswith("conv2")}}},
@@ -41,8 +53,11 @@ def _plan(ev: Evaluator, name: str):
     return ev.space.parse_plan(docs[name])
 
 
-@pytest.mark.parametrize("name", ["sparse50_int4", "sparse_float", "channels50_int4"])
-def test_file_is_size_bytes_and_reloads_the_evaluated_model(ev, tmp_path, name):
+@pytest.mark.parametrize(("repaired", "name"), [(False, "sparse50_int4"), (False, "sparse_float"),
+                                               (False, "channels50_int4"), (True, "sparse50_int4"),
+                                               (True, "semi_int4"), (True, "channels50_int4")])
+def test_file_is_size_bytes_and_reloads_the_evaluated_model(ev, ev_repaired, tmp_path, repaired, name):
+    ev = ev_repaired if repaired else ev
     plan = _plan(ev, name)
     wl = ev.workload
     path = export_packed(ev, plan, tmp_path / f"{name}.pt")
