@@ -45,7 +45,8 @@ def _plans(wl: Workload, sparsity: float, shares: tuple[float, ...]) -> list[tup
     rows: list[tuple[str, dict[str, Any]]] = [("INT4 per-channel GPTQ (first and last layer INT8)",
                                                {"layers": {n: {"quantize": c} for n, c in q.items()}})]
     rows.append((f"{sparsity:.0%} unstructured on every inner layer, float", {"layers": sparse}))
-    rows.append((f"the same + INT4 GPTQ", {"layers": {n: {**sparse.get(n, {}), "quantize": c} for n, c in q.items()}}))
+    both = {n: {**sparse.get(n, {}), "quantize": c} for n, c in q.items()}
+    rows.append(("the same + INT4 GPTQ", {"layers": both}))
     for share in shares:
         rows.append((f"{share:.0%} of every channel group removed, float",
                      {"layers": {n: {"prune": {"sparsity": share, "kind": "structured"}} for n in roots}}))

@@ -202,7 +202,7 @@ class Prune(Compressor):
             raise ConfigError(f"prune: repair_images must be an integer >= 0 (0: no repair), got {repair_images!r}")
         self.repair_images = repair_images
         if not isinstance(sparse_images, int) or isinstance(sparse_images, bool) or sparse_images < 0:
-            raise ConfigError(f"prune: sparse_images must be an integer >= 0 (0: magnitude alone), got {sparse_images!r}")
+            raise ConfigError(f"prune: sparse_images must be an integer >= 0 (0: magnitude), got {sparse_images!r}")
         self.sparse_images = sparse_images
         if not isinstance(channel_multiple, int) or isinstance(channel_multiple, bool) or channel_multiple < 1:
             raise ConfigError(f"prune: channel_multiple must be an integer >= 1, got {channel_multiple!r}")
@@ -279,7 +279,9 @@ class Prune(Compressor):
         return out
 
     def apply_calibrated(self, weight: torch.Tensor, choice: Choice, inputs: LayerInputs | None) -> torch.Tensor:
-        return self._sparse(weight, choice, inputs)[0] if _sparse_repaired(choice, inputs) else self.apply(weight, choice)
+        if not _sparse_repaired(choice, inputs):
+            return self.apply(weight, choice)
+        return self._sparse(weight, choice, inputs)[0]
 
     def _mask(self, weight: torch.Tensor, choice: PruneSpec) -> torch.Tensor:
         return pattern_mask(weight) if choice.kind is PruneKind.SEMI else magnitude_mask(weight, choice.sparsity)
