@@ -77,10 +77,13 @@ class Objective:
         """The no-search answers every run scores beside its search, on the same images, and confirms first:
         the uniform plans (`SearchSpace.anchors`: INT8, INT4, INT3); for latency also the float model (a
         compressed plan slower than it is no answer) and uniform INT8 with quantized inputs where the menus
-        offer it (integer kernels). A search that reports less than a confirmed anchor has failed."""
+        offer it (integer kernels); otherwise also INT4 with its most sensitive layers at INT8
+        (`SearchSpace.hedges`). A search that reports less than a confirmed anchor has failed."""
         plans = list(space.anchors())
         if self.target is Target.LATENCY and space.decisions:
             plans = [space.plan(), *plans, *space.anchors((8,), act_bits=8)]
+        elif len(plans) > 1:  # the steps between INT4 and INT8: a failing INT4 falls back one step
+            plans += space.hedges(plans[1])
         return tuple(dict.fromkeys(plans))
 
     def __post_init__(self) -> None:

@@ -299,13 +299,16 @@ def test_allowed_drop_is_the_largest_certified_one(n, base_right):
 
 def test_latency_anchors_include_the_float_model_and_integer_kernels(resnet20_workload):
     """A latency search stands beside the float model (a plan slower than it is no answer) and uniform INT8
-    with quantized inputs, besides the weight-only anchors; a size search beside the latter alone."""
+    with quantized inputs, besides the weight-only anchors; a size search beside the latter and the steps between
+    INT4 and INT8."""
     from modelopt.compressors import Quantize
     from modelopt.plan.space import SearchSpace
 
     space = SearchSpace(resnet20_workload.layers, [Quantize(bits=(8, 4), activations=(None, 8))])
     size = Objective("size").anchors(space)
     latency = Objective("latency").anchors(space)
-    assert latency[0] == space.plan() and set(size) < set(latency) and len(latency) == len(size) + 2
-    (integer,) = set(latency) - set(size) - {space.plan()}
+    uniform = space.anchors()
+    assert latency[0] == space.plan() and set(uniform) < set(latency) and len(latency) == len(uniform) + 2
+    assert set(size) - set(uniform) == set(space.hedges(uniform[1]))  # size: INT4's steps toward INT8 too
+    (integer,) = set(latency) - set(uniform) - {space.plan()}
     assert all(c.bits == 8 and c.activations == 8 for _, c in integer.choices)

@@ -1,6 +1,6 @@
 """The plan file format: a plan's hand-writable YAML form, read and written against a search space.
 
-A plan file names a `default` choice per compressor for every layer and per-layer `layers`
+A plan file names a `default` choice per compressor for every layer that can take it and per-layer `layers`
 overrides; model-level keys (``early_exit: {exits, threshold}``) come from compressors that offer a
 top-level form. `SearchSpace.parse_plan` / `dump_plan` / `load_plan` / `save_plan` call these.
 
@@ -54,6 +54,10 @@ def parse_plan(space: SearchSpace, doc: Mapping[str, Any]) -> Plan:
         if name not in space.layers:
             raise UnknownNameError("layer", name, space.layers)
     choices: dict[str, Choice] = {}
+    # A default a layer cannot take (structured pruning on a layer without a channel group, unstructured on the stem)
+    # leaves that layer as it is; one that no layer takes is an error, its first refusal the message.
+    refused: dict[str, ConfigError] = {}
+    taken: set[str] = set()
     for lname, layer in space.layers.items():
         override = _compressor_map(space, _or_empty(overrides.get(lname)), f"layers.{lname}")
         for cname, comp in space.compressors.items():
@@ -66,7 +70,17 @@ def parse_plan(space: SearchSpace, doc: Mapping[str, Any]) -> Plan:
             if (lname, cname) in from_top and cname not in override:
                 choices[dname] = from_top[(lname, cname)]
                 continue
-            choices[dname] = comp.parse(raw, layer)
+            if cname in override:
+                choices[dname] = comp.parse(raw, layer)
+                continue
+            try:
+                choices[dname] = comp.parse(raw, layer)
+                taken.add(cname)
+            except ConfigError as exc:
+                refused.setdefault(cname, exc)
+    for cname, exc in refused.items():
+        if cname not in taken:
+            raise exc
     return space.plan(choices)
 
 

@@ -19,7 +19,12 @@ from modelopt.plan import file as plan_file
 from modelopt.plan.file import read_plan_file
 from modelopt.plan.plan import Decision, Plan, decision_name, jsonable
 
-__all__ = ["ANCHOR_BITS", "ChoiceFeatures", "SearchSpace", "read_plan_file"]
+__all__ = ["ANCHOR_BITS", "HEDGE_BYTES", "ChoiceFeatures", "SearchSpace", "read_plan_file"]
+
+# The plans between a narrow anchor and INT8 (`SearchSpace.hedges`): the narrow plan with its most sensitive layers
+# widened until its bytes grow by these shares of the gap to INT8, so that a narrow anchor failing its confirmation
+# falls back one step, not to INT8.
+HEDGE_BYTES = (0.15, 0.35)
 
 # Widths of the uniform anchor plans scored beside every search (besides INT8): the no-search answers
 # a search must beat (uniform INT4 with GPTQ holds 99.5-101 % on every model and data tried here).
@@ -137,6 +142,40 @@ class SearchSpace:
                     chosen[d.name] = d.choices[min(ok)[2]]
             plan = self.plan(chosen)
             if chosen and all(plan.key != p.key for p in plans):
+                plans.append(plan)
+        return tuple(plans)
+
+    def hedges(self, narrow: Plan, shares: Sequence[float] = HEDGE_BYTES) -> tuple[Plan, ...]:
+        """`narrow` (an anchor) with its most sensitive layers at 8 bits: layers widened in decreasing order of
+        the output error each saves per byte it costs (`ChoiceFeatures.error`, measured by
+        `Evaluator.measure_errors`), until the plan's bytes have grown by each of `shares` of the gap between
+        `narrow` and INT8 (`anchor()`); most compressed first, none where nothing can be widened.
+
+        Example:
+            >>> int4 = space.anchors()[1]
+            >>> [p.key for p in space.hedges(int4)]  # INT4 with 15 % and 35 % of the way to INT8 spent
+        """
+        safe = self.anchor()
+        widen: list[tuple[float, int, str, Choice]] = []
+        for d in self.decisions:
+            now, wide = narrow.get(d.name), safe.get(d.name)
+            if now is None or wide is None or now == wide:
+                continue
+            f_now, f_wide = (self.features[d.name][d.choices.index(c)] for c in (now, wide))
+            extra = f_wide.bytes - f_now.bytes
+            if extra > 0 and f_wide.error < f_now.error:
+                widen.append(((f_now.error - f_wide.error) / extra, extra, d.name, wide))
+        widen.sort(key=lambda w: (-w[0], w[2]))
+        gap = sum(w[1] for w in widen)
+        plans: list[Plan] = []
+        for share in sorted(shares):
+            spent, chosen = 0, dict(narrow.choices)
+            for _, extra, name, wide in widen:
+                if spent >= share * gap:
+                    break
+                chosen[name], spent = wide, spent + extra
+            plan = self.plan(chosen)
+            if spent and plan.key != safe.key and all(plan.key != p.key for p in plans):
                 plans.append(plan)
         return tuple(plans)
 

@@ -377,6 +377,10 @@ def _uniform_name(space: SearchSpace, trial: Trial) -> str:
         return "float"
     bits = {comp.weight_bits(c) for comp, c in chosen}
     acts = {comp.activation_bits(c) for comp, c in chosen}
+    if len(bits) == 2 and len(acts) == 1 and 32 in acts:  # a hedge: the narrow width, its sensitive layers wider
+        narrow, wide = sorted(bits)
+        n_wide = sum(comp.weight_bits(c) == wide for comp, c in chosen)
+        return f"INT{narrow}, {n_wide} of {len(chosen)} INT{wide}"
     if len(bits) != 1:
         return "mixed"
     width = bits.pop()

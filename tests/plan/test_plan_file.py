@@ -40,3 +40,24 @@ def test_a_yaml_list_is_not_a_plan_file(tmp_path):
     path.write_text("- default\n- layers\n")
     with pytest.raises(ConfigError, match=r"holds a list, not a plan"):
         plan_file.read_plan_file(path)
+
+
+def test_a_default_applies_where_a_layer_can_take_it():
+    """`default: {prune: {kind: structured}}` prunes every layer with a channel group and leaves the others; a
+    default no layer takes is refused with the layer's own reason."""
+    from modelopt.compressors import Prune, PruneKind, PruneSpec
+
+    block = Layer("block.conv1", LayerKind.CONV, (32, 16, 3, 3), 1000, False,
+                  (("block.conv1", True), ("block.conv2", False)), 2)
+    plain = Layer("block.conv2", LayerKind.CONV, (16, 32, 3, 3), 1000, False)
+    space = SearchSpace([block, plain], [Prune()])
+    plan = space.parse_plan({"default": {"prune": {"sparsity": 0.25, "kind": "structured"}}})
+    assert plan.get("block.conv1/prune") == PruneSpec(0.25, PruneKind.STRUCTURED)
+    assert plan.get("block.conv2/prune") is None
+    with pytest.raises(ConfigError, match="kind 'structured' needs a layer"):  # named for a layer: still refused
+        space.parse_plan({"layers": {"block.conv2": {"prune": {"sparsity": 0.25, "kind": "structured"}}}})
+    with pytest.raises(ConfigError, match=r"sparsity 1\.5 is not a share"):  # no layer takes it
+        space.parse_plan({"default": {"prune": {"sparsity": 1.5}}})
+    only_plain = SearchSpace([plain], [Prune()])
+    with pytest.raises(ConfigError, match="kind 'structured' needs a layer"):
+        only_plain.parse_plan({"default": {"prune": {"sparsity": 0.25, "kind": "structured"}}})
