@@ -76,11 +76,11 @@ def parse_plan(space: SearchSpace, doc: Mapping[str, Any]) -> Plan:
             try:
                 choices[dname] = comp.parse(raw, layer)
                 taken.add(cname)
-            except ConfigError as exc:
-                refused.setdefault(cname, exc)
-    for cname, exc in refused.items():
+            except ConfigError as refusal:
+                refused.setdefault(cname, refusal)
+    for cname, first in refused.items():
         if cname not in taken:
-            raise exc
+            raise first
     return space.plan(choices)
 
 
