@@ -99,14 +99,20 @@ def evaluate(
     data_seed: int = 0,
     compressors: Sequence[str] | None = None,
     allow_pickle: bool = False,
+    unlabeled: UnlabeledLike = None,
+    run: str | Path | None = None,
     **settings: Any,
 ) -> Metrics:
     """Scores one plan on one split.
 
     Args:
         model: a zoo name, `torchvision:NAME`, `pkg.module:factory`, a file or an nn.Module.
-        plan: a Plan, a plan mapping (`default` + `layers`), a YAML file, or None for float.
+        plan: a Plan, a plan mapping (`default` + `layers`), a YAML file, or None for float; with `run`, also
+            ``"best"`` (the default there: the run's reported plan) or a trial number.
         data: a named source, a path, a DataLoader or a Dataset.
+        unlabeled: images for calibration and fitting, as `optimize` takes them (they change the splits).
+        run: a run folder: its model, data, splits and compressors exactly as the run had them (its run.json);
+            `model`, `data`, `weights`, `unlabeled`, `compressors` and settings are then not given.
         weights: checkpoint for `model`.
         split: calib, val, test, or all (val + test).
         device: auto, cpu, cuda or cuda:N.
@@ -121,10 +127,23 @@ def evaluate(
         >>> round(m.retention, 3), round(m.compression, 2)
     """
     check_split(split)  # what needs no model is checked before it loads
+    if run is not None:
+        given = [name for name, v in (("model", model != "cifar10_resnet20"), ("data", data != "cifar10-sample"),
+                                      ("weights", weights is not None), ("unlabeled", unlabeled is not None),
+                                      ("compressors", compressors is not None), ("settings", bool(settings))) if v]
+        if given:
+            raise ConfigError(f"evaluate --run rebuilds the model, data and compressors from {run}/{CONFIG}; leave "
+                              f"out {', '.join(given)}")
+        from modelopt.run.export import resolve  # the run folder's evaluator, as `modelopt export RUN` builds it
+
+        source = resolve(run, "best" if plan is None else plan, device=device)
+        check_scores(source.evaluator.workload, split)
+        return source.evaluator.scorer.evaluate(source.plan, split=split)
     settled = RunConfig(compressors=None if compressors is None else tuple(compressors)).replace(**settings)
     if isinstance(plan, (str, Path)):
         read_plan_file(plan)
-    wl = build_workload(model, data, weights=weights, device=device, data_seed=data_seed, allow_pickle=allow_pickle)
+    wl = build_workload(model, data, weights=weights, device=device, data_seed=data_seed, allow_pickle=allow_pickle,
+                        unlabeled=unlabeled)
     if compressors is None:  # a plan may use any compressor that can handle the model
         compressors = sorted({n for t in ("size", "macs") for n in default_compressors(t, wl.model)})
     space = SearchSpace(wl.layers, build_compressors(compressors, settled.options, model=wl.model))

@@ -218,7 +218,12 @@ def optimize(
 @_friendly
 @opt.with_compressor_settings
 def evaluate(
-    plan: Annotated[Path | None, typer.Option(help="Plan YAML file (default: no compression).")] = None,
+    run_dir: Annotated[Path | None, typer.Argument(
+        help="A run folder: evaluate its plans on its own splits, with its model, data and compressors.",
+        show_default=False)] = None,
+    plan: Annotated[str | None, typer.Option(
+        help="Plan YAML file (default: no compression); with RUN_DIR also best (its default) or a trial "
+             "number.")] = None,
     model: Annotated[str, typer.Option(
         help="Zoo name, torchvision:NAME, pkg.module:factory, or a saved module file.")] = "cifar10_resnet20",
     weights: Annotated[Path | None, typer.Option(help="Checkpoint (state dict) for --model.")] = None,
@@ -233,16 +238,27 @@ def evaluate(
     allow_pickle: Annotated[bool, typer.Option(
         help="Allow full unpickling of a model file (trusted files only).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
+    unlabeled: opt.Unlabeled = None,
     *,
     settings: dict[str, Any],
 ) -> None:
     """Score one plan on one split: accuracy, retention, agreement, size, compression, bitops. A compressor's
-    settings (e.g. --rounding nearest) are what plan entries that name none get."""
+    settings (e.g. --rounding nearest) are what plan entries that name none get.
+
+    `modelopt evaluate RUN_DIR --split test` scores the run's reported plan on the run's own test images (`--plan
+    N`: its trial N)."""
     _setup_logging(False)
     names = _csv(compressors, str, "compressors") if compressors is not None else None
-    m = api.evaluate(model, plan, data, weights=weights, split=split, device=device, allow_pickle=allow_pickle,
-                     compressors=names, **settings)
-    table = Table(title=f"{model} — {'float' if plan is None else plan} on {split} ({m.n_samples} images)")
+    if run_dir is not None:
+        chosen: str | int | None = int(plan) if plan is not None and plan.isdigit() else plan
+        m = api.evaluate(model, chosen, data, weights=weights, split=split, device=device, allow_pickle=allow_pickle,
+                         compressors=names, unlabeled=unlabeled, run=run_dir, **settings)
+        title = f"{run_dir} — {plan or 'best'} on {split} ({m.n_samples} images)"
+    else:
+        m = api.evaluate(model, plan, data, weights=weights, split=split, device=device, allow_pickle=allow_pickle,
+                         compressors=names, unlabeled=unlabeled, **settings)
+        title = f"{model} — {'float' if plan is None else plan} on {split} ({m.n_samples} images)"
+    table = Table(title=title)
     for col in ("top-1", "float top-1", "retention", "agree", "size", "ratio", "MACs", "bitops"):
         table.add_column(col, justify="right")
     table.add_row(f"{m.accuracy:.2%}", f"{m.baseline_accuracy:.2%}", f"{m.retention:.2%}", f"{m.agreement:.2%}",

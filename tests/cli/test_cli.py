@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import modelopt
 from modelopt.cli.app import app
 from modelopt.testing.cli import assert_one_line_error as _one_line_error
 
 runner = CliRunner()
+SAMPLE = Path(modelopt.__file__).parent / "zoo" / "assets" / "cifar10_sample.npz"
 
 
 def _run(*args):
@@ -202,3 +205,26 @@ def test_a_bad_latency_setting_in_run_json_is_refused_before_loading(tmp_path):
     (run / "run.json").write_text(json.dumps(doc))
     _one_line_error(_run("optimize", "--resume", "--out", run, "--no-progress"), "run.json",
                     "batch_size must be an integer >= 1, got 0")
+
+
+@pytest.mark.slow
+def test_evaluate_a_run_folder_on_its_own_splits(tmp_path):
+    """`modelopt evaluate RUN_DIR` rebuilds the run's model, data, splits and compressors from run.json: its best
+    plan reads on test what the run's summary says, and any trial can be scored by number."""
+    run, unlabeled = tmp_path / "r", tmp_path / "unlabeled.npz"
+    np.savez(unlabeled, x=np.load(SAMPLE)["calib_x"][:300])
+    args = ["optimize", "--budget", 4, "--compressors", "quantize", "--data", "cifar10-exact-sample", "--out", run,
+            "--no-progress", "--unlabeled", unlabeled, "--latency", "none"]  # unlabeled images change the splits
+    assert _run(*args).exit_code == 0
+    summary = json.loads((run / "summary.json").read_text())
+    result = _run("evaluate", run, "--split", "test", "--json")
+    assert result.exit_code == 0, result.output
+    m = json.loads(result.stdout.strip().splitlines()[-1])
+    best = summary["best"]["test"] if summary["best"] is not None else None
+    if best is not None:
+        assert (m["n_samples"], m["retention"], m["size_bytes"]) == (best["n_samples"], best["retention"],
+                                                                     best["size_bytes"])
+    trial0 = json.loads(_run("evaluate", run, "--plan", 0, "--split", "test", "--json").stdout.splitlines()[-1])
+    int8 = next(a for a in summary["anchors"] if a["trial"] == 0)["test"]
+    assert (trial0["retention"], trial0["n_samples"]) == (int8["retention"], int8["n_samples"])
+    _one_line_error(_run("evaluate", run, "--model", "cifar10_resnet56"), "evaluate --run rebuilds", "leave out model")
