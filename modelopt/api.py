@@ -49,7 +49,7 @@ DEFAULT_RUNS_DIR = Path("runs")
 ModelLike = str | Path | nn.Module | LoadedModel
 DataLike = str | Path | DataLoader | Dataset
 UnlabeledLike = str | Path | DataLoader | None
-PlanLike = Plan | Mapping[str, Any] | str | Path | None
+PlanLike = Plan | Mapping[str, Any] | str | Path | None | int  # int: a trial number of `run`
 
 
 def _model(model: ModelLike, weights: str | Path | None, allow_pickle: bool) -> LoadedModel:
@@ -85,6 +85,8 @@ def resolve_plan(plan: PlanLike, space: SearchSpace) -> Plan:
         return space.plan(dict(plan.choices))
     if isinstance(plan, Mapping):
         return space.parse_plan(plan)
+    if isinstance(plan, int):
+        raise ConfigError(f"plan {plan} is a trial number: it names a plan of a run folder (evaluate run=...)")
     return space.load_plan(plan)
 
 
