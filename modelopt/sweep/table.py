@@ -13,6 +13,7 @@ import dataclasses
 import io
 import json
 import math
+import os
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,14 @@ class _Seed:
     covered: float  # the largest budget this cell's trace answers for
     records: list[tuple[float, Record]]  # (cumulative cost, record) of every journal line
     run_dir: Path
+    # What the run itself reported (summary.json): (its best's trial number or None, that plan's test metrics or
+    # None); None when the run wrote no summary. At the run's own budget the table states this, replaying nothing.
+    reported: tuple[int | None, Metrics | None] | None = None
+    budget: float = math.inf  # the run's own budget (summary.json)
+
+    def own(self, budget: float) -> bool:
+        """Whether `budget` is the run's own (or more): the table then states what the run reported."""
+        return self.reported is not None and budget >= self.budget - EPS
 
     def records_within(self, budget: float) -> list[Record]:
         return [rec for cost, rec in self.records if cost <= budget + EPS]
@@ -94,7 +103,12 @@ def _read_cell(run_dir: Path, seed: int) -> _Seed | None:
         trace.append((cum, best))
     # A run that stopped early (nothing new to propose) covers its whole budget.
     covered = max(cum, summary.budget if summary else 0.0)
-    return _Seed(seed, config, obj, trace, covered, records, run_dir)
+    reported = None
+    if summary is not None:
+        best = summary.best
+        reported = (None, None) if best is None else (best.trial, None if best.test is None else best.test.metrics)
+    return _Seed(seed, config, obj, trace, covered, records, run_dir, reported,
+                 summary.budget if summary is not None else math.inf)
 
 
 def _stats(values: Sequence[float]) -> tuple[float, float, float]:
@@ -126,7 +140,11 @@ class _Scorer:
         return ev.scorer.evaluate(plan, split="test")
 
     def reported(self, model: str, cell: _Seed, budget: float) -> Record | None:
-        """What a run stopped at `budget` would report (`modelopt.run.confirm`), or its val best without confirm."""
+        """What the run reported, at its own budget (its summary.json); below it, what the run stopped at `budget`
+        would report (`modelopt.run.confirm`), or its val best without confirm."""
+        if cell.own(budget) and cell.reported is not None:
+            number = cell.reported[0]
+            return None if number is None else next(r for _, r in cell.records if r.number == number)
         ev = self.evaluator(model, cell.config)
         trials = [r.trial(ev.space) for r in cell.records_within(budget)]
         keys = [p.key for p in cell.objective.anchors(ev.space)] if cell.objective.confidence else []
@@ -180,7 +198,7 @@ def make_table(
         bs = budgets if budgets is not None else sorted({c.covered for cs in cells.values() for c in cs})
         model_rows = _model_rows(model, cells, bs, scorer, seed_rows)
         rows.extend(model_rows)
-        sections.append(_md_model(model, cells, bs, model_rows, scorer))
+        sections.append(_md_model(model, cells, bs, model_rows, scorer, out))
     markdown = "\n\n".join(sections) + "\n"
     write_atomic(out / TABLE_MD, markdown)
     _write_csv(out / TABLE_CSV, rows)
@@ -213,7 +231,8 @@ def _model_rows(
                 if c.covered < b - EPS:
                     continue  # this cell has not run that far yet
                 rec = scorer.reported(model, c, b)
-                test = scorer.test(model, c.config, rec)
+                reported_test = c.reported[1] if c.own(b) and c.reported is not None and rec is not None else None
+                test = reported_test if reported_test is not None else scorer.test(model, c.config, rec)
                 n_feasible += rec is not None
                 held = test.retention >= c.objective.min_retention - 1e-12
                 n_held += rec is not None and held
@@ -318,8 +337,10 @@ def _md_header(saved: Mapping[str, Any], out: Path) -> str:
         )
         lines.append("")
     lines.append(
-        "Every cell ran once at the largest budget; the value at a smaller budget b is the plan that run would "
-        "report had it stopped at b: among the trials whose cumulative cost is ≤ b (read from the run's journal), "
+        "Every cell ran once at the largest budget. At that budget each seed's value is what its run reported "
+        "(its summary.json: the plan and its test figures). At a smaller budget b it is a what-if: the plan that "
+        "run would report had it stopped at b: among the trials whose cumulative cost is ≤ b (read from the run's "
+        "journal), "
         "the finalists (the plans of the val fronts and the uniform anchors) are confirmed on the confirm split as "
         "the run does it (two fixed sequences planned on val, sharing the error rate) and the smallest confirmed "
         "is reported. That plan is then re-scored "
@@ -332,6 +353,17 @@ def _md_header(saved: Mapping[str, Any], out: Path) -> str:
     return "\n".join(lines)
 
 
+def _shown(path: str, out: Path) -> str:
+    """`path` as a committed table shows it: relative to the repository holding the table (the folder above it with
+    a .git), where it is a file; as given otherwise (a named source, or no repository)."""
+    p = Path(path)
+    if not p.exists():
+        return path
+    here = out.resolve()
+    root = next((d for d in (here, *here.parents) if (d / ".git").exists()), None)
+    return path if root is None else os.path.relpath(p.resolve(), root)
+
+
 def _md_table(header: Sequence[str], align: str, body: Sequence[Sequence[str]]) -> list[str]:
     seps = ["---:" if a == "r" else "---" for a in align]
     return ["| " + " | ".join(header) + " |", "| " + " | ".join(seps) + " |",
@@ -340,7 +372,7 @@ def _md_table(header: Sequence[str], align: str, body: Sequence[Sequence[str]]) 
 
 def _md_model(
     model: str, cells: Mapping[str, list[_Seed]], budgets: Sequence[float], rows: Sequence[Mapping[str, Any]],
-    scorer: _Scorer,
+    scorer: _Scorer, out: Path,
 ) -> str:
     first = next(iter(cells.values()))[0]
     cfg = first.config
@@ -350,7 +382,7 @@ def _md_model(
     weights = f" with weights `{Path(cfg.weights).name}`" if cfg.weights else ""
     lines = [
         f"## {model}", "",
-        f"`{cfg.model}`{weights} on `{cfg.data}`: float top-1 {wl.baseline_accuracy('val'):.2%} on val "
+        f"`{cfg.model}`{weights} on `{_shown(cfg.data, out)}`: float top-1 {wl.baseline_accuracy('val'):.2%} on val "
         f"({len(wl.split('val'))} images), {wl.baseline_accuracy('test'):.2%} on test ({len(wl.split('test'))} "
         f"images); float size {wl.float_size_bytes / 1024:,.1f} KiB. × is compression: float size / plan size.", "",
     ]

@@ -232,6 +232,31 @@ def test_smaller_budgets_are_read_from_the_largest_budgets_trace(mini):
 
 
 @pytest.mark.slow
+def test_at_its_own_budget_a_cell_states_what_its_run_reported(mini, resnet20_workload, tmp_path):
+    """The table replays nothing at a run's own budget: the seed's plan and test figures are its summary.json's,
+    even where a replay of confirmation would pick another; data paths in the table are relative to the repository."""
+    import shutil
+
+    from modelopt.sweep.table import make_table
+
+    _, result, *_ = mini
+    out = tmp_path / "copy"
+    shutil.copytree(result.sweep.out, out)
+    (out / ".git").mkdir()  # the table's repository
+    cell = out / "runs" / "resnet20" / "random" / "seed0"
+    summary = json.loads((cell / "summary.json").read_text())
+    first = _journal(cell)[0]
+    summary["best"] = {"trial": 0, "plan_key": first["plan_key"], "plan": {}, "val": None, "confirm": None,
+                       "test": {**first["metrics"], "split": "test", "retention": 0.5, "compression": 2.5}}
+    (cell / "summary.json").write_text(json.dumps(summary))
+    make_table(out, workloads={"resnet20": resnet20_workload}, device="cpu")
+    seeds = {(r["budget"], r["seed"]): r for r in _csv(out / "table_seeds.csv")}
+    own = seeds[("3", "0")]
+    assert (own["best_trial"], float(own["test_retention"]), float(own["test_compression"])) == ("0", 0.5, 2.5)
+    assert "what-if" in (out / "table.md").read_text()
+
+
+@pytest.mark.slow
 def test_a_second_run_skips_finished_cells_and_rebuilds_the_table_from_the_folders(mini, resnet20_workload,
                                                                                   monkeypatch):
     path, first, *_ = mini
