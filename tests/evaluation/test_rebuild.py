@@ -1,0 +1,55 @@
+"""A plan rebuilds bit for bit: in a new process, with another thread count, after other plans or none, the
+compressed weights and the test figures are those the run scored (GPTQ codes, SparseGPT masks, refitted readers,
+re-estimated norms, activation ranges)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = """
+import hashlib, json, sys, torch
+torch.set_num_threads(int(sys.argv[1]))
+from modelopt.api import build_compressors, build_workload
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.plan.space import SearchSpace
+wl = build_workload("cifar10_resnet20", "cifar10-sample", device="cpu")
+options = {"prune": {"sparse_images": 64, "repair_images": 64, "bn_samples": 64,
+                     "kind": ["structured", "unstructured"]},
+           "quantize": {"bits": [8, 4], "rounding": ["gptq"], "activations": [None, 8], "calib_images": 64}}
+ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["prune", "quantize"], options)))
+names = [x.name for x in wl.layers]
+roots = [x.name for x in wl.layers if x.prunable]
+plans = [{"default": {"quantize": {"bits": 4, "rounding": "gptq"}},
+          "layers": {n: {"prune": {"sparsity": 0.5}} for n in names[1:-1:2]}},
+         {"default": {"quantize": {"bits": 8, "activations": 8}},
+          "layers": {n: {"prune": {"sparsity": 0.5, "kind": "structured"}} for n in roots[3:6]}}]
+if sys.argv[2] == "reversed":
+    plans = plans[::-1]
+out = {}
+for doc in plans:
+    plan = ev.space.parse_plan(doc)
+    m = ev.scorer.evaluate(plan, split="test")
+    weights = ev.states.compressed_weights(plan)
+    out[plan.key] = {"lost": m.lost, "gained": m.gained, "agreement": m.agreement,
+                     "weights": {k: hashlib.sha256(v.contiguous().numpy().tobytes()).hexdigest()
+                                 for k, v in weights.items()}}
+print(json.dumps(out))
+"""
+
+
+def _run(threads: int, order: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(threads), order], capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).resolve().parents[2])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_plans_rebuild_bit_for_bit_across_thread_counts_and_order():
+    a, b = _run(1, "given"), _run(2, "reversed")
+    assert a == b
