@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from modelopt.config.assemble import DEFAULT_BUDGET, build_compressors, default_compressors
 from modelopt.config.build import build
 from modelopt.config.evidence import check_scores
-from modelopt.config.run_config import RunConfig
+from modelopt.config.run_config import SETTLED_RESUME_KEYS, RunConfig
 from modelopt.data.dataset import Dataset, load_data
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluation.evaluator import Evaluator, Metrics
@@ -248,6 +248,8 @@ def run(
     if resume and out is None:
         out = latest_run_dir()
     check_run_folder(out, resume=resume)  # unwritable, busy, a run not resumed, a damaged journal: before loading
+    if resume and out is not None and (Path(out) / CONFIG).is_file():
+        config.check_resumes(out, SETTLED_RESUME_KEYS)  # a changed floor, seed, ...: before loading, too
     if config.executor == "ray":
         import_ray()  # the `distributed` extra missing: refused before the model loads, too
     if config.knowledge is not None:

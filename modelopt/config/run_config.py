@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,8 @@ CONFIG_FORMAT = 2
 # The settings a resumed run must share with the run it continues (a changed one is refused).
 RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "confidence",
                "count_gains", "compressors", "data_seed", "fidelity", "unlabeled")
+# What a run's settings say before its model and data load (the rest is resolved against them).
+SETTLED_RESUME_KEYS = ("strategy", "seed", "objective", "min_retention", "confidence", "count_gains", "data_seed")
 
 
 def check_budget(budget: float) -> None:
@@ -273,11 +275,12 @@ class RunConfig:
     def write(self, run_dir: str | Path) -> None:
         write_json_atomic(Path(run_dir) / CONFIG, self.to_json())
 
-    def check_resumes(self, run_dir: str | Path) -> None:
+    def check_resumes(self, run_dir: str | Path, keys: Sequence[str] = RESUME_KEYS) -> None:
         """Raises ConfigError unless this (resolved) config may continue the run in `run_dir`: the same
-        model and data by content, search, floor and menus (the budget may grow)."""
+        model and data by content, search, floor and menus (the budget may grow). `keys`: what to compare
+        (`SETTLED_RESUME_KEYS`: what needs no model, checked before one loads)."""
         saved, mine = read_config_json(run_dir), self.to_json()
-        for key in RESUME_KEYS:
+        for key in keys:
             if key in saved and key in mine and saved[key] != mine[key]:
                 raise ConfigError(f"cannot resume {str(run_dir)!r}: it was run with {key}={saved[key]!r}, "
                                   f"not {mine[key]!r}")

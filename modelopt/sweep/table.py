@@ -103,10 +103,10 @@ def _read_cell(run_dir: Path, seed: int) -> _Seed | None:
         trace.append((cum, best))
     # A run that stopped early (nothing new to propose) covers its whole budget.
     covered = max(cum, summary.budget if summary else 0.0)
-    reported = None
+    reported: tuple[int | None, Metrics | None] | None = None
     if summary is not None:
-        best = summary.best
-        reported = (None, None) if best is None else (best.trial, None if best.test is None else best.test.metrics)
+        entry = summary.best
+        reported = (None, None) if entry is None else (entry.trial, None if entry.test is None else entry.test.metrics)
     return _Seed(seed, config, obj, trace, covered, records, run_dir, reported,
                  summary.budget if summary is not None else math.inf)
 

@@ -218,3 +218,21 @@ def test_a_run_with_a_confirm_split_reports_only_what_confirmation_held(tmp_path
         assert lo is not None and lo >= 0.9  # confirmed: the confirm split's bound clears the floor
         tested = [f.plan_key for f in conf.finalists]
         assert result.best.plan.key in tested
+
+
+def test_a_changed_floor_on_resume_is_refused_before_anything_loads(tmp_path, monkeypatch):
+    """What a resumed run's settings say without its model (floor, seed, strategy, ...) is compared with run.json
+    before the model and data load: one line naming the setting, nothing built."""
+    from modelopt import api
+    from modelopt.config.run_config import RunConfig
+
+    run = tmp_path / "run"
+    run.mkdir()
+    RunConfig().write(run)
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the model and data were loaded before the settings were compared")
+
+    monkeypatch.setattr(api, "build", no_build)
+    with pytest.raises(ConfigError, match=r"it was run with min_retention=0\.99, not 0\.95"):
+        api.run(RunConfig.read(run).replace(min_retention=0.95), out=run, resume=True, progress=False)
