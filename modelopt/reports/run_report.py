@@ -108,6 +108,10 @@ def _summary_table(run: RunFolder) -> Table:
                                          (("test", test), ("confirm", conf), ("val", m)) if x is not None)),
         ]
         sb = run.search_best
+        if s is not None and s.anchors:
+            rows.append(("beside the uniform plans", "; ".join(
+                f"{a.name or 'trial ' + str(a.trial)} {_fx(run.reduction(a.test.metrics))} "
+                f"({_fpct(a.test.metrics.retention)} test)" for a in s.anchors if a.test is not None)))
         if run.done and sb is not None and sb.plan_key != best.plan_key and sb.metrics is not None:
             rows.append(("search's own pick", f"trial {sb.number}, {_fx(run.reduction(sb.metrics))} at "
                                                f"{_bounded(run, sb.metrics)} val: not confirmed"))
@@ -126,6 +130,28 @@ def _front_table(run: RunFolder, front: Sequence[tuple[Record, Metrics]]) -> Tab
                      _bounded(run, m), "yes" if run.objective.feasible(m) else "no", plan_mix(r.plan)))
     return Table(("trial", "size", _what(run), "test retention", "confirm retention", "val retention (search)",
                   "feasible on val", "plan"), tuple(rows), "rrrrrrll")
+
+
+def _anchor_table(run: RunFolder) -> Table | None:
+    """The uniform plans the run scored on the same images (INT8, INT4, INT3, and INT4 with its most sensitive layers
+    at INT8), what a search must beat; confirmed or not as confirmation found."""
+    s = run.summary
+    if s is None or not s.anchors:
+        return None
+    verdicts = {f.plan_key: f.confirmed for f in s.confirmation.finalists}
+    rows = []
+    for a in s.anchors:
+        m = (a.test or a.confirm or a.val)
+        if m is None:
+            continue
+        held = verdicts.get(a.plan_key)
+        rows.append((a.name or "?", str(a.trial), _fx(run.reduction(m.metrics)),
+                     "–" if a.test is None else _bounded(run, a.test.metrics),
+                     "–" if a.confirm is None else _bounded(run, a.confirm.metrics),
+                     "–" if a.val is None else _bounded(run, a.val.metrics),
+                     "not tested" if held is None else "yes" if held else "no"))
+    return Table(("uniform plan", "trial", _what(run), "test retention", "confirm retention",
+                  "val retention (search)", "confirmed"), tuple(rows), "lrrrrrl")
 
 
 def _top_table(run: RunFolder) -> Table | None:
@@ -188,6 +214,10 @@ def run_blocks(run: RunFolder) -> list[Block]:
     front = pareto_front(measured, lambda rm: rm[1], obj)
     if front:
         blocks.append(_front_table(run, front))
+    anchors = _anchor_table(run)
+    if anchors is not None:
+        blocks += [Paragraph("Beside the uniform plans every run scores on the same images (the answers without a "
+                             "search):"), anchors]
 
     blocks += [Heading(f"Best-so-far {_what(run)} against budget"),
                Figure("progress", plots.progress_png(run),

@@ -113,7 +113,13 @@ class RunFolder:
     @cached_property
     def search_best(self) -> Record | None:
         """The val-feasible trial with the highest reward (ties: higher retention bound; first wins): the
-        search's own pick, a search-time estimate."""
+        search's own pick, a search-time estimate; once the run has finished, the one summary.json names (the
+        runner judged val bounds at the confirm split's size)."""
+        if self.summary is not None and self.summary.search_best is not None:
+            key = self.summary.search_best.plan_key
+            found = next((r for r in self.records if r.plan_key == key), None)
+            if found is not None:
+                return found
         scored = [(r, r.metrics) for r in self.records if r.feasible and r.metrics is not None]
         best = best_of(scored, lambda pair: pair[1], self.objective)
         return None if best is None else best[0]

@@ -70,6 +70,10 @@ def test_finished_run_report_is_self_contained_and_shows_the_summary(copy_run):
     assert f"{v['retention']:.2%} [{v['retention_lower']:.1%}" in md
     assert f"trial {best['trial']} (key <code>{best['plan_key']}</code>)" in html
     assert f"budget used | {summary['budget_used']:.4g} of {summary['budget']:g} full val evaluations" in md
+    # Beside the uniform plans the run scored on the same images: in the summary and in a table of their own.
+    for a in summary["anchors"]:
+        assert f"{a['name']} {a['test']['compression']:.2f}× ({a['test']['retention']:.2%} test)" in md
+        assert f"| {a['name']} | {a['trial']} | {a['test']['compression']:.2f}× |" in md
     # Markdown links the same figures, written beside it.
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
     assert links == ["report_files/pareto.png", "report_files/progress.png", "report_files/layers.png"]
