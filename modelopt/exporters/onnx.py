@@ -145,10 +145,7 @@ def onnx_model(
     if not routed:
         evaluator.routes.refuse_static(plan, "one ONNX file", "export it with modelopt.export(format='onnx'), "
                                        "which writes a folder of segments that return early")
-    _check(calibration, calib_samples, percentile)
-    mode = {True: "all", False: "none"}.get(activations, activations) if isinstance(activations, bool) else activations
-    if mode not in ACTIVATION_MODES:
-        raise ConfigError(f"unknown activations {activations!r}; valid: {', '.join(ACTIVATION_MODES)}")
+    mode = check_options(activations, calibration, calib_samples, percentile)
     import onnx
 
     forms = layer_forms(evaluator, plan)
@@ -174,6 +171,17 @@ def onnx_model(
     return model, OnnxExport(Path(), OPSET, counts["int8"], counts["int4"], counts["float"], tuple(weights.widened),
                              len(qparams), calibration if qparams else None,
                              tuple((t.name, t.threshold) for t in taps))
+
+
+def check_options(activations: bool | str = "plan", calibration: str = "minmax", calib_samples: int = 512,
+                  percentile: float = 99.99, **_: Any) -> str:
+    """The activations mode (`ACTIVATION_MODES`) of export options checked before anything is built; ConfigError
+    naming the bad value and what is right otherwise (the other options are checked where they are used)."""
+    _check(calibration, calib_samples, percentile)
+    mode = {True: "all", False: "none"}.get(activations, activations) if isinstance(activations, bool) else activations
+    if mode not in ACTIVATION_MODES:
+        raise ConfigError(f"unknown activations {activations!r}; valid: {', '.join(ACTIVATION_MODES)}")
+    return str(mode)
 
 
 def _check(calibration: str, calib_samples: int, percentile: float) -> None:

@@ -20,7 +20,7 @@ from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.trial import TrialStatus
-from modelopt.exporters.onnx import export_onnx
+from modelopt.exporters.onnx import check_options, export_onnx
 from modelopt.exporters.onnx_exits import export_onnx_exits
 from modelopt.exporters.packed import export_packed
 from modelopt.model.workload import Workload
@@ -191,6 +191,12 @@ def export(
         raise ConfigError(f"unknown export format {format!r}; valid: {', '.join(FORMATS)}")
     if format == "modelopt" and options:
         raise ConfigError(f"option {min(options)!r} applies only to format 'onnx'")
+    if format == "onnx":  # bad values are refused before the run's model and data load
+        valid = ("activations", "calibration", "percentile", "calib_samples", "quantize_input", "widen_int4")
+        for key in options:
+            if key not in valid:
+                raise ConfigError(f"unknown onnx export option {key!r}; valid: {', '.join(valid)}")
+        check_options(**options)
     src = resolve(source, plan, device=device)
     routed = format == "onnx" and src.evaluator.routes.route(src.plan) is not None
     if out is None:
@@ -198,10 +204,6 @@ def export(
             raise ConfigError("pass out=PATH (--out) when exporting from a workload rather than a run folder")
         out = src.run_dir / f"model-{src.tag}{'' if routed else FORMATS[format]}"
     if format == "onnx":
-        valid = ("activations", "calibration", "percentile", "calib_samples", "quantize_input", "widen_int4")
-        for key in options:
-            if key not in valid:
-                raise ConfigError(f"unknown onnx export option {key!r}; valid: {', '.join(valid)}")
         if routed:  # early exits: a folder of segments that return early, with its predict.py
             return export_onnx_exits(src.evaluator, src.plan, out, **options).path
         return export_onnx(src.evaluator, src.plan, out, **options).path

@@ -170,3 +170,21 @@ def test_a_second_process_is_refused_at_once_while_the_first_loads(tmp_path):
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
+
+
+def test_bad_onnx_export_options_are_refused_before_the_run_loads(tmp_path, monkeypatch):
+    import modelopt.run.export
+    from modelopt.config.run_config import RunConfig
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the run's model and data were loaded before the bad option was refused")
+
+    monkeypatch.setattr(modelopt.run.export, "load_workload", refuse)
+    run = tmp_path / "run"
+    run.mkdir()
+    RunConfig().write(run)
+    (run / "best_plan.yaml").write_text("default: {quantize: {bits: 8}}\n")
+    assert_one_line_error(_run("export", run, "--format", "onnx", "--activations", "bad"),
+                          "unknown activations 'bad'", "plan, all, none")
+    assert_one_line_error(_run("export", run, "--format", "onnx", "--calibration", "median"),
+                          "unknown calibration 'median'", "minmax")
