@@ -83,8 +83,10 @@ class Workload:
         # calib images -> each layer's input second moments on them (GPTQ); filled by evaluators.
         self.input_cache: dict[int, dict[str, LayerInputs]] = {}
         names = ("calib", "val", "test") + (("confirm",) if data.confirm is not None else ())
+        # What the model makes of two images, and whether the data's labels fit its outputs, before all are prepared.
+        self._check_fits(self._prepare(data.split("val").x[:2]))
+        self._check_labels()
         splits = {name: self._prepare(data.split(name).x) for name in names}
-        self._check_fits(splits["val"])
         # The channel groups structured pruning may remove (checked once; None with the reason: it does not trace).
         self.channels: ChannelGroups | None = None
         self.channels_refused: str | None = None
@@ -97,7 +99,6 @@ class Workload:
         for name, x in splits.items():
             y = data.split(name).y.to(self.device)
             self.splits[name] = SplitData(x, y, self.predict(x))
-        self._check_labels()
         self.other_bytes = _float_bytes_outside_weights(self.model, self.modules)
         self.float_size_bytes = self.other_bytes + sum(layer.params * 4 for layer in self.layers)
         self.macs = sum(layer.macs for layer in self.layers)
