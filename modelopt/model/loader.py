@@ -6,6 +6,7 @@ opts into unpickling, because a pickled module can run arbitrary code on load.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import logging
@@ -51,6 +52,8 @@ class LoadedModel:
         std: Per-channel std the centred inputs are divided by.
         input_size: (height, width) it expects, or None when any size works or it is unknown.
         num_classes: Number of outputs, or None when unknown.
+        random_head: A torchvision architecture with random weights: its head may be sized to the data's classes
+            (`sized_to`), as a checkpoint's head sizes it.
     """
 
     module: nn.Module
@@ -59,6 +62,19 @@ class LoadedModel:
     std: tuple[float, ...]
     input_size: tuple[int, int] | None
     num_classes: int | None
+    random_head: bool = False
+
+    def sized_to(self, classes: int) -> LoadedModel:
+        """This model with a head of `classes` outputs where its weights are random (`random_head`) and its head has
+        another size; itself otherwise. A 1000-class random head on 10-class data gets nothing right."""
+        if not self.random_head or self.num_classes in (None, classes):
+            return self
+        import torchvision
+
+        arch = self.name.removeprefix("torchvision:")
+        log.warning("%s has random weights: its head is sized to the data's %d classes", self.name, classes)
+        module = torchvision.models.get_model(arch, weights=None, num_classes=classes)
+        return _ready(dataclasses.replace(self, module=module, num_classes=classes))
 
 
 def list_models(pattern: str = "*") -> list[str]:
@@ -268,7 +284,7 @@ def _from_torchvision(source: str, weights: str | Path | None, allow_pickle: boo
             module = torchvision.models.get_model(arch, weights=None, num_classes=classes)
         _apply_weights(module, state, weights, source)
     num_classes = _head_size(module, module.state_dict())
-    return _ready(LoadedModel(module, source, IMAGENET_MEAN, IMAGENET_STD, None, num_classes))
+    return _ready(LoadedModel(module, source, IMAGENET_MEAN, IMAGENET_STD, None, num_classes, weights is None))
 
 
 def _head_size(module: nn.Module, state: Mapping[str, Tensor]) -> int | None:

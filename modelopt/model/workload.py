@@ -68,6 +68,7 @@ class Workload:
     def __init__(
         self, model: LoadedModel, data: Dataset, device: str | torch.device = "auto", batch_size: int | None = None
     ) -> None:
+        model = model.sized_to(data.num_classes)  # a random torchvision head: as many outputs as the data's classes
         self.name = model.name
         self.source = model
         self.data = data

@@ -66,3 +66,21 @@ def test_workload_on_gpu_matches_cpu(resnet20_workload):
     assert gpu.split("val").x.is_cuda
     agree = (gpu.split("test").base_pred.cpu() == resnet20_workload.split("test").base_pred).float().mean()
     assert agree >= 0.995
+
+
+def test_a_random_torchvision_head_is_sized_to_the_data_s_classes(tmp_path):
+    """torchvision:NAME without --weights has a 1000-class head; on 10-class data it would get nothing right: its
+    head gets the data's classes, as a checkpoint's would size it. A checkpoint's head is never changed."""
+    from modelopt.model.loader import load_model
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "d.npz"
+    np.savez(path, x=rng.integers(0, 255, (60, 32, 32, 3), dtype=np.uint8), y=np.arange(60) % 10)
+    loaded = load_model("torchvision:mobilenet_v3_small")
+    assert loaded.random_head and loaded.num_classes == 1000
+    wl = build_workload("torchvision:mobilenet_v3_small", path, device="cpu")
+    assert wl.num_outputs == 10 and wl.source.num_classes == 10
+    weights = tmp_path / "w.pt"
+    torch.save(loaded.module.state_dict(), weights)
+    trained = load_model("torchvision:mobilenet_v3_small", weights)
+    assert not trained.random_head and trained.sized_to(10) is trained
