@@ -225,7 +225,8 @@ def evaluate(
         help="Plan YAML file (default: no compression); with RUN_DIR also best (its default) or a trial "
              "number.")] = None,
     model: Annotated[str, typer.Option(
-        help="Zoo name, torchvision:NAME, pkg.module:factory, or a saved module file.")] = "cifar10_resnet20",
+        help="Zoo name, torchvision:NAME, timm:NAME, pkg.module:factory, or a saved module file.")
+    ] = "cifar10_resnet20",
     weights: Annotated[Path | None, typer.Option(help="Checkpoint (state dict) for --model.")] = None,
     data: Annotated[str, typer.Option(
         help="cifar10-sample, an .npz, an image folder or a CIFAR10 root.")] = "cifar10-sample",

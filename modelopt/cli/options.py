@@ -17,7 +17,7 @@ from modelopt.compressors import compressor_settings
 from modelopt.errors import ConfigError
 
 Model = Annotated[
-    str | None, typer.Option(help="Zoo name, torchvision:NAME, pkg.module:factory, or a saved module file.")
+    str | None, typer.Option(help="Zoo name, torchvision:NAME, timm:NAME, pkg.module:factory, or a saved module file.")
 ]
 Weights = Annotated[Path | None, typer.Option(help="Checkpoint (state dict) for --model.")]
 Data = Annotated[str | None, typer.Option(help="cifar10-sample, an .npz, an image folder or a CIFAR10 root.")]

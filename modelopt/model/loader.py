@@ -69,11 +69,8 @@ class LoadedModel:
         another size; itself otherwise. A 1000-class random head on 10-class data gets nothing right."""
         if not self.random_head or self.num_classes in (None, classes):
             return self
-        import torchvision
-
-        arch = self.name.removeprefix("torchvision:")
         log.warning("%s has random weights: its head is sized to the data's %d classes", self.name, classes)
-        module = torchvision.models.get_model(arch, weights=None, num_classes=classes)
+        module = _build_library_model(self.name, classes)
         return _ready(dataclasses.replace(self, module=module, num_classes=classes))
 
 
@@ -102,7 +99,7 @@ def load_model(
     """Builds or reads a model and loads its weights.
 
     Args:
-        source: A zoo name (see `list_models`), ``"torchvision:NAME"``, ``"package.module:factory"``
+        source: A zoo name (see `list_models`), ``"torchvision:NAME"``, ``"timm:NAME"``, ``"package.module:factory"``
             (a callable taking no arguments that returns an ``nn.Module``), a path to a saved
             module, or an ``nn.Module`` (used as is; it is put in eval mode on CPU in float32).
         weights: A checkpoint to load into the architecture: a state dict, or a dict holding one
@@ -127,8 +124,8 @@ def load_model(
         loaded = LoadedModel(source, type(source).__name__, IMAGENET_MEAN, IMAGENET_STD, None, None)
     elif isinstance(source, Path) or _looks_like_path(source):
         loaded = _from_file(Path(source), allow_pickle)
-    elif source.startswith("torchvision:"):
-        return _from_torchvision(source, weights, allow_pickle)
+    elif source.startswith(("torchvision:", "timm:")):
+        return _from_library(source, weights, allow_pickle)
     elif ":" in source:
         loaded = _from_factory(source)
     else:
@@ -264,27 +261,45 @@ def _from_zoo(name: str, weights: str | Path | None, allow_pickle: bool) -> Load
     return _ready(LoadedModel(module, name, entry.mean, entry.std, entry.input_size, entry.num_classes))
 
 
-def _from_torchvision(source: str, weights: str | Path | None, allow_pickle: bool) -> LoadedModel:
+def _build_library_model(source: str, num_classes: int | None = None) -> nn.Module:
+    """The architecture `source` names (``torchvision:NAME`` or ``timm:NAME``), random weights, with `num_classes`
+    outputs (None: its own default); LoadError when the library is missing, UnknownNameError for a bad name."""
+    library, arch = source.split(":", 1)
+    extra = {"torchvision": "vision", "timm": "timm"}[library]
     try:
-        import torchvision
+        lib = importlib.import_module(library)
     except ImportError:
-        raise LoadError(f"{source!r} needs torchvision; install it with pip install 'modelopt[vision]'") from None
-    arch = source.removeprefix("torchvision:")
-    valid = torchvision.models.list_models()
+        raise LoadError(f"{source!r} needs {library}; install it with pip install 'modelopt[{extra}]'") from None
+    sized = {} if num_classes is None else {"num_classes": num_classes}
+    if library == "timm":
+        valid = lib.list_models()
+        if arch not in valid:
+            raise UnknownNameError("timm model", arch, valid)
+        return lib.create_model(arch, pretrained=False, **sized)
+    valid = lib.models.list_models()
     if arch not in valid:
         raise UnknownNameError("torchvision model", arch, valid)
-    module = torchvision.models.get_model(arch, weights=None)
-    state = None
+    return lib.models.get_model(arch, weights=None, **sized)
+
+
+def _from_library(source: str, weights: str | Path | None, allow_pickle: bool) -> LoadedModel:
+    """A torchvision or timm architecture with weights from a file (no hub is reached): the head sized by the
+    checkpoint's; without weights, random, its head sized later to the data (`LoadedModel.sized_to`). Normalisation:
+    timm's pretrained config, ImageNet's for torchvision."""
+    module = _build_library_model(source)
     if weights is None:
         log.warning("%s has random weights; pass --weights FILE to load trained ones", source)
     else:
         state = load_weights(weights, allow_pickle=allow_pickle)
         classes = _head_size(module, state)
         if classes is not None and classes != _head_size(module, module.state_dict()):
-            module = torchvision.models.get_model(arch, weights=None, num_classes=classes)
+            module = _build_library_model(source, classes)
         _apply_weights(module, state, weights, source)
+    cfg = getattr(module, "pretrained_cfg", None) or {}
+    mean = tuple(float(v) for v in cfg.get("mean", IMAGENET_MEAN))
+    std = tuple(float(v) for v in cfg.get("std", IMAGENET_STD))
     num_classes = _head_size(module, module.state_dict())
-    return _ready(LoadedModel(module, source, IMAGENET_MEAN, IMAGENET_STD, None, num_classes, weights is None))
+    return _ready(LoadedModel(module, source, mean, std, None, num_classes, weights is None))
 
 
 def _head_size(module: nn.Module, state: Mapping[str, Tensor]) -> int | None:

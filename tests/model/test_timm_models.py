@@ -1,0 +1,67 @@
+"""`timm:NAME` as a model source: random weights with the head sized to the data, weights from a file with the head
+sized by the checkpoint, timm's own normalisation; quantization and both kinds of pruning apply to a few families and
+score what the plan says."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import modelopt
+from modelopt.api import build_compressors
+from modelopt.errors import UnknownNameError
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.model.loader import load_model
+from modelopt.plan.space import SearchSpace
+
+timm = pytest.importorskip("timm")
+
+FAMILIES = ("resnet10t", "efficientnet_b0", "convnext_atto")
+
+
+@pytest.fixture(scope="module")
+def few_images(tmp_path_factory, small_data):
+    path = tmp_path_factory.mktemp("timm") / "cifar10_200.npz"
+    with np.load(small_data) as f:
+        np.savez(path, x=f["x"][:200], y=f["y"][:200])
+    return path
+
+
+def test_a_timm_model_loads_with_its_config_and_a_checkpoint_sizes_its_head(tmp_path):
+    loaded = load_model("timm:resnet10t")
+    assert loaded.random_head and loaded.num_classes == 1000
+    assert loaded.mean == tuple(timm.create_model("resnet10t").pretrained_cfg["mean"])
+    torch.manual_seed(0)
+    trained = timm.create_model("resnet10t", num_classes=7)
+    path = tmp_path / "w.pt"
+    torch.save(trained.state_dict(), path)
+    again = load_model("timm:resnet10t", path)
+    assert again.num_classes == 7 and not again.random_head
+    assert torch.equal(again.module.state_dict()["fc.weight"], trained.state_dict()["fc.weight"])
+    with pytest.raises(UnknownNameError, match="timm model"):
+        load_model("timm:resnet_no_such")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_compressor_applies_to_a_timm_family(name, few_images):
+    plan = {"default": {"quantize": {"bits": 8}}}
+    m = modelopt.evaluate(f"timm:{name}", plan, str(few_images), split="val", device="cpu",
+                          compressors=["quantize", "prune"])
+    assert m.n_samples > 0 and 3.5 < m.compression < 4.1  # INT8 weights, float norms and biases
+    wl = modelopt.build_workload(f"timm:{name}", str(few_images), device="cpu")
+    assert wl.num_outputs == 10
+    roots = [x.name for x in wl.layers if x.prunable]
+    assert roots, f"{name}: no channel group torch-pruning could trace and check"
+    ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["prune"], {"prune": {"repair_images": 64}})))
+    plan = ev.space.parse_plan({"layers": {roots[-1]: {"prune": {"sparsity": 0.5, "kind": "structured"}}}})
+    pruned = ev.scorer.evaluate(plan, split="val")
+    assert pruned.macs < pruned.float_macs  # physically fewer channels
+    small = ev.states.physical_model(plan)
+    x = wl.split("val").x[:8]
+    state, _ = ev.states.compressed_state(plan)
+    with torch.inference_mode(), wl.state(state):
+        want = wl.logits(x)
+    with torch.inference_mode():
+        torch.testing.assert_close(small(x), want, rtol=1e-4, atol=1e-4)  # the smaller model is what was scored
