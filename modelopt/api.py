@@ -16,6 +16,7 @@ from modelopt.config.build import build
 from modelopt.config.evidence import check_scores
 from modelopt.config.run_config import SETTLED_RESUME_KEYS, RunConfig
 from modelopt.data.dataset import Dataset, load_data
+from modelopt.data.preprocess import DEFAULT_INTERPOLATION, Preprocess
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluation.evaluator import Evaluator, Metrics
 from modelopt.executors import make_executor
@@ -26,6 +27,7 @@ from modelopt.model.workload import Workload, check_split
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace, read_plan_file
 from modelopt.reports import write_report
+from modelopt.run.export import resolve
 from modelopt.run.layout import CONFIG
 from modelopt.run.lock import lock_run_folder
 from modelopt.run.optuna_storage import check_storage, export_run
@@ -58,8 +60,8 @@ def _model(model: ModelLike, weights: str | Path | None, allow_pickle: bool) -> 
     return load_model(model, weights, allow_pickle=allow_pickle)
 
 
-def _data(data: DataLike, seed: int, unlabeled: UnlabeledLike = None) -> Dataset:
-    return data if isinstance(data, Dataset) else load_data(data, seed=seed, unlabeled=unlabeled)
+def _data(data: DataLike, seed: int, unlabeled: UnlabeledLike = None, preprocess: Preprocess | None = None) -> Dataset:
+    return data if isinstance(data, Dataset) else load_data(data, seed=seed, unlabeled=unlabeled, preprocess=preprocess)
 
 
 def build_workload(
@@ -71,10 +73,13 @@ def build_workload(
     data_seed: int = 0,
     allow_pickle: bool = False,
     unlabeled: UnlabeledLike = None,
+    preprocess: Preprocess | None = None,
 ) -> Workload:
     """Loads model and data and puts both, with the baseline predictions, on the device (`unlabeled`:
-    images for calibration and fitting, see `modelopt.data.dataset.load_data`)."""
-    return Workload(_model(model, weights, allow_pickle), _data(data, data_seed, unlabeled), device=device)
+    images for calibration and fitting; `preprocess`: how decoded images are resized and cropped; see
+    `modelopt.data.dataset.load_data`)."""
+    return Workload(_model(model, weights, allow_pickle), _data(data, data_seed, unlabeled, preprocess),
+                    device=device)
 
 
 def resolve_plan(plan: PlanLike, space: SearchSpace) -> Plan:
@@ -103,6 +108,9 @@ def evaluate(
     allow_pickle: bool = False,
     unlabeled: UnlabeledLike = None,
     run: str | Path | None = None,
+    resize: int | None = None,
+    crop: int | None = None,
+    interpolation: str | None = None,
     **settings: Any,
 ) -> Metrics:
     """Scores one plan on one split.
@@ -113,6 +121,9 @@ def evaluate(
             ``"best"`` (the default there: the run's reported plan) or a trial number.
         data: a named source, a path, a DataLoader or a Dataset.
         unlabeled: images for calibration and fitting, as `optimize` takes them (they change the splits).
+        resize, crop, interpolation: each decoded image's shorter side resized to `resize` pixels (resampled by
+            `interpolation`, bicubic by default), then a centre `crop` (as `optimize` takes them;
+            `modelopt.data.preprocess`).
         run: a run folder: its model, data, splits and compressors exactly as the run had them (its run.json);
             `model`, `data`, `weights`, `unlabeled`, `compressors` and settings are then not given.
         weights: checkpoint for `model`.
@@ -132,20 +143,21 @@ def evaluate(
     if run is not None:
         given = [name for name, v in (("model", model != "cifar10_resnet20"), ("data", data != "cifar10-sample"),
                                       ("weights", weights is not None), ("unlabeled", unlabeled is not None),
+                                      ("resize", resize is not None), ("crop", crop is not None),
+                                      ("interpolation", interpolation is not None),
                                       ("compressors", compressors is not None), ("settings", bool(settings))) if v]
         if given:
             raise ConfigError(f"evaluate --run rebuilds the model, data and compressors from {run}/{CONFIG}; leave "
                               f"out {', '.join(given)}")
-        from modelopt.run.export import resolve  # the run folder's evaluator, as `modelopt export RUN` builds it
-
         source = resolve(run, "best" if plan is None else plan, device=device)
         check_scores(source.evaluator.workload, split)
         return source.evaluator.scorer.evaluate(source.plan, split=split)
+    prep = Preprocess(resize, crop, interpolation or DEFAULT_INTERPOLATION)  # a bad value: one line, before loading
     settled = RunConfig(compressors=None if compressors is None else tuple(compressors)).replace(**settings)
     if isinstance(plan, (str, Path)):
         read_plan_file(plan)
     wl = build_workload(model, data, weights=weights, device=device, data_seed=data_seed, allow_pickle=allow_pickle,
-                        unlabeled=unlabeled)
+                        unlabeled=unlabeled, preprocess=prep)
     if compressors is None:  # a plan may use any compressor that can handle the model
         compressors = sorted({n for t in ("size", "macs") for n in default_compressors(t, wl.model)})
     space = SearchSpace(wl.layers, build_compressors(compressors, settled.options, model=wl.model))
@@ -222,7 +234,7 @@ def optimize(
     workload = None if named else model if isinstance(model, Workload) else build_workload(
         model if model is not None else config.model, data if data is not None else config.data,
         weights=config.weights, device=config.device, data_seed=config.data_seed, allow_pickle=allow_pickle,
-        unlabeled=unlabeled)
+        unlabeled=unlabeled, preprocess=config.preprocess)
     return run(config, workload=workload, out=out, resume=resume, report=report, storage=storage,
                progress=progress, allow_pickle=allow_pickle)
 

@@ -149,6 +149,9 @@ def optimize(
     weights: opt.Weights = None,
     data: opt.Data = None,
     unlabeled: opt.Unlabeled = None,
+    resize: opt.Resize = None,
+    crop: opt.Crop = None,
+    interpolation: opt.Interpolation = None,
     strategy: opt.Strategy = None,
     budget: opt.Budget = None,
     objective: opt.Objective = None,
@@ -182,6 +185,7 @@ def optimize(
         objective=objective, min_retention=min_retention, confidence=confidence, count_gains=count_gains, seed=seed,
         device=device, workers=workers, executor=executor, ray_address=ray_address, knowledge=knowledge,
         latency=latency, compressors=None if compressors is None else _csv(compressors, str, "compressors"),
+        resize=resize, crop=crop, interpolation=interpolation,
     )
     given = {k: v for k, v in given.items() if v is not None}
     if latency is not None and latency.lower() == "none":
@@ -240,6 +244,9 @@ def evaluate(
         help="Allow full unpickling of a model file (trusted files only).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
     unlabeled: opt.Unlabeled = None,
+    resize: opt.Resize = None,
+    crop: opt.Crop = None,
+    interpolation: opt.Interpolation = None,
     *,
     settings: dict[str, Any],
 ) -> None:
@@ -253,11 +260,13 @@ def evaluate(
     if run_dir is not None:
         chosen: str | int | None = int(plan) if plan is not None and plan.isdigit() else plan
         m = api.evaluate(model, chosen, data, weights=weights, split=split, device=device, allow_pickle=allow_pickle,
-                         compressors=names, unlabeled=unlabeled, run=run_dir, **settings)
+                         compressors=names, unlabeled=unlabeled, run=run_dir, resize=resize, crop=crop,
+                         interpolation=interpolation, **settings)
         title = f"{run_dir} — {plan or 'best'} on {split} ({m.n_samples} images)"
     else:
         m = api.evaluate(model, plan, data, weights=weights, split=split, device=device, allow_pickle=allow_pickle,
-                         compressors=names, unlabeled=unlabeled, **settings)
+                         compressors=names, unlabeled=unlabeled, resize=resize, crop=crop,
+                         interpolation=interpolation, **settings)
         title = f"{model} — {'float' if plan is None else plan} on {split} ({m.n_samples} images)"
     table = Table(title=title)
     for col in ("top-1", "float top-1", "retention", "agree", "size", "ratio", "MACs", "bitops"):

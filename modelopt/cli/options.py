@@ -63,6 +63,13 @@ Unlabeled = Annotated[
         "val, confirm and test."
     ),
 ]
+Resize = Annotated[int | None, typer.Option(
+    help="Resize each decoded image's shorter side to this many pixels (e.g. 256, or 32 for a CIFAR model on larger "
+         "images); recorded in run.json.")]
+Crop = Annotated[int | None, typer.Option(
+    help="Then take a centre crop of this many pixels square (e.g. 224); recorded in run.json.")]
+Interpolation = Annotated[str | None, typer.Option(
+    help="How --resize resamples: bicubic (default), bilinear, lanczos, box, nearest.")]
 Seed = Annotated[int | None, typer.Option(help="Seed of the search.")]
 Compressors = Annotated[
     str | None,

@@ -60,7 +60,8 @@ class BuiltRun:
 def load_workload(config: RunConfig, *, allow_pickle: bool = False) -> Workload:
     """Loads the model and data and puts both, with the float predictions, on the device."""
     model = load_model(config.model, config.weights, allow_pickle=allow_pickle)
-    return Workload(model, load_data(config.data, seed=config.data_seed, unlabeled=config.unlabeled),
+    return Workload(model, load_data(config.data, seed=config.data_seed, unlabeled=config.unlabeled,
+                                     preprocess=config.preprocess),
                     device=config.device)
 
 

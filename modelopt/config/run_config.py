@@ -31,6 +31,7 @@ from modelopt.config.assemble import (
     default_options,
 )
 from modelopt.config.forms import check_forms
+from modelopt.data.preprocess import DEFAULT_INTERPOLATION, Preprocess
 from modelopt.errors import ConfigError, LoadError, UnknownNameError
 from modelopt.evaluation.fidelity import Fidelity
 from modelopt.latency.spec import LatencySpec
@@ -45,9 +46,10 @@ CONFIG = "run.json"  # a run folder's settings (`modelopt.run.layout` names the 
 CONFIG_FORMAT = 2
 # The settings a resumed run must share with the run it continues (a changed one is refused).
 RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "confidence",
-               "count_gains", "compressors", "data_seed", "fidelity", "unlabeled")
+               "count_gains", "compressors", "data_seed", "fidelity", "unlabeled", "resize", "crop", "interpolation")
 # What a run's settings say before its model and data load (the rest is resolved against them).
-SETTLED_RESUME_KEYS = ("strategy", "seed", "objective", "min_retention", "confidence", "count_gains", "data_seed")
+SETTLED_RESUME_KEYS = ("strategy", "seed", "objective", "min_retention", "confidence", "count_gains", "data_seed",
+                       "resize", "crop", "interpolation")
 
 
 def check_budget(budget: float) -> None:
@@ -114,6 +116,9 @@ class RunConfig:
     confidence: float = DEFAULT_CONFIDENCE
     count_gains: bool = True
     unlabeled: str | None = None
+    resize: int | None = None
+    crop: int | None = None
+    interpolation: str = DEFAULT_INTERPOLATION
     compressors: tuple[str, ...] | None = None
     # None at construction means the tool's defaults for the objective: `__post_init__` puts them here.
     options: Mapping[str, Mapping[str, Any]] = None  # type: ignore[assignment]
@@ -135,6 +140,7 @@ class RunConfig:
                 object.__setattr__(self, name, str(getattr(self, name)))
         check_seed(self.seed)
         check_seed(self.data_seed)
+        self.preprocess  # noqa: B018 -- a bad --resize or --crop: one line, before anything loads
         check_budget(self.budget)
         STRATEGIES.get(self.strategy)  # an unknown name: one line listing the registered ones
         self.make_objective()
@@ -233,6 +239,11 @@ class RunConfig:
             raise ConfigError("objective 'latency' needs a latency engine: torch, onnxruntime or openvino "
                               "(--latency on the command line, latency= in the API and sweep files)")
 
+    @property
+    def preprocess(self) -> Preprocess:
+        """How decoded images are resized and cropped (`modelopt.data.preprocess`)."""
+        return Preprocess(self.resize, self.crop, self.interpolation)
+
     def make_objective(self) -> Objective:
         """The run's objective (on a workload, `modelopt.config.build.make_objective` also sizes its claims)."""
         return Objective(Target.parse(self.objective), self.min_retention, self.confidence, self.count_gains)
@@ -246,7 +257,9 @@ class RunConfig:
             "format": CONFIG_FORMAT, "model": self.model, "weights": self.weights, "data": self.data,
             "data_seed": self.data_seed, "strategy": self.strategy, "seed": self.seed, "objective": self.objective,
             "min_retention": self.min_retention, "confidence": self.confidence, "count_gains": self.count_gains,
-            "unlabeled": self.unlabeled, "compressors": comps, "device": self.device,
+            "unlabeled": self.unlabeled, "resize": self.resize, "crop": self.crop,
+            "interpolation": self.interpolation, "compressors": comps,
+            "device": self.device,
             "fidelity": None if self.fidelity is None else self.fidelity.to_dict(),
             "latency": None if self.latency is None else dataclasses.asdict(self.latency),
             **self.fingerprints, "budget": float(self.budget), "version": __version__,
@@ -334,7 +347,8 @@ def objective_from_json(raw: Mapping[str, Any]) -> Objective:
 # scored on the whole val split, a bound on breaks only.
 _BEFORE: dict[str, Any] = {"confidence": 0.0, "fidelity": None, "count_gains": False}
 _SCALARS = ("model", "weights", "data", "data_seed", "strategy", "seed", "budget", "objective", "min_retention",
-            "confidence", "count_gains", "unlabeled", "device", "executor", "workers", "ray_address", "knowledge")
+            "confidence", "count_gains", "unlabeled", "resize", "crop", "interpolation", "device", "executor",
+            "workers", "ray_address", "knowledge")
 
 
 def _fidelity_args(raw: Mapping[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from modelopt._registry import Registry
+from modelopt.data.preprocess import Preprocess
 from modelopt.data.readers import (
     _permutation,
     _read_cifar_batch,
@@ -161,6 +162,7 @@ def load_data(
     confirm_fraction: float = DEFAULT_CONFIRM_FRACTION,
     max_samples: int | None = None,
     unlabeled: str | Path | DataLoader | None = None,
+    preprocess: Preprocess | None = None,
 ) -> Dataset:
     """Load a data source and split it into calib / val / test by a seeded permutation.
 
@@ -188,6 +190,7 @@ def load_data(
             image folder at any depth, or a DataLoader; labels in them are ignored): a seeded subset
             of `UNLABELED_IMAGES` of them becomes the calib split, and the labeled images are cut
             val / confirm / test only (20 / 50 / 30 % unless the fractions are given).
+        preprocess: each decoded image (labelled or not) resized and centre-cropped (`Preprocess`).
 
     Returns:
         The split dataset.
@@ -204,17 +207,19 @@ def load_data(
     """
     _check_options(seed, calib_fraction, val_fraction, confirm_fraction, max_samples)
     if unlabeled is not None:
-        calib_x, pre = read_unlabeled(unlabeled, UNLABELED_IMAGES, seed)
+        calib_x, pre = read_unlabeled(unlabeled, UNLABELED_IMAGES, seed, preprocess)
         named = isinstance(source, str) and source in SOURCES  # a named source keeps its own cut
         if not named and (calib_fraction, val_fraction, confirm_fraction) == (0.2, DEFAULT_VAL_FRACTION,
                                                                                  DEFAULT_CONFIRM_FRACTION):
             calib_fraction, val_fraction, confirm_fraction = UNLABELED_FRACTIONS
         labeled = load_data(source, seed=seed, calib_fraction=calib_fraction, val_fraction=val_fraction,
-                            confirm_fraction=confirm_fraction, max_samples=max_samples)
+                            confirm_fraction=confirm_fraction, max_samples=max_samples, preprocess=preprocess)
         return _with_calib(labeled, calib_x, pre, unlabeled)
     opts = _SplitOptions(seed=seed, calib_fraction=calib_fraction, val_fraction=val_fraction,
                          confirm_fraction=confirm_fraction)
     if isinstance(source, DataLoader):
+        if preprocess is not None and preprocess.active:
+            raise ConfigError("--resize and --crop apply to decoded images; resize a DataLoader's in its transforms")
         x, y = _read_loader(source)
         keep = torch.from_numpy(_subset(len(y), max_samples, seed))
         name = f"DataLoader({type(source.dataset).__name__})"
@@ -225,8 +230,17 @@ def load_data(
             f"got {type(source).__name__}"
         )
     if isinstance(source, str) and source in SOURCES:
-        return SOURCES.get(source)(max_samples=max_samples, **opts)
-    return _load_path(source, max_samples, opts)
+        return _preprocessed(SOURCES.get(source)(max_samples=max_samples, **opts), preprocess)
+    return _load_path(source, max_samples, opts, preprocess)
+
+
+def _preprocessed(data: Dataset, preprocess: Preprocess | None) -> Dataset:
+    """`data` with every split's images resized and cropped (`preprocess`; None: as they are)."""
+    if preprocess is None or not preprocess.active:
+        return data
+    splits = {name: dataclasses.replace(sp, x=torch.from_numpy(preprocess.apply_all(sp.x.numpy())))
+              for name in ("calib", "val", "test", "confirm") if (sp := getattr(data, name)) is not None}
+    return dataclasses.replace(data, **splits)
 
 
 class _SplitOptions(TypedDict):
@@ -236,7 +250,8 @@ class _SplitOptions(TypedDict):
     confirm_fraction: float
 
 
-def _load_path(source: str | Path, max_samples: int | None, opts: _SplitOptions) -> Dataset:
+def _load_path(source: str | Path, max_samples: int | None, opts: _SplitOptions,
+               preprocess: Preprocess | None = None) -> Dataset:
     """An .npz file, a torchvision CIFAR10 root or an image folder, split."""
     path = Path(source).expanduser()
     seed = opts["seed"]
@@ -251,12 +266,14 @@ def _load_path(source: str | Path, max_samples: int | None, opts: _SplitOptions)
         if path.suffix.lower() != ".npz":
             raise LoadError(f"data source file {str(path)!r} is not an .npz; pass an .npz or a folder")
         x, y, keep = _read_npz(path, max_samples, seed)
+        x = x if preprocess is None else preprocess.apply_all(x)
     elif (path / "cifar-10-batches-py").is_dir() or path.name == "cifar-10-batches-py":
         x, y = _read_cifar_batch(path)
         keep = _subset(len(y), max_samples, seed)
         x, y = x[keep], y[keep]
+        x = x if preprocess is None else preprocess.apply_all(x)
     else:
-        x, y, keep = _read_image_folder(path, max_samples, seed)
+        x, y, keep = _read_image_folder(path, max_samples, seed, preprocess=preprocess)
     return _split_pool(
         str(source), torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(keep),
         preprocessed=False, **opts,

@@ -18,6 +18,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader
 
+from modelopt.data.preprocess import Preprocess
 from modelopt.errors import LoadError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
@@ -249,10 +250,10 @@ def _read_cifar_batch(root: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _read_image_folder(
-    root: Path, max_samples: int | None, seed: int, labeled: bool = True
+    root: Path, max_samples: int | None, seed: int, labeled: bool = True, preprocess: Preprocess | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Images of root/<class>/* (labels: the classes in sorted order); with `labeled=False` every image
-    under `root`, at any depth, with label -1."""
+    under `root`, at any depth, with label -1. `preprocess`: each image resized and cropped as it is decoded."""
     where = repr(str(root))
     files: list[Path] = []
     labels: list[int] = []
@@ -278,7 +279,8 @@ def _read_image_folder(
     for i in keep:
         try:
             with Image.open(files[i]) as im:
-                images.append(np.asarray(im.convert("RGB")))
+                image = np.asarray(im.convert("RGB"))
+            images.append(image if preprocess is None else preprocess.apply(image))
         except Image.DecompressionBombError as e:  # not an OSError: Pillow refuses it before decoding
             raise LoadError(f"image {str(files[i])!r} is too large to decode safely ({e}); shrink or remove it"
                             ) from None
@@ -330,7 +332,8 @@ def _read_loader(loader: DataLoader) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(xs), y
 
 
-def read_unlabeled(source: str | Path | DataLoader, n: int, seed: int) -> tuple[torch.Tensor, bool]:
+def read_unlabeled(source: str | Path | DataLoader, n: int, seed: int,
+                   preprocess: Preprocess | None = None) -> tuple[torch.Tensor, bool]:
     """At most `n` images (a seeded subset) from an `.npz` (`x`, or `jpeg` and `offsets`; labels in it are
     ignored), an image folder (any depth) or a DataLoader (of preprocessed float batches, or (x, y)
     batches whose y is ignored). Returns the images (uint8 NHWC, or float NCHW) and whether they are
@@ -361,8 +364,9 @@ def read_unlabeled(source: str | Path | DataLoader, n: int, seed: int) -> tuple[
             if "y" in f.files:
                 logger.warning("the labels (y) in %s are ignored: unlabeled images only calibrate", path)
         images, _, _ = read_npz(path, lambda total: _subset(total, n, seed), labeled=False)
+        images = images if preprocess is None else preprocess.apply_all(images)
     elif path.is_dir():
-        images, _, _ = _read_image_folder(path, n, seed, labeled=False)
+        images, _, _ = _read_image_folder(path, n, seed, labeled=False, preprocess=preprocess)
     else:
         raise LoadError(f"unlabeled images {where} are neither a file nor a folder")
     return torch.from_numpy(images), False

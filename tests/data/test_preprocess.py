@@ -1,0 +1,70 @@
+"""Images at another size than the model's: --resize and --crop bring them to it as they are decoded, recorded in
+run.json; bad sizes are refused in one line before anything loads."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import modelopt
+from modelopt.data.dataset import load_data
+from modelopt.data.preprocess import Preprocess
+from modelopt.errors import ConfigError
+
+
+def _accuracy(wl) -> float:
+    """Float top-1 over every image the workload holds (the union of its splits)."""
+    right = sum(int(wl.split(n).base_correct.sum()) for n in wl.splits)
+    return right / sum(len(wl.split(n).y) for n in wl.splits)
+
+
+def test_a_64_pixel_png_folder_resized_to_32_gives_the_exact_pixels_accuracy(tmp_path):
+    exact = load_data("cifar10-exact-sample", seed=0)
+    x = np.concatenate([exact.val.x.numpy(), exact.test.x.numpy()])[:400]
+    y = np.concatenate([exact.val.y.numpy(), exact.test.y.numpy()])[:400]
+    folder = tmp_path / "png64"
+    for i, (image, label) in enumerate(zip(x, y, strict=True)):
+        (folder / f"class{label}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).resize((64, 64), Image.Resampling.BICUBIC).save(folder / f"class{label}" / f"{i}.png")
+    npz = tmp_path / "exact32.npz"
+    np.savez(npz, x=x, y=y)
+    assert set(y) == set(range(10))  # every class present: folder labels are the sorted class folders
+    want = _accuracy(modelopt.build_workload("cifar10_resnet20", str(npz), device="cpu"))
+    got = _accuracy(modelopt.build_workload("cifar10_resnet20", str(folder), device="cpu",
+                                            preprocess=Preprocess(resize=32)))
+    assert abs(got - want) <= 0.01, (got, want)
+    with pytest.raises(Exception, match="32x32"):  # without --resize the 64-pixel images do not fit
+        modelopt.build_workload("cifar10_resnet20", str(folder), device="cpu")
+
+
+def test_resize_then_centre_crop_keeps_the_aspect():
+    prep = Preprocess(resize=256, crop=224)
+    image = np.zeros((480, 640, 3), np.uint8)
+    image[:, 300:340] = 255  # a bar in the middle survives the crop, the edges do not
+    out = prep.apply(image)
+    assert out.shape == (224, 224, 3) and out[:, 112].min() == 255 and out[:, 0].max() == 0
+    assert Preprocess(resize=32).apply(np.zeros((64, 96, 3), np.uint8)).shape == (32, 48, 3)
+    assert Preprocess().to_json() is None and Preprocess.from_json(prep.to_json()) == prep
+
+
+@pytest.mark.parametrize(("kwargs", "needle"), [({"resize": 0}, "--resize must be a positive"),
+                                                ({"crop": -3}, "--crop must be a positive"),
+                                                ({"resize": 2.5}, "--resize must be a positive")])
+def test_bad_sizes_are_refused(kwargs, needle):
+    with pytest.raises(ConfigError, match=needle):
+        Preprocess(**kwargs)
+    with pytest.raises(ConfigError, match=needle):
+        modelopt.evaluate("no-such-model", data="no-such-data", **kwargs)  # before anything loads
+
+
+def test_the_sizes_are_recorded_in_run_json(tmp_path):
+    from modelopt.config.run_config import RunConfig
+
+    cfg = RunConfig(resize=36, crop=32)
+    cfg.write(tmp_path)
+    raw = json.loads((tmp_path / "run.json").read_text())
+    assert (raw["resize"], raw["crop"]) == (36, 32)
+    assert RunConfig.read(tmp_path).preprocess == Preprocess(36, 32)
