@@ -49,11 +49,12 @@ def test_warm_run_differs_only_through_priors_and_resumes(tmp_path, small_worklo
     shutil.copy(store, tmp_path / "a.json")
     shutil.copy(store, tmp_path / "b.json")
 
-    cold = modelopt.optimize(small_workload, budget=4, out=tmp_path / "cold", **SMALL)
-    whole = modelopt.optimize(small_workload, budget=4, out=tmp_path / "whole", knowledge=tmp_path / "a.json", **SMALL)
-    modelopt.optimize(small_workload, budget=2.5, out=tmp_path / "part", knowledge=tmp_path / "b.json", **SMALL)
+    # Past the anchors and INT4's two hedges (the first 5 trials), so the priors choose some plans.
+    cold = modelopt.optimize(small_workload, budget=7, out=tmp_path / "cold", **SMALL)
+    whole = modelopt.optimize(small_workload, budget=7, out=tmp_path / "whole", knowledge=tmp_path / "a.json", **SMALL)
+    modelopt.optimize(small_workload, budget=5.5, out=tmp_path / "part", knowledge=tmp_path / "b.json", **SMALL)
     assert len(read_store(tmp_path / "b.json").runs) == 2  # the store changed before the resume...
-    modelopt.optimize(small_workload, budget=4, out=tmp_path / "part", knowledge=tmp_path / "b.json", resume=True,
+    modelopt.optimize(small_workload, budget=7, out=tmp_path / "part", knowledge=tmp_path / "b.json", resume=True,
                       **SMALL)
     assert _trials(tmp_path / "part") == _trials(tmp_path / "whole")  # ...yet the resumed run kept its priors
 
