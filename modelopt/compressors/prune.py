@@ -195,18 +195,10 @@ class Prune(Compressor):
             self.criterion = Criterion(criterion)
         except ValueError:
             raise ConfigError(f"prune: criterion {criterion!r} not offered; valid: output, l1, l2") from None
-        if not isinstance(bn_samples, int) or isinstance(bn_samples, bool) or bn_samples < 0:
-            raise ConfigError(f"prune: bn_samples must be an integer >= 0 (0: no re-estimation), got {bn_samples!r}")
-        self.bn_samples = bn_samples
-        if not isinstance(repair_images, int) or isinstance(repair_images, bool) or repair_images < 0:
-            raise ConfigError(f"prune: repair_images must be an integer >= 0 (0: no repair), got {repair_images!r}")
-        self.repair_images = repair_images
-        if not isinstance(sparse_images, int) or isinstance(sparse_images, bool) or sparse_images < 0:
-            raise ConfigError(f"prune: sparse_images must be an integer >= 0 (0: magnitude), got {sparse_images!r}")
-        self.sparse_images = sparse_images
-        if not isinstance(channel_multiple, int) or isinstance(channel_multiple, bool) or channel_multiple < 1:
-            raise ConfigError(f"prune: channel_multiple must be an integer >= 1, got {channel_multiple!r}")
-        self.channel_multiple = channel_multiple
+        self.bn_samples = _whole("bn_samples", bn_samples, 0, " (0: no re-estimation)")
+        self.repair_images = _whole("repair_images", repair_images, 0, " (0: no repair)")
+        self.sparse_images = _whole("sparse_images", sparse_images, 0, " (0: magnitude)")
+        self.channel_multiple = _whole("channel_multiple", channel_multiple, 1)
 
     def options(self) -> dict[str, Any]:
         return {"sparsity": list(self.sparsity), "kind": [k.value for k in self.kinds],
@@ -279,17 +271,17 @@ class Prune(Compressor):
         return out
 
     def apply_calibrated(self, weight: torch.Tensor, choice: Choice, inputs: LayerInputs | None) -> torch.Tensor:
-        if not _sparse_repaired(choice, inputs):
+        if not isinstance(choice, PruneSpec) or choice.kind is PruneKind.STRUCTURED:
             return self.apply(weight, choice)
         return self._sparse(weight, choice, inputs)[0]
 
     def _mask(self, weight: torch.Tensor, choice: PruneSpec) -> torch.Tensor:
         return pattern_mask(weight) if choice.kind is PruneKind.SEMI else magnitude_mask(weight, choice.sparsity)
 
-    def _sparse(self, weight: torch.Tensor, choice: Choice, inputs: LayerInputs | None
+    def _sparse(self, weight: torch.Tensor, choice: PruneSpec, inputs: LayerInputs | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the pruned weight, its kept-weight mask): SparseGPT's where there are inputs, magnitude's otherwise."""
-        assert isinstance(choice, PruneSpec) and choice.kind is not PruneKind.STRUCTURED
+        """(the pruned weight, its kept-weight mask) of an unstructured or 2:4 choice: SparseGPT's where there are
+        inputs, magnitude's otherwise."""
         if inputs is None:
             mask = self._mask(weight, choice)
             return weight * mask.to(weight.dtype), mask
@@ -309,7 +301,7 @@ class Prune(Compressor):
         Structured: nothing to add, the weight handed over is already the kept channels' slice."""
         if not isinstance(choice, PruneSpec) or choice.kind is PruneKind.STRUCTURED:
             return form
-        return WeightForm(*self._sparse(form.weight, choice, inputs if _sparse_repaired(choice, inputs) else None))
+        return WeightForm(*self._sparse(form.weight, choice, inputs))
 
     def stored(self, layer: Layer, choice: Choice, inner: Storage) -> Storage:
         # Structured pruning is already in `layer`'s (the stored) shape: the evaluator slices first.
@@ -343,8 +335,11 @@ def _fits_pattern(layer: Layer) -> bool:
         math.prod(layer.weight_shape[1:]) % _PATTERN[1] == 0
 
 
-def _sparse_repaired(choice: Choice, inputs: LayerInputs | None) -> bool:
-    return isinstance(choice, PruneSpec) and choice.kind is not PruneKind.STRUCTURED and inputs is not None
+def _whole(name: str, value: object, least: int, meaning: str = "") -> int:
+    """`value` when it is an integer >= `least`; ConfigError naming the option otherwise."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ConfigError(f"prune: {name} must be an integer >= {least}{meaning}, got {value!r}")
+    return value
 
 
 def _sparsity(value: object, where: str) -> float:

@@ -46,9 +46,9 @@ def obs_prune(weight: torch.Tensor, inputs: LayerInputs, pruned: int, pattern: t
             if share:
                 cost = (wb ** 2 / d[:, None, :] ** 2).reshape(-1)
                 drop = torch.argsort(cost, stable=True)[:share]
-                mask = keep[:, :, b0:b1].reshape(-1).clone()
-                mask[drop] = False
-                keep[:, :, b0:b1] = mask.reshape(wb.shape)
+                block = torch.ones(wb.numel(), dtype=torch.bool, device=w.device)  # no column of it is fixed yet
+                block[drop] = False
+                keep[:, :, b0:b1] = block.view_as(wb)
         for j in range(b1 - b0):
             col = b0 + j
             if pattern is not None and j % pattern[1] == 0:
