@@ -131,7 +131,7 @@ def run(depth: int, args: argparse.Namespace) -> None:
                    _pool(bb, lm, f"jpeg_train{args.train_jpeg}s{args.seed}", DATA / "cifar10_jpeg_train.npz",
                          train_idx, cache, depth)])
     calib = _pool(bb, lm, "jpeg_heldout", DATA / "cifar10_jpeg_test.npz", held, cache, depth)
-    val_x, test_x = wl.split("val").x, wl.split("test").x
+    val_x, test_x = wl.split("val").x.tensor(), wl.split("test").x.tensor()
     val = extract_features(bb, val_x, SPEC, labels=wl.split("val").y)  # float32: what the module computes
     test = extract_features(bb, test_x, SPEC, labels=wl.split("test").y)
 

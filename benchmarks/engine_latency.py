@@ -52,7 +52,7 @@ def main() -> None:
     for run in args.runs:
         src = resolve(run, "best", device="cpu")
         ev, best = src.evaluator, src.plan
-        x, test = ev.workload.split("val").x, ev.workload.split("test")
+        x, test = ev.workload.split("val").x.tensor(), ev.workload.split("test")
         compression = ev.workload.float_size_bytes / ev.plan_cost(best).size_bytes
         for name in args.engines.split(","):
             engine = ENGINES.get(name.strip())()
@@ -61,7 +61,7 @@ def main() -> None:
             cells = {}
             for label, plan in (("float", ev.space.plan()), ("plan", best)):
                 built = engine.compile(ev, plan, spec)
-                right = (built.run(test.x).argmax(1) == test.y.cpu()).double().mean()
+                right = (built.run(test.x.tensor()).argmax(1) == test.y.cpu()).double().mean()
                 b1 = built.time(x).median_ms
                 built64 = engine.compile(ev, plan, dataclasses.replace(spec, batch_size=64,
                                                                        repeats=max(5, args.repeats // 5)))

@@ -45,7 +45,7 @@ def _sync(device: torch.device) -> None:
 
 def _paired_pass(ev: Evaluator, plans: list) -> tuple[list[float], list[float], list[float]]:
     """Per plan: a bare float forward over val, then the plan's evaluation. Returns (bare s, eval s, ratio)."""
-    wl, x = ev.workload, ev.workload.split("val").x
+    wl, x = ev.workload, ev.workload.split("val").x.tensor()
     bare_s, eval_s, ratios = [], [], []
     for plan in plans:
         _sync(wl.device)
@@ -67,7 +67,7 @@ def bench(key: str, n_plans: int, device: str) -> None:
     wl = build_workload(name, str(data), weights=weights, device=device)
     space = SearchSpace(wl.layers, [Quantize(bits=(8, 4, 3, 2), granularity=("per_channel", "group"))])
     ev = Evaluator(wl, space)
-    x = wl.split("val").x
+    x = wl.split("val").x.tensor()
     rng = np.random.default_rng(0)
     plans = [space.plan({d.name: d.choices[int(rng.integers(len(d.choices)))] for d in space.decisions})
              for _ in range(n_plans)]

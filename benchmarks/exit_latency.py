@@ -91,7 +91,7 @@ def main() -> None:
         ev, best = src.evaluator, src.plan
         w8a8 = ev.space.anchors((8,), act_bits=8)[0]
         test = ev.workload.split("test")
-        x = np.ascontiguousarray(test.x.numpy(), dtype=np.float32)
+        x = np.ascontiguousarray(test.x.tensor().numpy(), dtype=np.float32)
         certified = ev.scorer.predictions(best, "test").cpu().numpy()  # as the run scored it (its engine)
         with tempfile.TemporaryDirectory() as tmp:
             paths = {tag: _export(ev, plan, Path(tmp), tag)

@@ -30,7 +30,7 @@ def main() -> None:
     t0 = time.perf_counter()
     src = resolve(args.run_dir, args.plan)
     ev, plan, wl = src.evaluator, src.plan, src.evaluator.workload
-    x = wl.split("val").x
+    x = wl.split("val").x.tensor()
     want = ev.states.logits(plan, x).argmax(1).cpu().numpy()
     m = ev.scorer.evaluate(plan, "val")
     print(f"plan {src.tag} of {args.run_dir}: {m.compression:.2f}x, size_bytes {m.size_bytes}, "

@@ -45,7 +45,7 @@ def main() -> None:
         "onnx int4 QDQ": export_onnx(ev, plans["int4"], tmp / "int4.onnx").path,
         "onnx int4->int8": export_onnx(ev, plans["int4"], tmp / "int4w.onnx", widen_int4=True).path,
     }
-    x = wl.split("val").x
+    x = wl.split("val").x.tensor()
     print(f"ResNet-20, CPU ({os.cpu_count()} cores), {args.threads} threads, median of {args.repeats} runs "
           f"after {args.warmup} warm-up; torch {torch.__version__}")
     print(f"{'model':16s} {'file':>10s} {'batch 1 ms':>11s} {'batch 64 ms':>12s} {'img/s @64':>10s}")
@@ -67,9 +67,9 @@ def main() -> None:
     for name, key in (("int8", "onnx int8 QDQ"), ("int4", "onnx int4 QDQ"), ("int4", "onnx int4->int8")):
         plan = plans[name]
         with wl.weights(ev.states.compressed_weights(plan)):
-            ref = {s: wl.predict(wl.split(s).x).numpy() for s in ("val", "test")}
+            ref = {s: wl.predict(wl.split(s).x.tensor()).numpy() for s in ("val", "test")}
         path = files[key]
-        agree = {s: float(np.mean(run_onnx(path, wl.split(s).x).argmax(1) == ref[s])) for s in ref}
+        agree = {s: float(np.mean(run_onnx(path, wl.split(s).x.tensor()).argmax(1) == ref[s])) for s in ref}
         acc = float(np.mean(run_onnx(path, x).argmax(1) == wl.split("val").y.numpy()))
         m = ev.scorer.evaluate(plan, "val")
         print(f"  {key}, uniform {name} per-channel: val {agree['val']:.2%} ({len(ref['val'])} images), "

@@ -22,6 +22,7 @@ from torch import nn
 
 from modelopt.compressors._surface import ReportColumn, Setting
 from modelopt.errors import ConfigError
+from modelopt.model.images import Images
 from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer
 
@@ -218,7 +219,7 @@ class Storage:
 
 
 Route = Hashable  # a plan's routing as a `Routing` describes it (early exit: its active exits and thresholds)
-Forward = Callable[[torch.Tensor], torch.Tensor]  # the resident model's logits on a batch
+Forward = Callable[[Images], torch.Tensor]  # the resident model's logits on images, batch by batch
 
 
 @dataclass(frozen=True, eq=False)
@@ -255,7 +256,7 @@ class Routing(ABC):
         of its `one_time_keys` costs."""
 
     @abstractmethod
-    def predict(self, forward: Forward, x: torch.Tensor, route: Route) -> tuple[torch.Tensor, torch.Tensor]:
+    def predict(self, forward: Forward, x: Images, route: Route) -> tuple[torch.Tensor, torch.Tensor]:
         """(top-1 prediction, position of the exit each sample left at; len(exits): the end) for `x`, with the
         plan's weights in place; raises TrialError when the outputs are not finite."""
 

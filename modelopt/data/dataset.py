@@ -391,15 +391,36 @@ def _split_pool(
     n = len(y)
     n_calib, n_val, n_conf = round(n * calib_fraction), round(n * val_fraction), round(n * confirm_fraction)
     _check_counts(source, n, n_calib, n_val, n - n_calib - n_val - n_conf, calib_fraction)
-    perm = torch.from_numpy(_permutation(n, seed))
+    order = _permutation(n, seed)
+    perm = torch.from_numpy(order)
     a, b, c = n_calib, n_calib + n_val, n_calib + n_val + n_conf
-    parts = {"calib": perm[:a], "val": perm[a:b], "confirm": perm[b:c], "test": perm[c:]}
-    splits = {k: Split(k, x[i], y[i], index[i]) for k, i in parts.items()}
+    parts = {"calib": (0, a), "val": (a, b), "confirm": (b, c), "test": (c, n)}
+    x = _permuted_in_place(x, order)  # each split a view of it: the images are never held twice
+    splits = {k: Split(k, x[s:e], y[perm[s:e]], index[perm[s:e]]) for k, (s, e) in parts.items()}
     confirm = splits.pop("confirm") if n_conf > 0 else None
     splits.pop("confirm", None)
     return Dataset(
         source=source, **splits, preprocessed=preprocessed, num_classes=int(y.max()) + 1, seed=seed, confirm=confirm
     )
+
+
+def _permuted_in_place(x: torch.Tensor, order: np.ndarray) -> torch.Tensor:
+    """`x[order]`, by moving rows within `x` along the permutation's cycles (one row held aside at a time)."""
+    rows = x.numpy()
+    done = np.zeros(len(order), dtype=bool)
+    for start in range(len(order)):
+        if done[start]:
+            continue
+        held, j = rows[start].copy(), start
+        while True:
+            done[j] = True
+            nxt = int(order[j])
+            if nxt == start:
+                rows[j] = held
+                break
+            rows[j] = rows[nxt]
+            j = nxt
+    return x
 
 
 def _with_calib(data: Dataset, x: torch.Tensor, preprocessed: bool, source: object) -> Dataset:

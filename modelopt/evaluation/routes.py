@@ -17,6 +17,7 @@ from torch import nn
 from modelopt.compressors._base import ExitTap, Route, Routing
 from modelopt.errors import ConfigError
 from modelopt.evaluation.prep_costs import OneTimeCosts
+from modelopt.model.images import Images
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace
@@ -70,7 +71,7 @@ class PlanRoutes:
         """The one-time preparations a trial of `plan` is charged for, when first."""
         return set() if self.routing is None else self.routing.one_time_keys(self.route(plan))
 
-    def predict(self, route: Route, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def predict(self, route: Route, x: Images) -> tuple[torch.Tensor, torch.Tensor]:
         """Predictions for `x` with the plan's weights in place, and the exit each sample left at."""
         assert self.routing is not None, "a route comes from a routing"
         return self.routing.predict(self.workload.logits, x, route)

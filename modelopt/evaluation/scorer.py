@@ -24,6 +24,7 @@ from modelopt.evaluation.cost import PlanCost
 from modelopt.evaluation.fidelity import Fidelity, best_case, max_correct
 from modelopt.evaluation.metrics import Metrics
 from modelopt.evaluation.routes import PlanRoutes
+from modelopt.model.images import Images
 from modelopt.model.workload import SplitData, Workload
 from modelopt.plan.plan import Plan
 
@@ -36,7 +37,7 @@ class Engine(Protocol):
     """An engine the run's plans are scored in instead of the PyTorch simulation (`Scorer.engine`; the run's
     latency engine when its answers can differ from the simulation: `modelopt.latency.plan.PlanLatency`)."""
 
-    def answers(self, plan: Plan, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def answers(self, plan: Plan, x: Images) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The engine's logits for `plan` on `x` and, for a plan with exits, the exit each sample left at."""
 
     def cost(self, plan: Plan) -> float:
@@ -99,7 +100,7 @@ class Scorer:
         t0 = time.perf_counter()
         policy, state, prep = self._prepare(plan)
         with self._resident(plan, state):
-            pred = self._predict(plan, data.x[:n], policy)
+            pred = self._predict(plan, data.x.part(0, n), policy)
         metrics = self._metrics(plan, split, pred, time.perf_counter() - t0, prep_cost=prep, policy=policy)
         self._results[key] = metrics
         return metrics
@@ -136,7 +137,7 @@ class Scorer:
         with self._resident(plan, state):
             start = 0
             for stop in fidelity.cuts(len(data)):
-                preds.append(self._predict(plan, data.x[start:stop], policy))
+                preds.append(self._predict(plan, data.x.part(start, stop), policy))
                 start = stop
                 if stop == len(data):
                     break
@@ -168,7 +169,7 @@ class Scorer:
         stack.enter_context(self.states.activation_quant(plan))
         return stack
 
-    def _predict(self, plan: Plan, x: torch.Tensor, policy: Route | None) -> Predictions:
+    def _predict(self, plan: Plan, x: Images, policy: Route | None) -> Predictions:
         """Predictions for `x` and, with a route, the exit each sample left at (the engine's, when one scores)."""
         if self.engine is not None:
             logits, exit_at = self.engine.answers(plan, x)

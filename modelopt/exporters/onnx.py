@@ -50,6 +50,7 @@ from modelopt.exporters.onnx_qdq import (
     fold_batchnorm,
     tensor_proto,
 )
+from modelopt.model.images import Images
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
 
@@ -429,8 +430,8 @@ def ort_session(path: str | Path, threads: int | None = None, level: str = "all"
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-def run_onnx(path: str | Path, x: np.ndarray | torch.Tensor, *, batch_size: int = 256, threads: int | None = None
-             ) -> np.ndarray:
+def run_onnx(path: str | Path, x: np.ndarray | torch.Tensor | Images, *, batch_size: int = 256,
+             threads: int | None = None) -> np.ndarray:
     """Logits of the ONNX model at `path` on `x` (NCHW float32), in batches, on the CPU.
 
     Example:
@@ -438,9 +439,13 @@ def run_onnx(path: str | Path, x: np.ndarray | torch.Tensor, *, batch_size: int 
     """
     sess = ort_session(path, threads)
     name = sess.get_inputs()[0].name
-    x = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    return np.concatenate([sess.run(None, {name: x[i : i + batch_size]})[0] for i in range(0, len(x), batch_size)])
+
+    def rows(a: int) -> np.ndarray:
+        part = x[a : a + batch_size]
+        part = part.detach().cpu().numpy() if isinstance(part, torch.Tensor) else part
+        return np.ascontiguousarray(part, dtype=np.float32)
+
+    return np.concatenate([sess.run(None, {name: rows(i)})[0] for i in range(0, len(x), batch_size)])
 
 
 def fused_op_counts(path: str | Path) -> dict[str, int]:

@@ -27,12 +27,16 @@ from modelopt.latency.engine import ENGINES, Compiled
 from modelopt.latency.measure import Latency
 from modelopt.latency.model import LatencyModel, routes
 from modelopt.latency.spec import LatencySpec
+from modelopt.model.images import Images, as_tensor
 from modelopt.plan.plan import Plan
 
 __all__ = ["PlanLatency"]
 
 log = logging.getLogger(__name__)
 
+# Images an engine answers at a time: a multiple of every engine's own batch (256), so the batches it runs, and
+# its answers, are those of one call on the whole split.
+_ANSWER_ROWS = 1024
 KEEP_BUILT = 4  # plans kept built: a trial's, and the plans confirmation and the test re-scoring come back to
 
 
@@ -90,7 +94,7 @@ class PlanLatency:
             built = self.compiled(plan)
             key = self._graph_of[plan.key] = built.key
             if key not in self._timed:
-                self._timed[key] = built.time(self.evaluator.workload.split("val").x)
+                self._timed[key] = built.time(as_tensor(self.evaluator.workload.split("val").x))
         latency = self._timed[key]
         self.model.observe(plan, latency.median_ms)
         return latency
@@ -99,7 +103,7 @@ class PlanLatency:
         """Times the float model and `plans` once more, back to back, each keeping the faster of its two figures:
         on a shared machine a burst of steal can outlast every round of one measurement (the float model read
         0.86 ms in a run and 0.754-0.766 ms in five later ones), and the figures a run reports are these."""
-        x = self.evaluator.workload.split("val").x
+        x = as_tensor(self.evaluator.workload.split("val").x)
         for plan in dict.fromkeys([self.evaluator.space.plan(), *plans]):
             first = self.measure(plan)
             again = self.compiled(plan).time(x)
@@ -151,14 +155,17 @@ class PlanLatency:
         for precision in self.engine.float_references():
             built = self.engine.compile(self.evaluator, plan, self.spec, precision)
             if built.key + precision not in self._timed:
-                self._timed[built.key + precision] = built.time(self.evaluator.workload.split("val").x)
+                self._timed[built.key + precision] = built.time(as_tensor(self.evaluator.workload.split("val").x))
             out[built.name] = self._timed[built.key + precision]
         return out
 
-    def answers(self, plan: Plan, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def answers(self, plan: Plan, x: torch.Tensor | Images) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The engine's logits for `plan` on `x` and, with exits, where each sample left; TrialError when the
         logits are not finite."""
-        out, exit_at = self.compiled(plan).answers(x)
+        built = self.compiled(plan)
+        parts = [built.answers(x[i : i + _ANSWER_ROWS]) for i in range(0, len(x), _ANSWER_ROWS)]
+        out = torch.cat([p[0] for p in parts])
+        exit_at = None if parts[0][1] is None else torch.cat([p[1] for p in parts if p[1] is not None])
         if not torch.isfinite(out).all():
             raise TrialError(f"plan {plan.key} gives non-finite outputs in {self.engine.name}")
         return out, exit_at
@@ -176,6 +183,6 @@ class PlanLatency:
         if self._val_seconds is None:
             reference = self.compiled(self.evaluator.space.plan())
             t0 = time.perf_counter()
-            reference.run(self.evaluator.workload.split("val").x)
+            reference.run(as_tensor(self.evaluator.workload.split("val").x))
             self._val_seconds = max(time.perf_counter() - t0, 1e-3)
         return self._val_seconds

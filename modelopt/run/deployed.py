@@ -21,6 +21,7 @@ from modelopt.exporters.exit_predictor import Predictor
 from modelopt.exporters.onnx import export_onnx, run_onnx
 from modelopt.exporters.onnx_exits import export_onnx_exits
 from modelopt.latency.plan import PlanLatency
+from modelopt.model.images import Images
 from modelopt.plan.plan import Plan
 
 __all__ = ["Deployed", "check_deployed", "deployed_agreement"]
@@ -53,7 +54,7 @@ def deployed_agreement(latency: PlanLatency, plan: Plan, split: str = SPLIT) -> 
     return float((scored.cpu() == deployed.cpu()).double().mean())
 
 
-def _deployed_logits(ev: Evaluator, latency: PlanLatency, plan: Plan, x: torch.Tensor) -> torch.Tensor:
+def _deployed_logits(ev: Evaluator, latency: PlanLatency, plan: Plan, x: Images) -> torch.Tensor:
     if latency.engine.exported:  # what `modelopt export --format onnx` writes, in a new engine session
         with tempfile.TemporaryDirectory() as tmp:
             if ev.routes.route(plan) is not None:  # a folder of segments, run by its own predict.py's class
@@ -68,12 +69,12 @@ def _deployed_logits(ev: Evaluator, latency: PlanLatency, plan: Plan, x: torch.T
                           .float().cpu() for i in range(0, len(x), 256)])
 
 
-def _batched(run: Callable[[np.ndarray], np.ndarray], x: torch.Tensor) -> np.ndarray:
-    rows = np.ascontiguousarray(x.detach().cpu().numpy(), dtype=np.float32)
-    return np.concatenate([run(rows[i : i + 256]) for i in range(0, len(rows), 256)])
+def _batched(run: Callable[[np.ndarray], np.ndarray], x: Images) -> np.ndarray:
+    return np.concatenate([run(np.ascontiguousarray(x[i : i + 256].detach().cpu().numpy(), dtype=np.float32))
+                           for i in range(0, len(x), 256)])
 
 
-def _run_file(engine: str, path: Path, x: torch.Tensor) -> torch.Tensor:
+def _run_file(engine: str, path: Path, x: Images) -> torch.Tensor:
     if engine == "openvino":  # in OpenVINO's default precision, as a user's plain compile_model runs it
         import openvino as ov
 

@@ -314,3 +314,16 @@ def test_dataloader_errors() -> None:
         load_data(DataLoader(TensorDataset(torch.zeros(0, 3, 8, 8), torch.zeros(0, dtype=torch.long))))
     with pytest.raises(ModeloptError, match="integer labels"):
         load_data(DataLoader(TensorDataset(torch.zeros(4, 3, 8, 8), torch.zeros(4))))
+
+
+def test_splits_are_cut_from_the_images_rearranged_in_place():
+    """`_split_pool` moves rows along the permutation's cycles instead of copying x[perm] (which held every image
+    twice): the same rows, in the same order, as fancy indexing gives."""
+    from modelopt.data.dataset import _permuted_in_place
+
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 7, 500):
+        x = torch.from_numpy(rng.integers(0, 255, (n, 4, 4, 3), dtype=np.uint8))
+        order = rng.permutation(n)
+        expected = x[torch.from_numpy(order)].clone()
+        assert torch.equal(_permuted_in_place(x, order), expected)

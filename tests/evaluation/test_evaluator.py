@@ -88,7 +88,7 @@ def test_evaluation_matches_an_independent_quantized_copy(evaluator):
     for name, mod in model.named_modules():
         if name in wl.modules:
             mod.weight.data = q.apply(mod.weight.data, plan[f"{name}/quantize"])
-    x = wl.split("test").x
+    x = wl.split("test").x.tensor()
     with torch.inference_mode():
         pred = model(x).argmax(1)
     m = evaluator.scorer.evaluate(plan, split="test")
@@ -128,7 +128,7 @@ def test_uniform_w8a8_keeps_99_percent_at_8x8_bitops(resnet20_workload):
             mod.weight.data = q.apply(mod.weight.data, QuantSpec(8))
             qp = InputQParams.from_range(*ranges[name])
             mod.register_forward_pre_hook(lambda m, i, qp=qp: (fake_quantize(i[0], qp),))
-    x = wl.split("val").x
+    x = wl.split("val").x.tensor()
     with torch.inference_mode():
         pred = model(x).argmax(1)
     assert m.accuracy == pytest.approx(float((pred == wl.split("val").y).float().mean()))

@@ -115,7 +115,7 @@ def test_the_readers_of_removed_channels_are_refitted_to_the_float_output(resnet
     """Each block's conv2 refitted by least squares on its kept input channels (`repair_images`, 256 by default) gives
     logits far nearer the float model's than removal alone, batch norms re-estimated in both."""
     wl = resnet20_workload
-    x = wl.split("val").x
+    x = wl.split("val").x.tensor()
     with torch.inference_mode():
         ref = wl.model(x)
     errors = {}

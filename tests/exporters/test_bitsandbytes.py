@@ -93,7 +93,7 @@ def test_int8_agrees_with_qdq(bnb, r20_evaluator, r20_plans):
     # sample, after a float16 cast) separates the logits, so each logit moves by at most
     # sum_k |W_jk| * absmax(x) * (0.5 / 127 + 2^-10).
     model = to_bitsandbytes(r20_evaluator, plan)
-    x = r20_evaluator.workload.split("val").x
+    x = r20_evaluator.workload.split("val").x.tensor()
     feats, out = _fc_inputs(model, x)
     w = r20_evaluator.states.compressed_weights(plan)[FC]
     bound = feats.abs().amax(dim=1, keepdim=True) * w.abs().sum(dim=1) * (0.5 / 127 + 2.0**-10)
@@ -167,7 +167,7 @@ def test_int4_runs_linear4bit_near_our_int4(bnb, r20_evaluator, r20_plans, quant
     # the val logits by 0.49 RMS and flips 0.9 % of top-1 (measured); nf4 0.42, fp4 0.54. So: its
     # error at most 1.5x ours, and top-1 disagreement with QDQ within 3 % (2x the flips each
     # format makes on its own, plus slack; measured 0.7 % nf4, 1.2 % fp4), accuracy within 2 points.
-    x = r20_evaluator.workload.split("val").x
+    x = r20_evaluator.workload.split("val").x.tensor()
     ref = _qdq_logits(r20_evaluator, _without_fc(plan), x)
     ours = (_qdq_logits(r20_evaluator, plan, x) - ref).pow(2).mean().sqrt()
     theirs = (_run(model, x) - ref).pow(2).mean().sqrt()
@@ -238,7 +238,7 @@ def test_on_cuda_agrees_with_qdq(bnb):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_model_built_on_the_cpu_runs_after_to_cuda(bnb, r20_evaluator, r20_plans):
-    x = r20_evaluator.workload.split("val").x
+    x = r20_evaluator.workload.split("val").x.tensor()
     for plan, name in ((r20_plans["int8_per_channel"], "Linear8bitLt"), (r20_plans["int4_per_channel"], "Linear4bit")):
         model = to_bitsandbytes(r20_evaluator, plan)  # built on the CPU workload's device
         on_cpu = _run(model, x)

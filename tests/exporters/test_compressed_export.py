@@ -95,7 +95,7 @@ def test_onnx_has_smaller_convs_the_plans_codes_and_agrees_with_the_evaluator(ev
     # uint8 activations (the default, for ONNX Runtime's integer kernels) are an approximation the
     # plan was not scored with: measured 99.3 % agreement here (3 of 423), 99.8 % on the default
     # run's best plan; a broken graph agrees on far fewer.
-    x = ev.workload.split("val").x
+    x = ev.workload.split("val").x.tensor()
     want = _evaluated_logits(ev, plan, x).argmax(1)
     agreement = float((run_onnx(info.path, x).argmax(1) == want).mean())
     assert agreement >= 0.985, agreement
@@ -105,7 +105,7 @@ def test_weight_only_onnx_reproduces_the_evaluated_plan(ev, plan, tmp_path):
     # Float activations: ORT must compute what PyTorch does with the plan, which checks the removed
     # channels, the re-estimated norms folded into the convs and the masks number by number.
     info = export_onnx(ev, plan, tmp_path / "w.onnx", activations=False)
-    x = ev.workload.split("val").x
+    x = ev.workload.split("val").x.tensor()
     got, want = run_onnx(info.path, x), _evaluated_logits(ev, plan, x)
     np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-4)
     assert float((got.argmax(1) == want.argmax(1)).mean()) >= 0.995
@@ -116,7 +116,7 @@ def test_packed_file_is_size_bytes_and_reloads_the_evaluated_predictions(ev, pla
     payload = torch.load(path, weights_only=True)
     stored = sum(payload[k].numel() * payload[k].element_size() for k in ("codes", "scales", "floats", "masks"))
     assert stored == ev.plan_cost(plan).size_bytes <= os.path.getsize(path)
-    x = ev.workload.split("val").x
+    x = ev.workload.split("val").x.tensor()
     with torch.inference_mode():
         got = load(path)(x).numpy()
     assert np.array_equal(got.argmax(1), _evaluated_logits(ev, plan, x).argmax(1))

@@ -29,7 +29,7 @@ def test_a_cuda_run_exports_reloads_and_reports(tmp_path):
     assert_norms_run_on_cuda(net)
     net.to("cuda")
     wl = build_workload(device="cuda")
-    x, y = wl.split("val").x, wl.split("val").y
+    x, y = wl.split("val").x.tensor(), wl.split("val").y
     with torch.inference_mode():
         pred = torch.cat([net(x[i : i + 256]) for i in range(0, len(y), 256)]).argmax(1)
     assert pred.is_cuda
@@ -89,7 +89,7 @@ def test_an_exit_plan_reloads_on_cuda_and_stops_early(cuda_ev, tmp_path):
     net.to("cuda")
     val = wl.split("val")
     with torch.inference_mode():
-        logits, exit_at = net.forward_with_exits(val.x)
+        logits, exit_at = net.forward_with_exits(val.x.tensor())
     assert logits.is_cuda
     n = len(val.y)
     # Confidences that sit on a threshold may round to the other side on another kernel: a few images.

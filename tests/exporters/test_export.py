@@ -87,7 +87,7 @@ def test_a_real_run_exports_and_reloads(tmp_path, resnet20_workload):
     assert result.best.metrics.size_bytes <= os.path.getsize(path) <= 1.05 * result.best.metrics.size_bytes
     net = modelopt.load(path)
     assert_norms_run_on_cuda(net)
-    x, y = resnet20_workload.split("val").x, resnet20_workload.split("val").y
+    x, y = resnet20_workload.split("val").x.tensor(), resnet20_workload.split("val").y
     with torch.inference_mode():
         accuracy = (net(x).argmax(1) == y).float().mean().item()
     if result.best.metrics.n_samples == len(y):  # scored on the whole val split

@@ -48,7 +48,7 @@ def test_an_exit_plan_runs_without_modelopt_as_the_engine_scored_it(ev, plan, tm
     assert [s.get("exit") for s in manifest["segments"]] == ["layer1.2", "layer2.2", None]
     assert sorted(p.name for p in folder.iterdir()) == ["exits.json", "predict.py", "segment0.onnx",
                                                          "segment1.onnx", "segment2.onnx"]
-    x = ev.workload.split("test").x
+    x = ev.workload.split("test").x.tensor()
     np.save(tmp_path / "x.npy", x.numpy())
     script = textwrap.dedent(f"""
         import sys

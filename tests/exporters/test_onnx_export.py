@@ -28,7 +28,7 @@ def test_int8_qdq_runs_integer_kernels_and_agrees(r20_evaluator, r20_plans, tmp_
     ops = fused_op_counts(info.path)
     assert ops.get("QLinearConv") == 18 and ops.get("Conv") == 1, ops
     assert ops.get("QLinearAdd") == 9, ops
-    x = r20_evaluator.workload.split("val").x
+    x = r20_evaluator.workload.split("val").x.tensor()
     agreement = float((run_onnx(info.path, x).argmax(1) == _torch_logits(r20_evaluator, plan, x).argmax(1)).mean())
     assert agreement >= 0.995, agreement
 
@@ -44,7 +44,7 @@ def test_the_plan_decides_which_layers_run_integer_kernels(r20_evaluator, r20_pl
     info = export_onnx(ev, plan, tmp_path / "w8a8.onnx")
     ops = fused_op_counts(info.path)
     assert ops.get("QLinearConv") == 6 and info.activation_tensors > 0, ops  # the six convs of stage 3 alone
-    x = ev.workload.split("val").x
+    x = ev.workload.split("val").x.tensor()
     agreement = float((run_onnx(info.path, x).argmax(1) == _torch_logits(ev, plan, x).argmax(1)).mean())
     assert agreement >= 0.99, agreement
 

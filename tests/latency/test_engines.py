@@ -101,7 +101,7 @@ def test_a_graph_engine_scores_the_run_and_charges_its_builds(ev, tmp_path) -> N
     assert timer is not None and evaluator.scorer.engine is timer
     plan = evaluator.space.parse_plan({"default": {"quantize": {"bits": 8, "activations": 8}}})
     first = evaluator.scorer.evaluate(plan, split="val")
-    x = evaluator.workload.split("val").x
+    x = evaluator.workload.split("val").x.tensor()
     engine_right = (timer.answers(plan, x)[0].argmax(1) == evaluator.workload.split("val").y).double().mean()
     assert first.accuracy == pytest.approx(float(engine_right))
     assert first.prep_cost > 0  # its build, charged
@@ -121,6 +121,6 @@ def test_the_torch_engine_on_cuda_runs_half_precision_through_a_cuda_graph() -> 
     timer = PlanLatency(ev, LatencySpec("torch", batch_size=64, warmup=2, repeats=5))
     assert timer.scores and timer.name == "torch/cuda/fp16/b64"
     plan = _plan(ev, bits=8)
-    x = wl.split("val").x
+    x = wl.split("val").x.tensor()
     assert _agreement(timer.logits(plan, x), ev.states.logits(plan, x).cpu()) >= 0.99
     assert timer.measure(plan).median_ms > 0 and timer.measure(ev.space.plan()).median_ms > 0

@@ -15,7 +15,7 @@ def test_workload_holds_splits_on_device_with_baseline(resnet20_workload):
     assert wl.split("val").x.dtype == torch.float32 and wl.split("val").x.shape[1:] == (3, 32, 32)
     assert len(wl.layers) == 20 and wl.layers[0].name == "conv1" and wl.layers[-1].name == "linear"
     # val and test are disjoint sets of images
-    v, t = wl.split("val").x.flatten(1), wl.split("test").x.flatten(1)
+    v, t = wl.split("val").x.tensor().flatten(1), wl.split("test").x.tensor().flatten(1)
     assert not any(torch.equal(v[i], t[j]) for i in range(20) for j in range(len(t)))
 
 
@@ -63,7 +63,7 @@ def test_devices():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_workload_on_gpu_matches_cpu(resnet20_workload):
     gpu = build_workload("cifar10_resnet20", "cifar10-exact-sample", device="cuda")
-    assert gpu.split("val").x.is_cuda
+    assert gpu.split("val").x.tensor().is_cuda
     agree = (gpu.split("test").base_pred.cpu() == resnet20_workload.split("test").base_pred).float().mean()
     assert agree >= 0.995
 
@@ -84,3 +84,31 @@ def test_a_random_torchvision_head_is_sized_to_the_data_s_classes(tmp_path):
     torch.save(loaded.module.state_dict(), weights)
     trained = load_model("torchvision:mobilenet_v3_small", weights)
     assert not trained.random_head and trained.sized_to(10) is trained
+
+
+def test_streamed_images_score_bit_for_bit_as_resident_ones(resnet20_workload, monkeypatch):
+    """Past RESIDENT_BYTES a split stays uint8 and each batch is prepared as it is read: the same float inputs,
+    predictions and scores as a workload holding every image prepared, and no prepared copy kept."""
+    import modelopt.model.workload as workload
+    from modelopt.compressors import Granularity, Quantize, QuantSpec
+    from modelopt.evaluation.evaluator import Evaluator
+    from modelopt.plan.space import SearchSpace
+
+    monkeypatch.setattr(workload, "RESIDENT_BYTES", 0)
+    streamed = build_workload("cifar10_resnet20", "cifar10-exact-sample", device="cpu")
+    resident = resnet20_workload
+    for name in ("calib", "val", "test", "all"):
+        s, r = streamed.split(name), resident.split(name)
+        assert not s.x.resident and r.x.resident
+        assert torch.equal(s.x.tensor(), r.x.tensor()) and torch.equal(s.base_pred, r.base_pred)
+        assert torch.equal(s.x[5:77], r.x[5:77]) and torch.equal(s.x.part(10, 300)[3:9], r.x[13:19])
+    assert s.x.shape == r.x.shape and s.x[:0].shape == (0, 3, 32, 32)
+    with pytest.raises(TypeError, match="slices of step 1"):
+        s.x[::2]
+    scores = []
+    for wl in (streamed, resident):
+        ev = Evaluator(wl, SearchSpace(wl.layers, [Quantize(bits=(8, 4))]))
+        plan = ev.space.uniform("quantize", QuantSpec(4, Granularity("per_channel")))
+        scores.append([(m.accuracy, m.agreement) for m in (ev.scorer.evaluate(plan, "val"),
+                                                           ev.scorer.evaluate(plan, "all", n=500))])
+    assert scores[0] == scores[1]

@@ -19,6 +19,7 @@ from modelopt.compressors.early_exit.backbone import Backbone
 from modelopt.compressors.early_exit.heads import HeadSpec, pool_features
 from modelopt.data.readers import read_npz
 from modelopt.errors import LoadError
+from modelopt.model.images import Images
 
 __all__ = ["Features", "cached_features", "extract_features", "normalise", "read_images"]
 
@@ -96,7 +97,7 @@ def normalise(x: np.ndarray | torch.Tensor, mean: Sequence[float], std: Sequence
 
 def extract_features(
     backbone: Backbone,
-    x: torch.Tensor,
+    x: torch.Tensor | Images,
     spec: HeadSpec | None = None,
     points: Sequence[str] | None = None,
     labels: torch.Tensor | None = None,

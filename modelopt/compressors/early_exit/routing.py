@@ -22,6 +22,7 @@ from modelopt.compressors.early_exit.module import EarlyExitNet, HeadModule
 from modelopt.compressors.early_exit.runtime import ExitLayout, ExitProbe, decide, exit_layout, fit_heads
 from modelopt.compressors.early_exit.simulate import ExitPolicy
 from modelopt.errors import ConfigError, LoadError, TrialError
+from modelopt.model.images import Images
 from modelopt.model.workload import Workload
 
 __all__ = ["HEAD_TENSORS", "ExitRouting", "with_exits"]
@@ -91,7 +92,7 @@ class ExitRouting(Routing):
             self.heads()
         return {key: self._fit_cost if key == HEADS else 1.0 for key in self.one_time_keys(route)}
 
-    def predict(self, forward: Forward, x: torch.Tensor, route: Route) -> tuple[torch.Tensor, torch.Tensor]:
+    def predict(self, forward: Forward, x: Images, route: Route) -> tuple[torch.Tensor, torch.Tensor]:
         policy = _policy(route)
         heads, _ = self.heads()
         with ExitProbe(self.layout, heads, policy) as probe:

@@ -34,6 +34,7 @@ from modelopt.compressors.early_exit.fit import FitConfig, fit_exit_heads
 from modelopt.compressors.early_exit.heads import ExitHead, HeadSpec
 from modelopt.compressors.early_exit.simulate import ExitPolicy, first_confident
 from modelopt.errors import ConfigError
+from modelopt.model.images import Images
 
 __all__ = ["ExitLayout", "ExitProbe", "RuntimeConfig", "decide", "exit_layout", "fit_heads"]
 
@@ -112,7 +113,8 @@ def _joined(a: Features, b: Features) -> Features:
     return Features(a.spec, a.points, feats, torch.cat([a.logits, b.logits]), None)
 
 
-def fit_heads(layout: ExitLayout, calib: torch.Tensor, val: torch.Tensor, config: RuntimeConfig = RuntimeConfig(),
+def fit_heads(layout: ExitLayout, calib: torch.Tensor | Images, val: torch.Tensor | Images,
+              config: RuntimeConfig = RuntimeConfig(),
               extra: torch.Tensor | None = None) -> tuple[dict[str, ExitHead], int]:
     """Fits a head per candidate exit on the resident (float) model; also the images it ran.
 

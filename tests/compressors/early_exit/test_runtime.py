@@ -68,7 +68,7 @@ def test_exit_plan_matches_the_simulator_and_the_deployable_module(ee, resnet20_
     assert 0 < m.exited < 1 and m.macs < m.float_macs
     net = EarlyExitNet(layout.backbone, heads, policy).eval()
     with torch.inference_mode():
-        logits, exit_at = net.forward_with_exits(val.x)
+        logits, exit_at = net.forward_with_exits(val.x.tensor())
     assert float((logits.argmax(1) == val.y).double().mean()) == pytest.approx(m.accuracy, abs=1e-6)
     assert float((exit_at < len(policy.exits)).double().mean()) == pytest.approx(m.exited, abs=1e-6)
 
