@@ -22,7 +22,7 @@ from modelopt.evaluation.evaluator import Evaluator, Metrics
 from modelopt.executors import make_executor
 from modelopt.executors.on_ray import import_ray
 from modelopt.knowledge import read_store, record_run
-from modelopt.model.loader import LoadedModel, load_model
+from modelopt.model.loader import LoadedModel, load_model, read_with
 from modelopt.model.workload import Workload, check_split
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace, read_plan_file
@@ -78,8 +78,9 @@ def build_workload(
     """Loads model and data and puts both, with the baseline predictions, on the device (`unlabeled`:
     images for calibration and fitting; `preprocess`: how decoded images are resized and cropped; see
     `modelopt.data.dataset.load_data`)."""
-    return Workload(_model(model, weights, allow_pickle), _data(data, data_seed, unlabeled, preprocess),
-                    device=device)
+    decoded = not isinstance(data, (Dataset, DataLoader))
+    loaded, prep = read_with(_model(model, weights, allow_pickle), preprocess or Preprocess(), decoded)
+    return Workload(loaded, _data(data, data_seed, unlabeled, prep), device=device)
 
 
 def resolve_plan(plan: PlanLike, space: SearchSpace) -> Plan:
@@ -111,6 +112,8 @@ def evaluate(
     resize: int | None = None,
     crop: int | None = None,
     interpolation: str | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
     **settings: Any,
 ) -> Metrics:
     """Scores one plan on one split.
@@ -123,7 +126,9 @@ def evaluate(
         unlabeled: images for calibration and fitting, as `optimize` takes them (they change the splits).
         resize, crop, interpolation: each decoded image's shorter side resized to `resize` pixels (resampled by
             `interpolation`, bicubic by default), then a centre `crop` (as `optimize` takes them;
-            `modelopt.data.preprocess`).
+            `modelopt.data.preprocess`). Without them, a torchvision or timm model with weights reads images as
+            its authors did (its weights enum's transforms, its pretrained config).
+        mean, std: per-channel normalisation in place of the model's own.
         run: a run folder: its model, data, splits and compressors exactly as the run had them (its run.json);
             `model`, `data`, `weights`, `unlabeled`, `compressors` and settings are then not given.
         weights: checkpoint for `model`.
@@ -145,6 +150,7 @@ def evaluate(
                                       ("weights", weights is not None), ("unlabeled", unlabeled is not None),
                                       ("resize", resize is not None), ("crop", crop is not None),
                                       ("interpolation", interpolation is not None),
+                                      ("mean", mean is not None), ("std", std is not None),
                                       ("compressors", compressors is not None), ("settings", bool(settings))) if v]
         if given:
             raise ConfigError(f"evaluate --run rebuilds the model, data and compressors from {run}/{CONFIG}; leave "
@@ -152,7 +158,9 @@ def evaluate(
         source = resolve(run, "best" if plan is None else plan, device=device)
         check_scores(source.evaluator.workload, split)
         return source.evaluator.scorer.evaluate(source.plan, split=split)
-    prep = Preprocess(resize, crop, interpolation or DEFAULT_INTERPOLATION)  # a bad value: one line, before loading
+    # A bad value: one line, before loading.
+    prep = Preprocess(resize, crop, interpolation or DEFAULT_INTERPOLATION, None if mean is None else tuple(mean),
+                      None if std is None else tuple(std))
     settled = RunConfig(compressors=None if compressors is None else tuple(compressors)).replace(**settings)
     if isinstance(plan, (str, Path)):
         read_plan_file(plan)

@@ -152,6 +152,8 @@ def optimize(
     resize: opt.Resize = None,
     crop: opt.Crop = None,
     interpolation: opt.Interpolation = None,
+    mean: opt.Mean = None,
+    std: opt.Std = None,
     strategy: opt.Strategy = None,
     budget: opt.Budget = None,
     objective: opt.Objective = None,
@@ -186,6 +188,7 @@ def optimize(
         device=device, workers=workers, executor=executor, ray_address=ray_address, knowledge=knowledge,
         latency=latency, compressors=None if compressors is None else _csv(compressors, str, "compressors"),
         resize=resize, crop=crop, interpolation=interpolation,
+        mean=None if mean is None else _csv(mean, float, "mean"), std=None if std is None else _csv(std, float, "std"),
     )
     given = {k: v for k, v in given.items() if v is not None}
     if latency is not None and latency.lower() == "none":
@@ -247,6 +250,8 @@ def evaluate(
     resize: opt.Resize = None,
     crop: opt.Crop = None,
     interpolation: opt.Interpolation = None,
+    mean: opt.Mean = None,
+    std: opt.Std = None,
     *,
     settings: dict[str, Any],
 ) -> None:
@@ -257,16 +262,17 @@ def evaluate(
     N`: its trial N)."""
     _setup_logging(False)
     names = _csv(compressors, str, "compressors") if compressors is not None else None
+    means, stds = (None if v is None else _csv(v, float, k) for k, v in (("mean", mean), ("std", std)))
     if run_dir is not None:
         chosen: str | int | None = int(plan) if plan is not None and plan.isdigit() else plan
         m = api.evaluate(model, chosen, data, weights=weights, split=split, device=device, allow_pickle=allow_pickle,
                          compressors=names, unlabeled=unlabeled, run=run_dir, resize=resize, crop=crop,
-                         interpolation=interpolation, **settings)
+                         interpolation=interpolation, mean=means, std=stds, **settings)
         title = f"{run_dir} — {plan or 'best'} on {split} ({m.n_samples} images)"
     else:
         m = api.evaluate(model, plan, data, weights=weights, split=split, device=device, allow_pickle=allow_pickle,
                          compressors=names, unlabeled=unlabeled, resize=resize, crop=crop,
-                         interpolation=interpolation, **settings)
+                         interpolation=interpolation, mean=means, std=stds, **settings)
         title = f"{model} — {'float' if plan is None else plan} on {split} ({m.n_samples} images)"
     table = Table(title=title)
     for col in ("top-1", "float top-1", "retention", "agree", "size", "ratio", "MACs", "bitops"):

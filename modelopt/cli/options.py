@@ -70,6 +70,11 @@ Crop = Annotated[int | None, typer.Option(
     help="Then take a centre crop of this many pixels square (e.g. 224); recorded in run.json.")]
 Interpolation = Annotated[str | None, typer.Option(
     help="How --resize resamples: bicubic (default), bilinear, lanczos, box, nearest.")]
+Mean = Annotated[str | None, typer.Option(
+    help="Per-channel mean the inputs are normalised with, e.g. 0.485,0.456,0.406 (default: the model's own); "
+         "recorded in run.json.")]
+Std = Annotated[str | None, typer.Option(
+    help="Per-channel std the inputs are divided by, e.g. 0.229,0.224,0.225 (default: the model's own).")]
 Seed = Annotated[int | None, typer.Option(help="Seed of the search.")]
 Compressors = Annotated[
     str | None,

@@ -31,7 +31,7 @@ from modelopt.evaluation.sensitivity import estimate_losses
 from modelopt.knowledge import warm_start
 from modelopt.latency.plan import PlanLatency
 from modelopt.model.layers import Layer
-from modelopt.model.loader import load_model
+from modelopt.model.loader import load_model, read_with
 from modelopt.model.workload import Workload
 from modelopt.objective import Objective, Target
 from modelopt.plan.space import SearchSpace
@@ -59,9 +59,8 @@ class BuiltRun:
 
 def load_workload(config: RunConfig, *, allow_pickle: bool = False) -> Workload:
     """Loads the model and data and puts both, with the float predictions, on the device."""
-    model = load_model(config.model, config.weights, allow_pickle=allow_pickle)
-    return Workload(model, load_data(config.data, seed=config.data_seed, unlabeled=config.unlabeled,
-                                     preprocess=config.preprocess),
+    model, prep = read_with(load_model(config.model, config.weights, allow_pickle=allow_pickle), config.preprocess)
+    return Workload(model, load_data(config.data, seed=config.data_seed, unlabeled=config.unlabeled, preprocess=prep),
                     device=config.device)
 
 

@@ -33,6 +33,8 @@ _FORMS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "ray_address": (_is(str), "a Ray address or null"), "knowledge": (_is(str), "a path or null"),
     "unlabeled": (_is(str), "a path or null"), "resize": (_is(int), "a number of pixels or null"),
     "crop": (_is(int), "a number of pixels or null"), "interpolation": (_is(str), "an interpolation name"),
+    "mean": (lambda v: isinstance(v, list) and all(_is(int, float)(a) for a in v), "a list of numbers or null"),
+    "std": (lambda v: isinstance(v, list) and all(_is(int, float)(a) for a in v), "a list of numbers or null"),
     "compressors": (_mapping_of_mappings, "a mapping of compressor names to their options"),
     "options": (_mapping_of_mappings, "a mapping of compressor names to their options"),
     "fidelity": (lambda v: isinstance(v, dict), "a mapping or null"),

@@ -46,10 +46,11 @@ CONFIG = "run.json"  # a run folder's settings (`modelopt.run.layout` names the 
 CONFIG_FORMAT = 2
 # The settings a resumed run must share with the run it continues (a changed one is refused).
 RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "confidence",
-               "count_gains", "compressors", "data_seed", "fidelity", "unlabeled", "resize", "crop", "interpolation")
+               "count_gains", "compressors", "data_seed", "fidelity", "unlabeled", "resize", "crop", "interpolation",
+               "mean", "std")
 # What a run's settings say before its model and data load (the rest is resolved against them).
 SETTLED_RESUME_KEYS = ("strategy", "seed", "objective", "min_retention", "confidence", "count_gains", "data_seed",
-                       "resize", "crop", "interpolation")
+                       "resize", "crop", "interpolation", "mean", "std")
 
 
 def check_budget(budget: float) -> None:
@@ -119,6 +120,8 @@ class RunConfig:
     resize: int | None = None
     crop: int | None = None
     interpolation: str = DEFAULT_INTERPOLATION
+    mean: tuple[float, ...] | None = None  # None: the model's own
+    std: tuple[float, ...] | None = None
     compressors: tuple[str, ...] | None = None
     # None at construction means the tool's defaults for the objective: `__post_init__` puts them here.
     options: Mapping[str, Mapping[str, Any]] = None  # type: ignore[assignment]
@@ -140,7 +143,9 @@ class RunConfig:
                 object.__setattr__(self, name, str(getattr(self, name)))
         check_seed(self.seed)
         check_seed(self.data_seed)
-        self.preprocess  # noqa: B018 -- a bad --resize or --crop: one line, before anything loads
+        prep = self.preprocess  # a bad --resize, --crop, --mean or --std: one line, before anything loads
+        object.__setattr__(self, "mean", prep.mean)
+        object.__setattr__(self, "std", prep.std)
         check_budget(self.budget)
         STRATEGIES.get(self.strategy)  # an unknown name: one line listing the registered ones
         self.make_objective()
@@ -241,8 +246,8 @@ class RunConfig:
 
     @property
     def preprocess(self) -> Preprocess:
-        """How decoded images are resized and cropped (`modelopt.data.preprocess`)."""
-        return Preprocess(self.resize, self.crop, self.interpolation)
+        """How decoded images are resized and cropped, and normalised when said (`modelopt.data.preprocess`)."""
+        return Preprocess(self.resize, self.crop, self.interpolation, self.mean, self.std)
 
     def make_objective(self) -> Objective:
         """The run's objective (on a workload, `modelopt.config.build.make_objective` also sizes its claims)."""
@@ -258,7 +263,8 @@ class RunConfig:
             "data_seed": self.data_seed, "strategy": self.strategy, "seed": self.seed, "objective": self.objective,
             "min_retention": self.min_retention, "confidence": self.confidence, "count_gains": self.count_gains,
             "unlabeled": self.unlabeled, "resize": self.resize, "crop": self.crop,
-            "interpolation": self.interpolation, "compressors": comps,
+            "interpolation": self.interpolation, "mean": None if self.mean is None else list(self.mean),
+            "std": None if self.std is None else list(self.std), "compressors": comps,
             "device": self.device,
             "fidelity": None if self.fidelity is None else self.fidelity.to_dict(),
             "latency": None if self.latency is None else dataclasses.asdict(self.latency),
@@ -347,8 +353,8 @@ def objective_from_json(raw: Mapping[str, Any]) -> Objective:
 # scored on the whole val split, a bound on breaks only.
 _BEFORE: dict[str, Any] = {"confidence": 0.0, "fidelity": None, "count_gains": False}
 _SCALARS = ("model", "weights", "data", "data_seed", "strategy", "seed", "budget", "objective", "min_retention",
-            "confidence", "count_gains", "unlabeled", "resize", "crop", "interpolation", "device", "executor",
-            "workers", "ray_address", "knowledge")
+            "confidence", "count_gains", "unlabeled", "resize", "crop", "interpolation", "mean", "std", "device",
+            "executor", "workers", "ray_address", "knowledge")
 
 
 def _fidelity_args(raw: Mapping[str, Any]) -> dict[str, Any]:

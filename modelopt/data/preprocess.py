@@ -1,6 +1,7 @@
 """How decoded images are brought to the size a model was trained at: the shorter side resized, then a centre crop
 (torchvision's ``Resize(r)`` then ``CenterCrop(c)``), applied to each image as it is decoded, so a folder of
-differently sized photographs becomes one uint8 array at the model's resolution.
+differently sized photographs becomes one uint8 array at the model's resolution; and, when given, the mean and std
+the model's inputs are normalised with (else the model's own).
 
 Example:
     >>> prep = Preprocess(resize=256, crop=224)
@@ -10,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +37,23 @@ class Preprocess:
     resize: int | None = None
     crop: int | None = None
     interpolation: str = DEFAULT_INTERPOLATION
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
+        for name in ("mean", "std"):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            try:
+                values = tuple(float(a) for a in v)
+            except (TypeError, ValueError):
+                values = ()
+            if len(values) != 3 or not all(math.isfinite(a) for a in values) or (
+                    name == "std" and min(values) <= 0):
+                form = "three positive numbers" if name == "std" else "three numbers"
+                raise ConfigError(f"--{name} must be {form}, one per RGB channel, like 0.485,0.456,0.406; got {v!r}")
+            object.__setattr__(self, name, values)
         for name in ("resize", "crop"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
@@ -48,6 +65,14 @@ class Preprocess:
     @property
     def active(self) -> bool:
         return self.resize is not None or self.crop is not None
+
+    def over(self, authors: Preprocess) -> Preprocess:
+        """What images are read with when this is what the user gave and `authors` what the model's authors
+        trained with: the user's resize and crop when either is given, else the authors'; each of mean and std
+        the user's when given, else the authors'."""
+        size = self if self.active else authors
+        return Preprocess(size.resize, size.crop, size.interpolation, self.mean if self.mean is not None else
+                          authors.mean, self.std if self.std is not None else authors.std)
 
     def apply(self, image: np.ndarray) -> np.ndarray:
         """One HWC uint8 image, resized and cropped."""
@@ -76,13 +101,23 @@ class Preprocess:
         return np.stack([self.apply(a) for a in images])
 
     def to_json(self) -> dict[str, Any] | None:
-        return None if not self.active else {"resize": self.resize, "crop": self.crop,
-                                              "interpolation": self.interpolation}
+        if not self.active and self.mean is None and self.std is None:
+            return None
+        return {"resize": self.resize, "crop": self.crop, "interpolation": self.interpolation,
+                "mean": None if self.mean is None else list(self.mean),
+                "std": None if self.std is None else list(self.std)}
 
     @classmethod
     def from_json(cls, raw: Any) -> Preprocess:
         if raw is None:
             return cls()
-        if not isinstance(raw, dict) or set(raw) - {"resize", "crop", "interpolation"}:
-            raise ConfigError(f"preprocess must be a mapping of resize, crop, interpolation; got {raw!r}")
-        return cls(raw.get("resize"), raw.get("crop"), raw.get("interpolation", DEFAULT_INTERPOLATION))
+        if not isinstance(raw, dict) or set(raw) - {"resize", "crop", "interpolation", "mean", "std"}:
+            raise ConfigError(f"preprocess must be a mapping of resize, crop, interpolation, mean, std; got {raw!r}")
+        return cls(raw.get("resize"), raw.get("crop"), raw.get("interpolation", DEFAULT_INTERPOLATION),
+                   raw.get("mean"), raw.get("std"))
+
+    def describe(self) -> str:
+        """E.g. "resized to 256, centre-cropped to 224 (bilinear)"."""
+        parts = ([f"resized to {self.resize}"] if self.resize else []) + (
+            [f"centre-cropped to {self.crop}"] if self.crop else [])
+        return f"{', '.join(parts)} ({self.interpolation})" if parts else "as they are"

@@ -52,6 +52,11 @@ def input_columns(kept_inputs: torch.Tensor, kernel: int) -> torch.Tensor:
     return (kept_inputs[:, None] * kernel + torch.arange(kernel, device=kept_inputs.device)).reshape(-1)
 
 
+# Unfolded conv inputs above this size are taken a few images at a time: at 224 pixels a batch of a 3x3 conv's
+# columns fills gigabytes (every CIFAR-10 model's fit whole, so their sums are unchanged).
+UNFOLD_BYTES = 256 * 2**20
+
+
 def _second_moments(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """X^T X of the module's input x, X as rows x fan_in in the weight's column order (float64; one
     matrix per group for a grouped conv), and X's row count."""
@@ -60,12 +65,25 @@ def _second_moments(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, i
         return (r.T @ r).double(), r.shape[0]
     if isinstance(module.padding, str):  # unfold takes numbers; a conv built with padding="same"/"valid"
         raise ConfigError(f"GPTQ needs a conv's padding as numbers; this one has padding={module.padding!r}")
+    per_image = _unfolded_bytes(module, x[:1])
+    if x.shape[0] > 1 and per_image * x.shape[0] > UNFOLD_BYTES:
+        step = max(1, UNFOLD_BYTES // per_image)
+        parts = [_second_moments(module, x[i : i + step]) for i in range(0, x.shape[0], step)]
+        return sum((h for h, _ in parts[1:]), parts[0][0]), sum(n for _, n in parts)
     cols = F.unfold(x, module.kernel_size, module.dilation, module.padding, module.stride)
     if module.groups == 1:
         r = cols.transpose(1, 2).reshape(-1, cols.shape[1])
         return (r.T @ r).double(), r.shape[0]
     g = cols.reshape(cols.shape[0], module.groups, -1, cols.shape[2])  # (n, groups, fan_in, positions)
     return torch.einsum("ngip,ngjp->gij", g, g).double(), cols.shape[0] * cols.shape[2]
+
+
+def _unfolded_bytes(module: nn.Conv2d, x: torch.Tensor) -> int:
+    """Bytes of one image's unfolded input to `module` (fan-in x output positions, float32)."""
+    h, w = x.shape[-2:]
+    dims = [tuple(int(v) for v in t) for t in (module.kernel_size, module.stride, module.padding, module.dilation)]
+    out = [(size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, s, p, d in zip((h, w), *dims, strict=True)]
+    return 4 * int(x.shape[1]) * dims[0][0] * dims[0][1] * max(1, out[0] * out[1])
 
 
 def input_hessians(model: nn.Module, modules: Mapping[str, nn.Module], x: torch.Tensor,

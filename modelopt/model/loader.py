@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from modelopt.data.preprocess import INTERPOLATIONS, Preprocess
 from modelopt.errors import LoadError, UnknownNameError
 from modelopt.model.attention import unfuse_attention
 from modelopt.zoo import MODELS, ZooEntry, asset
@@ -54,6 +55,8 @@ class LoadedModel:
         num_classes: Number of outputs, or None when unknown.
         random_head: A torchvision architecture with random weights: its head may be sized to the data's classes
             (`sized_to`), as a checkpoint's head sizes it.
+        preprocess: How its authors brought images to its size (resize, crop, interpolation): a torchvision
+            weights enum's transforms, a timm model's pretrained config; nothing for random weights or the zoo.
     """
 
     module: nn.Module
@@ -63,6 +66,7 @@ class LoadedModel:
     input_size: tuple[int, int] | None
     num_classes: int | None
     random_head: bool = False
+    preprocess: Preprocess = dataclasses.field(default_factory=Preprocess)
 
     def sized_to(self, classes: int) -> LoadedModel:
         """This model with a head of `classes` outputs where its weights are random (`random_head`) and its head has
@@ -72,6 +76,19 @@ class LoadedModel:
         log.warning("%s has random weights: its head is sized to the data's %d classes", self.name, classes)
         module = _build_library_model(self.name, classes)
         return _ready(dataclasses.replace(self, module=module, num_classes=classes))
+
+
+def read_with(model: LoadedModel, given: Preprocess, decoded: bool = True) -> tuple[LoadedModel, Preprocess]:
+    """The model normalising as `given` says where it says so (--mean, --std), and how its images are read: the
+    user's resize and crop when given, else, for images the tool decodes (`decoded`; not a DataLoader's tensors),
+    its authors' (`LoadedModel.preprocess`, said in the log)."""
+    prep = given.over(model.preprocess if decoded else Preprocess())
+    if not given.active and prep.active:
+        log.warning("%s: images %s, as its weights were trained (pass --resize and --crop to read them otherwise)",
+                    model.name, prep.describe())
+    if prep.mean is not None or prep.std is not None:
+        model = dataclasses.replace(model, mean=prep.mean or model.mean, std=prep.std or model.std)
+    return model, prep
 
 
 def list_models(pattern: str = "*") -> list[str]:
@@ -299,7 +316,39 @@ def _from_library(source: str, weights: str | Path | None, allow_pickle: bool) -
     mean = tuple(float(v) for v in cfg.get("mean", IMAGENET_MEAN))
     std = tuple(float(v) for v in cfg.get("std", IMAGENET_STD))
     num_classes = _head_size(module, module.state_dict())
-    return _ready(LoadedModel(module, source, mean, std, None, num_classes, weights is None))
+    authors = Preprocess() if weights is None else _authors_preprocess(source, module, Path(weights).name)
+    return _ready(LoadedModel(module, source, mean, std, None, num_classes, weights is None, authors))
+
+
+def _authors_preprocess(source: str, module: nn.Module, weights_file: str) -> Preprocess:
+    """How the authors of a library model's weights read images: for torchvision, the transforms of the weights
+    enum member whose file `weights_file` is (else the enum's default); for timm, its pretrained config (the image
+    size over crop_pct, then the image size)."""
+    library, arch = source.split(":", 1)
+    if library == "timm":
+        cfg = getattr(module, "pretrained_cfg", None) or {}
+        size, pct = cfg.get("input_size"), cfg.get("crop_pct")
+        if not size or not pct or cfg.get("crop_mode", "center") != "center":
+            return Preprocess()
+        crop = int(size[-1])
+        return Preprocess(int(crop / float(pct)), crop, _interpolation(cfg.get("interpolation")))
+    import torchvision
+
+    try:
+        enum = torchvision.models.get_model_weights(arch)
+    except (ValueError, KeyError):
+        return Preprocess()
+    member = next((m for m in enum if m.url.rsplit("/", 1)[-1] == weights_file), None) or enum.DEFAULT
+    t = member.transforms()
+    resizes, crops = getattr(t, "resize_size", None), getattr(t, "crop_size", None)
+    if not resizes or not crops:
+        return Preprocess()
+    mode = getattr(getattr(t, "interpolation", None), "value", None)
+    return Preprocess(int(resizes[0]), int(crops[0]), _interpolation(mode))
+
+
+def _interpolation(name: object) -> str:
+    return name if isinstance(name, str) and name in INTERPOLATIONS else "bilinear"
 
 
 def _head_size(module: nn.Module, state: Mapping[str, Tensor]) -> int | None:

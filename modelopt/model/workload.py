@@ -22,6 +22,10 @@ SPLITS = ("calib", "val", "confirm", "test", "all")
 # Splits whose prepared images together fit in this many bytes are held prepared (every CIFAR-10 set: the default
 # run's 11,000 images are 135 MB); larger ones stay uint8 and are prepared batch by batch as they are read.
 RESIDENT_BYTES = 256 * 2**20
+# A batch's prepared input at most this big (128 images of 32 pixels are 1.5 MB; at 224 pixels a batch of 128 made
+# a MobileNetV2 pass peak near 2 GB on the CPU): batches of large images are smaller.
+PREPARE_BYTES = 32 * 2**20  # images converted at a time
+BATCH_BYTES = {"cpu": 32 * 2**20, "cuda": 256 * 2**20}
 
 
 def check_split(name: str) -> None:
@@ -93,6 +97,8 @@ class Workload:
         self._check_fits(two)
         self._check_labels()
         per_image = 4 * two[0].numel()
+        if batch_size is None:
+            self.batch_size = max(1, min(self.batch_size, BATCH_BYTES[self.device.type] // per_image))
         resident = sum(len(data.split(n)) for n in names) * per_image <= RESIDENT_BYTES
         splits = {name: Images(data.split(name).x, self._prepare, two.shape[1:], self.device, resident)
                   for name in names}
@@ -129,9 +135,10 @@ class Workload:
         mean = torch.tensor(self.source.mean, device=self.device).view(1, -1, 1, 1)
         std = torch.tensor(self.source.std, device=self.device).view(1, -1, 1, 1)
         out = torch.empty((x.shape[0], x.shape[3], h, w), device=self.device)
-        for i in range(0, x.shape[0], 4096):
-            chunk = x[i : i + 4096].to(self.device).permute(0, 3, 1, 2).float().div_(255)
-            out[i : i + 4096] = (chunk - mean) / std
+        step = max(1, PREPARE_BYTES // (4 * x.shape[3] * h * w))  # the float temporaries stay small
+        for i in range(0, x.shape[0], step):
+            chunk = x[i : i + step].to(self.device).permute(0, 3, 1, 2).float().div_(255)
+            out[i : i + step] = (chunk - mean) / std
         return out.contiguous()
 
     def _check_fits(self, x: torch.Tensor) -> None:

@@ -68,3 +68,48 @@ def test_the_sizes_are_recorded_in_run_json(tmp_path):
     raw = json.loads((tmp_path / "run.json").read_text())
     assert (raw["resize"], raw["crop"]) == (36, 32)
     assert RunConfig.read(tmp_path).preprocess == Preprocess(36, 32)
+
+
+def test_mean_and_std_replace_the_model_s_own_and_are_recorded(tmp_path):
+    """--mean/--std normalise in place of the model's values: its own given explicitly change nothing, others change
+    what the model sees; they are checked in one line and recorded in run.json."""
+    from modelopt.config.run_config import RunConfig
+
+    plain = modelopt.evaluate("cifar10_resnet20", data="cifar10-exact-sample", split="all", device="cpu")
+    same = modelopt.evaluate("cifar10_resnet20", data="cifar10-exact-sample", split="all", device="cpu",
+                             mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    raw = modelopt.evaluate("cifar10_resnet20", data="cifar10-exact-sample", split="all", device="cpu",
+                            mean=(0, 0, 0), std=(1, 1, 1))
+    assert same.accuracy == plain.accuracy > 0.9 and raw.accuracy < plain.accuracy - 0.1
+    for bad, needle in [({"std": (0.2, 0.0, 0.2)}, "--std must be three positive numbers"),
+                        ({"mean": (0.5, 0.5)}, "--mean must be three numbers")]:
+        with pytest.raises(ConfigError, match=needle):
+            modelopt.evaluate("no-such-model", data="no-such-data", **bad)
+    RunConfig(mean=[0.5, 0.5, 0.5], std=(0.25, 0.25, 0.25)).write(tmp_path)
+    assert json.loads((tmp_path / "run.json").read_text())["mean"] == [0.5, 0.5, 0.5]
+    assert RunConfig.read(tmp_path).preprocess.std == (0.25, 0.25, 0.25)
+
+
+def test_library_weights_are_read_as_their_authors_read_images(tmp_path):
+    """torchvision: the weights enum member whose file the weights are (its transforms), else the enum's default;
+    timm: its pretrained config. Random weights, or the user's own --resize/--crop, keep what is given."""
+    import torch
+    import torchvision
+
+    from modelopt.model.loader import load_model, read_with
+
+    state = torchvision.models.mobilenet_v2(num_classes=10).state_dict()
+    for name, resize in (("mobilenet_v2-b0353104.pth", 256), ("mobilenet_v2-7ebf99e0.pth", 232), ("mine.pt", 232)):
+        torch.save(state, tmp_path / name)
+        assert load_model("torchvision:mobilenet_v2", tmp_path / name).preprocess == Preprocess(resize, 224, "bilinear")
+    loaded = load_model("torchvision:mobilenet_v2", tmp_path / "mine.pt")
+    model, prep = read_with(loaded, Preprocess(crop=32, mean=(0.5, 0.5, 0.5)))
+    assert prep == Preprocess(None, 32, mean=(0.5, 0.5, 0.5)) and model.mean == (0.5, 0.5, 0.5)
+    assert model.std == loaded.std
+    assert read_with(loaded, Preprocess(), decoded=False)[1] == Preprocess()  # a DataLoader's tensors are as given
+    assert load_model("torchvision:mobilenet_v2").preprocess == Preprocess()
+    timm = pytest.importorskip("timm")
+    net = timm.create_model("resnet10t", num_classes=10)
+    torch.save(net.state_dict(), tmp_path / "t.pt")
+    size, pct = net.pretrained_cfg["input_size"][-1], net.pretrained_cfg["crop_pct"]  # 176 and 0.875
+    assert load_model("timm:resnet10t", tmp_path / "t.pt").preprocess == Preprocess(int(size / pct), size, "bicubic")
