@@ -40,6 +40,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from modelopt.errors import ConfigError
+from modelopt.model.images import Images
 from modelopt.model.layers import feed_inputs
 
 QPARAM_BYTES = 5  # what the packed export stores per quantized input: float32 scale + uint8 zero point
@@ -132,7 +133,7 @@ def fake_quantize(x: torch.Tensor, qp: InputQParams) -> torch.Tensor:
 
 
 def input_ranges(
-    model: nn.Module, modules: Mapping[str, nn.Module], x: torch.Tensor, calibration: Calibration,
+    model: nn.Module, modules: Mapping[str, nn.Module], x: torch.Tensor | Images, calibration: Calibration,
     batch_size: int = 128,
 ) -> dict[str, tuple[float, float]]:
     """(low, high) of each module's input over the images `x`, as `calibration` measures it.

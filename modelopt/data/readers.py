@@ -189,16 +189,17 @@ def read_npz(path: str | Path, pick: Callable[[int], np.ndarray],
 def decode_jpegs(data: np.ndarray, offsets: np.ndarray, where: str, keep: np.ndarray | None = None) -> np.ndarray:
     """uint8 (N, H, W, 3) RGB images from JPEG files end to end (image i is data[offsets[i]:offsets[i + 1]]),
     only those at `keep` (default: all)."""
-    images = []
-    for i in range(len(offsets) - 1) if keep is None else keep:
+    order = range(len(offsets) - 1) if keep is None else keep
+    images = _Stacker(len(order), where)
+    for i in order:
         try:
             im = Image.open(io.BytesIO(data[offsets[i] : offsets[i + 1]].tobytes()))
-            images.append(np.asarray(im.convert("RGB")))
+            images.add(np.asarray(im.convert("RGB")))
         except Image.DecompressionBombError as e:
             raise LoadError(f"image {i} in {where} is too large to decode safely ({e}); shrink or remove it") from None
         except (UnidentifiedImageError, OSError, ValueError) as e:
             raise LoadError(f"image {i} in {where} is not a readable JPEG: {e}") from None
-    return _stack(images, where)
+    return images.stacked()
 
 
 def _picked(pick: Callable[[int], np.ndarray], n: int, where: str) -> np.ndarray:
@@ -275,18 +276,46 @@ def _read_image_folder(
             f"{{{','.join(IMAGE_SUFFIXES)}}} (or an .npz, or a CIFAR10 root)"
         )
     keep = _subset(len(files), max_samples, seed)
-    images = []
+    images = _Stacker(len(keep), where)
     for i in keep:
         try:
             with Image.open(files[i]) as im:
                 image = np.asarray(im.convert("RGB"))
-            images.append(image if preprocess is None else preprocess.apply(image))
+            images.add(image if preprocess is None else preprocess.apply(image))
         except Image.DecompressionBombError as e:  # not an OSError: Pillow refuses it before decoding
             raise LoadError(f"image {str(files[i])!r} is too large to decode safely ({e}); shrink or remove it"
                             ) from None
         except (UnidentifiedImageError, OSError) as e:
             raise LoadError(f"could not read image {str(files[i])!r}: {e}") from None
-    return _stack(images, where), np.asarray(labels, dtype=np.int64)[keep], keep
+    return images.stacked(), np.asarray(labels, dtype=np.int64)[keep], keep
+
+
+class _Stacker:
+    """Decoded HWC images written one by one into a single uint8 array, so a large folder is held once: a list of
+    the images then a stack of them held every image twice (and the allocator kept the freed list). Images of
+    another size than the first are kept aside and, at the end, resized to the most common size (`_stack`)."""
+
+    def __init__(self, n: int, where: str) -> None:
+        self.n, self.where = n, where
+        self.out: np.ndarray | None = None
+        self.odd: dict[int, np.ndarray] = {}
+        self.count = 0
+
+    def add(self, image: np.ndarray) -> None:
+        if self.out is None:
+            self.out = np.empty((self.n, *image.shape[:2], 3), dtype=np.uint8)
+        if image.shape[:2] == self.out.shape[1:3]:
+            self.out[self.count] = image
+        else:
+            self.odd[self.count] = image
+        self.count += 1
+
+    def stacked(self) -> np.ndarray:
+        if self.out is None:
+            return np.empty((0, 0, 0, 3), dtype=np.uint8)
+        if not self.odd:
+            return self.out
+        return _stack([self.odd.get(i, self.out[i]) for i in range(self.n)], self.where)
 
 
 def _stack(images: list[np.ndarray], where: str) -> np.ndarray:

@@ -229,7 +229,7 @@ class CompressedStates:
         once per image count for every layer (`gptq.input_hessians`), shared by runs on the workload;
         charged by `input_cost`.
         """
-        x = self.workload.split("calib").x[:images]
+        x = self.workload.split("calib").x.part(0, images)  # prepared batch by batch as the pass reads them
         cache = self.workload.input_cache
         if x.shape[0] not in cache:
             t0 = time.perf_counter()
@@ -297,7 +297,7 @@ class CompressedStates:
         bits = self._input_bits(plan)
         cost = 0.0
         for calib in {c for _, c in bits.values()}:
-            x = self.workload.split("calib").x[: calib.images]
+            x = self.workload.split("calib").x.part(0, calib.images)
             if calib not in self._input_ranges:
                 self._input_ranges[calib] = input_ranges(self.workload.model, self.workload.modules, x, calib,
                                                          self.workload.batch_size)

@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from modelopt.errors import ConfigError
+from modelopt.model.images import Images
 from modelopt.model.layers import feed_inputs
 
 __all__ = ["LayerInputs", "input_columns", "input_hessians"]
@@ -86,7 +87,7 @@ def _unfolded_bytes(module: nn.Conv2d, x: torch.Tensor) -> int:
     return 4 * int(x.shape[1]) * dims[0][0] * dims[0][1] * max(1, out[0] * out[1])
 
 
-def input_hessians(model: nn.Module, modules: Mapping[str, nn.Module], x: torch.Tensor,
+def input_hessians(model: nn.Module, modules: Mapping[str, nn.Module], x: torch.Tensor | Images,
                    batch_size: int = 128) -> dict[str, LayerInputs]:
     """H = X^T X of every module's input over images `x`, from one pass of `model` as it is (the
     float model); a grouped conv's one per group."""

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from modelopt.model.images import Images
+
 if TYPE_CHECKING:  # the groups are found on the layers' modules: its type only
     from modelopt.model.channels import ChannelGroups
 
@@ -63,7 +65,7 @@ class Layer:
         return self.params // self.weight_shape[0]
 
 
-def feed_inputs(model: nn.Module, modules: Mapping[str, nn.Module], x: torch.Tensor, batch_size: int,
+def feed_inputs(model: nn.Module, modules: Mapping[str, nn.Module], x: torch.Tensor | Images, batch_size: int,
                 hook: Callable[[str, nn.Module, torch.Tensor], None]) -> None:
     """Runs `model` on `x` in batches (inference mode), calling `hook(name, module, input)` with each
     of `modules`' inputs before it runs: one pass that reads what every layer sees."""

@@ -4,6 +4,8 @@ score what the plan says."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -65,3 +67,43 @@ def test_every_compressor_applies_to_a_timm_family(name, few_images):
         want = wl.logits(x)
     with torch.inference_mode():
         torch.testing.assert_close(small(x), want, rtol=1e-4, atol=1e-4)  # the smaller model is what was scored
+
+
+@pytest.fixture(scope="module")
+def images_224(tmp_path_factory, small_data):
+    """60 CIFAR-10 images scaled up to 224 pixels (bicubic)."""
+    from PIL import Image
+
+    with np.load(small_data) as f:
+        x = np.stack([np.asarray(Image.fromarray(a).resize((224, 224), Image.Resampling.BICUBIC))
+                      for a in f["x"][:60]])
+    return x
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet18", "vit_tiny_patch16_224"])
+def test_optimize_runs_every_compressor_that_applies_on_a_224_pixel_timm_model(name, images_224, tmp_path):
+    """`optimize` on a 224-pixel timm model with weights from a file (read as its pretrained config says), with the
+    compressors the tool picks for it. The weights are random, so the labels are the model's own answers: its float
+    accuracy is 100 % and retention means something."""
+    torch.manual_seed(0)
+    weights = tmp_path / f"{name}.pt"
+    torch.save(timm.create_model(name, num_classes=10).state_dict(), weights)
+    blank = tmp_path / "blank.npz"
+    np.savez(blank, x=images_224, y=np.arange(len(images_224)) % 10)
+    wl = modelopt.build_workload(f"timm:{name}", str(blank), weights=weights, device="cpu")
+    assert wl.split("val").x.shape[1:] == (3, 224, 224)
+    labels = np.zeros(len(images_224), dtype=np.int64)
+    for split in ("calib", "val", "confirm", "test"):
+        labels[wl.data.split(split).index.numpy()] = wl.split(split).base_pred.numpy()
+    data = tmp_path / "own.npz"
+    np.savez(data, x=images_224, y=labels)
+    # Round-to-nearest and unrepaired pruning: GPTQ's and SparseGPT's solves on 4,608-wide layers take minutes on
+    # a 2-core CPU (benchmarks/full_size.py), and what this checks is that each compressor applies.
+    result = modelopt.optimize(f"timm:{name}", str(data), weights=str(weights), budget=3, device="cpu",
+                               out=tmp_path / "run", progress=False, report=False, min_retention=0.5,
+                               rounding=["nearest"], sparse_images=0, repair_images=0)
+    used = set(json.loads((tmp_path / "run" / "run.json").read_text())["compressors"])
+    assert {"quantize", "prune"} <= used, used
+    assert result.trials and all(t.ok for t in result.trials), [t.error for t in result.trials if not t.ok]
+    assert result.best is not None and result.best.metrics.compression > 1.5
