@@ -193,7 +193,7 @@ class WeightForm:
 
 @dataclass(frozen=True)
 class Storage:
-    """How a layer's weight is stored once a chain of compressors has run (DESIGN.md, size_bytes).
+    """How a layer's weight is stored once a chain of compressors has run (docs/certification.md, size_bytes).
 
     Each compressor of the chain maps the storage left by the ones before it to its own
     (`Compressor.stored`), so pruning then quantizing stores the kept values at the quantizer's bits.

@@ -1,4 +1,4 @@
-"""One cost accounting: a plan's bytes, MACs and bitops, per layer and in total (DESIGN.md).
+"""One cost accounting: a plan's bytes, MACs and bitops, per layer and in total (docs/certification.md, Numbers).
 
 Everything that prices a plan reads it from here: the evaluator's `size_bytes`, `macs` and
 `bitops`, the strategies' cost models (`search/knapsack.py`) and the report's per-layer map
@@ -73,7 +73,7 @@ class LayerCost:
 
 @dataclass(frozen=True)
 class PlanCost:
-    """A plan's costs, layer by layer; totals are sums of the layers' (DESIGN.md's meanings).
+    """A plan's costs, layer by layer; totals are sums of the layers' (meanings: docs/certification.md, Numbers).
 
     Attributes:
         layers: One `LayerCost` per compressible layer, in the model's order.

@@ -14,7 +14,7 @@ __all__ = ["Metrics"]
 
 @dataclass(frozen=True)
 class Metrics:
-    """What one evaluation measured; every field means what DESIGN.md says."""
+    """What one evaluation measured; every field means what docs/certification.md (Numbers) says."""
 
     split: str
     n_samples: int
@@ -41,7 +41,7 @@ class Metrics:
     # in full-evaluation equivalents; 0 when the preparation was cached. Trials are charged it.
     prep_cost: float = 0.0
     # Early exit: the share of samples that left at an exit (None: the plan has no exit). With
-    # exits, macs and bitops are means over the samples, heads included (DESIGN.md).
+    # exits, macs and bitops are means over the samples, heads included (docs/certification.md).
     exited: float | None = None
     # Paired with the float model on the same images (modelopt.confidence): images the float model
     # gets right, and those only it (lost) or only the plan (gained) gets right. They carry all the

@@ -1,4 +1,4 @@
-"""Measured latency, with the device, engine, precision and batch named (DESIGN.md, latency_ms).
+"""Measured latency, with the device, engine, precision and batch named (docs/export-and-latency.md).
 
 - `measure`: one module's or ONNX file's median batch latency (`torch_latency`, `onnx_latency`).
 - `engine`: the engines a plan deploys in, as plugins (`ENGINES`: ``torch``, ``onnxruntime``, ``openvino``),

@@ -1,12 +1,12 @@
 """The engines a plan is deployed in, as plugins: each builds ("compiles") a plan for itself, runs it and
-times it, with the device, engine, precision and batch named in the figure (DESIGN.md, latency_ms).
+times it, with the device, engine, precision and batch named in the figure (docs/export-and-latency.md).
 
 Engines register by name (`ENGINES`, entry-point group ``modelopt.engines``): ``torch`` (the plan's
 deployable module; float32 on the CPU, half precision with CUDA graphs on a GPU), ``onnxruntime`` and
 ``openvino`` (the plan exported to ONNX as `modelopt export --format onnx` writes it, integer kernels where
 the plan quantizes activations). An engine whose answers can differ from the PyTorch simulation (integer
 kernels, half precision) scores the plans of a run that measures latency in it (`Engine.scores`): what is
-certified is what the engine computes. TensorRT would be one more subclass (README, "Engines").
+certified is what the engine computes. TensorRT would be one more subclass (docs/export-and-latency.md, engines).
 
 Example:
     >>> engine = ENGINES.get("onnxruntime")()

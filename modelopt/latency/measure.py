@@ -1,6 +1,6 @@
 """Measured latency: the median wall time of one batch, after warm-up, on a stated backend.
 
-Two backends share one protocol (DESIGN.md, latency_ms): a fixed thread count, `warmup`
+Two backends share one protocol (docs/export-and-latency.md, latency_ms): a fixed thread count, `warmup`
 untimed runs, then `repeats` timed runs of the same batch, and the median reported.
 
 - ``torch``: an nn.Module under `torch.inference_mode`; on CUDA each run is timed with CUDA

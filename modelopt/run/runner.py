@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from modelopt._version import __version__
 from modelopt.config.evidence import check_certifiable, evidence
@@ -271,7 +271,8 @@ class Runner:
         # Progress is budget spent (full val evaluations), which multi-fidelity makes differ from trials.
         columns = (TextColumn("[bold]{task.description}"), BarColumn(),
                    TextColumn("{task.completed:.1f}/{task.total:g} evals, {task.fields[trials]} trials"),
-                   TimeElapsedColumn(), TextColumn("{task.fields[best]}"))
+                   TimeElapsedColumn(), TextColumn("elapsed,"), TimeRemainingColumn(), TextColumn("left"),
+                   TextColumn("{task.fields[best]}"))
         with Progress(*columns, console=self.console, disable=not self.progress, transient=False) as bar:
             task = bar.add_task(f"{self.strategy.name} search", total=self.budget, best=self._best_text(),
                                 trials=len(self.trials))

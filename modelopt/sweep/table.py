@@ -266,7 +266,7 @@ def _model_rows(
                 row[f"{k}_mean"], row[f"{k}_std"], row[f"{k}_median"] = mean, std, med
             row["random_best_target"] = target
             row["budget_to_random_best"] = "never" if needed == math.inf else needed
-            # Strategies are compared on what holds on test (DESIGN.md), not on their val estimates.
+            # Strategies are compared on what holds on test (docs/sweeps.md: held ×), not on their val estimates.
             medians[(strategy, b)] = row["held_compression_median"]
             rows.append(row)
     for row in rows:

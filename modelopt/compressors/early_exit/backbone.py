@@ -7,9 +7,9 @@ An exit can sit after any block: its head reads that block's output. The cut is 
 stem, every block and tail in order gives the model's own logits, so a deployable module built on
 it computes the same function as the model for samples that do not exit.
 
-MACs are counted as `modelopt.model.layers` counts them (DESIGN.md, macs): the multiply-accumulates
-of the Conv2d and Linear layers only; batch norms, ReLUs, residual additions and pooling are
-not counted.
+MACs are counted as `modelopt.model.layers` counts them (docs/certification.md, Numbers: macs): the
+multiply-accumulates of the Conv2d and Linear layers only; batch norms, ReLUs, residual additions and
+pooling are not counted.
 """
 
 from __future__ import annotations

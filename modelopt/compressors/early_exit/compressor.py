@@ -22,7 +22,7 @@ How the evaluator runs it (`modelopt.compressors.early_exit.runtime`, `Evaluator
    costs is charged to that plan, like batch-norm re-estimation.
 3. A plan's pass over the split runs the heads of its active exits on the plan's own
    (compressed) block outputs: each sample's exit and prediction, hence accuracy, retention,
-   agreement, and mean MACs and bitops over the samples, heads included (DESIGN.md).
+   agreement, and mean MACs and bitops over the samples, heads included (docs/certification.md, Numbers).
 4. Size: heads add their float32 bytes to size_bytes. `apply` leaves weights untouched and
    `stored` passes the layer's storage through, so a layer's other compressors (prune,
    quantize) keep owning its weight's bytes; `weight_bytes` (the layer's float32 bytes) is only

@@ -15,7 +15,7 @@ The `early_exit` compressor's decisions sit on the last conv of each candidate b
   `decide` then gives each sample its exit and prediction, as `simulate` and the deployable
   `EarlyExitNet` do: the first active exit whose confidence reaches its threshold.
 - `reach` says, per sample, which blocks ran; the evaluator turns it into mean MACs and bitops
-  with the plan's own per-layer MACs (structured pruning included), heads counted (DESIGN.md).
+  with the plan's own per-layer MACs (structured pruning included), heads counted (docs/certification.md, Numbers).
 """
 
 from __future__ import annotations

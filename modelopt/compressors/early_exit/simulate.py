@@ -6,7 +6,7 @@ at the first active exit, in backbone order, whose confidence (max softmax of lo
 temperature) is at least that exit's threshold; otherwise it runs the whole network. The
 deployable `EarlyExitNet` applies the same rule one sample at a time.
 
-MACs counted per sample (DESIGN.md, macs; Conv2d and Linear multiply-accumulates only, as
+MACs counted per sample (docs/certification.md, Numbers: macs; Conv2d and Linear multiply-accumulates only, as
 `modelopt.model.layers` counts them):
 
 - leaving at active exit j: the backbone up to and including exit j's block, plus the heads of
@@ -117,7 +117,7 @@ def exit_table(heads: Mapping[str, ExitHead], features: Features, backbone: Back
 
 @dataclass(frozen=True)
 class ExitMetrics:
-    """A policy's outcome on a set of samples (DESIGN.md's meanings).
+    """A policy's outcome on a set of samples (meanings: docs/certification.md, Numbers).
 
     Attributes:
         n: Samples.
