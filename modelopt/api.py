@@ -11,9 +11,9 @@ from typing import Any
 from torch import nn
 from torch.utils.data import DataLoader
 
+from modelopt.certify.evidence import check_scores
 from modelopt.config.assemble import DEFAULT_BUDGET, build_compressors, default_compressors
 from modelopt.config.build import build
-from modelopt.config.evidence import check_scores
 from modelopt.config.run_config import SETTLED_RESUME_KEYS, RunConfig
 from modelopt.data.dataset import Dataset, load_data
 from modelopt.data.preprocess import DEFAULT_INTERPOLATION, Preprocess

@@ -62,13 +62,13 @@ class Objective:
     # the bound that decides feasibility. On: retention counts them, so the bound must too (bounding
     # breaks only throws away half the evidence: an INT4 plan at 99.69 % paired bound was 98.44 %
     # breaks-only, and held 99.52 % on test). The luck a search harvests from gains on the images that
-    # select it is handled where it arises: confirmation on images that did not (`modelopt.run.confirm`).
+    # select it is handled where it arises: confirmation on images that did not (`modelopt.certify.confirm`).
     count_gains: bool = True
     # The size of the split claims are confirmed on (None: none). The search's bound on a val plan is
     # then taken at its val rates on that many images: it looks for plans that confirmation would certify
     # (the claim is made there, on images that did not select it), not for what val alone would certify.
     # A plan's own val rates are unbiased; the luck of the best of many (SELECTION_SHIFT) is priced where
-    # plans are selected, in each finalist's chance to pass (`modelopt.run.sequence.pass_chance`): shifting
+    # plans are selected, in each finalist's chance to pass (`modelopt.certify.sequence.pass_chance`): shifting
     # every plan by it made the search judge uniform INT4 (confirmed at 99.29 % on 7,154 images) infeasible
     # on the bundled default, and aim ever lower.
     claim_images: int | None = None

@@ -166,10 +166,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("search",),  # strategies
     ("exporters",),  # writers of a scored plan: packed, ONNX, bitsandbytes
     ("latency",),  # measured latency of a plan
+    ("certify",),  # the promise: what splits certify, confirmation, deployed-equals-certified
     ("knowledge",),  # what earlier runs teach
     ("config",),  # a run's settings, and building a run from them
     ("executors",),  # who scores plans
-    ("run",),  # runs on disk: the runner, journal, confirmation, export from a run folder
+    ("run",),  # runs on disk: the runner, journal, export from a run folder
     ("reports",),
     ("testing",),  # conformance suites for plugins
     ("api",),  # the public verbs

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from modelopt.certify.evidence import CONFIRM, check_certifiable
 from modelopt.compressors import Compressor
 from modelopt.confidence import PairedCounts
 from modelopt.config.assemble import build_compressors, default_compressors
-from modelopt.config.evidence import CONFIRM, check_certifiable
 from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import load_data
 from modelopt.errors import ConfigError
@@ -87,7 +87,7 @@ def make_evaluator(config: RunConfig, workload: Workload) -> Evaluator:
     """An evaluator of the run's space on `workload`. A run that minimises latency in an engine that computes
     something else than the PyTorch simulation (integer kernels, half precision) scores its plans there
     (`modelopt.latency.plan.PlanLatency`): it certifies what deploys. Other runs score in the simulation, and
-    the plan they report is checked against the engine at the end (`modelopt.run.deployed`)."""
+    the plan they report is checked against the engine at the end (`modelopt.certify.deployed`)."""
     evaluator = Evaluator(workload, make_space(config, workload.layers, workload.model))
     if config.latency is not None and config.objective == Target.LATENCY.value:
         timer = PlanLatency(evaluator, config.latency)

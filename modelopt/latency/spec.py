@@ -25,7 +25,7 @@ class LatencySpec:
     warmup: int = 5
     repeats: int = 30
     # Deployed equals certified: the reported plan, built afresh as deployed (the exported file in a new engine
-    # session), must give the scored top-1 on at least this share of the test images (`modelopt.run.deployed`).
+    # session), must give the scored top-1 on at least this share of the test images (`modelopt.certify.deployed`).
     min_agreement: float = 0.995
 
     def __post_init__(self) -> None:

@@ -122,7 +122,7 @@ class SearchSpace:
         each narrower width of `widths` the menus offer, every layer that offers it at that width with
         the fewest bytes (per channel rather than group-wise scales) and, among those, the smallest
         error (GPTQ codes where offered), every other decision off. A search that reports less than
-        a confirmed anchor has failed, and confirmation tests them first (`modelopt.run.confirm`).
+        a confirmed anchor has failed, and confirmation tests them first (`modelopt.certify.confirm`).
 
         `act_bits` < 32: the plans with inputs quantized to that width too (integer kernels), at each of
         `widths` (the INT8 anchor not first).

@@ -17,7 +17,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from modelopt._version import __version__
-from modelopt.config.evidence import check_certifiable, evidence
+from modelopt.certify.confirm import Confirmation, confirm, finalists
+from modelopt.certify.deployed import check_deployed
+from modelopt.certify.evidence import check_certifiable, evidence
 from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError, ModeloptError
 from modelopt.evaluation.evaluator import Evaluator, Metrics
@@ -28,8 +30,6 @@ from modelopt.executors.scoring import failure_text, free_cuda_memory
 from modelopt.latency.plan import PlanLatency
 from modelopt.objective import Objective, Target, best_of
 from modelopt.plan.plan import Plan
-from modelopt.run.confirm import Confirmation, confirm, finalists
-from modelopt.run.deployed import check_deployed
 from modelopt.run.exit_pattern import exit_pattern
 from modelopt.run.journal import Journal, Record, write_json_atomic
 from modelopt.run.layout import BEST_PLAN, CONFIG, JOURNAL, STATE, STATE_NEXT, SUMMARY

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from modelopt._version import __version__
+from modelopt.certify.confirm import Confirmation
+from modelopt.certify.deployed import Deployed
 from modelopt.config.run_config import RunConfig
 from modelopt.errors import ModeloptError
 from modelopt.evaluation.evaluator import Evaluator
@@ -22,8 +24,6 @@ from modelopt.evaluation.metrics import Metrics
 from modelopt.evaluation.trial import Trial
 from modelopt.objective import Objective, Target
 from modelopt.plan.space import SearchSpace
-from modelopt.run.confirm import Confirmation
-from modelopt.run.deployed import Deployed
 from modelopt.run.exit_pattern import ExitPattern
 from modelopt.run.journal import read_json
 from modelopt.run.layout import SUMMARY
@@ -119,7 +119,7 @@ class Finalist:
 
 @dataclass(frozen=True)
 class ConfirmationEntry:
-    """What the confirm split said (`modelopt.run.confirm.Confirmation`, as saved).
+    """What the confirm split said (`modelopt.certify.confirm.Confirmation`, as saved).
 
     Attributes:
         split: the split that vouched, or None when the data have none.

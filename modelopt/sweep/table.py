@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from modelopt._files import write_atomic
+from modelopt.certify.confirm import confirm, finalists
 from modelopt.config.build import load_workload, make_evaluator
 from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError
@@ -28,7 +29,6 @@ from modelopt.evaluation.evaluator import Evaluator, Metrics
 from modelopt.model.workload import Workload
 from modelopt.objective import Objective, best_of
 from modelopt.plan.plan import Plan
-from modelopt.run.confirm import confirm, finalists
 from modelopt.run.journal import Record, read_records
 from modelopt.run.layout import CONFIG, JOURNAL, RUNS, SEEDS_CSV, TABLE_CSV, TABLE_MD
 from modelopt.run.summary import read_summary
@@ -141,7 +141,7 @@ class _Scorer:
 
     def reported(self, model: str, cell: _Seed, budget: float) -> Record | None:
         """What the run reported, at its own budget (its summary.json); below it, what the run stopped at `budget`
-        would report (`modelopt.run.confirm`), or its val best without confirm."""
+        would report (`modelopt.certify.confirm`), or its val best without confirm."""
         if cell.own(budget) and cell.reported is not None:
             number = cell.reported[0]
             return None if number is None else next(r for _, r in cell.records if r.number == number)

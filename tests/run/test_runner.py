@@ -192,7 +192,7 @@ def test_a_float_model_that_gets_nothing_right_is_refused_in_one_line(tmp_path, 
     The val labels are set one class off the float model's own answers, as a head that fits other classes does."""
     import dataclasses
 
-    from modelopt.config.evidence import check_scores
+    from modelopt.certify.evidence import check_scores
 
     val = resnet20_workload.splits["val"]
     monkeypatch.setitem(resnet20_workload.splits, "val", dataclasses.replace(val, y=(val.base_pred + 1) % 10))

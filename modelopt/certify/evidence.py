@@ -10,7 +10,7 @@ from modelopt.objective import Objective
 
 __all__ = ["certifiable_retention", "check_certifiable", "evidence"]
 
-CONFIRM = "confirm"  # the split that vouches for the reported plan (`modelopt.run.confirm`)
+CONFIRM = "confirm"  # the split that vouches for the reported plan (`modelopt.certify.confirm`)
 
 
 def certifiable_retention(workload: Workload, split: str, confidence: float) -> float:

@@ -6,7 +6,7 @@ finalists (the plans of the Pareto fronts, the search's best, and the uniform an
 scores) are re-scored on the confirm split, which the search never saw, and a plan is *confirmed* when
 its retention bound there clears the floor.
 
-Finalists are tested in two fixed sequences planned on val alone (`modelopt.run.sequence`): the anchors
+Finalists are tested in two fixed sequences planned on val alone (`modelopt.certify.sequence`): the anchors
 likely to pass (INT8, INT4 where it holds), and, from the least to the most compressed, the subsequence of
 the search's plans and the most compressed anchor with the largest expected reported compression given
 each plan's predicted chance to pass. Each sequence stops at its first failure; the two share the error rate, and a
@@ -22,15 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from modelopt.confidence import PairedCounts
-from modelopt.config.evidence import CONFIRM as SPLIT
-from modelopt.config.evidence import certifiable_retention
-from modelopt.evaluation.evaluator import Evaluator
-from modelopt.evaluation.fidelity import binom_upper
-from modelopt.evaluation.metrics import Metrics
-from modelopt.evaluation.trial import Trial
-from modelopt.objective import Objective, best_of, pareto_front
-from modelopt.run.sequence import (
+from modelopt.certify.evidence import CONFIRM as SPLIT
+from modelopt.certify.evidence import certifiable_retention
+from modelopt.certify.sequence import (
     ANCHOR_PASS,
     GATE_SHARE,
     SELECTION_SHIFT,
@@ -40,6 +34,12 @@ from modelopt.run.sequence import (
     pass_chance,
     plan_sequence,
 )
+from modelopt.confidence import PairedCounts
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.fidelity import binom_upper
+from modelopt.evaluation.metrics import Metrics
+from modelopt.evaluation.trial import Trial
+from modelopt.objective import Objective, best_of, pareto_front
 
 __all__ = ["Confirmation", "Finalists", "confirm", "finalists"]
 
@@ -81,7 +81,7 @@ def finalists(trials: list[Trial], objective: Objective, anchors: Sequence[str] 
     agree = _spread(pareto_front(ok, lambda t: _as_agreement(_scored(t), objective.confidence),
                                  Objective(objective.target, 0.0, 0.0)), MAX_RESCORED)
     # Every plan of either front goes on, val-feasible or not: whether one is worth testing is its predicted
-    # chance to pass on confirm (`modelopt.run.sequence.pass_chance`), which the sequence weighs; a val bound
+    # chance to pass on confirm (`modelopt.certify.sequence.pass_chance`), which the sequence weighs; a val bound
     # judged at the confirm split's size and one val error lucky leaves out plans that pass there half the time.
     scored = [t for t in ([best] if best else []) + front + agree
               if t.metrics is not None and t.metrics.stopped is None]
@@ -186,7 +186,7 @@ def _chains(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[
     """The two fixed sequences, both from val alone: the anchors likely to pass (`ANCHOR_PASS`) but the most
     compressed, least compressed first; and, planned by `plan_sequence`, the search's plans and the most
     compressed anchor, from the least to the most compressed, planned on what the first sequence is
-    expected to secure (`modelopt.run.sequence.confirm_chains` shares the error rate)."""
+    expected to secure (`modelopt.certify.sequence.confirm_chains` shares the error rate)."""
     by_reduction = sorted((t for t in trials if t.plan.key in anchors), key=lambda t: candidates[t.plan.key].reduction)
     gate = [t for t in by_reduction[:-1] if candidates[t.plan.key].forced]
     secured, alive, last = 1.0, 1.0, 1.0  # the reduction the gate is expected to report

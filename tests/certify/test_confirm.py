@@ -6,13 +6,13 @@ import dataclasses
 
 import pytest
 
+from modelopt.certify.confirm import confirm, finalists
+from modelopt.certify.evidence import certifiable_retention
 from modelopt.compressors.quantize import Granularity, QuantSpec
-from modelopt.config.evidence import certifiable_retention
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.trial import Trial, TrialStatus
 from modelopt.objective import Objective
 from modelopt.plan.space import SearchSpace
-from modelopt.run.confirm import confirm, finalists
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from modelopt.confidence import PairedCounts, most_changed
-from modelopt.objective import Objective
-from modelopt.run.sequence import (
+from modelopt.certify.sequence import (
     ANCHOR_PASS,
     GATE_SHARE,
     Candidate,
@@ -20,6 +18,8 @@ from modelopt.run.sequence import (
     pass_chance,
     plan_sequence,
 )
+from modelopt.confidence import PairedCounts, most_changed
+from modelopt.objective import Objective
 
 FLOOR, CONF = 0.99, 0.95
 
