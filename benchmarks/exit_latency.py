@@ -26,8 +26,9 @@ from engine_latency import _cpu  # this folder's sibling script: the machine's n
 
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters.exit_predictor import Predictor
-from modelopt.exporters.onnx import export_onnx, ort_session
+from modelopt.exporters.onnx import export_onnx
 from modelopt.exporters.onnx_exits import export_onnx_exits
+from modelopt.exporters.onnx_run import ort_session
 from modelopt.latency.measure import pattern_latency
 from modelopt.plan.plan import Plan
 from modelopt.run.export import resolve

@@ -18,7 +18,7 @@ import onnx
 import torch
 
 from modelopt.exporters import load
-from modelopt.exporters.onnx import run_onnx
+from modelopt.exporters.onnx_run import run_onnx
 from modelopt.run.export import export, resolve
 
 

@@ -21,7 +21,8 @@ from modelopt.api import build_compressors, build_workload
 from modelopt.compressors import QuantSpec
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters import export_packed
-from modelopt.exporters.onnx import export_onnx, fused_op_counts, run_onnx
+from modelopt.exporters.onnx import export_onnx
+from modelopt.exporters.onnx_run import fused_op_counts, run_onnx
 from modelopt.latency import onnx_latency, torch_latency
 from modelopt.plan.space import SearchSpace
 

@@ -18,8 +18,9 @@ import torch
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.trial import Trial
 from modelopt.exporters.exit_predictor import Predictor
-from modelopt.exporters.onnx import export_onnx, run_onnx
+from modelopt.exporters.onnx import export_onnx
 from modelopt.exporters.onnx_exits import export_onnx_exits
+from modelopt.exporters.onnx_run import run_onnx
 from modelopt.latency.plan import PlanLatency
 from modelopt.model.images import Images
 from modelopt.plan.plan import Plan

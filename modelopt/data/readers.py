@@ -319,22 +319,17 @@ class _Stacker:
 
 
 def _stack(images: list[np.ndarray], where: str) -> np.ndarray:
-    """Stack HWC images; ones whose size differs from the most common are resized to it. Each image is let go
-    once copied (the list is emptied), so the images are held once, not twice, while they are stacked."""
+    """Stack HWC images; ones whose size differs from the most common are resized to it."""
     sizes = Counter(a.shape[:2] for a in images)
     (h, w), count = sizes.most_common(1)[0]
-    if len(sizes) > 1:
-        logger.warning(
-            "%d of %d images in %s are not %dx%d (HxW), the most common size; resized them to it",
-            len(images) - count, len(images), where, h, w,
-        )
-    out = np.empty((len(images), h, w, 3), dtype=np.uint8)
-    for i, a in enumerate(images):
-        out[i] = a if a.shape[:2] == (h, w) else np.asarray(Image.fromarray(a).resize((w, h),
-                                                                                   Image.Resampling.BILINEAR))
-        images[i] = out[:0]  # released
-    images.clear()
-    return out
+    logger.warning(
+        "%d of %d images in %s are not %dx%d (HxW), the most common size; resized them to it",
+        len(images) - count, len(images), where, h, w,
+    )
+    return np.stack([
+        a if a.shape[:2] == (h, w) else np.asarray(Image.fromarray(a).resize((w, h), Image.Resampling.BILINEAR))
+        for a in images
+    ])
 
 
 def _read_loader(loader: DataLoader) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import tempfile
 import warnings
 import weakref
 from collections import Counter
@@ -50,7 +49,6 @@ from modelopt.exporters.onnx_qdq import (
     fold_batchnorm,
     tensor_proto,
 )
-from modelopt.model.images import Images
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
 
@@ -410,57 +408,3 @@ def _traced(model: torch.nn.Module, x: torch.Tensor, outputs: list[str]) -> Any:
             dynamic_axes={name: {0: "batch"} for name in ["input", *outputs]}, do_constant_folding=False,
         )
     return onnx.load_from_string(buf.getvalue())
-
-
-def ort_session(path: str | Path, threads: int | None = None, level: str = "all",
-                optimized_path: str | Path | None = None) -> Any:
-    """An ONNX Runtime CPU session with fixed intra-op threads (None: ORT's default)."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-                                     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-                                     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[level]
-    if threads is not None:
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    if optimized_path is not None:
-        opts.optimized_model_filepath = str(optimized_path)
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-
-
-def run_onnx(path: str | Path, x: np.ndarray | torch.Tensor | Images, *, batch_size: int = 256,
-             threads: int | None = None) -> np.ndarray:
-    """Logits of the ONNX model at `path` on `x` (NCHW float32), in batches, on the CPU.
-
-    Example:
-        >>> run_onnx("r20-int8.onnx", wl.split("val").x).argmax(1)
-    """
-    sess = ort_session(path, threads)
-    name = sess.get_inputs()[0].name
-
-    def rows(a: int) -> np.ndarray:
-        part = x[a : a + batch_size]
-        part = part.detach().cpu().numpy() if isinstance(part, torch.Tensor) else part
-        return np.ascontiguousarray(part, dtype=np.float32)
-
-    return np.concatenate([sess.run(None, {name: rows(i)})[0] for i in range(0, len(x), batch_size)])
-
-
-def fused_op_counts(path: str | Path) -> dict[str, int]:
-    """Op types of the graph ONNX Runtime actually runs after its QDQ fusions (extended level).
-
-    Integer kernels show up as QLinearConv, QLinearAdd, ...; an unfused QDQ model shows only
-    QuantizeLinear/DequantizeLinear around float Conv.
-
-    Example:
-        >>> fused_op_counts("r20-int8.onnx")["QLinearConv"]
-        19
-    """
-    import onnx
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "optimized.onnx"
-        ort_session(path, level="extended", optimized_path=out)
-        return dict(Counter(n.op_type for n in onnx.load(out).graph.node))

@@ -18,8 +18,9 @@ import torch
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters.exit_predictor import Predictor
-from modelopt.exporters.onnx import onnx_model, ort_session
+from modelopt.exporters.onnx import onnx_model
 from modelopt.exporters.onnx_exits import ExitSegments, exit_segments
+from modelopt.exporters.onnx_run import ort_session
 from modelopt.latency.engine import ENGINES, Compiled, Engine, structure_key
 from modelopt.latency.measure import Latency, check_protocol, pattern_latency
 from modelopt.plan.plan import Plan

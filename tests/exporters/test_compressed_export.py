@@ -22,7 +22,8 @@ from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters import export_packed, load
 from modelopt.exporters._forms import layer_forms
-from modelopt.exporters.onnx import export_onnx, run_onnx
+from modelopt.exporters.onnx import export_onnx
+from modelopt.exporters.onnx_run import run_onnx
 from modelopt.plan.space import SearchSpace
 
 

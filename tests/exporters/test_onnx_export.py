@@ -9,7 +9,8 @@ pytest.importorskip("onnxruntime")
 import onnx
 
 from modelopt.errors import ConfigError
-from modelopt.exporters.onnx import export_onnx, fused_op_counts, run_onnx
+from modelopt.exporters.onnx import export_onnx
+from modelopt.exporters.onnx_run import fused_op_counts, run_onnx
 
 
 def _torch_logits(evaluator, plan, x):

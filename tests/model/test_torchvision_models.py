@@ -16,7 +16,8 @@ import modelopt
 from modelopt.config.build import make_evaluator
 from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError
-from modelopt.exporters.onnx import export_onnx, run_onnx
+from modelopt.exporters.onnx import export_onnx
+from modelopt.exporters.onnx_run import run_onnx
 from modelopt.exporters.packed import export_packed
 from modelopt.model.layers import compressible_modules
 from modelopt.run.journal import read_records
