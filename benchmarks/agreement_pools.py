@@ -27,13 +27,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from exit_files import heldout_indices, read_images  # this folder's sibling: the study's image pools
 
 from modelopt.api import build_compressors, build_workload
-from modelopt.compressors.early_exit.features import read_images
-from modelopt.compressors.early_exit.pools import heldout_indices
-from modelopt.confidence import PairedCounts
+from modelopt.confidence import PairedCounts, binom_upper
 from modelopt.evaluation.evaluator import Evaluator
-from modelopt.evaluation.fidelity import binom_upper
 from modelopt.plan.space import SearchSpace
 
 

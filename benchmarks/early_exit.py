@@ -51,28 +51,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from exit_files import cached_features, heads_state, heldout_indices, load_early_exit, normalise, read_images
+from exit_simulate import assign_exits, exit_table, simulate  # this folder's siblings: the study's code
+from exit_thresholds import ChooserConfig, choose_thresholds
 
 from modelopt.api import build_workload
-from modelopt.compressors.early_exit import (
-    ChooserConfig,
-    EarlyExitNet,
-    FitConfig,
-    HeadSpec,
-    assign_exits,
-    cached_features,
-    choose_thresholds,
-    exit_table,
-    extract_features,
-    fit_exit_heads,
-    heads_state,
-    load_early_exit,
-    normalise,
-    read_images,
-    simulate,
-    split_backbone,
-)
-from modelopt.compressors.early_exit.features import Features
-from modelopt.compressors.early_exit.pools import heldout_indices
+from modelopt.compressors.early_exit.backbone import split_backbone
+from modelopt.compressors.early_exit.features import Features, extract_features
+from modelopt.compressors.early_exit.fit import FitConfig, fit_exit_heads
+from modelopt.compressors.early_exit.heads import HeadSpec
+from modelopt.compressors.early_exit.module import EarlyExitNet
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 DATA = SHARED / "data" / "cifar10"

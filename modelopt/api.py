@@ -17,6 +17,7 @@ from modelopt.config.build import build
 from modelopt.config.run_config import SETTLED_RESUME_KEYS, RunConfig
 from modelopt.data.dataset import Dataset, load_data
 from modelopt.data.preprocess import DEFAULT_INTERPOLATION, Preprocess
+from modelopt.data.split import Split
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluation.evaluator import Evaluator, Metrics
 from modelopt.executors import make_executor
@@ -102,7 +103,7 @@ def evaluate(
     data: DataLike = "cifar10-sample",
     *,
     weights: str | Path | None = None,
-    split: str = "val",
+    split: str = Split.VAL,
     device: str = "auto",
     data_seed: int = 0,
     compressors: Sequence[str] | None = None,
@@ -288,7 +289,7 @@ def run(
         executor = make_executor(built, workload=workload, allow_pickle=allow_pickle)
         runner = Runner(built.evaluator, built.strategy, built.objective, budget=config.budget, run_dir=run_dir,
                         config=built.config, resume=resume, progress=progress, fidelity=config.fidelity,
-                        latency=timer, executor=executor, lock=lock)
+                        latency=timer, executor=executor, lock=lock, evidence=built.evidence)
     except BaseException as exc:
         if lock is not None:
             lock.release()

@@ -19,6 +19,11 @@ nominal from n = 50 to n = 4,000 over drops of 0-2 points and disagreement of 0.
 
 Retention is accuracy / float accuracy on the same images, so a bound on the drop is a
 bound on retention: retention >= 1 - drop_upper / float_accuracy.
+
+A rate of one kind of answer (the share of images a plan changes, the share of the float model's right
+answers it breaks) has exact one-sided binomial bounds (Clopper-Pearson, `binom_upper` and `binom_lower`):
+multi-fidelity scoring stops a plan with them (`modelopt.evaluation.fidelity`) and confirmation bounds the
+agreement of a plan scored without labels (`modelopt.certify.confirm`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from statistics import NormalDist
 
 from modelopt.errors import ConfigError
 
-__all__ = ["DEFAULT_CONFIDENCE", "PairedCounts", "check_confidence", "drop_lower", "drop_upper", "most_changed"]
+__all__ = ["DEFAULT_CONFIDENCE", "PairedCounts", "binom_lower", "binom_upper", "check_confidence", "drop_lower",
+           "drop_upper", "most_changed"]
 
 DEFAULT_CONFIDENCE = 0.95
 _CONTINUITY = 0.5  # half an image: keeps the score bound's miss rate at or under nominal
@@ -167,3 +173,38 @@ def most_changed(n: int, base_right: int, confidence: float, floor: float) -> fl
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if passes(mid) else (lo, mid)
     return (hi if passes(hi) else lo) / n
+
+
+def _binom_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p), summed in log space (n is at most a few thousand)."""
+    if p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 1.0 if k >= n else 0.0
+    lp, lq = math.log(p), math.log1p(-p)
+    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
+             for i in range(k + 1)]
+    m = max(terms)
+    return min(1.0, math.exp(m) * sum(math.exp(t - m) for t in terms))
+
+
+@lru_cache(maxsize=65536)
+def binom_upper(k: int, n: int, delta: float) -> float:
+    """Clopper-Pearson one-sided upper bound: the largest p with P(X <= k | n, p) >= delta."""
+    if n == 0 or k >= n:
+        return 1.0
+    lo, hi = k / n, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if _binom_cdf(k, n, mid) >= delta:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def binom_lower(k: int, n: int, delta: float) -> float:
+    """Clopper-Pearson one-sided lower bound: the smallest p with P(X >= k | n, p) >= delta."""
+    if n == 0 or k <= 0:
+        return 0.0
+    return 1.0 - binom_upper(n - k, n, delta)

@@ -9,6 +9,7 @@ from enum import Enum
 from typing import TypeVar
 
 from modelopt.confidence import DEFAULT_CONFIDENCE, PairedCounts, check_confidence
+from modelopt.data.split import Split
 from modelopt.errors import ConfigError
 from modelopt.evaluation.metrics import Metrics
 from modelopt.plan.plan import Plan
@@ -112,7 +113,7 @@ class Objective:
         c = m.counts()
         if c is None or self.confidence <= 0:
             return m.retention
-        return self.bounded(c, search=m.split == "val").retention_lower(self.confidence)
+        return self.bounded(c, search=m.split == Split.VAL).retention_lower(self.confidence)
 
     def bounded(self, c: PairedCounts, search: bool = True) -> PairedCounts:
         """The counts the bound is taken on: without `count_gains` gains do not count; a search's counts

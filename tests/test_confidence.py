@@ -1,4 +1,5 @@
-"""The paired retention bound: coverage by simulation, monotonicity, and the point-estimate mode."""
+"""The paired retention bound: coverage by simulation, monotonicity, and the point-estimate mode; the binomial
+bounds."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from modelopt.confidence import PairedCounts, check_confidence, drop_lower, drop_upper
+from modelopt.confidence import PairedCounts, binom_lower, binom_upper, check_confidence, drop_lower, drop_upper
 from modelopt.errors import ConfigError
 
 # (n, P(lost), P(gained)): small and large splits, drops of 0-2 points, disagreement of 0.2-18 %.
@@ -67,3 +68,26 @@ def test_retention_bounds_of_counts() -> None:
 def test_bad_confidence_is_one_clear_error(bad: object) -> None:
     with pytest.raises(ConfigError, match="confidence"):
         check_confidence(bad)  # type: ignore[arg-type]
+
+
+def test_upper_bound_with_no_successes_has_the_closed_form():
+    # P(X = 0) = (1 - p)^n = delta  =>  p = 1 - delta^(1/n)
+    for n in (5, 50, 400):
+        assert binom_upper(0, n, 0.05) == pytest.approx(1 - 0.05 ** (1 / n), rel=1e-6)
+
+
+def test_bounds_bracket_the_estimate_and_tighten_with_n():
+    lo, hi = binom_lower(10, 100, 0.01), binom_upper(10, 100, 0.01)
+    assert lo < 0.10 < hi
+    lo2, hi2 = binom_lower(100, 1000, 0.01), binom_upper(100, 1000, 0.01)
+    assert lo < lo2 < 0.10 < hi2 < hi
+    assert binom_lower(0, 100, 0.01) == 0.0 and binom_upper(100, 100, 0.01) == 1.0
+
+
+def test_upper_bound_covers_the_true_rate_at_the_stated_level():
+    rng = np.random.default_rng(0)
+    p, n, delta = 0.08, 120, 0.05
+    ks = rng.binomial(n, p, size=2000)
+    misses = np.mean([binom_upper(int(k), n, delta) < p for k in ks])
+    assert misses <= delta  # Clopper-Pearson is conservative
+    assert misses > 0.005  # ... but not vacuous

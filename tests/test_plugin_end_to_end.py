@@ -19,7 +19,8 @@ import torch
 
 import modelopt
 from modelopt.compressors import COMPRESSORS, Cell, Compressor, ReportColumn, Setting, SettingKind
-from modelopt.compressors._base import Choice, Granularity, IntegerWeight, WeightForm
+from modelopt.compressors._base import Choice, Precision
+from modelopt.compressors._packing import Granularity, IntegerWeight, WeightForm
 from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError
 from modelopt.model.layer_inputs import LayerInputs
@@ -78,8 +79,8 @@ class RoundOneDecimal(Compressor):
         integer = IntegerWeight(codes, torch.tensor([STEP], dtype=torch.float16), 8, Granularity.PER_TENSOR)
         return WeightForm(integer.dequantize().to(form.weight.dtype), form.mask, integer)
 
-    def weight_bits(self, choice: Choice) -> int:
-        return 32 if choice is None else 8
+    def precision(self, choice: Choice) -> Precision:
+        return Precision() if choice is None else Precision(weight=8)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from modelopt.certify.evidence import CONFIRM as SPLIT
 from modelopt.certify.evidence import certifiable_retention
 from modelopt.certify.sequence import (
     ANCHOR_PASS,
@@ -34,14 +33,14 @@ from modelopt.certify.sequence import (
     pass_chance,
     plan_sequence,
 )
-from modelopt.confidence import PairedCounts
+from modelopt.confidence import PairedCounts, binom_upper
+from modelopt.data.split import Split
 from modelopt.evaluation.evaluator import Evaluator
-from modelopt.evaluation.fidelity import binom_upper
 from modelopt.evaluation.metrics import Metrics
 from modelopt.evaluation.trial import Trial
 from modelopt.objective import Objective, best_of, pareto_front
 
-__all__ = ["Confirmation", "Finalists", "confirm", "finalists"]
+__all__ = ["Confirmation", "Finalists", "confirm_plans", "finalists"]
 
 T = TypeVar("T")
 MAX_RESCORED = 16  # Pareto plans re-scored on confirm and test (spread along the front)
@@ -102,7 +101,7 @@ class Confirmation:
     """What the confirm split said about the search's finalists.
 
     Attributes:
-        split: the split that vouched ("confirm"), or None when the data have none (the best
+        split: the split that vouched (CONFIRM), or None when the data have none (the best
             plan is then the search's, unconfirmed).
         finalists: each finalist and its confirm metrics, in the order first tested.
         confirmed: how many finalists were confirmed (`verdicts`).
@@ -127,7 +126,7 @@ class Confirmation:
         return self.split is not None and self.ceiling is not None and self.ceiling >= self.floor - 1e-12
 
 
-def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
+def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
             anchors: Sequence[Trial] = (), population: Sequence[Trial] = ()) -> Confirmation:
     """Re-scores finalists on the confirm split and confirms them in two fixed sequences planned on val.
 
@@ -142,15 +141,15 @@ def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
             in place of a fixed selection shift.
 
     Example:
-        >>> c = confirm(ev, Objective("size", 0.99, 0.95), finalists, anchors)
+        >>> c = confirm_plans(ev, Objective("size", 0.99, 0.95), finalists, anchors)
         >>> c.best.number if c.best else None
     """
-    if SPLIT not in evaluator.workload.splits:
+    if Split.CONFIRM not in evaluator.workload.splits:
         return Confirmation(None, (), 0, None, None, objective.min_retention)
-    ceiling = certifiable_retention(evaluator.workload, SPLIT, objective.confidence)
+    ceiling = certifiable_retention(evaluator.workload, Split.CONFIRM, objective.confidence)
     if ceiling < objective.min_retention - 1e-12:
-        return Confirmation(SPLIT, (), 0, None, ceiling, objective.min_retention)
-    data = evaluator.workload.split(SPLIT)
+        return Confirmation(Split.CONFIRM, (), 0, None, ceiling, objective.min_retention)
+    data = evaluator.workload.split(Split.CONFIRM)
     n, base_right = len(data), int(data.base_correct.sum())
     anchor_keys = {t.plan.key for t in anchors}
     pool = [t for t in [*anchors, *finalists] if t.metrics is not None and t.metrics.stopped is None]
@@ -164,7 +163,7 @@ def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
 
     def passes(i: int, level: float) -> bool:
         if i not in scored:
-            scored[i] = evaluator.scorer.evaluate(flat[i].plan, split=SPLIT)
+            scored[i] = evaluator.scorer.evaluate(flat[i].plan, split=Split.CONFIRM)
         if objective.confidence <= 0:
             return objective.meets_floor(scored[i])
         counts = scored[i].counts()
@@ -177,7 +176,7 @@ def confirm(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
     held = [flat[i] for i in tested if verdict[i]]
     best = min(held, key=lambda t: (objective.value(_scored(t)), -objective.retention_lower(_scored(t))),
                default=None)
-    return Confirmation(SPLIT, tuple((flat[i], scored[i]) for i in tested), len(held), best, ceiling,
+    return Confirmation(Split.CONFIRM, tuple((flat[i], scored[i]) for i in tested), len(held), best, ceiling,
                         objective.min_retention, tuple(candidates[flat[i].plan.key].chance for i in tested),
                         tuple(verdict[i] for i in tested))
 
@@ -202,7 +201,7 @@ def _chains(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[
 
 def _full_val(trial: Trial) -> PairedCounts | None:
     m = trial.metrics
-    return m.counts() if trial.ok and m is not None and m.stopped is None and m.split == "val" else None
+    return m.counts() if trial.ok and m is not None and m.stopped is None and m.split == Split.VAL else None
 
 
 def _candidate(trial: Trial, anchor: bool, objective: Objective, n: int, base_right: int,

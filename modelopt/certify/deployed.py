@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from modelopt.data.split import Split
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.trial import Trial
 from modelopt.exporters.exit_predictor import Predictor
@@ -27,7 +28,7 @@ from modelopt.plan.plan import Plan
 
 __all__ = ["Deployed", "check_deployed", "deployed_agreement"]
 
-SPLIT = "test"
+SPLIT = Split.TEST
 
 
 @dataclass(frozen=True)

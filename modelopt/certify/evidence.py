@@ -4,14 +4,12 @@ all, said when the confirm split cannot, and one evidence line a run prints befo
 from __future__ import annotations
 
 from modelopt.confidence import PairedCounts, most_changed
+from modelopt.data.split import Split
 from modelopt.errors import ConfigError
 from modelopt.model.workload import Workload
 from modelopt.objective import Objective
 
-__all__ = ["certifiable_retention", "check_certifiable", "evidence"]
-
-CONFIRM = "confirm"  # the split that vouches for the reported plan (`modelopt.certify.confirm`)
-
+__all__ = ["certifiable_retention", "check_certifiable", "evidence", "evidence_lines"]
 
 def certifiable_retention(workload: Workload, split: str, confidence: float) -> float:
     """The retention bound of a plan that agrees with the float model on every image of `split`:
@@ -23,7 +21,7 @@ def certifiable_retention(workload: Workload, split: str, confidence: float) -> 
 def check_scores(workload: Workload, split: str) -> None:
     """Refuses, in one line, a float model that answers none of `split`'s labeled images right (retention would
     be 0 / 0): a head that does not match the data's classes, or the wrong weights or data."""
-    if split != "all" and split not in workload.splits:
+    if split != Split.ALL and split not in workload.splits:
         return
     data = workload.split(split)
     if len(data) and not bool(data.base_correct.any()):
@@ -40,12 +38,12 @@ def check_certifiable(workload: Workload, objective: Objective) -> tuple[str, ..
     with the float model on every image (the search would be pointless); returns the warning for a
     confirm split that small (the best plan is then reported unconfirmed). A float model that gets no val image
     right is refused first: there is nothing to retain, and more data would not help."""
-    check_scores(workload, "val")
+    check_scores(workload, Split.VAL)
     if objective.confidence <= 0:
         return ()
     floor, conf = objective.min_retention, objective.confidence
     warnings = []
-    for split in ("val", CONFIRM):
+    for split in (Split.VAL, Split.CONFIRM):
         if split not in workload.splits:
             continue
         ceiling = certifiable_retention(workload, split, conf)
@@ -55,7 +53,7 @@ def check_certifiable(workload: Workload, objective: Objective) -> tuple[str, ..
         said = (f"the {split} split ({n} images) is too small to certify a {floor:.1%} retention floor: a plan "
                 f"that agrees with the float model on all of them is certified only at {ceiling:.2%} "
                 f"(confidence {conf:g})")
-        if split == "val":
+        if split == Split.VAL:
             raise ConfigError(f"{said}; pass more data, a lower --min-retention, or --confidence 0 for point estimates")
         warnings.append(f"{said}; the best plan will be certified on val only and reported as unconfirmed")
     return tuple(warnings)
@@ -71,7 +69,7 @@ def evidence(workload: Workload, objective: Objective) -> str:
     """
     floor, conf = objective.min_retention, objective.confidence
     parts = []
-    for split in ("val", CONFIRM, "test"):
+    for split in (Split.VAL, Split.CONFIRM, Split.TEST):
         if split not in workload.splits:
             continue
         data = workload.split(split)
@@ -80,3 +78,13 @@ def evidence(workload: Workload, objective: Objective) -> str:
         parts.append(f"{split} {n:,} images (float {right / max(n, 1):.1%}) up to {now:.1%} (4x: {more:.1%})")
     return (f"evidence at {floor:.1%} ({conf:g} confidence): the share of answers a plan may change, as many fixed "
             "as broken, and still be certified: " + "; ".join(parts))
+
+
+def evidence_lines(workload: Workload, objective: Objective) -> tuple[str, ...]:
+    """What a run prints before it searches: the evidence line, then a warning per split too small to confirm
+    the floor; refuses (ConfigError) a val split that cannot certify it (`check_certifiable`). Nothing under
+    point estimates (confidence 0). Called once per run, before any work (`modelopt.config.build`)."""
+    warnings = check_certifiable(workload, objective)
+    if objective.confidence <= 0:
+        return ()
+    return (evidence(workload, objective), *(f"[yellow]warning:[/] {w}" for w in warnings))

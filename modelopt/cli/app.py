@@ -27,6 +27,7 @@ from modelopt.cli.display import fmt_bytes, print_run
 from modelopt.compressors import COMPRESSORS
 from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import list_data_sources
+from modelopt.data.split import Split
 from modelopt.errors import ConfigError, ModeloptError
 from modelopt.model.loader import list_models
 from modelopt.reports import report as make_report
@@ -238,7 +239,7 @@ def evaluate(
     data: Annotated[str, typer.Option(
         help="cifar10-sample, an .npz, an image folder or a CIFAR10 root.")] = "cifar10-sample",
     split: Annotated[str, typer.Option(
-        help="calib, val, confirm (data with a confirm split), test, or all (val + test).")] = "val",
+        help="calib, val, confirm (data with a confirm split), test, or all (val + test).")] = Split.VAL,
     compressors: Annotated[str | None, typer.Option(
         help="Compressors the plan may use, e.g. quantize,prune (default: every registered one the model "
              "suits).")] = None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from modelopt.data.split import Split
 from modelopt.evaluation.metrics import Metrics
 from modelopt.plan.plan import Plan
 from modelopt.run.runner import RunResult
@@ -48,7 +49,7 @@ def print_run(out: Console, result: RunResult) -> None:
         ceiling = confirmation.ceiling
         if ceiling is not None and ceiling < floor:
             out.print(f"The confirm split is too small to certify the floor: a plan that agrees with the float model "
-                      f"on all {s.baseline['confirm'].n_samples} of its images is certified only at "
+                      f"on all {s.baseline[Split.CONFIRM].n_samples} of its images is certified only at "
                       f"{ceiling:.2%} (confidence {conf:g}). Pass more data, or --confidence 0 for point estimates.")
         if result.search_best is not None:
             m = result.search_best.scored
@@ -66,10 +67,10 @@ def print_run(out: Console, result: RunResult) -> None:
                         f"retention [bounds at confidence {conf:g}]")
     for col in ("images", "n", "top-1", "retention", f"bounds ({conf:g})", "agree", "÷size"):
         table.add_column(col, justify="right", no_wrap=True)
-    base = s.baseline["test"]
+    base = s.baseline[Split.TEST]
     table.add_row("float (test)", str(base.n_samples), f"{base.accuracy:.2%}", "100.00%", "", "100.00%", "1.00x")
     rows: tuple[tuple[str, Metrics | None], ...] = (
-        ("test (held out)", test), ("confirm", conf_m), ("val (search estimate)", val))
+        (f"{Split.TEST} (held out)", test), (Split.CONFIRM, conf_m), (f"{Split.VAL} (search estimate)", val))
     for name, maybe in rows:
         if maybe is None:
             continue

@@ -1,10 +1,12 @@
 """Compressor plugins: each offers per-layer choices and applies them.
 
-Outside this package, code reaches compressors through the registry and the contract (`_base`, `_surface`,
-`_inputs`), never through a plugin's own module.
+Outside this package, code reaches compressors through the registry and the contract (`_base`, its
+capabilities `_routing` and `_channels`, `_packing`, `_calibration`, `_surface`, `_inputs`), never through
+a plugin's own module.
 """
 
-from modelopt.compressors._base import Choice, Compressor, Storage
+from modelopt.compressors._base import Choice, Compressor
+from modelopt.compressors._packing import Storage
 from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors._surface import Cell, ReportColumn, Setting, SettingKind
 from modelopt.compressors.early_exit.compressor import EarlyExit, ExitChoice

@@ -18,11 +18,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from modelopt.errors import ConfigError
 
-__all__ = ["Cell", "ReportColumn", "Setting", "SettingKind"]
+__all__ = ["Cell", "ReportColumn", "Setting", "SettingKind", "enum_member"]
+
+E = TypeVar("E", bound=Enum)
+
+
+def enum_member(enum: type[E], value: object, what: str, where: str) -> E:
+    """`value` as a member of `enum`; a ConfigError naming it and the valid values otherwise."""
+    try:
+        return enum(value)
+    except ValueError:
+        valid = ", ".join(m.value for m in enum)
+        raise ConfigError(f"{where}: {what} {value!r} not offered; valid: {valid}") from None
 
 
 class SettingKind(str, Enum):

@@ -33,15 +33,10 @@ from typing import Any
 
 import torch
 
-from modelopt.compressors._base import (  # noqa: F401 -- re-exported
-    Choice,
-    Compressor,
-    Storage,
-    WeightForm,
-    decode_mask,
-    encode_mask,
-    sparse_encoding,
-)
+from modelopt.compressors._base import Choice, Compressor
+from modelopt.compressors._calibration import CalibrationNeed
+from modelopt.compressors._channels import RemovesChannels
+from modelopt.compressors._packing import Storage, WeightForm
 from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors._surface import Cell, ReportColumn, Setting, SettingKind
 from modelopt.compressors.sparsegpt import obs_prune
@@ -123,7 +118,7 @@ def kept_filters(weight: torch.Tensor, sparsity: float, criterion: Criterion = C
 
 
 @COMPRESSORS.register("prune")
-class Prune(Compressor):
+class Prune(Compressor, RemovesChannels):
     """Magnitude pruning (unstructured) and internal-channel pruning (structured), per layer.
 
     Offered on every conv reading at least 4 channels (not the stem that reads the image) and on
@@ -206,12 +201,14 @@ class Prune(Compressor):
                 "repair_images": self.repair_images, "channel_multiple": self.channel_multiple,
                 "sparse_images": self.sparse_images}
 
-    def input_images(self, choice: Choice) -> int:
-        """Structured removal: the images the readers of the removed channels are refitted on (0: no repair);
-        unstructured and 2:4: the images their mask and error feedback are computed on (0: magnitude)."""
+    def calibration(self, choice: Choice) -> CalibrationNeed:
+        """Layer inputs: for structured removal, the images the readers of the removed channels are refitted on
+        (0: no repair); for unstructured and 2:4, the images their mask and error feedback are computed on (0:
+        magnitude). Batch norms: re-estimated on `bn_samples` images after any pruning."""
         if not isinstance(choice, PruneSpec):
-            return 0
-        return self.repair_images if choice.kind is PruneKind.STRUCTURED else self.sparse_images
+            return CalibrationNeed()
+        inputs = self.repair_images if choice.kind is PruneKind.STRUCTURED else self.sparse_images
+        return CalibrationNeed(layer_inputs=inputs, norm_images=self.bn_samples)
 
     def handles(self, layer: Layer) -> bool:
         return layer.kind is LayerKind.LINEAR or layer.in_channels >= _MIN_IN_CHANNELS
@@ -324,9 +321,6 @@ class Prune(Compressor):
             return 0
         removed = 1.0 - n_kept(layer.out_channels, choice.sparsity) / layer.out_channels
         return round(removed * sum(layers[m].macs for m, _ in layer.channel_group if m in layers))
-
-    def norm_calibration(self, choice: Choice) -> int:
-        return 0 if choice is None else self.bn_samples
 
 
 def _fits_pattern(layer: Layer) -> bool:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from modelopt.compressors._base import Granularity
 from modelopt.compressors._inputs import activation_bits as _activation_bits
+from modelopt.compressors._packing import Granularity
 from modelopt.compressors.gptq import Rounding
 from modelopt.errors import ConfigError
 

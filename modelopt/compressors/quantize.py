@@ -22,24 +22,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from modelopt.compressors._base import (
+from modelopt.compressors._base import Choice, Compressor, Precision
+from modelopt.compressors._calibration import CalibrationNeed
+from modelopt.compressors._inputs import QPARAM_BYTES, Calibration, calibration_method
+from modelopt.compressors._inputs import activation_bits as _activation_bits
+from modelopt.compressors._packing import (
     SCALE_BYTES,
     SCALE_DTYPE,
-    Choice,
-    Compressor,
     Granularity,
     IntegerWeight,
     Storage,
     WeightForm,
-    enum_member,
     scale_units,
     to_scale_dtype,
 )
-from modelopt.compressors._base import code_range as _code_range
-from modelopt.compressors._inputs import QPARAM_BYTES, Calibration, calibration_method
-from modelopt.compressors._inputs import activation_bits as _activation_bits
+from modelopt.compressors._packing import code_range as _code_range
 from modelopt.compressors._registry import COMPRESSORS
-from modelopt.compressors._surface import Cell, ReportColumn, Setting, SettingKind
+from modelopt.compressors._surface import Cell, ReportColumn, Setting, SettingKind, enum_member
 from modelopt.compressors.gptq import Rounding, gptq_round
 from modelopt.compressors.quant_spec import ActQuantSpec, QuantSpec
 from modelopt.errors import ConfigError
@@ -222,8 +221,8 @@ class Quantize(Compressor):
         self.activations = tuple(dict.fromkeys(_activation_bits(a) for a in activations))
         if not self.activations:
             raise ConfigError("quantize: activations must offer at least one of 8 or null (float)")
-        self.calibration = Calibration(calibration_method(act_calibration), float(act_percentile),
-                                       int(act_calibration_images))
+        self.input_calibration = Calibration(calibration_method(act_calibration), float(act_percentile),
+                                             int(act_calibration_images))
         self.rounding = tuple(dict.fromkeys(_rounding(r) for r in rounding))
         if not self.rounding:
             raise ConfigError("quantize: rounding must offer at least one of nearest, gptq")
@@ -245,10 +244,10 @@ class Quantize(Compressor):
         if self.norm_images:
             opts["norm_images"] = self.norm_images
         # Only when set: a default quantizer's options (run records, resume checks) stay as they were.
-        if self.activations != (None,) or self.calibration != Calibration():
-            opts.update(activations=list(self.activations), act_calibration=self.calibration.method.value,
-                        act_percentile=self.calibration.percentile,
-                        act_calibration_images=self.calibration.images)
+        if self.activations != (None,) or self.input_calibration != Calibration():
+            opts.update(activations=list(self.activations), act_calibration=self.input_calibration.method.value,
+                        act_percentile=self.input_calibration.percentile,
+                        act_calibration_images=self.input_calibration.images)
         return opts
 
     def _canonical(self, spec: QuantSpec, layer: Layer) -> QuantSpec:
@@ -313,12 +312,13 @@ class Quantize(Compressor):
     def apply(self, weight: torch.Tensor, choice: Choice) -> torch.Tensor:
         return self.apply_calibrated(weight, choice, None)
 
-    def norm_calibration(self, choice: Choice) -> int:
-        low = isinstance(choice, QuantSpec) and choice.bits <= NORM_BITS
-        return self.norm_images if low else 0
-
-    def input_images(self, choice: Choice) -> int:
-        return self.calib_images if isinstance(choice, QuantSpec) and choice.rounding is Rounding.GPTQ else 0
+    def calibration(self, choice: Choice) -> CalibrationNeed:
+        """GPTQ's layer inputs, batch norms re-estimated at `NORM_BITS` or fewer, and quantized inputs' ranges."""
+        if not isinstance(choice, QuantSpec):
+            return CalibrationNeed()
+        return CalibrationNeed(layer_inputs=self.calib_images if choice.rounding is Rounding.GPTQ else 0,
+                               norm_images=self.norm_images if choice.bits <= NORM_BITS else 0,
+                               input_ranges=None if choice.activations is None else self.input_calibration)
 
     def apply_calibrated(self, weight: torch.Tensor, choice: Choice, inputs: LayerInputs | None) -> torch.Tensor:
         if choice is None:
@@ -357,17 +357,11 @@ class Quantize(Compressor):
         # Kept values (all of them when dense) become codes; one float16 scale per unit.
         return Storage(inner.shape, inner.kept, choice.bits, _extra_bytes(layer, choice))
 
-    def weight_bits(self, choice: Choice) -> int:
+    def precision(self, choice: Choice) -> Precision:
         if choice is None:
-            return 32
+            return Precision()
         assert isinstance(choice, QuantSpec)
-        return choice.bits
-
-    def activation_bits(self, choice: Choice) -> int:
-        if choice is None:
-            return 32
-        assert isinstance(choice, QuantSpec)
-        return 32 if choice.activations is None else choice.activations
+        return Precision(choice.bits, 32 if choice.activations is None else choice.activations)
 
 
 def _extra_bytes(layer: Layer, spec: QuantSpec) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from modelopt.compressors import COMPRESSORS, FIRST_COMPRESSOR, Compressor
+from modelopt.compressors._routing import Routes
 from modelopt.errors import ConfigError
 
 # Full val evaluations a run may spend when the user does not say: 100 keeps the default run (2,000 JPEG val
@@ -46,7 +47,7 @@ def default_compressors(objective: str = "size", model: nn.Module | None = None)
         cls = COMPRESSORS.get(name)
         if objective not in cls.reduces:
             continue
-        if model is not None:
+        if model is not None and issubclass(cls, Routes):
             try:
                 cls.model_options(model)
             except ConfigError:
@@ -67,7 +68,7 @@ def build_compressors(
             Saved run records pass theirs: a record without `rounding` predates it and means
             nearest, the class default.
         model: The model they will compress: options a compressor derives from it
-            (`Compressor.model_options`, e.g. early exit's candidate exits) fill in what
+            (`Routes.model_options`, e.g. early exit's candidate exits) fill in what
             `options` leaves out.
     """
     if options is None:
@@ -77,6 +78,6 @@ def build_compressors(
     out = []
     for n in (FIRST_COMPRESSOR,) if names is None else names:
         cls = COMPRESSORS.get(n)
-        derived = cls.model_options(model) if model is not None else {}
+        derived = cls.model_options(model) if model is not None and issubclass(cls, Routes) else {}
         out.append(cls(**{**derived, **dict(options.get(n, {}))}))
     return out

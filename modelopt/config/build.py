@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from modelopt.certify.evidence import CONFIRM, check_certifiable
+from modelopt.certify.evidence import evidence_lines
 from modelopt.compressors import Compressor
 from modelopt.confidence import PairedCounts
 from modelopt.config.assemble import build_compressors, default_compressors
 from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import load_data
+from modelopt.data.split import Split
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.output_sensitivity import output_losses, probe_images
@@ -51,6 +52,7 @@ class BuiltRun:
     strategy: Strategy
     objective: Objective
     latency: PlanLatency | None = None  # where latency is measured (and plans scored, for some engines)
+    evidence: tuple[str, ...] = ()  # what the splits can certify, printed before the search (`evidence_lines`)
 
     @property
     def space(self) -> SearchSpace:
@@ -107,9 +109,9 @@ def make_objective(config: RunConfig, workload: Workload) -> Objective:
     """The run's objective on `workload`: its search bounds are taken at the size of the confirm split
     (`Objective.claim_images`) when that split can certify the floor."""
     objective = config.make_objective()
-    if CONFIRM not in workload.splits or config.confidence <= 0:
+    if Split.CONFIRM not in workload.splits or config.confidence <= 0:
         return objective
-    confirm = workload.split(CONFIRM)
+    confirm = workload.split(Split.CONFIRM)
     ceiling = PairedCounts(len(confirm), int(confirm.base_correct.sum()), 0, 0).retention_lower(config.confidence)
     usable = ceiling >= config.min_retention - 1e-12
     return dataclasses.replace(objective, claim_images=len(confirm)) if usable else objective
@@ -136,7 +138,7 @@ def build(config: RunConfig, workload: Workload | None = None, *, allow_pickle: 
     wl = workload if workload is not None else load_workload(config, allow_pickle=allow_pickle)
     evaluator = make_evaluator(config, wl)
     objective = make_objective(config, wl)
-    check_certifiable(wl, objective)  # a val split too small to certify the floor: refused before any work
+    said = evidence_lines(wl, objective)  # a val split too small to certify the floor: refused before any work
     measure_errors(evaluator)  # data-free priors the strategies start from; costs no evaluation
     latency = make_latency(config, evaluator)
     if latency is not None and objective.target is Target.LATENCY:
@@ -145,9 +147,9 @@ def build(config: RunConfig, workload: Workload | None = None, *, allow_pickle: 
     if strategy.loss_estimator == "fisher":  # the knapsack's one-pass (gradient) sensitivities
         strategy.use_loss_estimates(estimate_losses(evaluator))
     elif strategy.loss_estimator == "output" and (n := probe_images(
-            config.budget, len(wl.split("val")), len({d.layer for d in evaluator.space.decisions}),
-            len(wl.split("calib")))):  # MCTS's label-free probes, when the budget affords them
+            config.budget, len(wl.split(Split.VAL)), len({d.layer for d in evaluator.space.decisions}),
+            len(wl.split(Split.CALIB)))):  # MCTS's label-free probes, when the budget affords them
         strategy.use_loss_estimates(output_losses(evaluator, n))
     if config.knowledge is not None:  # priors from earlier runs' lessons (a missing store: none yet)
         warm_start(config.knowledge, evaluator, strategy)
-    return BuiltRun(resolve(config, wl, evaluator.space), wl, evaluator, strategy, objective, latency)
+    return BuiltRun(resolve(config, wl, evaluator.space), wl, evaluator, strategy, objective, latency, said)

@@ -32,12 +32,13 @@ from modelopt.data.readers import (
     decode_jpegs,
     read_unlabeled,
 )
+from modelopt.data.split import Split
 from modelopt.errors import ConfigError, LoadError
 
-__all__ = ["SPLIT_NAMES", "Dataset", "Split", "list_data_sources", "load_data"]
+__all__ = ["SPLIT_NAMES", "Dataset", "SplitArrays", "list_data_sources", "load_data"]
 
 
-SPLIT_NAMES = ("calib", "val", "confirm", "test", "all")
+SPLIT_NAMES = tuple(Split)
 SAMPLE_PATH = Path(__file__).resolve().parents[1] / "zoo" / "assets" / "cifar10_sample.npz"
 DEFAULT_VAL_FRACTION = 0.2
 DEFAULT_CONFIRM_FRACTION = 0.2
@@ -54,11 +55,11 @@ SAMPLE_VAL_SHARE = 2000 / 9154
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: tensors have no truth value; identity hash is what caches want
-class Split:
+class SplitArrays:
     """One part of a dataset.
 
     Attributes:
-        name: "calib", "val", "test" or "all".
+        name: which split (`Split`).
         x: uint8 (N, H, W, 3) RGB images, or float (N, C, H, W) already preprocessed.
         y: int64 (N,) labels.
         index: int64 (N,) position of each sample in its source pool (the file, folder or
@@ -97,43 +98,43 @@ class Dataset:
     """
 
     source: str
-    calib: Split
-    val: Split
-    test: Split
+    calib: SplitArrays
+    val: SplitArrays
+    test: SplitArrays
     preprocessed: bool
     num_classes: int
     seed: int
-    confirm: Split | None = None
+    confirm: SplitArrays | None = None
 
-    def split(self, name: str) -> Split:
+    def split(self, name: str) -> SplitArrays:
         """Return a split by name.
 
         Args:
-            name: "calib", "val", "confirm", "test", or "all" (val and test together, in source order).
+            name: a `Split` (or its name); ALL is val and test together, in source order.
 
         Returns:
             The split.
 
         Raises:
-            ConfigError: `name` is not one of `SPLIT_NAMES`, or is "confirm" and the dataset has none.
+            ConfigError: `name` is not one of `SPLIT_NAMES`, or is CONFIRM and the dataset has none.
 
         Example:
             >>> load_data().split("all").x.shape
             torch.Size([846, 32, 32, 3])
         """
-        if name == "confirm" and self.confirm is None:
+        if name == Split.CONFIRM and self.confirm is None:
             raise ConfigError(f"data {self.source!r} has no confirm split; load it with confirm_fraction > 0")
-        if name in ("calib", "val", "confirm", "test"):
+        if name in (Split.CALIB, Split.VAL, Split.CONFIRM, Split.TEST):
             return getattr(self, name)
-        if name != "all":
+        if name != Split.ALL:
             raise ConfigError(f"unknown split {name!r}; valid: {', '.join(SPLIT_NAMES)}")
         x = torch.cat([self.val.x, self.test.x])
         y = torch.cat([self.val.y, self.test.y])
         if self.val.index is None or self.test.index is None:
-            return Split("all", x, y)
+            return SplitArrays(Split.ALL, x, y)
         index = torch.cat([self.val.index, self.test.index])
         order = torch.argsort(index)
-        return Split("all", x[order], y[order], index[order])
+        return SplitArrays(Split.ALL, x[order], y[order], index[order])
 
 
 SourceLoader = Callable[..., Dataset]
@@ -239,7 +240,8 @@ def _preprocessed(data: Dataset, preprocess: Preprocess | None) -> Dataset:
     if preprocess is None or not preprocess.active:
         return data
     splits = {name: dataclasses.replace(sp, x=torch.from_numpy(preprocess.apply_all(sp.x.numpy())))
-              for name in ("calib", "val", "test", "confirm") if (sp := getattr(data, name)) is not None}
+              for name in (Split.CALIB, Split.VAL, Split.TEST, Split.CONFIRM)
+              if (sp := getattr(data, name)) is not None}
     return dataclasses.replace(data, **splits)
 
 
@@ -302,9 +304,10 @@ def _cifar10_sample(
     v, f_, c, t = (torch.from_numpy(i) for i in (perm[:n_val], perm[n_val:], c_keep, t_keep))
     unlabeled = torch.full((len(c),), -1, dtype=torch.int64)  # training images the model learned: no labels used
     return Dataset(
-        source="cifar10-sample", calib=Split("calib", cx[c], unlabeled, c), val=Split("val", jx[v], jy[v], v),
-        test=Split("test", tx[t], ty[t], t), preprocessed=False, num_classes=10, seed=seed,
-        confirm=Split("confirm", jx[f_], jy[f_], f_) if len(f_) else None,
+        source="cifar10-sample", calib=SplitArrays(Split.CALIB, cx[c], unlabeled, c),
+        val=SplitArrays(Split.VAL, jx[v], jy[v], v),
+        test=SplitArrays(Split.TEST, tx[t], ty[t], t), preprocessed=False, num_classes=10, seed=seed,
+        confirm=SplitArrays(Split.CONFIRM, jx[f_], jy[f_], f_) if len(f_) else None,
     )
 
 
@@ -337,14 +340,14 @@ def _cifar10_exact_sample(
                                                 c_keep))
     return Dataset(
         source="cifar10-exact-sample",
-        calib=Split("calib", cx[c], cy[c], c),
-        val=Split("val", tx[v], ty[v], v),
-        test=Split("test", tx[t], ty[t], t),
+        calib=SplitArrays(Split.CALIB, cx[c], cy[c], c),
+        val=SplitArrays(Split.VAL, tx[v], ty[v], v),
+        test=SplitArrays(Split.TEST, tx[t], ty[t], t),
         preprocessed=False,
         num_classes=int(max(cy.max(), ty.max())) + 1,
         seed=seed,
-        confirm=Split("confirm", fx, fy, torch.arange(len(fy))) if own_confirm else
-        Split("confirm", tx[f], ty[f], f) if n_conf > 0 else None,
+        confirm=SplitArrays(Split.CONFIRM, fx, fy, torch.arange(len(fy))) if own_confirm else
+        SplitArrays(Split.CONFIRM, tx[f], ty[f], f) if n_conf > 0 else None,
     )
 
 
@@ -394,11 +397,11 @@ def _split_pool(
     order = _permutation(n, seed)
     perm = torch.from_numpy(order)
     a, b, c = n_calib, n_calib + n_val, n_calib + n_val + n_conf
-    parts = {"calib": (0, a), "val": (a, b), "confirm": (b, c), "test": (c, n)}
+    parts = {Split.CALIB: (0, a), Split.VAL: (a, b), Split.CONFIRM: (b, c), Split.TEST: (c, n)}
     x = _permuted_in_place(x, order)  # each split a view of it: the images are never held twice
-    splits = {k: Split(k, x[s:e], y[perm[s:e]], index[perm[s:e]]) for k, (s, e) in parts.items()}
-    confirm = splits.pop("confirm") if n_conf > 0 else None
-    splits.pop("confirm", None)
+    splits = {k: SplitArrays(k, x[s:e], y[perm[s:e]], index[perm[s:e]]) for k, (s, e) in parts.items()}
+    confirm = splits.pop(Split.CONFIRM) if n_conf > 0 else None
+    splits.pop(Split.CONFIRM, None)
     return Dataset(
         source=source, **splits, preprocessed=preprocessed, num_classes=int(y.max()) + 1, seed=seed, confirm=confirm
     )
@@ -435,5 +438,5 @@ def _with_calib(data: Dataset, x: torch.Tensor, preprocessed: bool, source: obje
     if tuple(x.shape[1:]) != tuple(data.val.x.shape[1:]):
         raise LoadError(f"unlabeled images {where} have shape {tuple(x.shape[1:])} per image but the data's are "
                         f"{tuple(data.val.x.shape[1:])}; pass images of the same size")
-    calib = Split("calib", x, torch.full((len(x),), -1, dtype=torch.int64), torch.arange(len(x)))
+    calib = SplitArrays(Split.CALIB, x, torch.full((len(x),), -1, dtype=torch.int64), torch.arange(len(x)))
     return dataclasses.replace(data, calib=calib)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from modelopt.compressors._channels import RemovesChannels
 from modelopt.compressors._inputs import (
     Calibration,
     InputQParams,
@@ -26,6 +27,7 @@ from modelopt.compressors._inputs import (
     input_ranges,
     install_input_quantizers,
 )
+from modelopt.data.split import Split
 from modelopt.evaluation.norm_stats import NormStats
 from modelopt.evaluation.prep_costs import OneTimeCosts
 from modelopt.evaluation.routes import PlanRoutes
@@ -107,10 +109,13 @@ class CompressedStates:
         return out
 
     def _select(self, root: str, compressor: str, choice: Any) -> torch.Tensor | None:
-        """The output channels of `root` a structured choice keeps (`Compressor.kept_channels`), told the group's
-        one plain reader when the choice asks for calibration inputs (its readers are then refitted)."""
+        """The output channels of `root` a structured choice keeps (`RemovesChannels.kept_channels`), told the
+        group's one plain reader when the choice asks for layer inputs (its readers are then refitted)."""
         comp = self.space.compressors[compressor]
-        return comp.kept_channels(self.workload.original[root], choice, self._reader(root, comp.input_images(choice)))
+        if not isinstance(comp, RemovesChannels):
+            return None
+        reader = self._reader(root, comp.calibration(choice).layer_inputs)
+        return comp.kept_channels(self.workload.original[root], choice, reader)
 
     def _reader(self, root: str, images: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(weight, input second moments) of the one layer reading `root`'s group, when it has exactly one, not
@@ -189,7 +194,7 @@ class CompressedStates:
             if c is None or (own is not None and d.name == own[0]):  # slicing already applied that one
                 continue
             comp = self.space.compressors[d.compressor]
-            if n := comp.input_images(c):
+            if n := comp.calibration(c).layer_inputs:
                 w = comp.apply_calibrated(w, c, self.layer_inputs(lname, n, kept_slice))
             else:
                 w = comp.apply(w, c)
@@ -201,8 +206,9 @@ class CompressedStates:
 
     def _repair_images(self, plan: Plan) -> int:
         """Calibration images the readers of the plan's removed channels are refitted on: what its structured
-        choices ask for (`Compressor.input_images`; 0: none, no repair)."""
-        return max((self.space.compressors[self.space.decision(name).compressor].input_images(plan.get(name))
+        choices ask for (`CalibrationNeed.layer_inputs`; 0: none, no repair)."""
+        compressors = self.space.compressors
+        return max((compressors[self.space.decision(name).compressor].calibration(plan.get(name)).layer_inputs
                     for name, _ in self.kept_channels(plan).values()), default=0)
 
     def sliced(self, lname: str, plan: Plan) -> torch.Tensor:
@@ -229,7 +235,7 @@ class CompressedStates:
         once per image count for every layer (`gptq.input_hessians`), shared by runs on the workload;
         charged by `input_cost`.
         """
-        x = self.workload.split("calib").x.part(0, images)  # prepared batch by batch as the pass reads them
+        x = self.workload.split(Split.CALIB).x.part(0, images)  # prepared batch by batch as the pass reads them
         cache = self.workload.input_cache
         if x.shape[0] not in cache:
             t0 = time.perf_counter()
@@ -297,11 +303,11 @@ class CompressedStates:
         bits = self._input_bits(plan)
         cost = 0.0
         for calib in {c for _, c in bits.values()}:
-            x = self.workload.split("calib").x.part(0, calib.images)
+            x = self.workload.split(Split.CALIB).x.part(0, calib.images)
             if calib not in self._input_ranges:
                 self._input_ranges[calib] = input_ranges(self.workload.model, self.workload.modules, x, calib,
                                                          self.workload.batch_size)
-            cost += self.one_time.charge(f"input_ranges:{calib}", x.shape[0] / len(self.workload.split("val")))
+            cost += self.one_time.charge(f"input_ranges:{calib}", x.shape[0] / len(self.workload.split(Split.VAL)))
         return {n: InputQParams.from_range(*self._input_ranges[c][n], b) for n, (b, c) in bits.items()}, cost
 
     def _input_bits(self, plan: Plan) -> dict[str, tuple[int, Calibration]]:
@@ -309,31 +315,30 @@ class CompressedStates:
         bits: dict[str, tuple[int, Calibration]] = {}
         for layer in self.workload.layers:
             for d in self._layer_decisions[layer.name]:
-                comp = self.space.compressors[d.compressor]
-                b = comp.activation_bits(plan.get(d.name))
+                comp, c = self.space.compressors[d.compressor], plan.get(d.name)
+                b = comp.precision(c).activation
                 if b < 32 and (layer.name not in bits or b < bits[layer.name][0]):
-                    # A compressor offering activation bits says how to calibrate in `calibration`.
-                    bits[layer.name] = (b, getattr(comp, "calibration", Calibration()))
+                    bits[layer.name] = (b, comp.calibration(c).input_ranges or Calibration())
         return bits
 
     def _norm_images(self, plan: Plan) -> int:
         """Calibration images the plan's batch-norm statistics are re-estimated on (0: none)."""
-        n = max((self.space.compressors[d.compressor].norm_calibration(plan.get(d.name))
+        n = max((self.space.compressors[d.compressor].calibration(plan.get(d.name)).norm_images
                  for d in self.space.decisions), default=0)
-        return min(n, len(self.workload.split("calib"))) if self.norm_stats.norms else 0
+        return min(n, len(self.workload.split(Split.CALIB))) if self.norm_stats.norms else 0
 
     # ---- one-time preparations ------------------------------------------------------------
 
     def _input_images(self, plan: Plan) -> set[int]:
         """Calibration image counts whose layer inputs the plan's choices need (GPTQ)."""
-        calib = len(self.workload.split("calib"))
+        calib = len(self.workload.split(Split.CALIB))
         return {min(n, calib) for d in self.space.decisions
-                if (n := self.space.compressors[d.compressor].input_images(plan.get(d.name)))}
+                if (n := self.space.compressors[d.compressor].calibration(plan.get(d.name)).layer_inputs)}
 
     def input_cost(self, plan: Plan) -> float:
         """Budget the plan's calibrated choices cost now: the float pass measuring layer inputs, charged
         to the first plan of the run that needs it (images / len(val)), then 0."""
-        val = len(self.workload.split("val"))
+        val = len(self.workload.split(Split.VAL))
         return sum(self.one_time.charge(f"layer_inputs:{n}", n / val) for n in self._input_images(plan))
 
     def add_pre_pass(self, key: str, cost: float) -> None:

@@ -8,7 +8,7 @@ Everything that prices a plan reads it from here: the evaluator's `size_bytes`, 
   chain order: prune, then quantize), in the shape structured pruning leaves (the layer's own
   kept output channels, its producer's kept input channels).
 - A layer's `bytes` are its packed weight, plus the exit head an early exit adds after it
-  (`Compressor.added_bytes`), less the float norm and bias entries its removed channels take with
+  (`Routes.added_bytes`), less the float norm and bias entries its removed channels take with
   them. The float tensors outside the weights (biases, norms) are `PlanCost.other_bytes` at full
   size, so `other_bytes + sum(layer bytes)` is size_bytes exactly.
 - MACs shrink with the kept channels (out x in); bitops are MACs x weight bits x input bits.
@@ -29,7 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
-from modelopt.compressors._base import Choice, Storage
+from modelopt.compressors._base import Choice
+from modelopt.compressors._channels import RemovesChannels
+from modelopt.compressors._packing import Storage
+from modelopt.compressors._routing import Routes
 from modelopt.model.layers import Layer
 from modelopt.plan.plan import Decision, Plan
 from modelopt.plan.space import SearchSpace
@@ -167,10 +170,11 @@ class CostModel:
         for d in self.decisions[layer.name]:
             comp, c = self.space.compressors[d.compressor], choices.get(d.name)
             storage = comp.stored(stored, c, storage)
-            if c is not None:
+            if c is not None and isinstance(comp, Routes):
                 head += comp.added_bytes(layer, c)
-            weight_bits = min(weight_bits, comp.weight_bits(c))
-            activation_bits = min(activation_bits, comp.activation_bits(c))
+            precision = comp.precision(c)
+            weight_bits = min(weight_bits, precision.weight)
+            activation_bits = min(activation_bits, precision.activation)
         freed = 0
         if layer.prunable:
             # A root's removed channels take their group's float entries with them (norms' scales and shifts,
@@ -201,7 +205,7 @@ class CostModel:
         """{layer: output channels kept} for the plan's structured pruning, without the weights.
 
         The shipped compressors keep a count of channels that depends on the choice alone, so it is
-        read off `Compressor.kept_channels` on a weight of zeros; the evaluator passes the counts of
+        read off `RemovesChannels.kept_channels` on a weight of zeros; the evaluator passes the counts of
         the channels it really keeps.
         """
         out = {}
@@ -217,10 +221,9 @@ class CostModel:
             return None
         kept = None
         for d in self.decisions[layer.name]:
-            c = choices.get(d.name)
-            if c is None:
+            c, comp = choices.get(d.name), self.space.compressors[d.compressor]
+            if c is None or not isinstance(comp, RemovesChannels):
                 continue
-            comp = self.space.compressors[d.compressor]
             key = (layer.name, comp.name, c)
             if key not in self._counts:
                 idx = comp.kept_channels(torch.zeros(layer.weight_shape), c)

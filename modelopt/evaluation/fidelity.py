@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 
-from modelopt.confidence import PairedCounts
+from modelopt.confidence import PairedCounts, binom_lower, binom_upper
 from modelopt.errors import ConfigError
 
 DEFAULT_STAGES = (0.25, 0.5)
@@ -62,41 +61,6 @@ class Fidelity:
     def cuts(self, n: int) -> list[int]:
         """Sample counts at which to check, for a split of n samples (always ending at n)."""
         return [*sorted({max(1, round(s * n)) for s in self.stages} - {n}), n]
-
-
-def _binom_cdf(k: int, n: int, p: float) -> float:
-    """P(X <= k) for X ~ Binomial(n, p), summed in log space (n is at most a few thousand)."""
-    if p <= 0.0:
-        return 1.0
-    if p >= 1.0:
-        return 1.0 if k >= n else 0.0
-    lp, lq = math.log(p), math.log1p(-p)
-    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
-             for i in range(k + 1)]
-    m = max(terms)
-    return min(1.0, math.exp(m) * sum(math.exp(t - m) for t in terms))
-
-
-@lru_cache(maxsize=65536)
-def binom_upper(k: int, n: int, delta: float) -> float:
-    """Clopper-Pearson one-sided upper bound: the largest p with P(X <= k | n, p) >= delta."""
-    if n == 0 or k >= n:
-        return 1.0
-    lo, hi = k / n, 1.0
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        if _binom_cdf(k, n, mid) >= delta:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def binom_lower(k: int, n: int, delta: float) -> float:
-    """Clopper-Pearson one-sided lower bound: the smallest p with P(X >= k | n, p) >= delta."""
-    if n == 0 or k <= 0:
-        return 0.0
-    return 1.0 - binom_upper(n - k, n, delta)
 
 
 def max_correct(plan_correct: int, base_right: int, lost: int, base_wrong: int, gained: int,

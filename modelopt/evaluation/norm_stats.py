@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from modelopt.data.split import Split
 from modelopt.evaluation.prep_costs import OneTimeCosts
 from modelopt.model.layers import feed_inputs
 from modelopt.model.workload import Workload
@@ -49,10 +50,10 @@ class NormStats:
             return {}, 0.0
         if key in self._cache:
             return self._cache[key], 0.0
-        calib = self.workload.split("calib").x
+        calib = self.workload.split(Split.CALIB).x
         images = min(images, max(1, BATCH_BYTES // (4 * calib.shape[1:].numel())))
         x = calib[:images]
-        cost = x.shape[0] / len(self.workload.split("val"))
+        cost = x.shape[0] / len(self.workload.split(Split.VAL))
         if self._reference is None or self._reference[0] != x.shape[0]:
             self._reference = (x.shape[0], self._moments(x, None))
         cost += self.one_time.charge(f"norm_reference:{x.shape[0]}", cost)

@@ -31,6 +31,7 @@ import time
 import torch
 from torch.nn import functional as F
 
+from modelopt.data.split import Split
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.plan.plan import Decision
 
@@ -80,8 +81,8 @@ def output_losses(evaluator: Evaluator, images: int = DEFAULT_IMAGES) -> dict[tu
     """
     space, wl = evaluator.space, evaluator.workload
     t0 = time.perf_counter()
-    x = wl.split("calib").x[:images]
-    n, val = x.shape[0], len(wl.split("val"))
+    x = wl.split(Split.CALIB).x[:images]
+    n, val = x.shape[0], len(wl.split(Split.VAL))
     errors = {(d.name, j): float(f.error) for d in space.decisions
               for j, f in enumerate(space.features[d.name])}
     with torch.inference_mode():

@@ -31,7 +31,7 @@ def measure_errors(evaluator: Evaluator) -> None:
     space, workload, one_time = states.space, states.workload, states.one_time
     t0 = time.perf_counter()
     images = max((n for d in space.decisions for c in d.choices
-                  if (n := space.compressors[d.compressor].input_images(c))), default=0)
+                  if (n := space.compressors[d.compressor].calibration(c).layer_inputs)), default=0)
     for d in space.decisions:
         layer = d.layer
         w = workload.original[layer].float()

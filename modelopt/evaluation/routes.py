@@ -1,7 +1,7 @@
 """The evaluator's routing part: where each sample leaves a plan's forward pass.
 
-A compressor whose choices let samples leave early (early exit) offers a `Routing` through
-`Compressor.routing`; this part hands it the plan's choices on that compressor's decisions, charges the
+A compressor whose choices let samples leave early (early exit) has the `Routes` capability and offers a
+`Routing` through `Routes.routing`; this part hands it the plan's choices on that compressor's decisions, charges the
 one-time preparations it reports once per run, and turns where samples left into the share of samples
 each layer saw (`reach`, for MACs and bitops). A space whose compressors route nothing has no routing,
 and every sample runs the whole network.
@@ -14,7 +14,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from modelopt.compressors._base import ExitTap, Route, Routing
+from modelopt.compressors._routing import ExitTap, Route, Routes, Routing
 from modelopt.errors import ConfigError
 from modelopt.evaluation.prep_costs import OneTimeCosts
 from modelopt.model.images import Images
@@ -45,6 +45,8 @@ class PlanRoutes:
         self.owner: str | None = None  # the compressor whose routing it is
         self.decisions: tuple[str, ...] = ()  # decision names of the routing compressor, in space order
         for name, comp in space.compressors.items():
+            if not isinstance(comp, Routes):
+                continue
             decisions = [d for d in space.decisions if d.compressor == name]
             routing = comp.routing(workload, [(d.layer, d.choices) for d in decisions])
             if routing is None:

@@ -16,8 +16,9 @@ from typing import Protocol
 
 import torch
 
-from modelopt.compressors._base import Route
+from modelopt.compressors._routing import Route
 from modelopt.confidence import PairedCounts
+from modelopt.data.split import Split
 from modelopt.errors import TrialError
 from modelopt.evaluation.compressed_state import CompressedStates
 from modelopt.evaluation.cost import PlanCost
@@ -66,9 +67,9 @@ class Scorer:
         # computes differs (integer kernels, half precision): the run certifies what deploys.
         self.engine: Engine | None = None
 
-    def cost(self, split: str = "val", n: int | None = None) -> float:
+    def cost(self, split: str = Split.VAL, n: int | None = None) -> float:
         """Budget charged for scoring one plan on n samples of a split: n / len(val)."""
-        total = len(self.workload.split("val"))
+        total = len(self.workload.split(Split.VAL))
         return min(n or total, len(self.workload.split(split))) / total
 
     def trial_cost(self, metrics: Metrics) -> float:
@@ -86,7 +87,7 @@ class Scorer:
             return metrics  # everything it charged is this run's first: the worker's sum stands as it is
         return dataclasses.replace(metrics, prep_cost=metrics.prep_cost - sum(charges.values()) + sum(paid))
 
-    def evaluate(self, plan: Plan, split: str = "val", n: int | None = None) -> Metrics:
+    def evaluate(self, plan: Plan, split: str = Split.VAL, n: int | None = None) -> Metrics:
         """Scores `plan` on the first `n` samples of `split` (all when None).
 
         Raises:
@@ -127,8 +128,8 @@ class Scorer:
         With `finish=False` (the plan cannot beat the best one found, whatever its accuracy)
         it stops after the first stage: its retention there only informs the search.
         """
-        data = self.workload.split("val")
-        full = (plan.key, "val", len(data))
+        data = self.workload.split(Split.VAL)
+        full = (plan.key, Split.VAL, len(data))
         if full in self._results:
             return self._results[full]
         t0 = time.perf_counter()
@@ -144,9 +145,10 @@ class Scorer:
                 stopped = "dominated" if not finish else _hopeless(
                     data, _joined(preds)[0], min_retention, fidelity.delta, confidence, count_gains, claim_images)
                 if stopped is not None:
-                    return self._metrics(plan, "val", _joined(preds), time.perf_counter() - t0, stopped=stopped,
+                    return self._metrics(plan, Split.VAL, _joined(preds), time.perf_counter() - t0, stopped=stopped,
                                          prep_cost=prep, policy=policy)
-        metrics = self._metrics(plan, "val", _joined(preds), time.perf_counter() - t0, prep_cost=prep, policy=policy)
+        metrics = self._metrics(plan, Split.VAL, _joined(preds), time.perf_counter() - t0, prep_cost=prep,
+                                policy=policy)
         self._results[full] = metrics
         return metrics
 

@@ -21,6 +21,7 @@ import time
 import torch
 from torch.nn import functional as F
 
+from modelopt.data.split import Split
 from modelopt.evaluation.evaluator import Evaluator
 
 DEFAULT_IMAGES = 256
@@ -31,7 +32,7 @@ BACKWARD_FACTOR = 3.0  # a forward and backward pass costs about three forward p
 def fisher_diagonals(evaluator: Evaluator, images: int = DEFAULT_IMAGES) -> dict[str, torch.Tensor]:
     """Per compressible layer, the empirical Fisher diagonal of its weight over `images` calib images."""
     wl = evaluator.workload
-    data = wl.split("calib")
+    data = wl.split(Split.CALIB)
     # The float model's own answers stand for labels: calib images need none (they may be unlabeled).
     x, y = data.x[:images], data.base_pred[:images]
     weights = {n: m.get_parameter("weight") for n, m in wl.modules.items()}
@@ -59,8 +60,8 @@ def estimate_losses(evaluator: Evaluator, images: int = DEFAULT_IMAGES) -> dict[
     space = evaluator.space
     t0 = time.perf_counter()
     fisher = fisher_diagonals(evaluator, images)
-    n = min(images, len(evaluator.workload.split("calib")))
-    evaluator.states.add_pre_pass(f"fisher:{n}", n * BACKWARD_FACTOR / len(evaluator.workload.split("val")))
+    n = min(images, len(evaluator.workload.split(Split.CALIB)))
+    evaluator.states.add_pre_pass(f"fisher:{n}", n * BACKWARD_FACTOR / len(evaluator.workload.split(Split.VAL)))
     out: dict[tuple[str, int], float] = {}
     for d in space.decisions:
         w = evaluator.workload.original[d.layer]

@@ -8,6 +8,7 @@ import traceback
 
 import torch
 
+from modelopt.data.split import Split
 from modelopt.errors import ModeloptError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.fidelity import Fidelity
@@ -24,7 +25,7 @@ def score(evaluator: Evaluator, objective: Objective, fidelity: Fidelity | None,
     out_of_memory = False
     try:
         if fidelity is None:
-            metrics = evaluator.scorer.evaluate(job.plan, split="val")
+            metrics = evaluator.scorer.evaluate(job.plan, split=Split.VAL)
         else:
             metrics = evaluator.scorer.evaluate_staged(job.plan, objective.min_retention, fidelity, finish=job.finish,
                                                 confidence=objective.confidence, count_gains=objective.count_gains,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from modelopt.compressors._base import Choice, WeightForm
+from modelopt.compressors._base import Choice
+from modelopt.compressors._packing import WeightForm
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.plan.plan import Plan
 
@@ -37,7 +38,8 @@ def layer_steps(evaluator: Evaluator, plan: Plan, layer: str) -> list[Step]:
         if d.layer != layer or choice is None or (own is not None and d.name == own[0]):
             continue
         comp = space.compressors[d.compressor]
-        inputs = evaluator.states.layer_inputs(layer, n, (rows, cols)) if (n := comp.input_images(choice)) else None
+        n = comp.calibration(choice).layer_inputs
+        inputs = evaluator.states.layer_inputs(layer, n, (rows, cols)) if n else None
         steps.append(Step(d.name, choice, comp.pack(steps[-1].form, choice, inputs)))
     return steps
 

@@ -1,5 +1,5 @@
 """The module a packed checkpoint describes: its architecture rebuilt by name (a routed plan's wrapper is its
-compressor's: `Compressor.unpack`)."""
+compressor's: `Routes.unpack`)."""
 
 from __future__ import annotations
 

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from modelopt.compressors._base import Granularity, IntegerWeight
+from modelopt.compressors._packing import Granularity, IntegerWeight
+from modelopt.data.split import Split
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters._forms import layer_steps
@@ -107,7 +108,7 @@ def to_bitsandbytes(evaluator: Evaluator, plan: Plan, *, quant_type: str = "nf4"
 
 
 def bitsandbytes_agreement(
-    evaluator: Evaluator, plan: Plan, split: str = "val", *, quant_type: str = "nf4"
+    evaluator: Evaluator, plan: Plan, split: str = Split.VAL, *, quant_type: str = "nf4"
 ) -> BitsandbytesAgreement:
     """Runs `to_bitsandbytes(evaluator, plan)` on `split` and compares it with the QDQ evaluation.
 

@@ -36,7 +36,9 @@ import numpy as np
 import torch
 
 from modelopt._files import save_atomic
-from modelopt.compressors._base import ExitTap, Granularity, IntegerWeight, WeightForm
+from modelopt.compressors._packing import Granularity, IntegerWeight, WeightForm
+from modelopt.compressors._routing import ExitTap
+from modelopt.data.split import Split
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters._forms import layer_forms
@@ -216,7 +218,7 @@ def _activation_qparams(evaluator: Evaluator, graph: Graph, exported: Any, layer
         float_graph = Graph(version_converter_convert(_torch_export(evaluator, evaluator.space.plan())[0]))
         fold_batchnorm(float_graph)
         every = set(activation_tensors(float_graph).values()) | missing
-        calib_x = evaluator.workload.split("calib").x[: calib.samples].cpu().numpy()
+        calib_x = evaluator.workload.split(Split.CALIB).x[: calib.samples].cpu().numpy()
         batches = (calib_x[i : i + 128] for i in range(0, len(calib_x), 128))
         known = {t for t in every if any(t in n.output for n in float_graph.nodes) or t in float_graph.inputs}
         ranges.update(calibrate(_model(float_graph, float_graph.model, []), known, batches, calib.method,
@@ -390,7 +392,7 @@ def _torch_export(evaluator: Evaluator, plan: Plan, routed: bool = False) -> tup
     taps = evaluator.routes.taps(model, plan) if routed else []
     with tapped(model, taps) if taps else contextlib.nullcontext():
         outputs += [f"exit{k}_{what}" for k in range(len(taps)) for what in ("logits", "confidence")]
-        return _traced(model, evaluator.workload.split("val").x[:1].cpu(), outputs), taps
+        return _traced(model, evaluator.workload.split(Split.VAL).x[:1].cpu(), outputs), taps
 
 
 def _traced(model: torch.nn.Module, x: torch.Tensor, outputs: list[str]) -> Any:

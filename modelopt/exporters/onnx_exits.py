@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from modelopt.data.split import Split
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters import exit_predictor
@@ -89,7 +90,7 @@ def exit_segments(evaluator: Evaluator, plan: Plan, **options: Any) -> ExitSegme
     models.append(_extracted(extractor, [source], ["logits"]))
     segments.append({"file": f"segment{len(info.exits)}.onnx", "input": source, "outputs": ["logits"]})
     manifest = {"format": exit_predictor.FORMAT, "version": 1, "input": "input", "segments": segments,
-                "input_shape": list(evaluator.workload.split("val").x.shape[1:])}
+                "input_shape": list(evaluator.workload.split(Split.VAL).x.shape[1:])}
     return ExitSegments(tuple(models), manifest, info)
 
 

@@ -6,7 +6,7 @@ The file holds only tensors, ints and strings, so `torch.load(weights_only=True)
   pruned layer only the kept weights' codes;
 - ``scales``: float16, every quantized layer's scales back to back;
 - ``masks``: uint8, which weights each unstructured-pruned layer keeps: a bitmask or a list of
-  positions, whichever is smaller (`modelopt.compressors._base.encode_mask`);
+  positions, whichever is smaller (`modelopt.compressors._packing.encode_mask`);
 - ``floats``: float32, float layers' weights (only the kept values when pruned), batch norms folded
   to scale and shift per channel, biases and any other float tensor, back to back;
 - ``index``: zlib-compressed JSON naming what lies where (layer, spec, shape, kept values), in storage order,
@@ -37,7 +37,8 @@ from torch import nn
 
 from modelopt._files import save_atomic  # a failed or killed export leaves the old file, never half a zip
 from modelopt.compressors import COMPRESSORS
-from modelopt.compressors._base import (
+from modelopt.compressors._inputs import InputQParams, install_input_quantizers
+from modelopt.compressors._packing import (
     IntegerWeight,
     WeightForm,
     decode_mask,
@@ -46,7 +47,7 @@ from modelopt.compressors._base import (
     sparse_index_bytes,
     unpack_codes,
 )
-from modelopt.compressors._inputs import InputQParams, install_input_quantizers
+from modelopt.compressors._routing import Routes
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters._forms import layer_forms
@@ -196,7 +197,8 @@ def _add_route(out: _Sections, evaluator: Evaluator, plan: Plan) -> None:
     route = routes.route(plan)
     if route is None or routes.routing is None or routes.owner is None:
         return
-    key = evaluator.space.compressors[routes.owner].packed_key
+    owner = evaluator.space.compressors[routes.owner]
+    key = owner.packed_key if isinstance(owner, Routes) else None
     if key is None:
         raise ConfigError(f"compressor {routes.owner!r} cannot store its route in a packed checkpoint; "
                           "export a plan without it")
@@ -285,7 +287,7 @@ def load(path: str | Path, model: nn.Module | None = None) -> nn.Module:
         p.requires_grad_(False)
     for name in COMPRESSORS.names():  # a routed plan (early exit): its compressor rebuilds the route
         cls = COMPRESSORS.get(name)
-        if cls.packed_key is not None and index.get(cls.packed_key):
+        if issubclass(cls, Routes) and cls.packed_key is not None and index.get(cls.packed_key):
             try:
                 return cls.unpack(module, index[cls.packed_key], stream.floats(None), meta)
             except (ConfigError, LoadError) as exc:

@@ -30,6 +30,7 @@ import math
 
 import numpy as np
 
+from modelopt.compressors._routing import Routes
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import ChoiceFeatures, SearchSpace
 
@@ -41,7 +42,7 @@ INTEGER_BITS = range(5, 9)  # weight widths stored as int8 (5..8): integer kerne
 
 def routes(space: SearchSpace, decision: str) -> bool:
     """Whether a decision's choices route samples (early exits: a fixed cost each, a saving by their leavers)."""
-    return space.compressors[space.decision(decision).compressor].routes
+    return isinstance(space.compressors[space.decision(decision).compressor], Routes)
 
 
 def kind_of(f: ChoiceFeatures) -> str:

@@ -21,6 +21,7 @@ from collections import OrderedDict
 
 import torch
 
+from modelopt.data.split import Split
 from modelopt.errors import ConfigError, TrialError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.latency.engine import ENGINES, Compiled
@@ -94,7 +95,7 @@ class PlanLatency:
             built = self.compiled(plan)
             key = self._graph_of[plan.key] = built.key
             if key not in self._timed:
-                self._timed[key] = built.time(as_tensor(self.evaluator.workload.split("val").x))
+                self._timed[key] = built.time(as_tensor(self.evaluator.workload.split(Split.VAL).x))
         latency = self._timed[key]
         self.model.observe(plan, latency.median_ms)
         return latency
@@ -103,7 +104,7 @@ class PlanLatency:
         """Times the float model and `plans` once more, back to back, each keeping the faster of its two figures:
         on a shared machine a burst of steal can outlast every round of one measurement (the float model read
         0.86 ms in a run and 0.754-0.766 ms in five later ones), and the figures a run reports are these."""
-        x = as_tensor(self.evaluator.workload.split("val").x)
+        x = as_tensor(self.evaluator.workload.split(Split.VAL).x)
         for plan in dict.fromkeys([self.evaluator.space.plan(), *plans]):
             first = self.measure(plan)
             again = self.compiled(plan).time(x)
@@ -155,7 +156,7 @@ class PlanLatency:
         for precision in self.engine.float_references():
             built = self.engine.compile(self.evaluator, plan, self.spec, precision)
             if built.key + precision not in self._timed:
-                self._timed[built.key + precision] = built.time(as_tensor(self.evaluator.workload.split("val").x))
+                self._timed[built.key + precision] = built.time(as_tensor(self.evaluator.workload.split(Split.VAL).x))
             out[built.name] = self._timed[built.key + precision]
         return out
 
@@ -183,6 +184,6 @@ class PlanLatency:
         if self._val_seconds is None:
             reference = self.compiled(self.evaluator.space.plan())
             t0 = time.perf_counter()
-            reference.run(as_tensor(self.evaluator.workload.split("val").x))
+            reference.run(as_tensor(self.evaluator.workload.split(Split.VAL).x))
             self._val_seconds = max(time.perf_counter() - t0, 1e-3)
         return self._val_seconds

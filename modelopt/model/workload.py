@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from modelopt.data.dataset import Dataset
+from modelopt.data.split import Split
 from modelopt.errors import ConfigError, LoadError
 from modelopt.model.channels import ChannelGroups
 from modelopt.model.images import Images
@@ -18,7 +19,7 @@ from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer, compressible_modules, discover_layers
 from modelopt.model.loader import LoadedModel
 
-SPLITS = ("calib", "val", "confirm", "test", "all")
+SPLITS = tuple(Split)
 # Splits whose prepared images together fit in this many bytes are held prepared (every CIFAR-10 set: the default
 # run's 11,000 images are 135 MB); larger ones stay uint8 and are prepared batch by batch as they are read.
 RESIDENT_BYTES = 256 * 2**20
@@ -91,9 +92,9 @@ class Workload:
         self.tensor_cache: dict[tuple[object, ...], torch.Tensor] = {}
         # calib images -> each layer's input second moments on them (GPTQ); filled by evaluators.
         self.input_cache: dict[int, dict[str, LayerInputs]] = {}
-        names = ("calib", "val", "test") + (("confirm",) if data.confirm is not None else ())
+        names = (Split.CALIB, Split.VAL, Split.TEST) + ((Split.CONFIRM,) if data.confirm is not None else ())
         # What the model makes of two images, and whether the data's labels fit its outputs, before all are prepared.
-        two = self._prepare(data.split("val").x[:2])
+        two = self._prepare(data.split(Split.VAL).x[:2])
         self._check_fits(two)
         self._check_labels()
         per_image = 4 * two[0].numel()
@@ -170,7 +171,7 @@ class Workload:
             model.update(name.encode())
             model.update(t.detach().cpu().contiguous().numpy().tobytes())
         data = hashlib.sha256()
-        for split in ("val", "test") + (("confirm",) if self.data.confirm is not None else ()):
+        for split in (Split.VAL, Split.TEST) + ((Split.CONFIRM,) if self.data.confirm is not None else ()):
             src = self.data.split(split)
             # The arrays' own buffers: tobytes() would copy a large uint8 store whole.
             data.update(src.x.cpu().contiguous().numpy().data)
@@ -178,15 +179,15 @@ class Workload:
         return {"model_sha256": model.hexdigest()[:16], "data_sha256": data.hexdigest()[:16]}
 
     def split(self, name: str) -> SplitData:
-        if name == "all":
-            v, t = self.splits["val"], self.splits["test"]
+        if name == Split.ALL:
+            v, t = self.splits[Split.VAL], self.splits[Split.TEST]
             return SplitData(Images.cat([v.x, t.x]), torch.cat([v.y, t.y]), torch.cat([v.base_pred, t.base_pred]))
         check_split(name)
-        if name not in self.splits:  # "confirm" of a source loaded without one
+        if name not in self.splits:  # CONFIRM, of a source loaded without one
             raise ConfigError(f"data {self.data.source!r} has no confirm split; load it with confirm_fraction > 0")
         return self.splits[name]
 
-    def baseline_accuracy(self, split: str = "val") -> float:
+    def baseline_accuracy(self, split: str = Split.VAL) -> float:
         return float(self.split(split).base_correct.float().mean())
 
     # ---- running the model ----------------------------------------------------------------

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from modelopt._files import write_atomic
-from modelopt.compressors._base import Choice, Compressor
+from modelopt.compressors._base import Choice
 from modelopt.compressors._registry import COMPRESSORS
+from modelopt.compressors._routing import Routes
 from modelopt.errors import ConfigError, LoadError, UnknownNameError
 from modelopt.plan.plan import PLAN_VERSION, Plan, decision_name
 
@@ -86,11 +87,13 @@ def parse_plan(space: SearchSpace, doc: Mapping[str, Any]) -> Plan:
 
 def _top_level_choices(space: SearchSpace, doc: Mapping[str, Any]) -> dict[tuple[str, str], Choice]:
     """Model-level settings (early_exit: {exits, threshold}) as per-layer choices; `layers` overrides them."""
-    top = {name: c for name, c in space.compressors.items() if c.parse_top(None, []) is not None}
+    top = {name: c for name, c in space.compressors.items()
+           if isinstance(c, Routes) and c.parse_top(None, []) is not None}
     for key in doc:
         if key not in _TOP_KEYS and key not in top:
             valid = (*_TOP_KEYS, *top)
-            if key in COMPRESSORS and COMPRESSORS.get(key).parse_top is not Compressor.parse_top:
+            cls = COMPRESSORS.get(key) if key in COMPRESSORS else None
+            if cls is not None and issubclass(cls, Routes) and cls.parse_top is not Routes.parse_top:
                 raise ConfigError(f"plan key {key!r} needs the {key!r} compressor, which this run does not "
                                   f"use; enabled: {', '.join(space.compressors)}")
             raise ConfigError(f"unknown plan key {key!r}; valid: {', '.join(valid)}")
@@ -113,6 +116,8 @@ def dump_plan(space: SearchSpace, plan: Plan) -> dict[str, Any]:
     per_layer: dict[str, dict[str, Any]] = {lname: {} for lname in space.layers}
     top: dict[str, Any] = {}
     for cname, comp in space.compressors.items():
+        if not isinstance(comp, Routes):
+            continue
         form = comp.dump_top({d.layer: plan.get(d.name) for d in space.decisions if d.compressor == cname})
         if form is not None:
             top[cname] = form

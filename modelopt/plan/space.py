@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from modelopt.compressors._base import Choice, Compressor
+from modelopt.compressors._channels import RemovesChannels
+from modelopt.compressors._routing import Routes
 from modelopt.errors import UnknownNameError
 from modelopt.model.layers import Layer
 from modelopt.plan import file as plan_file
@@ -71,11 +73,12 @@ class SearchSpace:
         comp, layer = self.compressors[d.compressor], self.layers[d.layer]
         out = []
         for c in d.choices:
-            bits = comp.weight_bits(c)
-            err = 0.0 if c is None else 4.0 ** -min(bits, 16)  # uniform-quantizer error scales as 4^-bits
-            macs = layer.macs - comp.macs_saved(layer, c, self.layers)
-            out.append(ChoiceFeatures(comp.weight_bytes(layer, c) + comp.added_bytes(layer, c), bits, macs, err,
-                                      comp.activation_bits(c)))
+            precision = comp.precision(c)
+            err = 0.0 if c is None else 4.0 ** -min(precision.weight, 16)  # uniform-quantizer error scales as 4^-bits
+            macs = layer.macs - (comp.macs_saved(layer, c, self.layers) if isinstance(comp, RemovesChannels) else 0)
+            head = comp.added_bytes(layer, c) if isinstance(comp, Routes) else 0
+            out.append(ChoiceFeatures(comp.weight_bytes(layer, c) + head, precision.weight, macs, err,
+                                      precision.activation))
         return tuple(out)
 
     def __len__(self) -> int:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from modelopt._version import __version__
+from modelopt.data.split import Split
 from modelopt.evaluation.metrics import Metrics
 from modelopt.model.layers import Layer
 from modelopt.objective import pareto_front
@@ -85,7 +86,7 @@ def _summary_table(run: RunFolder) -> Table:
     if s is not None:
         base = s.baseline
         rows.append(("float top-1", ", ".join(f"{base[k].accuracy:.2%} {k} ({base[k].n_samples} images)"
-                                              for k in ("test", "confirm", "val") if k in base)))
+                                              for k in (Split.TEST, Split.CONFIRM, Split.VAL) if k in base)))
     elif m0 is not None:
         rows.append(("float top-1", f"{m0.baseline_accuracy:.2%} val ({m0.n_samples} images); test: when the run ends"))
     rows.append(("float size", _kib(run.float_size_bytes)))
@@ -102,10 +103,10 @@ def _summary_table(run: RunFolder) -> Table:
             (f"best {_what(run)}", f"{_fx(run.reduction(test or m))}"),
             ("best size", f"{_kib(m.size_bytes)} (float {_kib(m.float_size_bytes)})"),
             ("best retention", "; ".join(f"{_bounded(run, x)} {name}" for name, x in
-                                         (("test (held out)", test), ("confirm", conf),
+                                         ((f"{Split.TEST} (held out)", test), (Split.CONFIRM, conf),
                                           ("val (search-time estimate)", m)) if x is not None)),
             ("best agreement", ", ".join(f"{_fpct(x.agreement)} {name}" for name, x in
-                                         (("test", test), ("confirm", conf), ("val", m)) if x is not None)),
+                                         ((Split.TEST, test), (Split.CONFIRM, conf), (Split.VAL, m)) if x is not None)),
         ]
         sb = run.search_best
         if s is not None and s.anchors:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from modelopt.data.split import Split
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.plan.plan import Plan
 
@@ -52,7 +53,7 @@ class ExitPattern:
         return cls(str(d["split"]), int(d["images"]), _rows(d["float"]), _rows(d["plan"]))
 
 
-def exit_pattern(evaluator: Evaluator, plan: Plan, split: str = "test") -> ExitPattern | None:
+def exit_pattern(evaluator: Evaluator, plan: Plan, split: str = Split.TEST) -> ExitPattern | None:
     """The exit pattern of `plan` and of the float model under the same exits on `split`; None without exits.
 
     Example:

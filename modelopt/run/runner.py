@@ -17,10 +17,11 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from modelopt._version import __version__
-from modelopt.certify.confirm import Confirmation, confirm, finalists
-from modelopt.certify.deployed import check_deployed
-from modelopt.certify.evidence import check_certifiable, evidence
+from modelopt.certify.certificate import certify
+from modelopt.certify.confirm import Confirmation
+from modelopt.certify.evidence import evidence_lines
 from modelopt.config.run_config import RunConfig
+from modelopt.data.split import Split
 from modelopt.errors import ConfigError, ModeloptError
 from modelopt.evaluation.evaluator import Evaluator, Metrics
 from modelopt.evaluation.fidelity import Fidelity
@@ -84,6 +85,8 @@ class Runner:
         executor: scores the plans (`modelopt.executors`); None: this process, one plan at a time.
             With `executor.slots` > 1 the strategy is asked for that many plans ahead (`ask` with
             virtual loss or a constant liar), and trials are recorded in the order they were asked.
+        evidence: the lines saying what the splits can certify (`modelopt.certify.evidence.evidence_lines`, as
+            `build` found them); None: found here.
     """
 
     def __init__(
@@ -102,6 +105,7 @@ class Runner:
         latency: PlanLatency | None = None,
         executor: Executor | None = None,
         lock: RunLock | None = None,
+        evidence: tuple[str, ...] | None = None,
     ) -> None:
         if not 0 < budget < math.inf:
             raise ConfigError(f"budget must be a positive number, got {budget!r}")
@@ -123,10 +127,9 @@ class Runner:
         self.journal = Journal(self.run_dir / JOURNAL)
         self.trials: list[Trial] = []
         self.eval_seconds = 0.0
-        if objective.confidence > 0:  # what the splits can certify (`build` refused a val split that cannot)
-            self.console.print(evidence(evaluator.workload, objective), highlight=False, soft_wrap=True)
-            for warning in check_certifiable(evaluator.workload, objective):
-                self.console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+        # What the splits can certify, as `build` found it (a runner built by hand finds it here).
+        for line in evidence_lines(evaluator.workload, objective) if evidence is None else evidence:
+            self.console.print(line, highlight=False, soft_wrap=True)
 
     # ---- set-up and resume ----------------------------------------------------------------
 
@@ -201,7 +204,7 @@ class Runner:
         t0 = time.perf_counter()
         trial = functools.partial(Trial, number=len(self.trials), plan=job.plan, strategy=self.strategy.name,
                                   seed=self.strategy.seed, version=__version__)
-        cost, error = self.evaluator.scorer.cost("val"), scored.error
+        cost, error = self.evaluator.scorer.cost(Split.VAL), scored.error
         if scored.metrics is not None:
             try:
                 metrics = scored.metrics
@@ -345,7 +348,7 @@ class Runner:
         """How many more plans to ask for: free slots, while the budget left covers every plan in
         flight scored in full (one slot: the budget is not yet spent, as the serial loop asks)."""
         scoring = sum(job is not None for _, job in window)
-        if self.spent + scoring * self.evaluator.scorer.cost("val") >= self.budget - 1e-9:
+        if self.spent + scoring * self.evaluator.scorer.cost(Split.VAL) >= self.budget - 1e-9:
             return 0
         return max(self.executor.slots - scoring, 0)
 
@@ -361,27 +364,10 @@ class Runner:
 
     # ---- the end: re-score on test, write the run folder ----------------------------------
 
-    def _reportable(self, best: Trial, confirmation: Confirmation) -> list[Trial]:
-        """`best`, then the other confirmed plans from the best objective value on: what may be reported."""
-        held = [t for (t, _), ok in zip(confirmation.finalists, confirmation.verdicts, strict=False)
-                if ok and t.plan.key != best.plan.key]
-        return [best, *sorted(held, key=lambda t: self.objective.value(t.scored))]
-
     def _finish(self, search_wall: float) -> RunResult:
-        anchor_keys = [p.key for p in self.objective.anchors(self.space)] if self.objective.confidence > 0 else []
-        final = finalists(self.trials, self.objective, anchor_keys)
-        search_best, front = final.search_best, list(final.front)
-        confirmation = confirm(self.evaluator, self.objective, list(final.candidates), final.anchors, self.trials)
-        # With a confirm split the reported best is the smallest plan it confirmed; without one (or
-        # with one too small to certify the floor), the search's best on the val bound, unconfirmed.
-        best = confirmation.best if confirmation.usable else search_best
-        deployed = None
-        if best is not None and self.latency is not None:  # deployed equals certified, or the next plan is
-            best, deployed = check_deployed(self.latency, self._reportable(best, confirmation))
-        # The anchors are re-scored on test too: every result stands beside the no-search answers.
-        to_score = {t.plan.key: t for t in ([best] if best else []) + ([search_best] if search_best else []) + front
-                    + list(final.anchors)}
-        test_metrics = {key: self.evaluator.scorer.evaluate(t.plan, split="test") for key, t in to_score.items()}
+        cert = certify(self.evaluator, self.objective, self.trials, self.latency)
+        best, search_best, front, confirmation = cert.best, cert.search_best, list(cert.front), cert.confirmation
+        to_score, test_metrics = cert.reported, dict(cert.test or {})
         if self.latency is not None:  # measured once per distinct plan, for the final set only
             self.latency.retime([t.plan for t in to_score.values()])
             test_metrics = {key: self._with_latency(m, to_score[key].plan) for key, m in test_metrics.items()}
@@ -396,8 +382,8 @@ class Runner:
         summary = summarize(
             evaluator=self.evaluator, objective=self.objective, config=self.config, run_dir=self.run_dir,
             budget=self.budget, trials=self.trials, best=best, search_best=search_best, confirmation=confirmation,
-            test=test_metrics, pareto=front, anchors=final.anchors, search_wall=search_wall,
-            eval_seconds=self.eval_seconds, deployed=deployed, float_latency=float_latency,
+            test=test_metrics, pareto=front, anchors=cert.anchors, search_wall=search_wall,
+            eval_seconds=self.eval_seconds, deployed=cert.deployed, float_latency=float_latency,
             exits=None if best is None else exit_pattern(self.evaluator, best.plan))
         write_json_atomic(self.run_dir / SUMMARY, summary.to_json())
         confirmed = {t.plan.key: m for t, m in confirmation.finalists}

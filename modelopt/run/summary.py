@@ -18,6 +18,7 @@ from modelopt._version import __version__
 from modelopt.certify.confirm import Confirmation
 from modelopt.certify.deployed import Deployed
 from modelopt.config.run_config import RunConfig
+from modelopt.data.split import Split
 from modelopt.errors import ModeloptError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.metrics import Metrics
@@ -79,8 +80,8 @@ class PlanEntry:
     name: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out = {"trial": self.trial, "plan_key": self.plan_key, "plan": self.plan, "test": _json(self.test),
-               "confirm": _json(self.confirm), "val": _json(self.val)}
+        out = {"trial": self.trial, "plan_key": self.plan_key, "plan": self.plan, Split.TEST: _json(self.test),
+               Split.CONFIRM: _json(self.confirm), Split.VAL: _json(self.val)}
         if self.confirmed is not None:
             out["confirmed"] = self.confirmed
         if self.name is not None:
@@ -92,8 +93,8 @@ class PlanEntry:
         if not d:
             return None
         confirmed = d.get("confirmed")
-        return cls(int(d["trial"]), str(d["plan_key"]), dict(d.get("plan") or {}), Scores.from_json(d.get("test")),
-                   Scores.from_json(d.get("confirm")), Scores.from_json(d.get("val")),
+        return cls(int(d["trial"]), str(d["plan_key"]), dict(d.get("plan") or {}), Scores.from_json(d.get(Split.TEST)),
+                   Scores.from_json(d.get(Split.CONFIRM)), Scores.from_json(d.get(Split.VAL)),
                    None if confirmed is None else bool(confirmed), d.get("name"))
 
 
@@ -109,12 +110,12 @@ class Finalist:
 
     def to_json(self) -> dict[str, Any]:
         return {"trial": self.trial, "plan_key": self.plan_key, "confirmed": self.confirmed,
-                "pass_chance": self.pass_chance, "confirm": _json(self.confirm)}
+                "pass_chance": self.pass_chance, Split.CONFIRM: _json(self.confirm)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Finalist:
         return cls(int(d["trial"]), str(d["plan_key"]), bool(d.get("confirmed", False)), _float(d.get("pass_chance")),
-                   Scores.from_json(d.get("confirm")))
+                   Scores.from_json(d.get(Split.CONFIRM)))
 
 
 @dataclass(frozen=True)
@@ -339,7 +340,7 @@ def summarize(
         Finalist(t.number, t.plan.key, confirmation.verdicts[i],
                  confirmation.chances[i] if i < len(confirmation.chances) else None, scores(m))
         for i, (t, m) in enumerate(confirmation.finalists))
-    splits = ("val", "confirm", "test") if "confirm" in wl.splits else ("val", "test")
+    splits = (Split.VAL, Split.CONFIRM, Split.TEST) if Split.CONFIRM in wl.splits else (Split.VAL, Split.TEST)
     return RunSummary(
         version=__version__,
         run_dir=str(run_dir),
@@ -375,11 +376,12 @@ def _uniform_name(space: SearchSpace, trial: Trial) -> str:
               if (c := trial.plan.get(d.name)) is not None]
     if not chosen:
         return "float"
-    bits = {comp.weight_bits(c) for comp, c in chosen}
-    acts = {comp.activation_bits(c) for comp, c in chosen}
+    precisions = [comp.precision(c) for comp, c in chosen]
+    bits = {p.weight for p in precisions}
+    acts = {p.activation for p in precisions}
     if len(bits) == 2 and len(acts) == 1 and 32 in acts:  # a hedge: the narrow width, its sensitive layers wider
         narrow, wide = sorted(bits)
-        n_wide = sum(comp.weight_bits(c) == wide for comp, c in chosen)
+        n_wide = sum(p.weight == wide for p in precisions)
         return f"INT{narrow}, {n_wide} of {len(chosen)} INT{wide}"
     if len(bits) != 1:
         return "mixed"

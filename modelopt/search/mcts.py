@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from modelopt.compressors._routing import Routes
+from modelopt.data.split import Split
 from modelopt.evaluation.cost import CostModel
 from modelopt.evaluation.trial import Trial
 from modelopt.objective import Objective, Target
@@ -115,7 +117,7 @@ class MCTS(Strategy):
         if objective.target is Target.SIZE:  # priced around the INT4 anchor: pruning saves quantized bytes
             center = (*space.anchors(), space.plan())[min(1, len(space.anchors()) - 1)]  # INT4, else INT8, else none
             self.cost = [np.array(c, dtype=float) for c in CostModel(space).marginal_bytes(center)]
-        self.exits = [i for i, d in enumerate(self.decisions) if space.compressors[d.compressor].routes]
+        self.exits = [i for i, d in enumerate(self.decisions) if isinstance(space.compressors[d.compressor], Routes)]
         self.error = [np.nan_to_num(np.array([f.error for f in fs], dtype=float), nan=1.0, posinf=1.0) for fs in feats]
         # Impact order: decisions whose choices move the cost most come first (largest layers).
         spread = [c.max() - c.min() for c in self.cost]
@@ -425,7 +427,7 @@ class MCTS(Strategy):
         self._amaf(idx, value)
         m = trial.metrics
         retention = None if m is None or trial.reward is None else self.objective.point_retention(m)
-        if self.val_split is None and m is not None and m.stopped is None and m.split == "val" and m.counts():
+        if self.val_split is None and m is not None and m.stopped is None and m.split == Split.VAL and m.counts():
             self.val_split = (m.n_samples, m.base_right)  # type: ignore[assignment]
         if m is not None and m.stopped is None and m.lost is not None and m.gained is not None:
             self.swaps = [self.swaps[0] + m.gained, self.swaps[1] + m.lost]

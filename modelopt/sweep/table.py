@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from modelopt._files import write_atomic
-from modelopt.certify.confirm import confirm, finalists
+from modelopt.certify.certificate import certify
 from modelopt.config.build import load_workload, make_evaluator
 from modelopt.config.run_config import RunConfig
+from modelopt.data.split import Split
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator, Metrics
 from modelopt.model.workload import Workload
@@ -137,20 +138,17 @@ class _Scorer:
     def test(self, model: str, config: RunConfig, rec: Record | None) -> Metrics:
         ev = self.evaluator(model, config)
         plan: Plan = ev.space.plan() if rec is None else ev.space.plan_from_flat(rec.plan)
-        return ev.scorer.evaluate(plan, split="test")
+        return ev.scorer.evaluate(plan, split=Split.TEST)
 
     def reported(self, model: str, cell: _Seed, budget: float) -> Record | None:
         """What the run reported, at its own budget (its summary.json); below it, what the run stopped at `budget`
-        would report (`modelopt.certify.confirm`), or its val best without confirm."""
+        would report (`modelopt.certify.certificate.certify`), or its val best without confirm."""
         if cell.own(budget) and cell.reported is not None:
             number = cell.reported[0]
             return None if number is None else next(r for _, r in cell.records if r.number == number)
         ev = self.evaluator(model, cell.config)
         trials = [r.trial(ev.space) for r in cell.records_within(budget)]
-        keys = [p.key for p in cell.objective.anchors(ev.space)] if cell.objective.confidence else []
-        final = finalists(trials, cell.objective, keys)
-        confirmation = confirm(ev, cell.objective, list(final.candidates), final.anchors, trials)
-        best = confirmation.best if confirmation.split is not None else final.search_best
+        best = certify(ev, cell.objective, trials, test=False).best  # as the run would choose, test unseen
         return None if best is None else next(r for r in cell.records_within(budget) if r.number == best.number)
 
 
@@ -382,9 +380,10 @@ def _md_model(
     weights = f" with weights `{Path(cfg.weights).name}`" if cfg.weights else ""
     lines = [
         f"## {model}", "",
-        f"`{cfg.model}`{weights} on `{_shown(cfg.data, out)}`: float top-1 {wl.baseline_accuracy('val'):.2%} on val "
-        f"({len(wl.split('val'))} images), {wl.baseline_accuracy('test'):.2%} on test ({len(wl.split('test'))} "
-        f"images); float size {wl.float_size_bytes / 1024:,.1f} KiB. × is compression: float size / plan size.", "",
+        f"`{cfg.model}`{weights} on `{_shown(cfg.data, out)}`: float top-1 "
+        f"{wl.baseline_accuracy(Split.VAL):.2%} on val ({len(wl.split(Split.VAL))} images), "
+        f"{wl.baseline_accuracy(Split.TEST):.2%} on test ({len(wl.split(Split.TEST))} images); "
+        f"float size {wl.float_size_bytes / 1024:,.1f} KiB. × is compression: float size / plan size.", "",
     ]
     red = target != "size"  # for size the objective's reduction is the compression itself
     header = ["strategy", "budget", "seeds (reported, held on test)", "held ×: median", "held ×: mean ± std",

@@ -110,13 +110,14 @@ def check_weight_bytes(comp: Compressor, layer: Layer) -> None:
     float_bytes = layer.params * 4
     got = comp.weight_bytes(layer, None)
     assert got == float_bytes, f"{_where(comp, layer)}: weight_bytes(None) = {got}, float32 is {float_bytes}"
-    assert comp.weight_bits(None) == 32, f"{comp.name}: weight_bits(None) must be 32, got {comp.weight_bits(None)}"
+    off = comp.precision(None)
+    assert off.weight == 32 and off.activation == 32, f"{comp.name}: precision(None) must be float (32, 32), got {off}"
     for c in comp.menu(layer)[1:]:
         n = comp.weight_bytes(layer, c)
         assert isinstance(n, int) and not isinstance(n, bool), f"{_where(comp, layer, c)}: weight_bytes {n!r} not int"
         assert 0 < n <= float_bytes, f"{_where(comp, layer, c)}: weight_bytes {n} not in (0, {float_bytes}]"
-        bits = comp.weight_bits(c)
-        assert isinstance(bits, int) and 1 <= bits <= 32, f"{_where(comp, layer, c)}: weight_bits {bits!r}"
+        bits = comp.precision(c).weight
+        assert isinstance(bits, int) and 1 <= bits <= 32, f"{_where(comp, layer, c)}: precision(c).weight {bits!r}"
 
 
 def check_compressor(comp: Compressor, layers: Sequence[Layer] | None = None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from modelopt.data.split import Split
 from modelopt.evaluation.metrics import Metrics
 from modelopt.evaluation.trial import Trial, TrialStatus
 from modelopt.objective import Objective, Target
@@ -16,7 +17,7 @@ from modelopt.search._base import Strategy
 def synthetic_metrics(plan: Plan, space: SearchSpace, score: Callable[[Plan], tuple[float, int]]) -> Metrics:
     """Metrics for a plan from a known function (retention, size_bytes): no model involved."""
     retention, size = score(plan)
-    return Metrics(split="val", n_samples=100, accuracy=retention * 0.9, baseline_accuracy=0.9, retention=retention,
+    return Metrics(split=Split.VAL, n_samples=100, accuracy=retention * 0.9, baseline_accuracy=0.9, retention=retention,
                    agreement=retention, size_bytes=size, float_size_bytes=10_000, compression=10_000 / size,
                    bitops=0, macs=0, eval_seconds=0.0)
 

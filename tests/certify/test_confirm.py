@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from modelopt.certify.confirm import confirm, finalists
+from modelopt.certify.confirm import confirm_plans, finalists
 from modelopt.certify.evidence import certifiable_retention
 from modelopt.compressors.quantize import Granularity, QuantSpec
 from modelopt.evaluation.evaluator import Evaluator
@@ -33,7 +33,7 @@ def _trial(ev: Evaluator, number: int, bits: int, objective: Objective) -> Trial
 def test_the_smallest_plan_confirmed_in_turn_is_the_best_and_the_sequence_stops_at_a_failure(evaluator):
     obj = Objective("size", 0.9, 0.95)
     int8, int4, int2 = (_trial(evaluator, i, b, obj) for i, b in enumerate((8, 4, 2)))
-    c = confirm(evaluator, obj, [int2, int8, int4])  # any order in: tested largest first
+    c = confirm_plans(evaluator, obj, [int2, int8, int4])  # any order in: tested largest first
     assert c.usable and c.split == "confirm"
     assert [t.number for t, _ in c.finalists][:2] == [0, 1]
     confirm_int2 = evaluator.scorer.evaluate(int2.plan, "confirm")
@@ -42,7 +42,7 @@ def test_the_smallest_plan_confirmed_in_turn_is_the_best_and_the_sequence_stops_
     # INT2's val counts give it no chance on confirm: the planned sequence does not spend images on it.
     assert len(c.finalists) == 2 and c.chances[1] > 0.5
     # A failure ends the sequence: a plan after it is not claimed even when it would pass.
-    c2 = confirm(evaluator, obj, [int8, dataclasses.replace(int2, plan=int2.plan, number=5), int4])
+    c2 = confirm_plans(evaluator, obj, [int8, dataclasses.replace(int2, plan=int2.plan, number=5), int4])
     assert c2.best is int4
 
 
@@ -51,7 +51,7 @@ def test_a_confirm_split_too_small_to_certify_the_floor_confirms_nothing_and_say
     ceiling = certifiable_retention(evaluator.workload, "confirm", 0.95)
     n = len(evaluator.workload.split("confirm"))
     assert n < 300 and ceiling < 0.99  # ~170 images: a perfect plan is certified only near 98 %
-    c = confirm(evaluator, obj, [_trial(evaluator, 0, 8, obj)])
+    c = confirm_plans(evaluator, obj, [_trial(evaluator, 0, 8, obj)])
     assert not c.usable and c.finalists == () and c.best is None and c.ceiling == pytest.approx(ceiling)
 
 
@@ -65,7 +65,7 @@ def test_without_a_confirm_split_nothing_is_confirmed():
     assert "confirm" not in wl.splits
     ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize"])))
     obj = Objective("size", 0.9, 0.95)
-    c = confirm(ev, obj, [_trial(ev, 0, 8, obj)])
+    c = confirm_plans(ev, obj, [_trial(ev, 0, 8, obj)])
     assert c.split is None and not c.usable and c.best is None
 
 
@@ -77,5 +77,5 @@ def test_finalists_are_the_plans_of_the_fronts_feasible_or_not(evaluator):
     # INT2 misses the floor on val but is on the front: the sequence weighs its chance (near 0) and skips it.
     assert {t.number for t in f.candidates} == {0, 1, 2}
     assert not obj.feasible(trials[2].metrics)
-    c = confirm(evaluator, obj, list(f.candidates))
+    c = confirm_plans(evaluator, obj, list(f.candidates))
     assert 2 not in {t.number for t, _ in c.finalists} and c.best is trials[1]

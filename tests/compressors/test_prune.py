@@ -17,14 +17,9 @@ from modelopt.compressors import (
     QuantSpec,
     Storage,
 )
-from modelopt.compressors._base import WeightForm, sparse_index_bytes
-from modelopt.compressors.prune import (
-    decode_mask,
-    encode_mask,
-    magnitude_mask,
-    n_kept,
-    sparse_encoding,
-)
+from modelopt.compressors._calibration import CalibrationNeed
+from modelopt.compressors._packing import WeightForm, decode_mask, encode_mask, sparse_encoding, sparse_index_bytes
+from modelopt.compressors.prune import magnitude_mask, n_kept
 from modelopt.compressors.quantize import quantize
 from modelopt.errors import ConfigError
 from modelopt.model.layers import Layer, LayerKind
@@ -176,7 +171,7 @@ def test_two_of_four_is_offered_where_rows_split_into_fours_and_stored_as_half()
 
 def test_sparse_images_choose_the_mask_on_the_layer_inputs():
     """With calibration inputs, unstructured pruning keeps the weights whose loss costs the output most and refits
-    the rest (SparseGPT); without, magnitude; `input_images` asks for them only when sparse_images > 0."""
+    the rest (SparseGPT); without, magnitude; `calibration` asks for them only when sparse_images > 0."""
     from modelopt.model.layer_inputs import LayerInputs
 
     g = torch.Generator().manual_seed(0)
@@ -185,7 +180,8 @@ def test_sparse_images_choose_the_mask_on_the_layer_inputs():
     w = synthetic_weight(BLOCK, seed=2)[:, :16]
     inputs = LayerInputs(x.T @ x, 500)
     spec = PruneSpec(0.5)
-    assert Prune().input_images(spec) == 0 and Prune(sparse_images=64).input_images(spec) == 64
+    assert Prune().calibration(spec).layer_inputs == 0 and Prune(sparse_images=64).calibration(spec).layer_inputs == 64
+    assert Prune().calibration(None) == CalibrationNeed()  # off: nothing to calibrate, no norms re-estimated
     plain, repaired = Prune().apply_calibrated(w, spec, None), Prune(sparse_images=64).apply_calibrated(w, spec, inputs)
     assert int((repaired == 0).sum()) == int((plain == 0).sum()) == w.numel() // 2
 

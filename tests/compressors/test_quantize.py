@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from modelopt.compressors import COMPRESSORS, Granularity, Quantize, QuantSpec
-from modelopt.compressors._base import pack_codes, unpack_codes
+from modelopt.compressors._base import Precision
+from modelopt.compressors._packing import pack_codes, unpack_codes
 from modelopt.compressors.quantize import (
     SUPPORTED_BITS,
     dequantize,
@@ -285,7 +286,7 @@ def test_registered_and_defaults():
     assert COMPRESSORS.get("quantize") is Quantize
     q = Quantize()
     assert q.bits == (8, 4) and q.granularity == (PC, GR) and q.group_size == 64
-    assert q.weight_bits(None) == 32 and q.weight_bits(QuantSpec(3)) == 3
+    assert q.precision(None) == Precision(32, 32) and q.precision(QuantSpec(3)) == Precision(3, 32)
     assert q.options() == {"bits": [8, 4], "granularity": ["per_channel", "group"], "group_size": 64}
 
 
@@ -344,10 +345,11 @@ def test_activations_cross_every_weight_choice_and_cost_their_qparams():
     assert q.menu(WIDE) == (None, QuantSpec(8), ActQuantSpec(8), QuantSpec(4), ActQuantSpec(4))
     for spec in q.menu(WIDE)[1:]:
         a8 = spec.activations == 8
-        assert q.activation_bits(spec) == (8 if a8 else 32) and q.weight_bits(spec) == spec.bits
+        assert q.precision(spec) == Precision(spec.bits, 8 if a8 else 32)
+        assert (q.calibration(spec).input_ranges is not None) == a8  # ranges measured for quantized inputs only
         # float32 input scale + uint8 zero point on top of the weight's codes and float16 scales
         assert q.weight_bytes(WIDE, spec) == WIDE.params * spec.bits // 8 + 64 * 2 + (5 if a8 else 0)
-    assert q.activation_bits(None) == 32
+    assert q.precision(None).activation == 32
     assert Quantize().menu(WIDE) == Quantize(activations=(None,)).menu(WIDE)  # the default offers none
     assert str(QuantSpec(4, GR, 32).with_activations(8)) == "int4/g32/a8"
 

@@ -40,20 +40,20 @@ from typing import Any
 
 import torch
 
-from modelopt.compressors._base import Choice, Compressor, Storage
+from modelopt.compressors._base import Choice, Compressor
+from modelopt.compressors._packing import Storage
 from modelopt.compressors._registry import COMPRESSORS
+from modelopt.compressors._routing import Routes
 from modelopt.compressors._surface import Cell, ReportColumn, Setting, SettingKind
-from modelopt.compressors.early_exit.backbone import Backbone, exit_layers, split_backbone
-from modelopt.compressors.early_exit.heads import ExitHead
+from modelopt.compressors.early_exit.backbone import exit_layers, split_backbone
 from modelopt.compressors.early_exit.pools import load_exit_images
 from modelopt.compressors.early_exit.routing import ExitRouting, with_exits
 from modelopt.compressors.early_exit.runtime import RuntimeConfig
-from modelopt.compressors.early_exit.simulate import ExitPolicy
 from modelopt.errors import ConfigError
 from modelopt.model.layers import Layer, LayerKind
 from modelopt.model.workload import Workload
 
-__all__ = ["DEFAULT_THRESHOLDS", "EarlyExit", "ExitChoice", "exit_layers", "head_bytes", "policy_from_choices"]
+__all__ = ["DEFAULT_THRESHOLDS", "EarlyExit", "ExitChoice", "exit_layers"]
 
 # Confidence (max softmax of the temperature-scaled head) a sample needs to leave at an exit.
 DEFAULT_THRESHOLDS = (0.8, 0.9, 0.95, 0.98, 0.99, 0.995)
@@ -76,7 +76,7 @@ class ExitChoice:
 
 
 @COMPRESSORS.register("early_exit")
-class EarlyExit(Compressor):
+class EarlyExit(Compressor, Routes):
     """Offers, on each candidate block's last layer, an exit at one of a few confidence thresholds.
 
     Args:
@@ -95,7 +95,6 @@ class EarlyExit(Compressor):
     name = "early_exit"
     order = 90  # after every weight transform; it changes none
     packed_key = "e"  # a packed checkpoint's exit heads (`modelopt.compressors.early_exit.routing.ExitRouting.pack`)
-    routes = True  # samples leave at the first confident exit (ONNX: a folder of segments)
     settings = (
         Setting("exit_data", SettingKind.PATH, "An .npz of images the search never scores (e.g. "
                 "../shared/data/cifar10/cifar10_jpeg_train.npz): early-exit heads are also fitted on them."),
@@ -232,7 +231,7 @@ class EarlyExit(Compressor):
         return weight.clone() if choice is not None else weight
 
     def weight_bytes(self, layer: Layer, choice: Choice) -> int:
-        """The layer's own float32 bytes (the head's bytes are counted apart: `head_bytes`)."""
+        """The layer's own float32 bytes (the head's bytes are counted apart: `added_bytes`)."""
         return layer.params * 4
 
     def stored(self, layer: Layer, choice: Choice, inner: Storage) -> Storage:
@@ -248,32 +247,11 @@ class EarlyExit(Compressor):
         return out
 
 
-def policy_from_choices(choices: Mapping[str, Choice], backbone: Backbone) -> ExitPolicy:
-    """The exit policy a plan's early_exit choices describe ({layer name: ExitChoice or None}).
-
-    Example:
-        >>> policy_from_choices({"layer2.0.conv2": ExitChoice(0.95)}, bb)
-        ExitPolicy(exits=('layer2.0',), thresholds=(0.95,))
-    """
-    to_point = exit_layers(backbone)
-    unknown = [n for n, c in choices.items() if c is not None and n not in to_point]
-    if unknown:
-        raise ConfigError(f"early_exit choices on {unknown}, which end no block; valid: {sorted(to_point)}")
-    active = {to_point[n]: c for n, c in choices.items() if c is not None}
-    order = [p.name for p in backbone.points if p.name in active]
-    return ExitPolicy(tuple(order), tuple(_threshold(active[p]) for p in order))
-
-
 def _threshold(choice: Choice) -> float:
     """An active exit's threshold (early_exit's choices are ExitChoice or None)."""
     if not isinstance(choice, ExitChoice):
         raise TypeError(f"an active early_exit choice is an ExitChoice; got {choice!r}")
     return choice.threshold
-
-
-def head_bytes(heads: Mapping[str, ExitHead], policy: ExitPolicy) -> int:
-    """Float32 bytes of the active exits' heads (what size_bytes must add for a plan with exits)."""
-    return sum(heads[e].params * 4 for e in policy.active().exits)
 
 
 def _exit_cell(raw: Mapping[str, Any] | None) -> Cell:

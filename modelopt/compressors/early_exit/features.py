@@ -1,27 +1,20 @@
 """One backbone pass over a set of images, keeping each exit point's pooled features and the logits.
 
-Fitting heads and choosing thresholds never rerun the backbone: they work on these features.
-`read_images` decodes an `.npz` of exact pixels (`x`) or JPEG bytes (`jpeg`, `offsets`), and
-`cached_features` stores one pass in a file so benchmarks and experiments reuse it.
+Fitting heads never reruns the backbone: it works on these features.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
 import torch
 
-from modelopt._files import save_atomic
 from modelopt.compressors.early_exit.backbone import Backbone
 from modelopt.compressors.early_exit.heads import HeadSpec, pool_features
-from modelopt.data.readers import read_npz
-from modelopt.errors import LoadError
 from modelopt.model.images import Images
 
-__all__ = ["Features", "cached_features", "extract_features", "normalise", "read_images"]
+__all__ = ["Features", "extract_features"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,35 +57,6 @@ class Features:
         if len(order) != len(spec.avg_grids) + len(spec.max_grids):
             raise ValueError(f"features pooled with {self.spec} do not contain {spec}")
         return torch.cat([feats[:, a:b] for _, _, a, b in order], dim=1)
-
-    def subset(self, index: torch.Tensor) -> Features:
-        return Features(self.spec, self.points, tuple(f[index] for f in self.feats), self.logits[index],
-                        None if self.labels is None else self.labels[index])
-
-
-def read_images(path: str | Path, indices: Sequence[int] | np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """uint8 (N, H, W, 3) images and int64 labels from an `.npz` of pixels or of JPEG bytes.
-
-    Args:
-        path: The archive (see ../shared/data/README.md for the layouts).
-        indices: Which images (all when None).
-
-    Raises:
-        LoadError: the archive is malformed, or `indices` name images it does not hold.
-
-    Example:
-        >>> x, y = read_images("../shared/data/cifar10/cifar10_jpeg_test.npz", range(846, 1846))
-    """
-    x, y, _ = read_npz(path, lambda n: np.arange(n) if indices is None else np.asarray(indices, dtype=np.int64))
-    return x, y
-
-
-def normalise(x: np.ndarray | torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """uint8 NHWC RGB -> float NCHW scaled to [0, 1] and normalised (as `Workload` prepares inputs)."""
-    t = torch.as_tensor(x).permute(0, 3, 1, 2).float().div_(255)
-    m = torch.tensor(mean).view(1, -1, 1, 1)
-    s = torch.tensor(std).view(1, -1, 1, 1)
-    return ((t - m) / s).contiguous()
 
 
 def extract_features(
@@ -140,26 +104,3 @@ def extract_features(
                     feats[want[name]].append(pool_features(h, spec).to(dtype))
             logits.append(backbone.tail(h))
     return Features(spec, names, tuple(torch.cat(f) for f in feats), torch.cat(logits), labels)
-
-
-def cached_features(path: str | Path, make: Callable[[], Features] | None) -> Features:
-    """`make()` once, stored at `path` (torch.save of tensors and strings); later calls load the file
-    with `weights_only=True` (`make` may then be None)."""
-    path = Path(path)
-    if path.exists():
-        d = torch.load(path, weights_only=True)
-        spec = HeadSpec(tuple(d["avg_grids"].tolist()), tuple(d["max_grids"].tolist()))
-        points = tuple(d["points"].split(","))
-        labels = d["labels"] if d["labels"].numel() else None
-        return Features(spec, points, tuple(d[f"f:{p}"] for p in points), d["logits"], labels)
-    if make is None:
-        raise LoadError(f"no cached features at {str(path)!r} and nothing to make them with")
-    f = make()
-    d = {f"f:{p}": t for p, t in zip(f.points, f.feats, strict=True)}
-    d.update(avg_grids=torch.tensor(f.spec.avg_grids), max_grids=torch.tensor(f.spec.max_grids),
-             points=",".join(f.points), logits=f.logits,
-             labels=f.labels if f.labels is not None else torch.empty(0, dtype=torch.int64))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Atomic: a killed pass leaves no half file that a later call would load. Not fsynced: a cache.
-    save_atomic(path, lambda buf: torch.save(d, buf), durable=False)
-    return f

@@ -1,11 +1,8 @@
 """Fitting exit heads on pooled features with the backbone frozen: L-BFGS, full batch, seconds.
 
-A head is fitted to one of two targets:
-
-- ``labels``: cross-entropy against the true labels;
-- ``model`` (label-free): cross-entropy against the full model's softmax (distillation), so the
-  head learns to say what the whole network would say, which is what retention and agreement
-  reward; it needs no labels, so any unlabeled images the backbone never trained on can be used.
+A head is fitted label-free, to the full model's softmax (distillation): it learns to say what the
+whole network would say, which is what retention and agreement reward, and any unlabeled images
+the backbone never trained on can be used.
 
 The loss is the mean cross-entropy plus `l2` times the squared norm of the weights (biases
 free). Inputs are standardised with the fitting data's mean and standard deviation, and the
@@ -19,7 +16,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 
 import torch
 import torch.nn.functional as F
@@ -28,12 +24,7 @@ from modelopt.compressors.early_exit.features import Features
 from modelopt.compressors.early_exit.heads import ExitHead, HeadSpec
 from modelopt.errors import ConfigError
 
-__all__ = ["FitConfig", "FitTarget", "fit_exit_heads", "fit_head", "fit_temperature", "soft_targets"]
-
-
-class FitTarget(str, Enum):
-    LABELS = "labels"
-    MODEL = "model"
+__all__ = ["FitConfig", "fit_exit_heads", "fit_head", "fit_temperature", "soft_targets"]
 
 
 @dataclass(frozen=True)
@@ -42,16 +33,14 @@ class FitConfig:
 
     Attributes:
         spec: Pooling and hidden width of the head.
-        target: ``labels`` (true labels) or ``model`` (the full model's softmax, label-free).
         l2: Weight decay on the weights, relative to the mean cross-entropy.
         max_iter: L-BFGS iterations.
         distill_temperature: The full model's logits are divided by this before the softmax
-            that serves as the ``model`` target (1 = its own probabilities).
+            that serves as the target (1 = its own probabilities).
         seed: Initialises the hidden layer (a linear head starts at zero and needs none).
     """
 
     spec: HeadSpec = field(default_factory=HeadSpec)
-    target: FitTarget = FitTarget.MODEL
     l2: float = 1e-3
     max_iter: int = 150
     distill_temperature: float = 1.0
@@ -176,9 +165,9 @@ def fit_exit_heads(
     """Fits one head per exit on cached features, then (optionally) its temperature.
 
     Args:
-        fit: Features of the fitting images (labels needed when `config.target` is ``labels``).
+        fit: Features of the fitting images (no labels needed).
         exits: Exit point names to fit heads for.
-        config: Head shape, target and regularisation (the same for every exit).
+        config: Head shape and regularisation (the same for every exit).
         calibrate: Features of held-out images the temperature is fitted on, against the full
             model's softmax (label-free); None keeps temperature 1.
 
@@ -188,12 +177,7 @@ def fit_exit_heads(
     Example:
         >>> heads = fit_exit_heads(train_features, ["layer2.2", "layer3.0"], FitConfig(), heldout_features)
     """
-    if config.target is FitTarget.LABELS:
-        if fit.labels is None:
-            raise ConfigError("fitting heads to labels needs labelled fitting images; use target='model'")
-        targets = fit.labels
-    else:
-        targets = soft_targets(fit.logits, config.distill_temperature)
+    targets = soft_targets(fit.logits, config.distill_temperature)
     classes = int(fit.logits.shape[1])
     heads = {}
     for e in exits:

@@ -5,16 +5,14 @@ Each sample runs block by block; at an active exit the head is evaluated and, if
 reaches the exit's threshold, the sample's logits are the head's and the rest of the network is
 skipped. At batch size 1 that is a real early return, the deployment case; larger batches drop
 the samples that have left and run on with the rest. The rule, and hence every prediction,
-equals the one-pass evaluator's (`simulate`).
+equals the evaluator's (`policy.first_confident`).
 
-The heads' parameters are buffers, so `state_dict()` holds only tensors; `heads_state` and
-`load_early_exit` save and restore the heads and policy for `torch.load(..., weights_only=True)`.
+The heads' parameters are buffers, so `state_dict()` holds only tensors (`torch.load(..., weights_only=True)`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -22,10 +20,10 @@ from torch import nn
 
 from modelopt.compressors.early_exit.backbone import Backbone
 from modelopt.compressors.early_exit.heads import ExitHead, HeadSpec, pool_features
-from modelopt.compressors.early_exit.simulate import ExitPolicy
+from modelopt.compressors.early_exit.policy import ExitPolicy
 from modelopt.errors import ConfigError
 
-__all__ = ["EarlyExitNet", "HeadModule", "heads_state", "load_early_exit"]
+__all__ = ["EarlyExitNet", "HeadModule"]
 
 
 class HeadModule(nn.Module):
@@ -151,34 +149,3 @@ class EarlyExitNet(nn.Module):
             return final, exit_at
         out[alive] = final
         return out, exit_at
-
-
-def heads_state(heads: Mapping[str, ExitHead], policy: ExitPolicy | None = None) -> dict[str, object]:
-    """Heads (and optionally the policy) as tensors and strings only, for `torch.save`.
-
-    Example:
-        >>> torch.save(heads_state(heads, policy), "exits.pt")
-        >>> heads, policy = load_early_exit("exits.pt")
-    """
-    out: dict[str, object] = {"version": 1, "exits": ",".join(heads)}
-    for name, head in heads.items():
-        for k, t in head.state_dict().items():
-            out[f"{name}/{k}"] = t
-    if policy is not None:
-        out["policy_exits"] = ",".join(policy.exits)
-        out["policy_thresholds"] = torch.tensor(policy.thresholds, dtype=torch.float64)
-    return out
-
-
-def load_early_exit(path: str | Path) -> tuple[dict[str, ExitHead], ExitPolicy | None]:
-    """Reads what `heads_state` saved, with `torch.load(weights_only=True)`."""
-    d = torch.load(path, weights_only=True)
-    heads = {}
-    for name in filter(None, str(d["exits"]).split(",")):
-        heads[name] = ExitHead.from_state_dict({k.split("/", 1)[1]: v for k, v in d.items()
-                                                if k.startswith(name + "/")})
-    policy = None
-    if "policy_exits" in d:
-        exits = tuple(filter(None, str(d["policy_exits"]).split(",")))
-        policy = ExitPolicy(exits, tuple(float(t) for t in d["policy_thresholds"]))
-    return heads, policy

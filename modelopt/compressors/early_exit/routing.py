@@ -1,4 +1,4 @@
-"""Early exit while plans are scored (`Compressor.routing`): which exits a plan turns on, their heads
+"""Early exit while plans are scored (`Routes.routing`): which exits a plan turns on, their heads
 (fitted once, on the float model, and charged once), the priors strategies read, where each sample
 left, the deployable `EarlyExitNet`, and the heads a packed checkpoint stores.
 
@@ -15,12 +15,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from modelopt.compressors._base import Choice, ExitTap, Forward, Route, Routing
+from modelopt.compressors._base import Choice
+from modelopt.compressors._routing import ExitTap, Forward, Route, Routing
 from modelopt.compressors.early_exit.backbone import split_backbone
 from modelopt.compressors.early_exit.heads import ExitHead, HeadSpec
 from modelopt.compressors.early_exit.module import EarlyExitNet, HeadModule
+from modelopt.compressors.early_exit.policy import ExitPolicy
 from modelopt.compressors.early_exit.runtime import ExitLayout, ExitProbe, decide, exit_layout, fit_heads
-from modelopt.compressors.early_exit.simulate import ExitPolicy
+from modelopt.data.split import Split
 from modelopt.errors import ConfigError, LoadError, TrialError
 from modelopt.model.images import Images
 from modelopt.model.workload import Workload
@@ -61,7 +63,7 @@ class ExitRouting(Routing):
     def layout(self) -> ExitLayout:
         """Where the candidate exits sit (what their heads cost in MACs), known before any fitting."""
         if self._layout is None:
-            _, _, height, width = self.workload.split("val").x.shape
+            _, _, height, width = self.workload.split(Split.VAL).x.shape
             self._layout = exit_layout(self.workload.model, (height, width), [layer for layer, _ in self.decisions],
                                        [x.name for x in self.workload.layers])
         return self._layout
@@ -71,8 +73,8 @@ class ExitRouting(Routing):
         Fitted once, on the float model."""
         if self._heads is not None:
             return self._heads, 0.0
-        val = self.workload.split("val")
-        self._heads, images = fit_heads(self.layout, self.workload.split("calib").x, val.x, extra=self._extra)
+        val = self.workload.split(Split.VAL)
+        self._heads, images = fit_heads(self.layout, self.workload.split(Split.CALIB).x, val.x, extra=self._extra)
         self._fit_cost = images / len(val)
         return self._heads, self._fit_cost
 
@@ -134,7 +136,7 @@ class ExitRouting(Routing):
         points = tuple(p.name for p in layout.backbone.points if p.name in heads)
         every = ExitPolicy(points, tuple(2.0 for _ in points))  # heads run, nobody leaves
         with ExitProbe(layout, heads, every) as probe:
-            full = self.workload.logits(self.workload.split("val").x).argmax(1)
+            full = self.workload.logits(self.workload.split(Split.VAL).x).argmax(1)
         logits = probe.logits()
         self._priors = True
         total = layout.backbone.total_macs
@@ -162,7 +164,7 @@ class ExitRouting(Routing):
     def deployable(self, model: nn.Module, route: Route) -> nn.Module:
         """`model` in an `EarlyExitNet` that really returns at the first confident exit."""
         heads, _ = self.heads()
-        _, _, height, width = self.workload.split("val").x.shape
+        _, _, height, width = self.workload.split(Split.VAL).x.shape
         return EarlyExitNet(split_backbone(model, (height, width)), heads, _policy(route)).eval()
 
     def taps(self, model: nn.Module, route: Route) -> list[ExitTap]:
@@ -174,7 +176,7 @@ class ExitRouting(Routing):
         """
         heads, _ = self.heads()
         policy = _policy(route)
-        _, _, height, width = self.workload.split("val").x.shape
+        _, _, height, width = self.workload.split(Split.VAL).x.shape
         backbone = split_backbone(model, (height, width))
         blocks = dict(backbone.blocks)
         out = []

@@ -12,8 +12,8 @@ The `early_exit` compressor's decisions sit on the last conv of each candidate b
   backbone feeds these same heads: when quantization erodes their confidence, it shows.
 - `ExitProbe` hooks the active exits' blocks of the resident model while a plan's predictions
   are computed, so the heads read the plan's own (compressed) features in the same pass;
-  `decide` then gives each sample its exit and prediction, as `simulate` and the deployable
-  `EarlyExitNet` do: the first active exit whose confidence reaches its threshold.
+  `decide` then gives each sample its exit and prediction, as the deployable `EarlyExitNet` does:
+  the first active exit whose confidence reaches its threshold (`policy.first_confident`).
 - `reach` says, per sample, which blocks ran; the evaluator turns it into mean MACs and bitops
   with the plan's own per-layer MACs (structured pruning included), heads counted (docs/certification.md, Numbers).
 """
@@ -32,7 +32,7 @@ from modelopt.compressors.early_exit.backbone import Backbone, exit_layers, spli
 from modelopt.compressors.early_exit.features import Features, extract_features
 from modelopt.compressors.early_exit.fit import FitConfig, fit_exit_heads
 from modelopt.compressors.early_exit.heads import ExitHead, HeadSpec
-from modelopt.compressors.early_exit.simulate import ExitPolicy, first_confident
+from modelopt.compressors.early_exit.policy import ExitPolicy, first_confident
 from modelopt.errors import ConfigError
 from modelopt.model.images import Images
 
@@ -188,7 +188,7 @@ class ExitProbe:
 def decide(head_logits: Mapping[str, torch.Tensor], full_logits: torch.Tensor, heads: Mapping[str, ExitHead],
            policy: ExitPolicy) -> tuple[torch.Tensor, torch.Tensor]:
     """Per sample: the position in `policy.exits` it leaves at (len(exits): it ran the whole
-    network) and its prediction (`simulate.first_confident` on the heads' logits)."""
+    network) and its prediction (`first_confident` on the heads' logits)."""
     logits = [head_logits[e] for e in policy.exits]
     return first_confident([heads[e].confidence(x) for e, x in zip(policy.exits, logits, strict=True)],
                            [x.argmax(1) for x in logits], full_logits.argmax(1), policy.thresholds)

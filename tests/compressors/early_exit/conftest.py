@@ -16,12 +16,9 @@ def _one_thread():
 @pytest.fixture(scope="package")
 def r20():
     """(loaded model, backbone, calib features, val features) on 160 + 96 bundled images."""
-    from modelopt.compressors.early_exit import (
-        HeadSpec,
-        extract_features,
-        normalise,
-        split_backbone,
-    )
+    from modelopt.compressors.early_exit.backbone import split_backbone
+    from modelopt.compressors.early_exit.features import extract_features
+    from modelopt.compressors.early_exit.heads import HeadSpec
     from modelopt.data.dataset import load_data
     from modelopt.model.loader import load_model
 
@@ -30,7 +27,12 @@ def r20():
     bb = split_backbone(lm.module)
     data = load_data("cifar10-exact-sample")
     spec = HeadSpec((1, 2), (1,))
-    calib = extract_features(bb, normalise(data.calib.x[:160], lm.mean, lm.std), spec, labels=data.calib.y[:160])
-    val = extract_features(bb, normalise(data.val.x[:96], lm.mean, lm.std), spec, labels=data.val.y[:96])
-    x_val = normalise(data.val.x[:96], lm.mean, lm.std)
+
+    def prepared(x: torch.Tensor) -> torch.Tensor:  # uint8 NHWC -> the model's normalised NCHW, as a Workload does
+        mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in (lm.mean, lm.std))
+        return ((x.permute(0, 3, 1, 2).float() / 255 - mean) / std).contiguous()
+
+    calib = extract_features(bb, prepared(data.calib.x[:160]), spec, labels=data.calib.y[:160])
+    x_val = prepared(data.val.x[:96])
+    val = extract_features(bb, x_val, spec, labels=data.val.y[:96])
     return lm, bb, calib, val, x_val

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modelopt.compressors.early_exit import split_backbone
+from modelopt.compressors.early_exit.backbone import split_backbone
 from modelopt.errors import ConfigError
 from modelopt.model.layers import discover_layers
 

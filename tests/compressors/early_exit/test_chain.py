@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from modelopt.compressors.early_exit import exit_layers, split_backbone
+from modelopt.compressors.early_exit.backbone import exit_layers, split_backbone
 from modelopt.errors import ConfigError
 from modelopt.model.layers import discover_layers
 

@@ -8,14 +8,10 @@ import torch
 import yaml
 
 from modelopt.compressors import COMPRESSORS, Quantize, Storage
-from modelopt.compressors.early_exit import ExitHead, HeadSpec, split_backbone
-from modelopt.compressors.early_exit.compressor import (
-    EarlyExit,
-    ExitChoice,
-    exit_layers,
-    head_bytes,
-    policy_from_choices,
-)
+from modelopt.compressors.early_exit.backbone import split_backbone
+from modelopt.compressors.early_exit.compressor import EarlyExit, ExitChoice, exit_layers
+from modelopt.compressors.early_exit.heads import HeadSpec
+from modelopt.compressors.early_exit.runtime import ExitLayout
 from modelopt.errors import ConfigError
 from modelopt.model.layers import discover_layers
 from modelopt.model.loader import load_model
@@ -54,7 +50,7 @@ def test_plan_yaml_to_policy(r20):
     plan = space.parse_plan(doc)
     assert space.parse_plan(space.dump_plan(plan)) == plan
     choices = {d.layer: plan.get(d.name) for d in space.decisions if d.compressor == "early_exit"}
-    policy = policy_from_choices(choices, bb)
+    policy = ExitLayout(bb, exit_layers(bb), {}, HeadSpec(), bb.classes).policy(choices)  # as the evaluator reads it
     assert policy.exits == ("layer2.1", "layer3.0") and policy.thresholds == (0.9, 0.99)
     with pytest.raises(ConfigError, match="cannot be compressed by 'early_exit'"):
         space.parse_plan({"layers": {"layer2.1.conv1": {"early_exit": {"threshold": 0.9}}}})
@@ -70,14 +66,6 @@ def test_weights_and_storage_untouched(r20):
     assert ee.stored(layer, ExitChoice(0.9), inner) is inner
     w = torch.randn(32, 32, 3, 3)
     assert torch.equal(ee.apply(w, ExitChoice(0.9)), w)
-
-
-def test_head_bytes():
-    from modelopt.compressors.early_exit import ExitPolicy
-
-    head = ExitHead(HeadSpec((1,), ()), torch.zeros(10, 64), torch.zeros(10))
-    heads = {"layer3.0": head, "layer3.1": head}
-    assert head_bytes(heads, ExitPolicy(("layer3.0", "layer3.1"), (0.9, float("inf")))) == (640 + 10 + 1) * 4
 
 
 def test_top_level_plan_form(r20):

@@ -1,4 +1,4 @@
-"""Head fitting: folded standardisation, both targets, temperature recovery."""
+"""Head fitting: folded standardisation, labels or the full model's softmax as targets, temperature recovery."""
 
 from __future__ import annotations
 
@@ -8,15 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from modelopt.compressors.early_exit import (
-    FitConfig,
-    FitTarget,
-    HeadSpec,
-    fit_exit_heads,
-    fit_head,
-    fit_temperature,
-    soft_targets,
-)
+from modelopt.compressors.early_exit.fit import FitConfig, fit_exit_heads, fit_head, fit_temperature, soft_targets
+from modelopt.compressors.early_exit.heads import ExitHead, HeadSpec
 
 
 def _blobs(n: int = 600, d: int = 6, k: int = 3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,7 +23,7 @@ def _blobs(n: int = 600, d: int = 6, k: int = 3, seed: int = 0) -> tuple[torch.T
 @pytest.mark.parametrize("hidden", [0, 8])
 def test_fit_to_labels_separates_blobs(hidden):
     x, y = _blobs()
-    head = fit_head(x, y, FitConfig(HeadSpec((1,), (), hidden), FitTarget.LABELS, l2=1e-3, max_iter=40))
+    head = fit_head(x, y, FitConfig(HeadSpec((1,), (), hidden), l2=1e-3, max_iter=40))
     assert (head.logits_from_features(x).argmax(1) == y).float().mean() > 0.97
     assert head.weight.shape == (3, hidden or 6)
 
@@ -39,7 +32,7 @@ def test_label_free_fit_follows_the_teacher():
     x, _ = _blobs(seed=1)
     g = torch.Generator().manual_seed(2)
     teacher = x @ torch.randn(6, 3, generator=g)  # a "full model": logits linear in the features
-    head = fit_head(x, soft_targets(teacher), FitConfig(HeadSpec((1,), ()), FitTarget.MODEL, l2=1e-6, max_iter=400))
+    head = fit_head(x, soft_targets(teacher), FitConfig(HeadSpec((1,), ()), l2=1e-6, max_iter=400))
     agree = (head.logits_from_features(x).argmax(1) == teacher.argmax(1)).float().mean()
     assert agree > 0.97
 
@@ -48,8 +41,6 @@ def test_temperature_is_recovered():
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(4000, 5, generator=g) * 3
     y = torch.multinomial(F.softmax(logits / 2.5, dim=1), 1, generator=g).squeeze(1)  # true temperature 2.5
-    from modelopt.compressors.early_exit import ExitHead
-
     head = ExitHead(HeadSpec((1,), ()), torch.eye(5), torch.zeros(5))
     t = float(fit_temperature(head, logits, y).temperature)
     assert math.isclose(t, 2.5, rel_tol=0.1)

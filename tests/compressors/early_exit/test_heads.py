@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modelopt.compressors.early_exit import ExitHead, HeadSpec, pool_features
+from modelopt.compressors.early_exit.heads import ExitHead, HeadSpec, pool_features
 from modelopt.errors import ConfigError
 
 

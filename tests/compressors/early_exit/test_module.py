@@ -1,22 +1,15 @@
-"""The deployable module: its exits and predictions equal the one-pass evaluator's; heads reload."""
+"""The deployable module: its exits and predictions equal the exit rule applied to the heads on pooled
+features (the evaluator's way); its state is tensors only."""
 
 from __future__ import annotations
 
 import torch
 
-from modelopt.compressors.early_exit import (
-    EarlyExitNet,
-    ExitPolicy,
-    FitConfig,
-    HeadSpec,
-    assign_exits,
-    exit_table,
-    extract_features,
-    fit_exit_heads,
-    heads_state,
-    load_early_exit,
-    simulate,
-)
+from modelopt.compressors.early_exit.features import extract_features
+from modelopt.compressors.early_exit.fit import FitConfig, fit_exit_heads
+from modelopt.compressors.early_exit.heads import HeadSpec
+from modelopt.compressors.early_exit.module import EarlyExitNet
+from modelopt.compressors.early_exit.policy import ExitPolicy, first_confident
 
 EXITS = ["layer1.2", "layer2.1", "layer3.0"]
 
@@ -24,12 +17,15 @@ EXITS = ["layer1.2", "layer2.1", "layer3.0"]
 def _heads_and_policy(r20):
     _, bb, calib, val, _ = r20
     heads = fit_exit_heads(calib, EXITS, FitConfig(HeadSpec((1, 2), (1,)), l2=1e-2))
-    table = exit_table(heads, val, bb)
+    logits = {e: heads[e].logits_from_features(val.select(e, heads[e].spec)) for e in EXITS}
+    conf = {e: heads[e].confidence(x) for e, x in logits.items()}
     # Thresholds at each exit's median confidence among the samples that reach it: all exits fire.
     # Each threshold halfway between two samples' confidences, so none sits on one.
-    thr = [_between(c, 0.5) for c in table.confidence]
-    thr[0] = _between(table.confidence[0], 0.9)
-    return bb, heads, table, ExitPolicy(tuple(EXITS), tuple(thr))
+    thr = [_between(conf[e], 0.5) for e in EXITS]
+    thr[0] = _between(conf[EXITS[0]], 0.9)
+    exit_at, pred = first_confident([conf[e] for e in EXITS], [logits[e].argmax(1) for e in EXITS],
+                                    val.logits.argmax(1), thr)
+    return bb, heads, conf, ExitPolicy(tuple(EXITS), tuple(thr)), exit_at, pred
 
 
 def _between(conf: torch.Tensor, q: float) -> float:
@@ -44,21 +40,20 @@ def _between(conf: torch.Tensor, q: float) -> float:
 TOL = 1e-4
 
 
-def _fragile(table, policy, exit_at: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+def _fragile(conf, policy, exit_at: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """Samples whose exit or prediction float rounding may decide: a confidence near a threshold
     it is compared with, or a near tie between the top two logits it returns."""
     near = torch.zeros(len(exit_at), dtype=torch.bool)
     for j, (name, thr) in enumerate(zip(policy.exits, policy.thresholds, strict=True)):
         reached = exit_at >= j
-        near |= reached & ((table.confidence[table.exits.index(name)] - thr).abs() < TOL)
+        near |= reached & ((conf[name] - thr).abs() < TOL)
     top2 = logits.topk(2, dim=1).values
     return near | (top2[:, 0] - top2[:, 1] < TOL)
 
 
 def test_batch1_and_batched_module_equal_the_evaluator(r20):
     *_, x_val = r20
-    bb, heads, table, policy = _heads_and_policy(r20)
-    exit_at, pred, _ = assign_exits(table, policy)
+    bb, heads, conf, policy, exit_at, pred = _heads_and_policy(r20)
     assert len(set(exit_at.tolist())) == 4  # samples leave at every exit and some run it all
     net = EarlyExitNet(bb, heads, policy).eval()
     with torch.inference_mode():
@@ -66,7 +61,7 @@ def test_batch1_and_batched_module_equal_the_evaluator(r20):
         batched, where = net.forward_with_exits(x_val)
     # What is guaranteed: every sample that rounding cannot decide exits and predicts the same in
     # all three; the thresholds sit between samples, so (almost) every sample is such a one.
-    sure = ~_fragile(table, policy, exit_at, batched)
+    sure = ~_fragile(conf, policy, exit_at, batched)
     assert int(sure.sum()) >= len(x_val) - 1, int((~sure).sum())
     assert torch.equal(one[sure], pred[sure])
     assert torch.equal(batched.argmax(1)[sure], pred[sure])
@@ -75,21 +70,16 @@ def test_batch1_and_batched_module_equal_the_evaluator(r20):
 
 def test_samples_that_never_exit_get_the_models_logits(r20):
     lm, bb, _, _, x_val = r20
-    _, heads, _, _ = _heads_and_policy(r20)
+    _, heads, *_ = _heads_and_policy(r20)
     net = EarlyExitNet(bb, heads, ExitPolicy(tuple(EXITS), (1.0, 1.0, 1.0))).eval()  # softmax never reaches 1.0 here
     with torch.inference_mode():
         assert torch.allclose(net(x_val[:8]), lm.module(x_val[:8]), atol=1e-5)
         assert torch.allclose(net(x_val[:1]), lm.module(x_val[:1]), atol=1e-5)
 
 
-def test_saved_heads_reload_with_weights_only(r20, tmp_path):
-    _, _, _, val, _ = r20
-    bb, heads, table, policy = _heads_and_policy(r20)
-    torch.save(heads_state(heads, policy), tmp_path / "exits.pt")
-    heads2, policy2 = load_early_exit(tmp_path / "exits.pt")
-    assert policy2 == policy and list(heads2) == EXITS
-    assert simulate(exit_table(heads2, val, bb), policy2) == simulate(table, policy)
-    state = EarlyExitNet(bb, heads2, policy2).state_dict()
+def test_the_module_state_loads_with_weights_only(r20, tmp_path):
+    bb, heads, _, policy, *_ = _heads_and_policy(r20)
+    state = EarlyExitNet(bb, heads, policy).state_dict()
     torch.save(state, tmp_path / "net.pt")
     assert set(torch.load(tmp_path / "net.pt", weights_only=True)) == set(state)
 

@@ -1,10 +1,10 @@
-"""The threshold chooser on tables whose best policy is known."""
+"""The benchmarks' threshold chooser on tables whose best policy is known."""
 
 from __future__ import annotations
 
 import torch
-
-from modelopt.compressors.early_exit import ChooserConfig, ExitTable, choose_thresholds, simulate
+from exit_simulate import ExitTable, simulate
+from exit_thresholds import ChooserConfig, choose_thresholds
 
 
 def _table(n: int = 200, seed: int = 0) -> ExitTable:

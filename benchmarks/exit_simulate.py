@@ -1,10 +1,12 @@
-"""The one-pass evaluator: every sample's exit, hence accuracy, retention, agreement and mean MACs.
+"""The one-pass simulator of early exit (for benchmarks/early_exit.py): every sample's exit, hence accuracy,
+retention, agreement and mean MACs.
 
 Head logits at every candidate exit are computed once (`exit_table`); a policy (which exits are
 active, one threshold each) is then scored without touching the backbone again. A sample leaves
 at the first active exit, in backbone order, whose confidence (max softmax of logits /
-temperature) is at least that exit's threshold; otherwise it runs the whole network. The
-deployable `EarlyExitNet` applies the same rule one sample at a time.
+temperature) is at least that exit's threshold; otherwise it runs the whole network: the plugin's
+rule (`modelopt.compressors.early_exit.policy.first_confident`), which its evaluator applies to a
+plan's own features and the deployable `EarlyExitNet` one sample at a time.
 
 MACs counted per sample (docs/certification.md, Numbers: macs; Conv2d and Linear multiply-accumulates only, as
 `modelopt.model.layers` counts them):
@@ -18,7 +20,7 @@ MACs counted per sample (docs/certification.md, Numbers: macs; Conv2d and Linear
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -26,34 +28,12 @@ import torch
 from modelopt.compressors.early_exit.backbone import Backbone
 from modelopt.compressors.early_exit.features import Features
 from modelopt.compressors.early_exit.heads import ExitHead
+from modelopt.compressors.early_exit.policy import ExitPolicy, first_confident
 from modelopt.errors import ConfigError
 
-__all__ = ["ExitMetrics", "ExitPolicy", "ExitTable", "assign_exits", "exit_table", "first_confident", "simulate",
-           "uniform_policy"]
+__all__ = ["NEVER", "ExitMetrics", "ExitTable", "assign_exits", "exit_table", "simulate"]
 
 NEVER = float("inf")  # a threshold no confidence reaches: the exit is inactive
-
-
-@dataclass(frozen=True)
-class ExitPolicy:
-    """Which exits are active and the confidence each needs; hashable, so caches can key on it.
-
-    Attributes:
-        exits: Exit point names, in backbone order.
-        thresholds: One confidence threshold per exit, in (0, 1]; `inf` keeps an exit off.
-    """
-
-    exits: tuple[str, ...]
-    thresholds: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        if len(self.exits) != len(self.thresholds):
-            raise ConfigError(f"policy has {len(self.exits)} exits but {len(self.thresholds)} thresholds")
-
-    def active(self) -> ExitPolicy:
-        """The same policy without the exits that can never fire."""
-        keep = [(e, t) for e, t in zip(self.exits, self.thresholds, strict=True) if t <= 1.0]
-        return ExitPolicy(tuple(e for e, _ in keep), tuple(t for _, t in keep))
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,11 +62,6 @@ class ExitTable:
 
     def __len__(self) -> int:
         return int(self.full_pred.shape[0])
-
-    def subset(self, index: torch.Tensor) -> ExitTable:
-        return ExitTable(self.exits, self.head_pred[:, index], self.confidence[:, index], self.head_macs,
-                         self.point_macs, self.full_pred[index], None if self.labels is None else self.labels[index],
-                         self.total_macs)
 
 
 def exit_table(heads: Mapping[str, ExitHead], features: Features, backbone: Backbone) -> ExitTable:
@@ -145,32 +120,6 @@ class ExitMetrics:
         return 1.0 - self.mean_macs / self.total_macs
 
 
-def first_confident(confidence: Sequence[torch.Tensor], head_pred: Sequence[torch.Tensor], full_pred: torch.Tensor,
-                    thresholds: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exit rule: each sample leaves at the first active exit, in order, whose confidence reaches
-    its threshold, with that head's prediction; otherwise it runs the whole network.
-
-    Args:
-        confidence: Per active exit, in backbone order, each sample's confidence there.
-        head_pred: Per active exit, each sample's top-1 there.
-        full_pred: Each sample's top-1 from the whole network.
-        thresholds: Per active exit, the confidence a sample needs to leave.
-
-    Returns:
-        Per sample, the position of the exit it left at (len(thresholds): none), and its prediction.
-    """
-    n, k = full_pred.shape[0], len(thresholds)
-    exit_at = torch.full((n,), k, dtype=torch.long, device=full_pred.device)
-    pred = full_pred.clone()
-    left = torch.ones(n, dtype=torch.bool, device=full_pred.device)
-    for j, (conf, hp, thr) in enumerate(zip(confidence, head_pred, thresholds, strict=True)):
-        fire = left & (conf >= thr)
-        exit_at[fire] = j
-        pred = torch.where(fire, hp, pred)
-        left &= ~fire
-    return exit_at, pred
-
-
 def assign_exits(table: ExitTable, policy: ExitPolicy) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per sample: the position in `policy.exits` it leaves at (len(exits) = none), its prediction
     and its MACs (`first_confident` on the table's heads)."""
@@ -216,8 +165,3 @@ def simulate(table: ExitTable, policy: ExitPolicy) -> ExitMetrics:
         acc = base = retention = float("nan")
     counts = tuple(int(c) for c in torch.bincount(exit_at, minlength=len(policy.exits) + 1))
     return ExitMetrics(n, acc, base, retention, agreement, float(macs.mean()), table.total_macs, counts)
-
-
-def uniform_policy(exits: Sequence[str], threshold: float) -> ExitPolicy:
-    """Every exit with the same threshold (the one-shared-threshold baseline)."""
-    return ExitPolicy(tuple(exits), tuple(float(threshold) for _ in exits))

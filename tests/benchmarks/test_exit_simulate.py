@@ -1,12 +1,20 @@
-"""The one-pass evaluator against a hand check: exits, predictions and MACs of five samples."""
+"""The benchmarks' one-pass simulator against a hand check (exits, predictions and MACs of five samples), and
+against the plugin's evaluator on the real ResNet-20: the benchmark's figures are the plugin's."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from exit_simulate import ExitTable, assign_exits, exit_table, simulate
 
-from modelopt.compressors.early_exit import ExitPolicy, ExitTable, assign_exits, simulate
+from modelopt.api import build_compressors
+from modelopt.compressors import ExitChoice
+from modelopt.compressors.early_exit.features import extract_features
+from modelopt.compressors.early_exit.policy import ExitPolicy
+from modelopt.compressors.early_exit.runtime import RuntimeConfig
 from modelopt.errors import ConfigError
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.plan.space import SearchSpace
 
 # Three candidate exits (a, b, c) at backbone MACs 100, 200, 300; heads cost 1, 2, 4; full network 400.
 TABLE = ExitTable(
@@ -56,3 +64,24 @@ def test_policy_must_follow_backbone_order_and_name_heads():
         assign_exits(TABLE, ExitPolicy(("z",), (0.9,)))
     with pytest.raises(ConfigError):
         ExitPolicy(("a",), ())
+
+
+@pytest.mark.slow
+def test_the_simulator_scores_a_plan_as_the_evaluator_does(resnet20_workload):
+    """Two implementations of one exit rule and one MAC count: the simulator on the evaluator's own heads and
+    features gives the evaluator's accuracy, agreement and mean MACs."""
+    wl = resnet20_workload
+    ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize", "early_exit"], model=wl.model)))
+    exits = {"layer1.2.conv2": 0.97, "layer2.1.conv2": 0.9, "layer3.0.conv2": 0.8}
+    plan = ev.space.plan({f"{layer}/early_exit": ExitChoice(t) for layer, t in exits.items()})
+    m = ev.scorer.evaluate(plan)
+    heads, _ = ev.routes.routing.heads()
+    policy = ev.routes.route(plan)
+    backbone = ev.routes.routing.layout.backbone
+    val = wl.split("val")
+    ref = simulate(exit_table(heads, extract_features(backbone, val.x, RuntimeConfig().spec, labels=val.y), backbone),
+                   policy)
+    assert m.accuracy == pytest.approx(ref.accuracy, abs=1e-6)
+    assert m.agreement == pytest.approx(ref.agreement, abs=1e-6)
+    assert m.macs == round(ref.mean_macs)
+    assert 0 < m.exited < 1 and ref.saving > 0

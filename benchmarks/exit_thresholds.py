@@ -1,5 +1,5 @@
-"""Choosing which exits to use and their thresholds on the val split: the most MACs saved under a
-retention floor.
+"""Choosing which exits to use and their thresholds on the val split (for benchmarks/early_exit.py): the
+most MACs saved under a retention floor.
 
 The search is a Lagrangian relaxation solved by coordinate ascent. For a price `lam` on lost
 accuracy it maximises  saving - lam * (1 - retention)  one exit at a time: with the other
@@ -22,17 +22,12 @@ import math
 from dataclasses import dataclass
 
 import torch
+from exit_simulate import NEVER, ExitTable, assign_exits  # this folder's sibling: the one-pass simulator
 
-from modelopt.compressors.early_exit.simulate import (
-    NEVER,
-    ExitPolicy,
-    ExitTable,
-    assign_exits,
-    simulate,
-)
+from modelopt.compressors.early_exit.policy import ExitPolicy
 from modelopt.errors import ConfigError
 
-__all__ = ["ChooserConfig", "choose_thresholds", "threshold_path"]
+__all__ = ["ChooserConfig", "choose_thresholds"]
 
 
 @dataclass(frozen=True)
@@ -154,31 +149,11 @@ def _prices(config: ChooserConfig) -> list[float]:
     return [math.exp(hi - (hi - lo) * k / max(1, config.lambdas - 1)) for k in range(config.lambdas)]
 
 
-def _reference(table: ExitTable, labels: bool) -> torch.Tensor:
-    if labels and table.labels is None:
-        raise ConfigError("a retention-based threshold path needs labelled samples; pass labels=False")
-    return table.labels if labels and table.labels is not None else table.full_pred
-
-
-def threshold_path(table: ExitTable, config: ChooserConfig = ChooserConfig(), labels: bool = True) -> list[ExitPolicy]:
-    """One policy per price on lost accuracy, strict to loose (more saving, more loss along it).
-
-    Args:
-        table: Head outputs on the samples to fit thresholds on.
-        config: Prices and rounds.
-        labels: Count loss against the labels (retention); False counts it against the full
-            model's predictions (agreement), which needs no labels.
-    """
-    ref = _reference(table, labels)
-    return [ExitPolicy(table.exits, tuple(_ascend(table, ref, lam, config))) for lam in _prices(config)]
-
-
 def _pick(
-    fit_on: ExitTable, labels: bool, judge: ExitTable, judge_ref: torch.Tensor, config: ChooserConfig
+    fit_on: ExitTable, ref: torch.Tensor, judge: ExitTable, judge_ref: torch.Tensor, config: ChooserConfig
 ) -> ExitPolicy:
-    """Walks the price path fitted on `fit_on`; returns the policy saving most on `judge` within the
-    floor, after bisecting the price between the last feasible and the next infeasible one."""
-    ref = _reference(fit_on, labels)
+    """Walks the price path fitted on `fit_on` (losses counted against `ref`); returns the policy saving most
+    on `judge` within the floor, after bisecting the price between the last feasible and the next infeasible one."""
     base_correct = max(1, int((judge.full_pred == judge_ref).sum()))
     allowed = (1.0 - config.floor) * base_correct + 1e-9
 
@@ -241,18 +216,11 @@ def choose_thresholds(
     extra = round(config.head_cost * table.total_macs)
     judge, shape = _with_head_cost(table, extra), None if shape is None else _with_head_cost(shape, extra)
     if shape is None:
-        return _pick(judge, not config.agreement, judge, judge_ref, config).active()
-    return _pick(shape, False, judge, judge_ref, config).active()
+        return _pick(judge, judge_ref, judge, judge_ref, config).active()
+    return _pick(shape, shape.full_pred, judge, judge_ref, config).active()  # label-free: against the model
 
 
 def _with_head_cost(table: ExitTable, extra: int) -> ExitTable:
     if not extra:
         return table
     return dataclasses.replace(table, head_macs=tuple(h + extra for h in table.head_macs))
-
-
-def policy_metrics(table: ExitTable, policy: ExitPolicy) -> str:
-    """One line: retention, agreement, saving and exit counts (for logs and benchmarks)."""
-    m = simulate(table, policy)
-    return (f"retention {m.retention:.2%} agreement {m.agreement:.2%} saving {m.saving:.1%} "
-            f"exits {m.exit_counts}")

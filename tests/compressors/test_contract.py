@@ -1,0 +1,41 @@
+"""The compressor contract stays narrow (issue 34): `Compressor` is its core plus at most `MAX_EXTRAS` members a
+plugin may override; what one plugin alone needs is a capability of its own, beside the contract (`Routes`,
+`RemovesChannels`), that a compressor class lists next to `Compressor`."""
+
+from __future__ import annotations
+
+import pytest
+
+from modelopt.compressors import COMPRESSORS
+from modelopt.compressors._base import Compressor
+from modelopt.compressors._channels import RemovesChannels
+from modelopt.compressors._routing import Routes
+
+# What every compressor is: its name and place in a layer's chain, the menu, a choice's hand-written form,
+# apply, the weight's bytes, its part of the stored form for export, and its options for run records.
+CORE = frozenset({"name", "order", "menu", "parse", "dump", "apply", "weight_bytes", "pack", "options"})
+MAX_EXTRAS = 8
+CAPABILITIES = (Routes, RemovesChannels)
+
+
+def _members(cls: type) -> set[str]:
+    """Every public name `cls` itself declares: methods, class variables with a value, annotated ones without."""
+    return {n for n in (*vars(cls), *vars(cls).get("__annotations__", {})) if not n.startswith("_")}
+
+
+def test_compressor_is_its_core_and_a_few_overridable_extras() -> None:
+    members = _members(Compressor)
+    assert members >= CORE, f"core members missing: {sorted(CORE - members)}"
+    extras = sorted(members - CORE)
+    assert len(extras) <= MAX_EXTRAS, f"{len(extras)} overridable members beyond the core: {extras}"
+
+
+def test_a_plugin_must_write_only_core_members() -> None:
+    assert Compressor.__abstractmethods__ <= CORE
+
+
+@pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: c.__name__)
+def test_capabilities_add_nothing_to_the_contract_and_serve_a_registered_compressor(capability: type) -> None:
+    assert not issubclass(capability, Compressor)
+    assert not _members(capability) & _members(Compressor)
+    assert any(issubclass(COMPRESSORS.get(n), capability) for n in COMPRESSORS.names())
