@@ -45,7 +45,8 @@ def main() -> None:
     data = args.shared / "data" / "cifar10"
     wl = build_workload("cifar10_resnet20", "cifar10-sample", device="cpu")
     comps = build_compressors(["quantize"],
-                              {"quantize": {"bits": [8, 4, 3, 2], "granularity": ["per_channel", "group"]}})
+                              {"quantize": {"bits": [8, 4, 3, 2], "granularity": ["per_channel", "group"],
+                                            "rounding": ["nearest"], "norm_images": 0}})
     space = SearchSpace(wl.layers, comps)
     ev = Evaluator(wl, space)
     rng = np.random.default_rng(0)

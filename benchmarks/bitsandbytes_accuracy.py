@@ -60,7 +60,8 @@ def main() -> None:
 
     for model in ("cifar10_resnet20", "cifar10_resnet56"):
         wl = build_workload(model, "cifar10-sample", weights=WEIGHTS.get(model), device=args.device)
-        ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize"], {"quantize": {"bits": [8, 4]}})))
+        options = {"quantize": {"bits": [8, 4], "rounding": ["nearest"], "norm_images": 0}}
+        ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize"], options)))
         plans = {"int8/per_channel": ("nf4", ev.space.uniform("quantize", QuantSpec(8)))}
         for qt in ("nf4", "fp4"):
             plans[f"int4/per_channel ({qt})"] = (qt, ev.space.uniform("quantize", QuantSpec(4)))

@@ -65,7 +65,8 @@ def _paired_pass(ev: Evaluator, plans: list) -> tuple[list[float], list[float], 
 def bench(key: str, n_plans: int, device: str) -> None:
     name, weights, data = MODELS[key]
     wl = build_workload(name, str(data), weights=weights, device=device)
-    space = SearchSpace(wl.layers, [Quantize(bits=(8, 4, 3, 2), granularity=("per_channel", "group"))])
+    space = SearchSpace(wl.layers, [Quantize(bits=(8, 4, 3, 2), granularity=("per_channel", "group"),
+                                             rounding=("nearest",), norm_images=0)])
     ev = Evaluator(wl, space)
     x = wl.split("val").x.tensor()
     rng = np.random.default_rng(0)

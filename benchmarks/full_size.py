@@ -72,7 +72,7 @@ def measure(model_name: str, folder: Path, images: int, device: str) -> dict[str
     t0 = time.perf_counter()
     wl.logits(val.x)
     forward = time.perf_counter() - t0
-    comps = build_compressors(["quantize"], {"quantize": {"bits": [8, 4], "rounding": ["gptq"]}})
+    comps = build_compressors(["quantize"], {"quantize": {"bits": [8, 4], "rounding": ["gptq"], "norm_images": 0}})
     ev = Evaluator(wl, SearchSpace(wl.layers, comps))
     int4 = ev.space.parse_plan({"default": {"quantize": {"bits": 4, "granularity": "per_channel"}}})
     t0 = time.perf_counter()

@@ -35,7 +35,8 @@ def main() -> None:
     args = ap.parse_args()
 
     wl = build_workload("cifar10_resnet20", "cifar10-sample", device="cpu")
-    space = SearchSpace(wl.layers, build_compressors(["quantize"], {"quantize": {"bits": [8, 4]}}))
+    options = {"quantize": {"bits": [8, 4], "rounding": ["nearest"], "norm_images": 0}}
+    space = SearchSpace(wl.layers, build_compressors(["quantize"], options))
     ev = Evaluator(wl, space)
     plans = {"float": space.plan(), "int8": space.uniform("quantize", QuantSpec(8)),
              "int4": space.uniform("quantize", QuantSpec(4))}

@@ -27,7 +27,7 @@ from modelopt.plan.space import SearchSpace
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 JPEG_TEST = SHARED / "data" / "cifar10" / "cifar10_jpeg_test.npz"
-QUANT = {"bits": [8, 4], "rounding": ["gptq"]}
+QUANT = {"bits": [8, 4], "rounding": ["gptq"], "norm_images": 0}
 
 
 def _int4(wl: Workload) -> dict[str, Any]:

@@ -22,8 +22,8 @@ def main() -> None:
     print(f"{'plan':24s} {'scales':14s} {'top-1':>7s} {'retention':>9s} {'agreement':>9s} {'compression':>11s}")
     for bits, gran in ((8, "per_channel"), (4, "per_channel"), (4, "group"), (4, "per_tensor"), (3, "group")):
         for label, ratios in (("clip search", None), ("max-scaling", (1.0,))):
-            comp = Quantize(bits=(bits,), granularity=(gran,)) if ratios is None else Quantize(
-                bits=(bits,), granularity=(gran,), clip_ratios=ratios)
+            ratio_opt = {} if ratios is None else {"clip_ratios": ratios}
+            comp = Quantize(bits=(bits,), granularity=(gran,), rounding=("nearest",), norm_images=0, **ratio_opt)
             space = SearchSpace(wl.layers, [comp])
             plan = space.uniform("quantize", QuantSpec(bits, Granularity(gran)))
             m = Evaluator(wl, space).scorer.evaluate(plan, "all")

@@ -47,13 +47,15 @@ def main() -> None:
     doc = {"layers": {n: {"prune": {"sparsity": args.sparsity, "kind": "structured"}} for n in blocks}}
     rows = []
     for bn_samples in (512, 0):
-        comps = build_compressors(["prune"], {"prune": {"kind": ["structured"], "bn_samples": bn_samples}})
+        comps = build_compressors(["prune"], {"prune": {"kind": ["structured"], "bn_samples": bn_samples,
+                                                        "repair_images": 0}})
         ev = Evaluator(wl, SearchSpace(wl.layers, comps))
         plan = ev.space.parse_plan(doc)
         m = ev.scorer.evaluate(plan, split=args.split)
         rows.append((bn_samples, m))
     m = rows[0][1]
-    ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["prune"], {"prune": {"kind": ["structured"]}})))
+    options = {"prune": {"kind": ["structured"], "repair_images": 0}}
+    ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["prune"], options)))
     plan = ev.space.parse_plan(doc)
     small = ev.states.physical_model(plan)
     x = wl.split("val").x[: args.batch]

@@ -23,9 +23,11 @@ class Registry(Generic[T]):
         True
     """
 
-    def __init__(self, kind: str, entry_point_group: str | None = None) -> None:
+    def __init__(self, kind: str, entry_point_group: str | None = None,
+                 on_register: Callable[[str, T], None] | None = None) -> None:
         self.kind = kind
         self.entry_point_group = entry_point_group
+        self.on_register = on_register  # e.g. gives a plugin its registered name: the name is written once
         self._items: dict[str, T] = {}
         self._entry_points_loaded = False
 
@@ -33,6 +35,8 @@ class Registry(Generic[T]):
         def deco(obj: T) -> T:
             if name in self._items and self._items[name] is not obj:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
+            if self.on_register is not None:
+                self.on_register(name, obj)
             self._items[name] = obj
             return obj
 
@@ -44,7 +48,7 @@ class Registry(Generic[T]):
         self._entry_points_loaded = True
         for ep in metadata.entry_points(group=self.entry_point_group):
             if ep.name not in self._items:
-                self._items[ep.name] = ep.load()
+                self.register(ep.name)(ep.load())
 
     def get(self, name: str) -> T:
         self._load_entry_points()

@@ -213,17 +213,18 @@ def test_no_module_imports_upward() -> None:
 
 # The plugin boundary (issue 24): outside compressors/, code reaches compressors through the package
 # (`modelopt.compressors`: the registry and the contract) and its private contract modules (`_base`, the
-# capabilities `_routing` and `_channels`, `_packing`, `_calibration`, `_registry`, `_inputs`, `_surface`), never
+# capabilities `_routing` and `_channels`, `_packing`, `_calibration`, `_registry`, `_inputs`, `_surface`,
+# `_options`), never
 # through a plugin's own module, and never spells a registered compressor's name.
 CONTRACT = frozenset({"modelopt.compressors", "modelopt.compressors._base", "modelopt.compressors._registry",
                       "modelopt.compressors._inputs", "modelopt.compressors._surface", "modelopt.compressors._packing",
                       "modelopt.compressors._routing", "modelopt.compressors._channels",
-                      "modelopt.compressors._calibration"})
+                      "modelopt.compressors._calibration", "modelopt.compressors._options"})
 # What the package itself may hand out beyond its contract modules: the registry and the records of the contract.
 # The package re-exports the shipped plugins' classes for users (`modelopt.compressors.Quantize`); the public
 # facade `modelopt/__init__.py` hands `QuantSpec` and `Granularity` on to them, and nothing else imports those.
-CONTRACT_NAMES = frozenset({"COMPRESSORS", "FIRST_COMPRESSOR", "Cell", "Choice", "Compressor", "ReportColumn",
-                            "Setting", "SettingKind", "Storage", "compressor_settings"})
+CONTRACT_NAMES = frozenset({"COMPRESSORS", "FIRST_COMPRESSOR", "Cell", "Choice", "Compressor", "Options",
+                            "ReportColumn", "Setting", "SettingKind", "Storage", "compressor_settings", "option"})
 FACADE = "modelopt"
 # The names of the compressors modelopt ships, as the registry knows them.
 SHIPPED = ("quantize", "prune", "early_exit")

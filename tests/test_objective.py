@@ -304,7 +304,8 @@ def test_latency_anchors_include_the_float_model_and_integer_kernels(resnet20_wo
     from modelopt.compressors import Quantize
     from modelopt.plan.space import SearchSpace
 
-    space = SearchSpace(resnet20_workload.layers, [Quantize(bits=(8, 4), activations=(None, 8))])
+    space = SearchSpace(resnet20_workload.layers, [Quantize(bits=(8, 4), activations=(None, 8),
+                                                            rounding=("nearest",), norm_images=0)])
     size = Objective("size").anchors(space)
     latency = Objective("latency").anchors(space)
     uniform = space.anchors()

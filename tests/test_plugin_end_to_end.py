@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import modelopt
-from modelopt.compressors import COMPRESSORS, Cell, Compressor, ReportColumn, Setting, SettingKind
+from modelopt.compressors import COMPRESSORS, Cell, Compressor, Options, ReportColumn, SettingKind, option
 from modelopt.compressors._base import Choice, Precision
 from modelopt.compressors._packing import Granularity, IntegerWeight, WeightForm
 from modelopt.config.run_config import RunConfig
@@ -33,23 +33,27 @@ STEP = float(torch.tensor(0.1, dtype=torch.float16))  # 0.0999755859375: what a 
 ON = "1dp"
 
 
+@dataclasses.dataclass(frozen=True)
+class RoundOptions(Options):
+    """Its options record: one field, its own flag (--decimals), sweep-file key and optimize keyword."""
+
+    decimals: int = option(1, SettingKind.INT, "Decimals weights are rounded to (1 only).")
+
+
 class RoundOneDecimal(Compressor):
     """Rounds every weight of a layer to a multiple of 0.1 (int8 codes, one scale per tensor)."""
 
-    name = "round1"
     order = 30  # after pruning: it rounds the kept weights
-    # Its own flag (--decimals), sweep-file key and optimize keyword, and its own report column.
-    settings = (Setting("decimals", SettingKind.INT, "Decimals weights are rounded to (1 only).", 1),)
+    record = RoundOptions  # its settings, and its own report column
+    opts: RoundOptions
     report_columns = (ReportColumn("decimals", "Greens", lambda raw: Cell("–", None) if raw is None
                                    else Cell("1 dp", 0.5)),)  # raw: the choice's JSON form, "1dp"
 
-    def __init__(self, decimals: int = 1) -> None:
-        if decimals != 1:
-            raise ConfigError(f"round1 rounds to 1 decimal, not {decimals!r}")
-        self.decimals = decimals
-
-    def options(self) -> dict[str, Any]:
-        return {"decimals": self.decimals}
+    def __init__(self, opts: RoundOptions | None = None, **changes: Any) -> None:
+        super().__init__(opts, **changes)
+        self.decimals = self.opts.decimals
+        if self.decimals != 1:
+            raise ConfigError(f"round1 rounds to 1 decimal, not {self.decimals!r}")
 
     def menu(self, layer: Layer) -> tuple[Choice, ...]:
         return (None, ON)
@@ -161,7 +165,7 @@ def test_html_report_and_optuna_export(toy_run: Path, tmp_path: Path) -> None:
     done = export_run(copy, f"sqlite:///{tmp_path / 'studies.db'}")
     assert done.added == len(read_run(copy).records)
     summary = json.loads((copy / "summary.json").read_text())
-    assert summary["config"]["compressors"] == {"round1": {"decimals": 1}}
+    assert summary["config"]["compressors"] == {"round1": {"decimals": 1, "version": 1}}
     assert dataclasses.is_dataclass(read_run(copy).run_config)
 
 
@@ -179,7 +183,7 @@ def test_its_flag_reaches_it_from_the_command_line(toy, small_data, tmp_path: Pa
                           "round1 rounds to 1 decimal, not 2")
     result = CliRunner().invoke(app, [*args, "--decimals", "1", "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
-    assert RunConfig.read(tmp_path / "run").options["round1"] == {"decimals": 1}
+    assert RunConfig.read(tmp_path / "run").options["round1"] == {"decimals": 1, "version": 1}
 
 
 def test_its_sweep_key_reaches_it_from_a_sweep_file(toy, tmp_path: Path) -> None:
@@ -189,7 +193,7 @@ def test_its_sweep_key_reaches_it_from_a_sweep_file(toy, tmp_path: Path) -> None
             "seeds: [0]\ncompressors: [round1]\ndecimals: DECIMALS\n")
     (tmp_path / "good.yaml").write_text(text.replace("DECIMALS", "1"))
     sweep = load_sweep(tmp_path / "good.yaml")
-    assert sweep.settings["decimals"] == 1 and sweep.config.options["round1"] == {"decimals": 1}
+    assert sweep.settings["decimals"] == 1 and sweep.config.options["round1"] == {"decimals": 1, "version": 1}
     (tmp_path / "bad.yaml").write_text(text.replace("DECIMALS", "2"))
     with pytest.raises(ConfigError, match=r"line 7, key 'decimals': round1 rounds to 1 decimal, not 2"):
         load_sweep(tmp_path / "bad.yaml")

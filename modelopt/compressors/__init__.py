@@ -1,11 +1,12 @@
 """Compressor plugins: each offers per-layer choices and applies them.
 
 Outside this package, code reaches compressors through the registry and the contract (`_base`, its
-capabilities `_routing` and `_channels`, `_packing`, `_calibration`, `_surface`, `_inputs`), never through
+capabilities `_routing` and `_channels`, `_packing`, `_calibration`, `_surface`, `_inputs`, `_options`), never through
 a plugin's own module.
 """
 
 from modelopt.compressors._base import Choice, Compressor
+from modelopt.compressors._options import Options, option
 from modelopt.compressors._packing import Storage
 from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors._surface import Cell, ReportColumn, Setting, SettingKind
@@ -18,19 +19,20 @@ from modelopt.errors import ConfigError
 FIRST_COMPRESSOR = Quantize.name
 
 __all__ = ["COMPRESSORS", "FIRST_COMPRESSOR", "Cell", "Choice", "Compressor", "EarlyExit", "ExitChoice",
-           "Granularity", "Prune", "PruneKind", "PruneSpec", "QuantSpec", "Quantize", "ReportColumn", "Rounding",
-           "Setting", "SettingKind", "Storage", "compressor_settings"]
+           "Granularity", "Options", "Prune", "PruneKind", "PruneSpec", "QuantSpec", "Quantize", "ReportColumn",
+           "Rounding", "Setting", "SettingKind", "Storage", "compressor_settings", "option"]
 
 
 def compressor_settings() -> dict[str, tuple[str, Setting]]:
-    """Every registered compressor's settings by option name: {option: (compressor, Setting)}.
+    """Every registered compressor's settings by option name: {option: (compressor, Setting)} (each declared by a
+    field of its options record, `Compressor.record`).
 
     Raises:
         ConfigError: two compressors declare the same option (a plugin must choose another name).
     """
     out: dict[str, tuple[str, Setting]] = {}
     for name in COMPRESSORS.names():
-        for setting in COMPRESSORS.get(name).settings:
+        for setting in COMPRESSORS.get(name).record.settings():
             if setting.option in out:
                 raise ConfigError(f"compressors {out[setting.option][0]!r} and {name!r} both declare the setting "
                                   f"{setting.option!r}; one of them must rename it")

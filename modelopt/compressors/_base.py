@@ -22,8 +22,9 @@ from typing import Any, ClassVar
 import torch
 
 from modelopt.compressors._calibration import CalibrationNeed
+from modelopt.compressors._options import Options
 from modelopt.compressors._packing import Storage, WeightForm
-from modelopt.compressors._surface import ReportColumn, Setting
+from modelopt.compressors._surface import ReportColumn
 from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer
 
@@ -58,7 +59,7 @@ class Compressor(ABC):
 
     # ---- the core ----------------------------------------------------------------------------
 
-    name: ClassVar[str]
+    name: ClassVar[str]  # set by registering: ``@COMPRESSORS.register("round1")`` (`_registry`)
     # Where the compressor runs in a layer's chain, lowest first, whatever order users list them
     # in: pruning (10) runs before quantization (20), so the quantizer sees the pruned weight.
     order: ClassVar[int] = 50
@@ -95,9 +96,13 @@ class Compressor(ABC):
         weight = self.apply_calibrated(form.weight, choice, inputs)
         return form if torch.equal(weight, form.weight) else WeightForm(weight)
 
+    def __init__(self, opts: Options | None = None, **changes: Any) -> None:
+        # The record (`record`: the tool's defaults when None), with the fields given by keyword changed.
+        self.opts = (self.record() if opts is None else opts).replace(**changes)
+
     def options(self) -> dict[str, Any]:
-        """The constructor options, for run records."""
-        return {}
+        """The options record in its JSON form, with its version (run records; `record.from_json` reads it)."""
+        return self.opts.to_json()
 
     # ---- overridable extras (tests/compressors/test_contract.py keeps them few) -----------------
 
@@ -106,8 +111,10 @@ class Compressor(ABC):
     reduces: ClassVar[frozenset[str]] = frozenset({"size", "bitops", "latency"})
     # How the off choice (None) reads in reports and the Optuna export ("float" for a quantizer).
     off_label: ClassVar[str] = "off"
-    # What users may set by name (each a --flag, a sweep-file key, an `optimize` keyword; `_surface.Setting`).
-    settings: ClassVar[tuple[Setting, ...]] = ()
+    # Its options, one typed, versioned record (`_options.Options`): its fields are the constructor's keywords and
+    # run.json's options; those declared with a kind are what users set by name (`record.settings()`: each a
+    # --flag, a sweep-file key, an `optimize` keyword). The base record has no fields.
+    record: ClassVar[type[Options]] = Options
     # Columns of the per-layer map in reports (`_surface.ReportColumn`); none: one generic column.
     report_columns: ClassVar[tuple[ReportColumn, ...]] = ()
 

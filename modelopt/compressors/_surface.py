@@ -1,13 +1,14 @@
 """What a compressor shows users, declared in its own class: the settings they may give it (each a
 command-line flag, a sweep-file key, a keyword of `modelopt.optimize` and a field of run.json under the
-compressor's options) and the columns it adds to the per-layer map of a report.
+compressor's options; derived from its options record, `modelopt.compressors._options`) and the columns it adds
+to the per-layer map of a report.
 
-A compressor written in one file gets all of these from that file (`Compressor.settings`,
+A compressor written in one file gets all of these from that file (`Compressor.record`,
 `Compressor.report_columns`); nothing outside `modelopt/compressors/` names it.
 
 Example:
     >>> class Round(Compressor):
-    ...     settings = (Setting("decimals", SettingKind.INT, "Decimals weights are rounded to.", "1"),)
+    ...     record = RoundOptions  # decimals: int = option(1, SettingKind.INT, "Decimals weights are rounded to.")
     ...     report_columns = (ReportColumn("rounded", "Greens", lambda raw: Cell("off", None) if raw is None
     ...                                    else Cell(f"{raw['decimals']}dp", 0.5)),)
 """
@@ -74,13 +75,13 @@ def _bits(text: str) -> int | None:
 
 @dataclass(frozen=True)
 class Setting:
-    """One option of a compressor that users set by name.
+    """One option of a compressor that users set by name (a field of its options record, `Options.settings`).
 
     Attributes:
-        option: The constructor keyword, also the `optimize` keyword, the sweep-file key and run.json's field.
+        option: The record's field, also the keyword, the sweep-file key and run.json's field.
         kind: How its value is written (`SettingKind`).
         help: The command line's help text.
-        default: The tool's default, where the user gives none (JSON form); None: the class's own.
+        default: The tool's default, where the user gives none (JSON form).
         by_objective: The tool's default for some objectives instead: (("bitops", [None, 8]),).
     """
 
@@ -96,7 +97,7 @@ class Setting:
         return "--" + self.option.replace("_", "-")
 
     def default_for(self, objective: str) -> Any:
-        """The tool's default under `objective` (None: the class's own)."""
+        """The tool's default under `objective`."""
         return dict(self.by_objective).get(objective, self.default)
 
     def from_text(self, text: str) -> Any:

@@ -26,7 +26,7 @@ kept channels cannot stand in for; the refit lets them stand in.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -38,16 +38,14 @@ from modelopt.compressors._calibration import CalibrationNeed
 from modelopt.compressors._channels import RemovesChannels
 from modelopt.compressors._packing import Storage, WeightForm
 from modelopt.compressors._registry import COMPRESSORS
-from modelopt.compressors._surface import Cell, ReportColumn, Setting, SettingKind
+from modelopt.compressors._surface import Cell, ReportColumn
+from modelopt.compressors.prune_options import PruneOptions
 from modelopt.compressors.sparsegpt import obs_prune
 from modelopt.errors import ConfigError
 from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer, LayerKind
 from modelopt.model.reconstruct import output_kept
 
-DEFAULT_SPARSITY = (0.25, 0.5, 0.75)
-DEFAULT_BN_SAMPLES = 512
-DEFAULT_REPAIR_IMAGES = 256  # the calibration images GPTQ measures too: one float pass serves both
 _MIN_IN_CHANNELS = 4  # convs reading fewer channels (the stem on RGB, depthwise) are left alone
 
 
@@ -121,6 +119,9 @@ def kept_filters(weight: torch.Tensor, sparsity: float, criterion: Criterion = C
 class Prune(Compressor, RemovesChannels):
     """Magnitude pruning (unstructured) and internal-channel pruning (structured), per layer.
 
+    Takes its options as a record (`PruneOptions`, the tool's defaults when None) or as its fields by keyword,
+    which change that record.
+
     Offered on every conv reading at least 4 channels (not the stem that reads the image) and on
     linear layers; structured choices on the root of a channel group (`Layer.prunable`: the model's graph says
     which channels go together, `modelopt.model.channels`).
@@ -132,9 +133,8 @@ class Prune(Compressor, RemovesChannels):
             output, `output_kept`; L1 where that is not defined), ``l1`` or ``l2`` (filter norms).
         bn_samples: calibration images batch-norm statistics are re-estimated on after pruning (0: off).
         sparse_images: calibration images unstructured and 2:4 pruning choose their mask on and feed the pruned
-            weights' error back with (SparseGPT, `modelopt.compressors.sparsegpt`; 0, the class's default: magnitude).
-        repair_images: calibration images removed channels' readers are refitted on (0, the class's default so
-            runs recorded before repair rebuild as they ran: none; the tool's default is DEFAULT_REPAIR_IMAGES).
+            weights' error back with (SparseGPT, `modelopt.compressors.sparsegpt`; 0: magnitude).
+        repair_images: calibration images removed channels' readers are refitted on (0: none).
         channel_multiple: structured choices are offered only where the channels kept are a multiple of it.
 
     Example:
@@ -143,63 +143,30 @@ class Prune(Compressor, RemovesChannels):
         PruneSpec(sparsity=0.5, kind=<PruneKind.STRUCTURED: 'structured'>)
     """
 
-    name = "prune"
     order = 10  # before quantization
     report_columns = (ReportColumn("pruned", "Purples", lambda raw: _prune_cell(raw)),)
-    settings = (
-        Setting("sparsity", SettingKind.FLOATS, "Shares of weights (unstructured) or channels (structured) pruning "
-                "offers per layer, e.g. 0.25,0.5,0.75."),
-        # Measured in ONNX Runtime (ResNet-20, W8A8, batch 1): a 16-channel stage cut to 12, 8 or 4 channels ran
-        # slower than whole (0.394 / 0.382 / 0.373 against 0.355 ms); 32 -> 16 and 64 -> 48 / 32 / 16 faster.
-        Setting("channel_multiple", SettingKind.INT, "Structured choices keep a multiple of this many channels "
-                "(default 1: any; 16 for --objective latency, what integer kernels run fast).", None,
-                (("latency", 16),)),
-        Setting("sparse_images", SettingKind.INT, "Calibration images unstructured (and 2:4) pruning chooses which "
-                "weights go on and pushes their loss onto the weights kept (SparseGPT; default 256; 0: magnitude "
-                "alone).", DEFAULT_REPAIR_IMAGES),
-        Setting("repair_images", SettingKind.INT, "Calibration images the layers reading removed channels are "
-                "refitted on by least squares, to give the float output from the channels left (default 256; 0: "
-                "no repair).", DEFAULT_REPAIR_IMAGES),
-        # Unstructured sparsity leaves the multiply-accumulates of a dense kernel in place: for latency only
-        # channels are offered.
-        Setting("kind", SettingKind.NAMES, "Pruning kinds offered: unstructured, structured (channels), 2:4 (two "
-                "of every four weights, what GPU sparse tensor cores run); default unstructured and structured, "
-                "structured alone for --objective latency.", None,
-                (("latency", ["structured"]),)),
-    )
+    record = PruneOptions
+    opts: PruneOptions
 
     reduces = frozenset({"size", "bitops", "macs", "latency"})
 
-    def __init__(
-        self,
-        sparsity: Sequence[float] = DEFAULT_SPARSITY,
-        kind: Sequence[str | PruneKind] = (PruneKind.UNSTRUCTURED, PruneKind.STRUCTURED),
-        criterion: str | Criterion = Criterion.L1,
-        bn_samples: int = DEFAULT_BN_SAMPLES,
-        repair_images: int = 0,
-        channel_multiple: int = 1,
-        sparse_images: int = 0,
-    ) -> None:
-        if not sparsity:
+    def __init__(self, opts: PruneOptions | None = None, **changes: Any) -> None:
+        super().__init__(opts, **changes)
+        o = self.opts
+        if not o.sparsity:
             raise ConfigError("prune: sparsity is empty; offer shares in (0, 1) such as 0.25,0.5,0.75")
-        self.sparsity = tuple(dict.fromkeys(_sparsity(s, "prune") for s in sparsity))
-        self.kinds = tuple(dict.fromkeys(_kind(k) for k in kind))
+        self.sparsity = tuple(dict.fromkeys(_sparsity(s, "prune") for s in o.sparsity))
+        self.kinds = tuple(dict.fromkeys(_kind(k) for k in o.kind))
         if not self.kinds:
             raise ConfigError("prune: kind is empty; valid: unstructured, structured, 2:4")
         try:
-            self.criterion = Criterion(criterion)
+            self.criterion = Criterion(o.criterion)
         except ValueError:
-            raise ConfigError(f"prune: criterion {criterion!r} not offered; valid: output, l1, l2") from None
-        self.bn_samples = _whole("bn_samples", bn_samples, 0, " (0: no re-estimation)")
-        self.repair_images = _whole("repair_images", repair_images, 0, " (0: no repair)")
-        self.sparse_images = _whole("sparse_images", sparse_images, 0, " (0: magnitude)")
-        self.channel_multiple = _whole("channel_multiple", channel_multiple, 1)
-
-    def options(self) -> dict[str, Any]:
-        return {"sparsity": list(self.sparsity), "kind": [k.value for k in self.kinds],
-                "criterion": self.criterion.value, "bn_samples": self.bn_samples,
-                "repair_images": self.repair_images, "channel_multiple": self.channel_multiple,
-                "sparse_images": self.sparse_images}
+            raise ConfigError(f"prune: criterion {o.criterion!r} not offered; valid: output, l1, l2") from None
+        self.bn_samples = _whole("bn_samples", o.bn_samples, 0, " (0: no re-estimation)")
+        self.repair_images = _whole("repair_images", o.repair_images, 0, " (0: no repair)")
+        self.sparse_images = _whole("sparse_images", o.sparse_images, 0, " (0: magnitude)")
+        self.channel_multiple = _whole("channel_multiple", o.channel_multiple, 1)
 
     def calibration(self, choice: Choice) -> CalibrationNeed:
         """Layer inputs: for structured removal, the images the readers of the removed channels are refitted on

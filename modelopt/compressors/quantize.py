@@ -19,7 +19,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from modelopt.compressors._base import Choice, Compressor, Precision
@@ -38,19 +37,18 @@ from modelopt.compressors._packing import (
 )
 from modelopt.compressors._packing import code_range as _code_range
 from modelopt.compressors._registry import COMPRESSORS
-from modelopt.compressors._surface import Cell, ReportColumn, Setting, SettingKind, enum_member
+from modelopt.compressors._surface import Cell, ReportColumn, enum_member
 from modelopt.compressors.gptq import Rounding, gptq_round
 from modelopt.compressors.quant_spec import ActQuantSpec, QuantSpec
+from modelopt.compressors.quantize_options import CLIP_RATIOS, QuantizeOptions
 from modelopt.errors import ConfigError
 from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer
 
-__all__ = ["ActQuantSpec", "Granularity", "QuantSpec", "Quantize", "Rounding", "dequantize", "parse_rounding",
-           "quantize", "search_scales"]
+__all__ = ["ActQuantSpec", "Granularity", "QuantSpec", "Quantize", "QuantizeOptions", "Rounding", "dequantize",
+           "parse_rounding", "quantize", "search_scales"]
 
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 7, 8)
-# Clipping ratios searched per scale unit; 1.0 is plain max-scaling.
-CLIP_RATIOS = tuple(float(r) for r in np.linspace(0.30, 1.0, 36))
 # The clipping search minimises sum |q*s - w|^p, not the squared error: squared error clips the
 # large weights that matter most and loses accuracy at low bit widths. p was chosen on the
 # calibration split (training images), never on val or test: uniform ResNet-20 retention there,
@@ -135,6 +133,9 @@ def n_scales(layer: Layer, spec: QuantSpec) -> int:
 class Quantize(Compressor):
     """Weight quantization with an error-minimising scale per unit.
 
+    Takes its options as a record (`QuantizeOptions`, the tool's defaults when None) or as its fields by keyword,
+    which change that record.
+
     Args:
         bits: bit widths offered to the search (any of 2..8).
         granularity: scale granularities offered (per_tensor, per_channel, group).
@@ -159,96 +160,44 @@ class Quantize(Compressor):
         >>> w8a8 = Quantize(bits=(8,), activations=(None, 8), act_calibration="minmax")
     """
 
-    name = "quantize"
     order = 20  # after pruning: scales are searched on the pruned weight
     off_label = "float"
-    # The tool's defaults (the constructor's own are the older behaviour, so run records written before a
-    # default changed rebuild as they ran). Measured on ResNet-20, bundled sample, test split: uniform INT3
-    # per channel 78.6 % retention nearest, 100.8 % GPTQ (`modelopt.compressors.gptq`); INT3 is offered: with
-    # GPTQ, uniform INT3 per channel keeps 99.8 % of ResNet-56's accuracy on 4,000 JPEG test images, and the
-    # plans that beat uniform INT4 mix it in; 64 norm images: INT2 group-64 confirm agreement 88.5 -> 94.9 %.
-    # For latency only what an engine can run faster is offered: 8-bit weights with per-channel scales (weights
-    # under 5 bits, and group scales, are dequantized to float on every call in ONNX Runtime and OpenVINO, which
-    # builds no group-wise DequantizeLinear whose fan-in the groups do not divide).
-    settings = (
-        Setting("bits", SettingKind.INTS, "Weight bit widths offered, e.g. 8,4 or 8,4,3,2 (default 8,4,3; 8 for "
-                "--objective latency).", [8, 4, 3], (("latency", [8]),)),
-        Setting("granularity", SettingKind.NAMES, "Scale granularities: per_tensor, per_channel, group (default "
-                "per_channel,group; per_channel for --objective latency).", ["per_channel", "group"],
-                (("latency", ["per_channel"]),)),
-        Setting("rounding", SettingKind.NAMES, "How codes are picked: gptq (calibrated on the calib split), "
-                "nearest, or gptq,nearest to let the search choose.", ["gptq"]),
-        # Quantized inputs lower bitops, and latency in an engine with integer kernels (ONNX Runtime, OpenVINO:
-        # a layer whose inputs stay float runs as dequantized weights and a float kernel, slower than float):
-        # offered by default for those objectives alone.
-        Setting("activations", SettingKind.BITS, "Input activation bits offered per layer: none (float), 8, or "
-                "none,8 (default: none,8 for --objective bitops or latency, else none).", None,
-                (("bitops", [None, 8]), ("latency", [None, 8]))),
-        Setting("norm_images", SettingKind.INT, "Calibration images batch-norm statistics are re-estimated on "
-                "for plans with a layer at 4 bits or fewer (0: never).", 64),
-    )
+    record = QuantizeOptions
+    opts: QuantizeOptions
     report_columns = (
         ReportColumn("bits", "YlOrRd", lambda raw: _bits_cell(raw)),
         ReportColumn("scales", "Blues", lambda raw: _granularity_cell(raw)),
         ReportColumn("inputs", "Oranges", lambda raw: _activations_cell(raw)),
     )
 
-    def __init__(
-        self,
-        bits: Sequence[int] = (8, 4),
-        granularity: Sequence[str | Granularity] = (Granularity.PER_CHANNEL, Granularity.GROUP),
-        group_size: int = 64,
-        clip_ratios: Sequence[float] = CLIP_RATIOS,
-        activations: Sequence[int | None] = (None,),
-        act_calibration: str = "percentile",
-        act_percentile: float = 99.99,
-        act_calibration_images: int = 256,
-        rounding: Sequence[str | Rounding] = (Rounding.NEAREST,),
-        calib_images: int = 256,
-        norm_images: int = 0,
-    ) -> None:
-        if not clip_ratios or any(not 0 < float(r) <= 1 for r in clip_ratios):
-            raise ConfigError(f"quantize: clip_ratios must be fractions in (0, 1], got {clip_ratios!r}")
-        self.clip_ratios = tuple(float(r) for r in clip_ratios)
-        for b in bits:
+    def __init__(self, opts: QuantizeOptions | None = None, **changes: Any) -> None:
+        super().__init__(opts, **changes)
+        o = self.opts
+        if not o.clip_ratios or any(not 0 < float(r) <= 1 for r in o.clip_ratios):
+            raise ConfigError(f"quantize: clip_ratios must be fractions in (0, 1], got {o.clip_ratios!r}")
+        self.clip_ratios = tuple(float(r) for r in o.clip_ratios)
+        for b in o.bits:
             if b not in SUPPORTED_BITS:
                 raise ConfigError(f"quantize: bits {b!r} not offered; valid: {', '.join(map(str, SUPPORTED_BITS))}")
-        self.bits = tuple(dict.fromkeys(int(b) for b in bits))
-        self.granularity = tuple(dict.fromkeys(_granularity(g) for g in granularity))
-        if group_size < 1:
-            raise ConfigError(f"quantize: group_size must be a positive integer, got {group_size!r}")
-        self.group_size = int(group_size)
-        self.activations = tuple(dict.fromkeys(_activation_bits(a) for a in activations))
+        self.bits = tuple(dict.fromkeys(int(b) for b in o.bits))
+        self.granularity = tuple(dict.fromkeys(_granularity(g) for g in o.granularity))
+        if o.group_size < 1:
+            raise ConfigError(f"quantize: group_size must be a positive integer, got {o.group_size!r}")
+        self.group_size = int(o.group_size)
+        self.activations = tuple(dict.fromkeys(_activation_bits(a) for a in o.activations))
         if not self.activations:
             raise ConfigError("quantize: activations must offer at least one of 8 or null (float)")
-        self.input_calibration = Calibration(calibration_method(act_calibration), float(act_percentile),
-                                             int(act_calibration_images))
-        self.rounding = tuple(dict.fromkeys(_rounding(r) for r in rounding))
+        self.input_calibration = Calibration(calibration_method(o.act_calibration), float(o.act_percentile),
+                                             int(o.act_calibration_images))
+        self.rounding = tuple(dict.fromkeys(_rounding(r) for r in o.rounding))
         if not self.rounding:
             raise ConfigError("quantize: rounding must offer at least one of nearest, gptq")
-        if isinstance(calib_images, bool) or not isinstance(calib_images, int) or calib_images < 1:
-            raise ConfigError(f"quantize: calib_images must be a positive integer, got {calib_images!r}")
-        self.calib_images = calib_images
-        if isinstance(norm_images, bool) or not isinstance(norm_images, int) or norm_images < 0:
-            raise ConfigError(f"quantize: norm_images must be a non-negative integer, got {norm_images!r}")
-        self.norm_images = norm_images
-
-    def options(self) -> dict[str, Any]:
-        opts: dict[str, Any] = {"bits": list(self.bits), "granularity": [g.value for g in self.granularity],
-                                "group_size": self.group_size}
-        if self.clip_ratios != CLIP_RATIOS:
-            opts["clip_ratios"] = list(self.clip_ratios)
-        # Only when set, like activations: records from before rounding existed mean nearest.
-        if self.rounding != (Rounding.NEAREST,) or self.calib_images != 256:
-            opts.update(rounding=[r.value for r in self.rounding], calib_images=self.calib_images)
-        if self.norm_images:
-            opts["norm_images"] = self.norm_images
-        # Only when set: a default quantizer's options (run records, resume checks) stay as they were.
-        if self.activations != (None,) or self.input_calibration != Calibration():
-            opts.update(activations=list(self.activations), act_calibration=self.input_calibration.method.value,
-                        act_percentile=self.input_calibration.percentile,
-                        act_calibration_images=self.input_calibration.images)
-        return opts
+        if isinstance(o.calib_images, bool) or not isinstance(o.calib_images, int) or o.calib_images < 1:
+            raise ConfigError(f"quantize: calib_images must be a positive integer, got {o.calib_images!r}")
+        self.calib_images = o.calib_images
+        if isinstance(o.norm_images, bool) or not isinstance(o.norm_images, int) or o.norm_images < 0:
+            raise ConfigError(f"quantize: norm_images must be a non-negative integer, got {o.norm_images!r}")
+        self.norm_images = o.norm_images
 
     def _canonical(self, spec: QuantSpec, layer: Layer) -> QuantSpec:
         # One group covering a whole channel is per-channel quantization: same math, same bytes.

@@ -1,5 +1,5 @@
-"""A run's compressors from names and options, with the tool's defaults for them (declared by each
-compressor: `Compressor.settings`). `modelopt.config.build` builds runs from these."""
+"""A run's compressors from names and options, with the tool's defaults for them (each compressor's options
+record, `Compressor.record`). `modelopt.config.build` builds runs from these."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from modelopt.compressors import COMPRESSORS, FIRST_COMPRESSOR, Compressor
+from modelopt.compressors import COMPRESSORS, FIRST_COMPRESSOR, Compressor, Options
 from modelopt.compressors._routing import Routes
 from modelopt.errors import ConfigError
 
@@ -19,20 +19,27 @@ DEFAULT_BUDGET = 100.0
 
 def default_options(objective: str = "size") -> dict[str, dict[str, Any]]:
     """The tool's compressor options under `objective`, where the user gives none: each registered
-    compressor's declared setting defaults (the classes' own defaults are the older behaviour, so run
-    records written before a default changed rebuild as they ran).
+    compressor's record with that objective's defaults (`Options.for_objective`), in its JSON form.
 
     Example:
         >>> default_options()["quantize"]["bits"]
         [8, 4, 3]
     """
-    out: dict[str, dict[str, Any]] = {}
-    for name in COMPRESSORS.names():
-        values = {s.option: s.default_for(objective) for s in COMPRESSORS.get(name).settings}
-        values = {k: v for k, v in values.items() if v is not None}
-        if values:
-            out[name] = values
-    return out
+    return {name: COMPRESSORS.get(name).record.for_objective(objective).to_json() for name in COMPRESSORS.names()}
+
+
+def options_record(name: str, given: Mapping[str, Any] | None, objective: str = "size") -> Options:
+    """Compressor `name`'s options record from what a caller gives: None, the tool's defaults under `objective`;
+    a record with a `version` (run.json's form, `Options.to_json`), read as that version wrote it; a mapping
+    without one, some fields by name over the tool's defaults.
+
+    Raises:
+        ConfigError: an unknown compressor or field, or a version newer than this modelopt's.
+    """
+    record = COMPRESSORS.get(name).record
+    if given is not None and "version" in given:
+        return record.from_json(given, f"options of {name}")
+    return record.for_objective(objective).replace(**(given or {}))
 
 
 def default_compressors(objective: str = "size", model: nn.Module | None = None) -> list[str]:
@@ -64,20 +71,19 @@ def build_compressors(
 
     Args:
         names: Registry names; None: the first compressor (quantization) alone.
-        options: Per-compressor constructor options; None: the tool's defaults (`default_options`).
-            Saved run records pass theirs: a record without `rounding` predates it and means
-            nearest, the class default.
+        options: Per-compressor options, each as `options_record` reads it (a record in JSON form, or some fields
+            over the tool's defaults); a compressor without an entry gets the tool's defaults.
         model: The model they will compress: options a compressor derives from it
-            (`Routes.model_options`, e.g. early exit's candidate exits) fill in what
-            `options` leaves out.
+            (`Routes.model_options`, e.g. early exit's candidate exits) fill in the fields its record
+            leaves None.
     """
-    if options is None:
-        options = default_options()
+    options = options or {}
     for name in options:
         COMPRESSORS.get(name)
     out = []
     for n in (FIRST_COMPRESSOR,) if names is None else names:
         cls = COMPRESSORS.get(n)
+        record = options_record(n, options.get(n))
         derived = cls.model_options(model) if model is not None and issubclass(cls, Routes) else {}
-        out.append(cls(**{**derived, **dict(options.get(n, {}))}))
+        out.append(cls(record.replace(**{k: v for k, v in derived.items() if getattr(record, k, None) is None})))
     return out

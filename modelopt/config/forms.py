@@ -1,6 +1,6 @@
 """The form each field of a run.json must have: a damaged or foreign file is refused in one line
 naming the first field that is wrong (`check_forms`), before `RunConfig` reads it. A compressor's
-options are checked against the forms of the settings it declares (`Compressor.settings`)."""
+options are checked against the forms of the settings its record declares (`Compressor.record`)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def check_forms(raw: Mapping[str, Any], where: str) -> None:
         for name, options in (raw.get(section) or {}).items():
             if name not in COMPRESSORS:
                 continue  # a plugin not installed here: `RunConfig` names it
-            for setting in COMPRESSORS.get(name).settings:
+            for setting in COMPRESSORS.get(name).record.settings():
                 if options.get(setting.option) is not None:
                     try:
                         setting.check(options[setting.option], f"{section}.{name}.{setting.option}")

@@ -29,6 +29,7 @@ from modelopt.config.assemble import (
     DEFAULT_BUDGET,
     default_compressors,
     default_options,
+    options_record,
 )
 from modelopt.config.forms import check_forms
 from modelopt.data.preprocess import DEFAULT_INTERPOLATION, Preprocess
@@ -86,10 +87,11 @@ class RunConfig:
         compressors: registry names contributing decisions; None: every registered one that can
             lower `objective` on the model (`default_compressors`: quantize and prune for size;
             early exit and prune for macs; all three for bitops and latency), resolved by `build`.
-        options: constructor options per compressor name (a compressor not named gets the tool's defaults
-            for the objective, `default_options`; an option a named entry leaves out, the class's own).
-            None: the tool's defaults for every compressor. Users change them through `replace` by
-            setting name (`bits=[8, 4]`, `exit_data=...`: each compressor declares its `settings`).
+        options: each registered compressor's options record in JSON form (`Compressor.record`, with its
+            `version`); given as a mapping without `version`, some fields over the tool's defaults for the
+            objective, and a compressor not named gets those defaults (`default_options`); None: the tool's
+            defaults for every compressor. Users change them through `replace` by setting name (`bits=[8, 4]`,
+            `exit_data=...`: the fields each record declares as settings).
         device: auto, cpu, cuda or cuda:N (a resolved record names the device it ran on).
         fidelity: multi-fidelity scoring: a plan below the floor beyond doubt on part of val (or
             that cannot beat the best so far) stops there and is charged only that part; None
@@ -153,10 +155,13 @@ class RunConfig:
             object.__setattr__(self, "compressors", tuple(self.compressors))
         if self.options is None:
             object.__setattr__(self, "options", default_options(self.objective))
+        elif not isinstance(self.options, Mapping) or not all(isinstance(o, Mapping) for o in self.options.values()):
+            raise ConfigError(f"options must map compressor names to their options, got {self.options!r}")
         if isinstance(self.latency, str):
             object.__setattr__(self, "latency", LatencySpec(self.latency))
         for name in [*(self.compressors or ()), *self.options]:
             COMPRESSORS.get(name)
+        object.__setattr__(self, "options", self._records())
         self._check_options()
         self._check_latency()
         self._check_executor()
@@ -230,14 +235,18 @@ class RunConfig:
         if self.ray_address is not None and self.executor != "ray":
             raise ConfigError(f"ray_address {self.ray_address!r} needs executor 'ray', not {self.executor!r}")
 
+    def _records(self) -> dict[str, dict[str, Any]]:
+        """Every registered compressor's options as a whole record (JSON form, with its version): given ones
+        read by `options_record` (an unknown field refused), the rest the tool's defaults for the objective."""
+        given = {name: options_record(name, o, self.objective).to_json() for name, o in self.options.items()}
+        return {**default_options(self.objective), **given}
+
     def _check_options(self) -> None:
-        """Each compressor's options, checked by building it (they need no model): a bad bit width or
-        an unknown option is refused here, before a model loads."""
+        """Each compressor's options, checked by building it (they need no model): a bad bit width is refused
+        here, before a model loads."""
         for name, options in self.options.items():
-            try:
-                COMPRESSORS.get(name)(**options)
-            except TypeError as exc:
-                raise ConfigError(f"compressor {name!r} was given an option it does not take ({exc})") from None
+            cls = COMPRESSORS.get(name)
+            cls(cls.record.from_json(options))
 
     def _check_latency(self) -> None:
         if self.latency is None and self.objective == Target.LATENCY.value:
@@ -299,6 +308,8 @@ class RunConfig:
         model and data by content, search, floor and menus (the budget may grow). `keys`: what to compare
         (`SETTLED_RESUME_KEYS`: what needs no model, checked before one loads)."""
         saved, mine = read_config_json(run_dir), self.to_json()
+        if isinstance(saved.get("compressors"), dict):  # records compared, not their JSON: an old one read as it ran
+            saved["compressors"] = _as_records(saved["compressors"], str(run_dir))
         for key in keys:
             if key in saved and key in mine and saved[key] != mine[key]:
                 raise ConfigError(f"cannot resume {str(run_dir)!r}: it was run with {key}={saved[key]!r}, "
@@ -333,13 +344,21 @@ def _fields_of(raw: Mapping[str, Any]) -> dict[str, Any]:
     values: dict[str, Any] = {k: raw[k] for k in _SCALARS if raw.get(k) is not None}
     values.update(
         compressors=None if comps is None and "options" in raw else tuple(comps or first),
-        options=options,
+        options=_as_records(options, CONFIG),
         fidelity=None if raw.get("fidelity") is None else Fidelity(**_fidelity_args(raw["fidelity"])),
         latency=None if raw.get("latency") is None else LatencySpec(**raw["latency"]),
         fingerprints={k: raw[k] for k in ("model_sha256", "data_sha256") if isinstance(raw.get(k), str)},
     )
     values.update({k: v for k, v in _BEFORE.items() if k not in raw})
     return values
+
+
+def _as_records(options: Mapping[str, Mapping[str, Any]], where: str) -> dict[str, dict[str, Any]]:
+    """run.json's compressor options as records in JSON form, each read as its version wrote it (a record without
+    one is version 1: `Options.from_json`); a compressor not installed here is left as it is (`RunConfig` names
+    it)."""
+    return {n: COMPRESSORS.get(n).record.from_json(o, f"{where}: options of {n}").to_json() if n in COMPRESSORS
+            else dict(o) for n, o in options.items()}
 
 
 def objective_from_json(raw: Mapping[str, Any]) -> Objective:

@@ -92,8 +92,8 @@ def _check_started(sweep: Sweep, cells: Sequence[Cell]) -> None:
         for name in cfg.compressors or ():
             if name in COMPRESSORS:
                 cls = COMPRESSORS.get(name)
-                pairs += [(s.option, _recorded(cls, cfg.options.get(name, {}), s.option),
-                           _recorded(cls, base.options.get(name, {}), s.option)) for s in cls.settings]
+                pairs += [(s.option, _recorded(cls, cfg.options.get(name), s.option),
+                           _recorded(cls, base.options.get(name), s.option)) for s in cls.record.settings()]
         for key, have, want in pairs:
             if have != want:
                 raise ConfigError(
@@ -102,11 +102,10 @@ def _check_started(sweep: Sweep, cells: Sequence[Cell]) -> None:
                 )
 
 
-def _recorded(cls: type[Compressor], options: Mapping[str, Any], option: str) -> Any:
-    """An option as the compressor records it (`Compressor.options`): its class default when not given (a
-    record without it predates it)."""
-    given = {option: options[option]} if option in options else {}
-    return cls(**given).options().get(option)
+def _recorded(cls: type[Compressor], options: Mapping[str, Any] | None, option: str) -> Any:
+    """An option as the compressor's record holds it (a RunConfig's options are whole records; None: the
+    record's default)."""
+    return (cls.record() if options is None else cls.record.from_json(options)).to_json().get(option)
 
 
 def _build_workload(model: SweepModel, device: str) -> Workload:

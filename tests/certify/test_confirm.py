@@ -19,7 +19,8 @@ from modelopt.plan.space import SearchSpace
 def evaluator(small_workload):
     from modelopt.api import build_compressors
 
-    comps = build_compressors(["quantize"], {"quantize": {"bits": [8, 4, 2], "granularity": ["per_channel"]}})
+    comps = build_compressors(["quantize"], {"quantize": {"bits": [8, 4, 2], "granularity": ["per_channel"],
+                                                          "rounding": ["nearest"], "norm_images": 0}})
     return Evaluator(small_workload, SearchSpace(small_workload.layers, comps))
 
 

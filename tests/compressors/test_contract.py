@@ -39,3 +39,23 @@ def test_capabilities_add_nothing_to_the_contract_and_serve_a_registered_compres
     assert not issubclass(capability, Compressor)
     assert not _members(capability) & _members(Compressor)
     assert any(issubclass(COMPRESSORS.get(n), capability) for n in COMPRESSORS.names())
+
+
+def test_a_plugin_is_named_by_registering_it_once() -> None:
+    from modelopt._registry import Registry
+    from modelopt.compressors._registry import _named
+
+    registry: Registry[type[Compressor]] = Registry("compressor", None, _named)
+
+    class Round(Compressor):  # abstract members are never called here
+        pass
+
+    registry.register("round1")(Round)
+    assert Round.name == "round1" and registry.get("round1") is Round
+    assert all(COMPRESSORS.get(n).name == n for n in COMPRESSORS.names())
+
+    class Misnamed(Compressor):
+        name = "round2"
+
+    with pytest.raises(ValueError, match="says name = 'round2' but is registered as 'round3'"):
+        registry.register("round3")(Misnamed)

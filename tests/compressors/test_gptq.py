@@ -64,7 +64,8 @@ def _output_error(q: torch.Tensor, w: torch.Tensor, h: torch.Tensor) -> float:
 @pytest.fixture(scope="module")
 def gptq_evaluator(small_workload) -> Evaluator:
     comps = build_compressors(["quantize"], {"quantize": {"bits": [4, 3, 2], "granularity": ["per_channel", "group"],
-                                                          "rounding": ["gptq", "nearest"], "calib_images": 64}})
+                                                          "rounding": ["gptq", "nearest"], "calib_images": 64,
+                                                          "norm_images": 0}})
     return Evaluator(small_workload, SearchSpace(small_workload.layers, comps))
 
 
@@ -173,15 +174,16 @@ def test_export_writes_the_gptq_codes_that_were_scored(gptq_evaluator, tmp_path)
 
 
 def test_plan_files_name_the_rounding_and_refuse_a_bad_one(gptq_evaluator):
-    comp = Quantize(bits=(4,), rounding=("gptq",))
+    comp = Quantize(bits=(4,), rounding=("gptq",), norm_images=0)
     layer = gptq_evaluator.workload.layers[3]
     assert comp.parse({"bits": 4}, layer).rounding is Rounding.GPTQ  # the first offered
     assert comp.dump(comp.parse({"bits": 4}, layer))["rounding"] == "gptq"
-    assert Quantize().parse({"bits": 4}, layer).rounding is Rounding.NEAREST
+    nearest = Quantize(bits=(8, 4), rounding=("nearest",), norm_images=0)
+    assert nearest.parse({"bits": 4}, layer).rounding is Rounding.NEAREST
     with pytest.raises(ConfigError, match=r"rounding 'adaround' not offered; valid: nearest, gptq"):
         comp.parse({"bits": 4, "rounding": "adaround"}, layer)
     with pytest.raises(ConfigError, match="rounding"):
-        Quantize(rounding=("best",))
+        Quantize(rounding=("best",), bits=(8, 4), norm_images=0)
     assert str(QuantSpec(4, rounding=Rounding.GPTQ)) == "int4/per_channel/gptq"
     w = torch.randn(4, 8)
-    assert torch.equal(dequantize(*quantize(w, QuantSpec(8)), QuantSpec(8)), Quantize().apply(w, QuantSpec(8)))
+    assert torch.equal(dequantize(*quantize(w, QuantSpec(8)), QuantSpec(8)), nearest.apply(w, QuantSpec(8)))

@@ -37,7 +37,7 @@ STEM = Layer("stem", LayerKind.CONV, (16, 3, 3, 3), 1, False)
 
 def test_conformance_with_structured_choices():
     # The registry-wide suite runs on synthetic layers with no internal channels; this adds one.
-    p = Prune()
+    p = Prune(sparse_images=0, repair_images=0)
     check_compressor(p, [*synthetic_layers(), BLOCK])
     kinds = {c.kind for c in p.menu(BLOCK)[1:]}
     assert kinds == {PruneKind.UNSTRUCTURED, PruneKind.STRUCTURED}
@@ -48,7 +48,7 @@ def test_conformance_with_structured_choices():
 @pytest.mark.parametrize("sparsity", [0.25, 0.5, 0.75, 0.9])
 def test_unstructured_reaches_its_sparsity_on_the_smallest_weights(sparsity):
     w = synthetic_weight(BLOCK, seed=3)
-    out = Prune().apply(w, PruneSpec(sparsity))
+    out = Prune(sparse_images=0, repair_images=0).apply(w, PruneSpec(sparsity))
     zeros = int((out == 0).sum())
     assert zeros == w.numel() - n_kept(w.numel(), sparsity) == round(sparsity * w.numel())
     kept = out != 0
@@ -59,7 +59,7 @@ def test_unstructured_reaches_its_sparsity_on_the_smallest_weights(sparsity):
 @pytest.mark.parametrize("criterion", ["l1", "l2"])
 def test_structured_zeroes_the_weakest_filters(criterion):
     w = synthetic_weight(BLOCK, seed=4)
-    p = Prune(criterion=criterion)
+    p = Prune(criterion=criterion, sparse_images=0, repair_images=0)
     out = p.apply(w, PruneSpec(0.25, PruneKind.STRUCTURED))
     keep = p.kept_channels(w, PruneSpec(0.25, PruneKind.STRUCTURED))
     assert keep is not None and keep.numel() == 24 and torch.equal(keep, keep.sort().values)
@@ -71,7 +71,7 @@ def test_structured_zeroes_the_weakest_filters(criterion):
 
 
 def test_bytes_count_the_sparse_encoding():
-    p, q = Prune(), Quantize()
+    p, q = Prune(sparse_images=0, repair_images=0), Quantize(bits=(8, 4), rounding=("nearest",), norm_images=0)
     n = BLOCK.params  # 4608 weights: a bitmask (576 bytes) beats 2-byte positions until ~88 % sparse
     assert p.weight_bytes(BLOCK, PruneSpec(0.5)) == math.ceil(n / 8) + (n // 2) * 4
     assert p.weight_bytes(BLOCK, PruneSpec(0.95)) == n_kept(n, 0.95) * 2 + n_kept(n, 0.95) * 4
@@ -96,8 +96,8 @@ def test_mask_encoding_round_trips_at_its_accounted_size(numel, sparsity):
 def test_quantizer_sees_the_pruned_weight_and_keeps_zeros():
     w = synthetic_weight(BLOCK, seed=5)
     spec = QuantSpec(4)
-    pruned = Prune().apply(w, PruneSpec(0.5))
-    chained = Quantize().apply(pruned, spec)
+    pruned = Prune(sparse_images=0, repair_images=0).apply(w, PruneSpec(0.5))
+    chained = Quantize(bits=(8, 4), rounding=("nearest",), norm_images=0).apply(pruned, spec)
     assert torch.all(chained[pruned == 0] == 0)  # every pruned weight stays exactly 0
     _, scales_pruned = quantize(pruned, spec)
     _, scales_dense = quantize(w, spec)
@@ -130,7 +130,7 @@ def test_plan_yaml_round_trip_and_errors():
     with pytest.raises(ConfigError, match="cannot be compressed by 'prune'"):
         space.parse_plan({"layers": {"stem": {"prune": {"sparsity": 0.5}}}})
     with pytest.raises(ConfigError, match="criterion 'l3' not offered"):
-        Prune(criterion="l3")
+        Prune(criterion="l3", sparse_images=0, repair_images=0)
 
 
 
@@ -140,8 +140,8 @@ def test_structured_choices_keep_a_multiple_of_channel_multiple(resnet20_workloa
     from modelopt.config.run_config import RunConfig
 
     wl = resnet20_workload
-    space = SearchSpace(wl.layers, build_compressors(["prune"], {"prune": {"kind": ["structured"],
-                                                                          "channel_multiple": 16}}, model=wl.model))
+    options = {"prune": {"kind": ["structured"], "channel_multiple": 16, "sparse_images": 0, "repair_images": 0}}
+    space = SearchSpace(wl.layers, build_compressors(["prune"], options, model=wl.model))
     offered = {d.layer: sorted(c.sparsity for c in d.choices if c is not None) for d in space.decisions}
     assert "layer1.0.conv1" not in offered  # 16 channels: 12, 8 and 4 are no multiple of 16
     assert offered["layer2.0.conv1"] == [0.5] and offered["layer3.0.conv1"] == [0.25, 0.5, 0.75]
@@ -152,7 +152,7 @@ def test_structured_choices_keep_a_multiple_of_channel_multiple(resnet20_workloa
 
 
 def test_two_of_four_is_offered_where_rows_split_into_fours_and_stored_as_half():
-    p = Prune(kind=("2:4",))
+    p = Prune(kind=("2:4",), sparse_images=0, repair_images=0)
     check_compressor(p, [*synthetic_layers(), BLOCK])
     assert p.menu(BLOCK) == (None, PruneSpec(0.5, PruneKind.SEMI))
     odd = Layer("odd", LayerKind.CONV, (8, 5, 1, 1), 1, False)  # rows of 5 weights
@@ -180,16 +180,17 @@ def test_sparse_images_choose_the_mask_on_the_layer_inputs():
     w = synthetic_weight(BLOCK, seed=2)[:, :16]
     inputs = LayerInputs(x.T @ x, 500)
     spec = PruneSpec(0.5)
-    assert Prune().calibration(spec).layer_inputs == 0 and Prune(sparse_images=64).calibration(spec).layer_inputs == 64
-    assert Prune().calibration(None) == CalibrationNeed()  # off: nothing to calibrate, no norms re-estimated
-    plain, repaired = Prune().apply_calibrated(w, spec, None), Prune(sparse_images=64).apply_calibrated(w, spec, inputs)
+    magnitude, sparsegpt = Prune(sparse_images=0, repair_images=0), Prune(sparse_images=64, repair_images=0)
+    assert magnitude.calibration(spec).layer_inputs == 0 and sparsegpt.calibration(spec).layer_inputs == 64
+    assert magnitude.calibration(None) == CalibrationNeed()  # off: nothing to calibrate, no norms re-estimated
+    plain, repaired = magnitude.apply_calibrated(w, spec, None), sparsegpt.apply_calibrated(w, spec, inputs)
     assert int((repaired == 0).sum()) == int((plain == 0).sum()) == w.numel() // 2
 
     def err(q: torch.Tensor) -> float:
         return float(((q - w).reshape(32, -1).double() @ x.T).pow(2).sum())
 
     assert err(repaired) < 0.9 * err(plain)
-    form = Prune(sparse_images=64).pack(WeightForm(w), spec, inputs)
+    form = Prune(sparse_images=64, repair_images=0).pack(WeightForm(w), spec, inputs)
     assert torch.equal(form.weight, repaired) and torch.equal(form.mask, repaired != 0)
     with pytest.raises(ConfigError, match="sparse_images must be an integer >= 0"):
-        Prune(sparse_images=-1)
+        Prune(sparse_images=-1, repair_images=0)

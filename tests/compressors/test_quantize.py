@@ -18,6 +18,7 @@ from modelopt.compressors.quantize import (
     n_scales,
     quantize,
 )
+from modelopt.compressors.quantize_options import QuantizeOptions
 from modelopt.errors import ConfigError
 from modelopt.model.layers import Layer, LayerKind
 
@@ -227,7 +228,7 @@ def test_int8_is_one_byte_per_code_offset_128():
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
 @pytest.mark.parametrize("gran", [PT, PC, GR])
 def test_weight_bytes_equal_packed_codes_plus_scales(layer, bits, gran):
-    q = Quantize(bits=(bits,), granularity=(gran,))
+    q = Quantize(bits=(bits,), granularity=(gran,), rounding=("nearest",), norm_images=0)
     spec = q.parse({"bits": bits, "granularity": gran.value}, layer)
     codes, scales = quantize(weight(layer.weight_shape), spec)
     written = len(pack_codes(codes, bits)) + scales.numel() * scales.element_size()
@@ -236,7 +237,7 @@ def test_weight_bytes_equal_packed_codes_plus_scales(layer, bits, gran):
 
 def test_weight_bytes_by_hand():
     # wide: 18432 weights; int4 -> 9216 bytes; 64*5 float16 group scales -> 640 bytes.
-    q = Quantize()
+    q = Quantize(bits=(8, 4), rounding=("nearest",), norm_images=0)
     assert q.weight_bytes(WIDE, QuantSpec(4, GR, 64)) == 9216 + 64 * 5 * 2
     assert q.weight_bytes(WIDE, QuantSpec(8, PC)) == 18432 + 64 * 2
     assert q.weight_bytes(WIDE, QuantSpec(3, PT)) == math.ceil(18432 * 3 / 8) + 2
@@ -249,7 +250,8 @@ def test_apply_equals_what_the_packed_form_decodes(spec):
     w = weight(WIDE.weight_shape, seed=5)
     codes, scales = quantize(w, spec)
     loaded = unpack_codes(pack_codes(codes, spec.bits), spec.bits, codes.shape)
-    assert torch.equal(Quantize().apply(w, spec), dequantize(loaded, scales, spec))
+    nearest = Quantize(bits=(8, 4), rounding=("nearest",), norm_images=0)
+    assert torch.equal(nearest.apply(w, spec), dequantize(loaded, scales, spec))
 
 
 # ---- menus, canonical choices, parsing -------------------------------------------------------
@@ -257,7 +259,7 @@ def test_apply_equals_what_the_packed_form_decodes(spec):
 
 @pytest.mark.parametrize("layer, expect_group", [(STEM, False), (FC, False), (ODD, True), (WIDE, True)])
 def test_group_canonicalised_to_per_channel_when_one_group_covers_a_channel(layer, expect_group):
-    q = Quantize(bits=(8, 4), granularity=("per_channel", "group"))
+    q = Quantize(bits=(8, 4), granularity=("per_channel", "group"), rounding=("nearest",), norm_images=0)
     menu = q.menu(layer)
     has_group = any(c is not None and c.granularity is GR for c in menu)
     assert has_group == expect_group
@@ -269,13 +271,13 @@ def test_group_canonicalised_to_per_channel_when_one_group_covers_a_channel(laye
 
 
 def test_group_only_menu_on_small_layer_offers_per_channel():
-    q = Quantize(bits=(4,), granularity=("group",))
+    q = Quantize(bits=(4,), granularity=("group",), rounding=("nearest",), norm_images=0)
     assert q.menu(STEM) == (None, QuantSpec(4, PC))
     assert q.menu(WIDE) == (None, QuantSpec(4, GR, 64))
 
 
 def test_group_size_is_not_part_of_a_non_group_choice():
-    q = Quantize()
+    q = Quantize(bits=(8, 4), rounding=("nearest",), norm_images=0)
     assert q.parse({"bits": 8, "granularity": "per_channel", "group_size": 32}, WIDE) == QuantSpec(8, PC)
     assert q.parse({"bits": 8, "granularity": "group", "group_size": 32}, WIDE) == QuantSpec(8, GR, 32)
     assert q.dump(QuantSpec(8, PC)) == {"bits": 8, "granularity": "per_channel"}
@@ -284,10 +286,11 @@ def test_group_size_is_not_part_of_a_non_group_choice():
 
 def test_registered_and_defaults():
     assert COMPRESSORS.get("quantize") is Quantize
-    q = Quantize()
+    q = Quantize(bits=(8, 4), rounding=("nearest",), norm_images=0)
     assert q.bits == (8, 4) and q.granularity == (PC, GR) and q.group_size == 64
     assert q.precision(None) == Precision(32, 32) and q.precision(QuantSpec(3)) == Precision(3, 32)
-    assert q.options() == {"bits": [8, 4], "granularity": ["per_channel", "group"], "group_size": 64}
+    assert q.options() == QuantizeOptions(bits=(8, 4), rounding=("nearest",), norm_images=0).to_json()
+    assert q.options()["version"] == QuantizeOptions.version and q.options()["bits"] == [8, 4]
 
 
 VALID_BITS = "2, 3, 4, 5, 6, 7, 8"
@@ -312,7 +315,7 @@ VALID_BITS = "2, 3, 4, 5, 6, 7, 8"
 )
 def test_parse_errors_name_bad_value_and_valid_ones(raw, names, lists):
     with pytest.raises(ConfigError) as exc:
-        Quantize().parse(raw, WIDE)
+        Quantize(bits=(8, 4), rounding=("nearest",), norm_images=0).parse(raw, WIDE)
     msg = str(exc.value)
     assert names in msg and lists in msg and "\n" not in msg
 
@@ -320,18 +323,18 @@ def test_parse_errors_name_bad_value_and_valid_ones(raw, names, lists):
 @pytest.mark.parametrize("bits", [1, 9, 0, 16])
 def test_constructor_rejects_unsupported_bits(bits):
     with pytest.raises(ConfigError, match=rf"bits {bits}\b.*valid: {VALID_BITS}"):
-        Quantize(bits=(8, bits))
+        Quantize(bits=(8, bits), rounding=("nearest",), norm_images=0)
 
 
 def test_constructor_rejects_bad_granularity_and_group_size():
     with pytest.raises(ConfigError, match=r"'per_row'.*per_tensor, per_channel, group"):
-        Quantize(granularity=("per_row",))
+        Quantize(granularity=("per_row",), bits=(8, 4), rounding=("nearest",), norm_images=0)
     with pytest.raises(ConfigError, match=r"group_size.*0"):
-        Quantize(group_size=0)
+        Quantize(group_size=0, bits=(8, 4), rounding=("nearest",), norm_images=0)
 
 
 def test_constructor_deduplicates_options():
-    q = Quantize(bits=(4, 4, 8), granularity=("group", Granularity.GROUP))
+    q = Quantize(bits=(4, 4, 8), granularity=("group", Granularity.GROUP), rounding=("nearest",), norm_images=0)
     assert q.bits == (4, 8) and q.granularity == (GR,)
 
 
@@ -341,7 +344,7 @@ def test_constructor_deduplicates_options():
 def test_activations_cross_every_weight_choice_and_cost_their_qparams():
     from modelopt.compressors.quantize import ActQuantSpec
 
-    q = Quantize(bits=(8, 4), granularity=("per_channel",), activations=(None, 8))
+    q = Quantize(bits=(8, 4), granularity=("per_channel",), activations=(None, 8), rounding=("nearest",), norm_images=0)
     assert q.menu(WIDE) == (None, QuantSpec(8), ActQuantSpec(8), QuantSpec(4), ActQuantSpec(4))
     for spec in q.menu(WIDE)[1:]:
         a8 = spec.activations == 8
@@ -350,15 +353,17 @@ def test_activations_cross_every_weight_choice_and_cost_their_qparams():
         # float32 input scale + uint8 zero point on top of the weight's codes and float16 scales
         assert q.weight_bytes(WIDE, spec) == WIDE.params * spec.bits // 8 + 64 * 2 + (5 if a8 else 0)
     assert q.precision(None).activation == 32
-    assert Quantize().menu(WIDE) == Quantize(activations=(None,)).menu(WIDE)  # the default offers none
+    plain = Quantize(bits=(8, 4), rounding=("nearest",), norm_images=0)
+    assert plain.menu(WIDE) == Quantize(plain.opts, activations=(None,)).menu(WIDE)  # the default offers none
     assert str(QuantSpec(4, GR, 32).with_activations(8)) == "int4/g32/a8"
 
 
 def test_conformance_with_activations_offered():
     from modelopt.testing.compressors import check_compressor
 
-    check_compressor(Quantize(bits=(8, 4), activations=(None, 8)))
-    check_compressor(Quantize(bits=(8,), activations=(8,), act_calibration="minmax"))
+    check_compressor(Quantize(bits=(8, 4), activations=(None, 8), rounding=("nearest",), norm_images=0))
+    check_compressor(Quantize(bits=(8,), activations=(8,), act_calibration="minmax", rounding=("nearest",),
+                              norm_images=0))
 
 
 def test_weight_only_plans_keep_their_keys_and_files():
@@ -367,8 +372,11 @@ def test_weight_only_plans_keep_their_keys_and_files():
     # Key computed before activations existed (commit 811b4a1): journals and studies stay valid.
     plan = Plan((("conv1/quantize", QuantSpec(8)), ("fc/quantize", QuantSpec(4, GR, 32)), ("x/quantize", None)))
     assert plan.key == "a081d47cf3724098"
-    assert Quantize().dump(QuantSpec(8)) == {"bits": 8, "granularity": "per_channel"}
-    assert Quantize().options() == {"bits": [8, 4], "granularity": ["per_channel", "group"], "group_size": 64}
+    nearest = Quantize(bits=(8, 4), rounding=("nearest",), norm_images=0)
+    assert nearest.dump(QuantSpec(8)) == {"bits": 8, "granularity": "per_channel"}
+    # A run record without a version (written before records had one) rebuilds the quantizer it ran.
+    assert Quantize(QuantizeOptions.from_json({"bits": [8, 4], "granularity": ["per_channel", "group"],
+                                               "group_size": 64})).opts == nearest.opts
     w8a8 = Plan((("conv1/quantize", QuantSpec(8).with_activations(8)),))
     assert w8a8.key != Plan((("conv1/quantize", QuantSpec(8)),)).key
 
@@ -378,7 +386,7 @@ def test_plan_yaml_round_trip_with_activations(tmp_path):
 
     from modelopt.plan.space import SearchSpace
 
-    space = SearchSpace(LAYERS, [Quantize(activations=(None, 8))])
+    space = SearchSpace(LAYERS, [Quantize(activations=(None, 8), bits=(8, 4), rounding=("nearest",), norm_images=0)])
     doc = {"default": {"quantize": {"bits": 8, "granularity": "per_channel", "activations": 8}},
            "layers": {"fc": {"quantize": {"bits": 4, "granularity": "group", "activations": None}}}}
     plan = space.parse_plan(doc)
@@ -394,17 +402,18 @@ def test_plan_yaml_round_trip_with_activations(tmp_path):
 @pytest.mark.parametrize("bad", [5, 4, 16, True, "int8"])
 def test_unsupported_activation_bits_are_one_line_config_errors(bad):
     with pytest.raises(ConfigError) as exc:
-        Quantize().parse({"bits": 8, "activations": bad}, WIDE)
+        Quantize(bits=(8, 4), rounding=("nearest",), norm_images=0).parse({"bits": 8, "activations": bad}, WIDE)
     msg = str(exc.value)
     assert f"activations {bad!r} not offered; valid: 8 or null" in msg and "wide" in msg and "\n" not in msg
     with pytest.raises(ConfigError, match=r"activations .* not offered; valid: 8"):
-        Quantize(activations=(None, bad))
+        Quantize(activations=(None, bad), bits=(8, 4), rounding=("nearest",), norm_images=0)
 
 
 def test_activation_options_are_recorded_only_when_used():
-    q = Quantize(activations=(None, 8), act_calibration="minmax", act_percentile=99.9, act_calibration_images=128)
+    q = Quantize(activations=(None, 8), act_calibration="minmax", act_percentile=99.9, act_calibration_images=128,
+                 bits=(8, 4), rounding=("nearest",), norm_images=0)
     opts = q.options()
     assert opts["activations"] == [None, 8] and opts["act_calibration"] == "minmax"
     assert opts["act_percentile"] == 99.9 and opts["act_calibration_images"] == 128
     with pytest.raises(ConfigError, match="calibration 'mse' not offered; valid: minmax, percentile"):
-        Quantize(act_calibration="mse")
+        Quantize(act_calibration="mse", bits=(8, 4), rounding=("nearest",), norm_images=0)

@@ -12,13 +12,15 @@ from modelopt.plan.space import SearchSpace
 
 
 def test_only_plans_with_a_layer_at_4_bits_or_fewer_re_estimate():
-    q = Quantize(norm_images=64)
+    q = Quantize(norm_images=64, bits=(8, 4), rounding=("nearest",))
     norms = [q.calibration(c).norm_images for c in (None, QuantSpec(8), QuantSpec(5), QuantSpec(4), QuantSpec(2))]
     assert norms == [0, 0, 0, 64, 64]
-    assert Quantize().calibration(QuantSpec(2)).norm_images == 0  # the class default (old run records) never does
-    assert Quantize(norm_images=64).options()["norm_images"] == 64 and "norm_images" not in Quantize().options()
+    never = Quantize(bits=(8, 4), rounding=("nearest",), norm_images=0)
+    assert never.calibration(QuantSpec(2)).norm_images == 0  # 0: what run records without a version ran
+    assert q.options()["norm_images"] == 64 and never.options()["norm_images"] == 0
+    assert Quantize().opts.norm_images == 64  # the tool's default
     with pytest.raises(ConfigError, match="norm_images"):
-        Quantize(norm_images=-1)
+        Quantize(norm_images=-1, bits=(8, 4), rounding=("nearest",))
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import modelopt
+from modelopt.config.assemble import default_options
 from modelopt.config.build import build, make_compressors
 from modelopt.config.run_config import CONFIG_FORMAT, RunConfig
 from modelopt.errors import ConfigError, LoadError
@@ -79,7 +80,9 @@ def test_a_format_0_record_reads_as_it_ran(tmp_path: Path) -> None:
     assert cfg.confidence == 0.0 and cfg.fidelity is None  # point estimates, every plan on all of val
     assert cfg.compressors == ("quantize",) and cfg.budget == 40.0 and cfg.seed == 1
     quantize = make_compressors(cfg)[0]
-    assert "rounding" not in quantize.options()  # nearest: a record without rounding predates GPTQ
+    # A record without a version is version 1: what it leaves out means the defaults then (nearest, no norms).
+    assert quantize.opts.rounding == ("nearest",) and quantize.opts.norm_images == 0 and quantize.bits == (8, 4)
+    assert quantize.options()["version"] == 2
 
 
 @pytest.mark.parametrize(("change", "words"), [
@@ -138,7 +141,7 @@ def test_replace_is_the_one_override_path() -> None:
     assert cfg.options["quantize"]["bits"] == [8, 4] and cfg.options["quantize"]["rounding"] == ["nearest"]
     assert cfg.options["quantize"]["granularity"] == RunConfig().options["quantize"]["granularity"]  # kept
     assert RunConfig().replace(objective="bitops").options["quantize"]["activations"] == [None, 8]
-    assert "activations" not in RunConfig().options["quantize"]  # float inputs where they lower nothing
+    assert RunConfig().options["quantize"]["activations"] == [None]  # float inputs where they lower nothing
     assert RunConfig().replace(bits=[4]).replace(objective="bitops").options["quantize"]["bits"] == [4]  # given: kept
 
 
@@ -157,7 +160,7 @@ def test_replace_refuses_in_one_line(changes: dict, words: str) -> None:
 
 def test_a_setting_reaches_its_compressor() -> None:
     cfg = RunConfig(compressors=("early_exit", "quantize")).replace(exit_data="train.npz", exit_images=64)
-    assert cfg.options["early_exit"] == {"exit_data": "train.npz", "exit_images": 64}
+    assert cfg.options["early_exit"] == {**default_options()["early_exit"], "exit_data": "train.npz", "exit_images": 64}
     (early_exit,) = [c for c in make_compressors(cfg) if c.name == "early_exit"]
     assert early_exit.options()["exit_data"] == "train.npz" and early_exit.options()["exit_images"] == 64
 
@@ -168,7 +171,8 @@ def test_a_format_1_record_keeps_its_early_exit_images(tmp_path: Path) -> None:
     raw.update(format=1, exit_data={"path": "train.npz", "images": 500})
     (tmp_path / CONFIG).write_text(json.dumps(raw))
     cfg = RunConfig.read(tmp_path)
-    assert cfg.options["early_exit"] == {"exit_data": "train.npz", "exit_images": 500}
+    assert cfg.options["early_exit"] == {**default_options()["early_exit"], "exit_data": "train.npz",
+                                         "exit_images": 500}
 
 
 def test_latency_menus_offer_what_an_engine_can_run_fast() -> None:
@@ -176,5 +180,5 @@ def test_latency_menus_offer_what_an_engine_can_run_fast() -> None:
     assert options["quantize"]["bits"] == [8] and options["quantize"]["granularity"] == ["per_channel"]
     assert options["quantize"]["activations"] == [None, 8] and options["prune"]["kind"] == ["structured"]
     assert options["prune"]["channel_multiple"] == 16  # counts integer kernels run fast
-    assert RunConfig().options["prune"] == {"sparse_images": 256, "repair_images": 256}
+    assert RunConfig().options["prune"]["sparse_images"] == RunConfig().options["prune"]["repair_images"] == 256
     assert RunConfig().options["quantize"]["bits"] == [8, 4, 3]

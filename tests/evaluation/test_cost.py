@@ -19,8 +19,10 @@ from modelopt.run.run_folder import RunFolder
 
 
 def _compressors(wl):
-    return [Quantize(bits=(8, 4, 2), granularity=("per_channel", "group", "per_tensor"), activations=(None, 8)),
-            Prune(sparsity=(0.25, 0.5, 0.9)), EarlyExit(**EarlyExit.model_options(wl.model))]
+    return [Quantize(bits=(8, 4, 2), granularity=("per_channel", "group", "per_tensor"), activations=(None, 8),
+                     rounding=("nearest",), norm_images=0),
+            Prune(sparsity=(0.25, 0.5, 0.9), sparse_images=0, repair_images=0),
+            EarlyExit(**EarlyExit.model_options(wl.model))]
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,7 @@ def r20():
     space = SearchSpace(wl.layers, _compressors(wl))
     # The report's side: a space rebuilt from the layer table and the compressors' saved options, as
     # a run folder rebuilds it (run.json, layers.json), and the float size the journal records.
-    report_space = SearchSpace(wl.layers, [type(c)(**c.options()) for c in _compressors(wl)])
+    report_space = SearchSpace(wl.layers, [type(c)(type(c).record.from_json(c.options())) for c in _compressors(wl)])
     return wl, space, Evaluator(wl, space), report_space
 
 
@@ -58,7 +60,7 @@ def test_report_layer_bytes_sum_to_the_evaluators_size_bytes_for_random_plans(r2
         assert other + sum(per_layer.values()) == ev.plan_cost(plan).size_bytes, plan.key
         kinds |= {(name.rsplit("/", 1)[1], getattr(c, "kind", None)) for name, c in plan.choices if c is not None}
     assert {k for k, _ in kinds} == {"quantize", "prune", "early_exit"}
-    assert ("prune", Prune().kinds[1]) in kinds  # structured pruning among them
+    assert ("prune", Prune(sparse_images=0, repair_images=0).kinds[1]) in kinds  # structured pruning among them
 
 
 def test_layer_map_rows_and_other_bytes_make_the_plan_size(r20):
@@ -78,7 +80,7 @@ def test_each_compressor_shows_in_its_layers_bytes(r20):
     wl, space, _, _ = r20
     costs = CostModel(space, wl.other_bytes)
     conv = next(x for x in wl.layers if x.name == "layer3.0.conv2")
-    int8 = Quantize().parse({"bits": 8}, conv)
+    int8 = Quantize(bits=(8, 4), rounding=("nearest",), norm_images=0).parse({"bits": 8}, conv)
     alone = costs.cost(space.plan({"layer3.0.conv2/quantize": int8})).layer_bytes()[conv.name]
     sparse = costs.cost(space.plan({"layer3.0.conv2/quantize": int8,
                                     "layer3.0.conv2/prune": Prune().parse({"sparsity": 0.5}, conv)}))

@@ -14,7 +14,8 @@ from modelopt.plan.space import SearchSpace
 
 @pytest.fixture(scope="module")
 def evaluator(resnet20_workload):
-    space = SearchSpace(resnet20_workload.layers, [Quantize(bits=(8, 4), granularity=("per_channel", "group"))])
+    space = SearchSpace(resnet20_workload.layers, [Quantize(bits=(8, 4), granularity=("per_channel", "group"),
+                                                            rounding=("nearest",), norm_images=0)])
     return Evaluator(resnet20_workload, space)
 
 
@@ -84,7 +85,7 @@ def test_evaluation_matches_an_independent_quantized_copy(evaluator):
     wl = evaluator.workload
     plan = _uniform(evaluator, 4, "per_channel")
     model = copy.deepcopy(wl.model)
-    q = Quantize()
+    q = Quantize(bits=(8, 4), rounding=("nearest",), norm_images=0)
     for name, mod in model.named_modules():
         if name in wl.modules:
             mod.weight.data = q.apply(mod.weight.data, plan[f"{name}/quantize"])
@@ -106,7 +107,8 @@ def test_uniform_w8a8_keeps_99_percent_at_8x8_bitops(resnet20_workload):
     )
 
     wl = resnet20_workload
-    ev = Evaluator(wl, SearchSpace(wl.layers, [Quantize(bits=(8, 4), activations=(None, 8))]))
+    ev = Evaluator(wl, SearchSpace(wl.layers, [Quantize(bits=(8, 4), activations=(None, 8), rounding=("nearest",),
+                                                        norm_images=0)]))
     w8a8 = ev.space.uniform("quantize", QuantSpec(8).with_activations(8))
     m = ev.scorer.evaluate(w8a8, split="val")
     assert m.retention >= 0.99  # measured: 1.003 (val), 0.997 (test)
@@ -122,7 +124,7 @@ def test_uniform_w8a8_keeps_99_percent_at_8x8_bitops(resnet20_workload):
 
     ranges = input_ranges(wl.model, wl.modules, wl.split("calib").x[:256], Calibration(), wl.batch_size)
     model = copy.deepcopy(wl.model)
-    q = Quantize()
+    q = Quantize(bits=(8, 4), rounding=("nearest",), norm_images=0)
     for name, mod in model.named_modules():
         if name in wl.modules:
             mod.weight.data = q.apply(mod.weight.data, QuantSpec(8))
@@ -143,7 +145,8 @@ def test_uniform_w8a8_keeps_99_percent_at_8x8_bitops(resnet20_workload):
 
 def test_mixed_activation_plan_counts_bitops_per_layer(resnet20_workload):
     wl = resnet20_workload
-    ev = Evaluator(wl, SearchSpace(wl.layers, [Quantize(bits=(8, 4), activations=(None, 8))]))
+    ev = Evaluator(wl, SearchSpace(wl.layers, [Quantize(bits=(8, 4), activations=(None, 8), rounding=("nearest",),
+                                                        norm_images=0)]))
     plan = ev.space.parse_plan({"default": {"quantize": {"bits": 4, "activations": 8}},
                                 "layers": {"conv1": {"quantize": {"bits": 8, "activations": None}},
                                            "linear": {"quantize": None}}})

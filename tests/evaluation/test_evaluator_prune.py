@@ -14,7 +14,10 @@ from modelopt.plan.space import SearchSpace
 
 @pytest.fixture(scope="module")
 def ev_no_bn(resnet20_workload) -> Evaluator:
-    comps = build_compressors(["prune", "quantize"], {"prune": {"bn_samples": 0}, "quantize": {"clip_ratios": [1.0]}})
+    comps = build_compressors(["prune", "quantize"], {"prune": {"bn_samples": 0, "sparse_images": 0,
+                                                                "repair_images": 0},
+                                                      "quantize": {"clip_ratios": [1.0], "bits": [8, 4],
+                                                                   "rounding": ["nearest"], "norm_images": 0}})
     return Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, comps))
 
 
@@ -90,7 +93,9 @@ def test_macs_bitops_and_size_follow_the_kept_channels(ev_no_bn):
 
 def test_batch_norm_re_estimation_is_charged_once_and_restored(resnet20_workload):
     wl = resnet20_workload
-    ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize", "prune"], {"prune": {"bn_samples": 128}})))
+    options = {"prune": {"bn_samples": 128, "sparse_images": 0, "repair_images": 0},
+               "quantize": {"bits": [8, 4], "rounding": ["nearest"], "norm_images": 0}}
+    ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize", "prune"], options)))
     before = {k: v.clone() for k, v in wl.model.state_dict().items()}
     plan = ev.space.parse_plan({"layers": {n: {"prune": {"sparsity": 0.5}} for n in _blocks(ev)}})
     m = ev.scorer.evaluate(plan, split="val", n=64)
@@ -120,7 +125,7 @@ def test_the_readers_of_removed_channels_are_refitted_to_the_float_output(resnet
         ref = wl.model(x)
     errors = {}
     for repair in (False, True):
-        options = {"prune": {"repair_images": 256 if repair else 0}}
+        options = {"prune": {"repair_images": 256 if repair else 0, "sparse_images": 0}}
         ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["prune"], options)))
         plan = _structured(ev, sparsity)
         state, _ = ev.states.compressed_state(plan)

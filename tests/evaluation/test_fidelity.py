@@ -37,7 +37,8 @@ def test_fidelity_validates_and_cuts():
 @pytest.fixture(scope="module")
 def evaluator(resnet20_workload):
     space = SearchSpace(resnet20_workload.layers,
-                        [Quantize(bits=(8, 4, 2), granularity=("per_tensor", "per_channel"))])
+                        [Quantize(bits=(8, 4, 2), granularity=("per_tensor", "per_channel"), rounding=("nearest",),
+                                  norm_images=0)])
     return Evaluator(resnet20_workload, space)
 
 

@@ -22,7 +22,9 @@ IMAGES = 64
 
 @pytest.fixture(scope="module")
 def evaluator(small_workload) -> Evaluator:
-    comps = build_compressors(["prune", "quantize"], {"quantize": {"bits": [8, 4, 2]}})
+    comps = build_compressors(["prune", "quantize"], {"quantize": {"bits": [8, 4, 2], "rounding": ["nearest"],
+                                                                   "norm_images": 0},
+                                                      "prune": {"sparse_images": 0, "repair_images": 0}})
     ev = Evaluator(small_workload, SearchSpace(small_workload.layers, comps))
     measure_errors(ev)
     return ev

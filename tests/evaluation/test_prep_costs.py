@@ -20,7 +20,9 @@ def test_a_key_is_charged_once_or_not_at_all_once_marked_paid():
 
 def test_the_batch_norm_reference_pass_is_not_charged_again_after_resume(resnet20_workload):
     wl = resnet20_workload
-    space = SearchSpace(wl.layers, build_compressors(["prune"], {"prune": {"bn_samples": 64}}, model=wl.model))
+    space = SearchSpace(wl.layers, build_compressors(["prune"], {"prune": {"bn_samples": 64, "sparse_images": 0,
+                                                                           "repair_images": 0}},
+                                                     model=wl.model))
     first = space.plan({"layer2.0.conv2/prune": PruneSpec(0.5)})
     second = space.plan({"layer3.0.conv2/prune": PruneSpec(0.5)})
     one = 64 / len(wl.split("val"))

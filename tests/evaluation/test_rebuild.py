@@ -22,7 +22,8 @@ from modelopt.plan.space import SearchSpace
 wl = build_workload("cifar10_resnet20", "cifar10-sample", device="cpu")
 options = {"prune": {"sparse_images": 64, "repair_images": 64, "bn_samples": 64,
                      "kind": ["structured", "unstructured"]},
-           "quantize": {"bits": [8, 4], "rounding": ["gptq"], "activations": [None, 8], "calib_images": 64}}
+           "quantize": {"bits": [8, 4], "rounding": ["gptq"], "activations": [None, 8], "calib_images": 64,
+                        "norm_images": 0}}
 ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["prune", "quantize"], options)))
 names = [x.name for x in wl.layers]
 roots = [x.name for x in wl.layers if x.prunable]

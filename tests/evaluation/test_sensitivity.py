@@ -17,7 +17,9 @@ from modelopt.search import STRATEGIES
 
 @pytest.fixture(scope="module")
 def evaluator(small_workload) -> Evaluator:
-    comps = build_compressors(["prune", "quantize"], {"quantize": {"bits": [8, 4, 2], "rounding": ["nearest"]}})
+    comps = build_compressors(["prune", "quantize"], {"quantize": {"bits": [8, 4, 2], "rounding": ["nearest"],
+                                                                   "norm_images": 0},
+                                                      "prune": {"sparse_images": 0, "repair_images": 0}})
     return Evaluator(small_workload, SearchSpace(small_workload.layers, comps))
 
 

@@ -13,7 +13,8 @@ from modelopt.plan.space import SearchSpace
 @pytest.fixture(scope="session")
 def r20_evaluator(resnet20_workload) -> Evaluator:
     comps = build_compressors(["quantize"], {"quantize": {"bits": [8, 4, 3, 2],
-                                                          "granularity": ["per_channel", "group", "per_tensor"]}})
+                                                          "granularity": ["per_channel", "group", "per_tensor"],
+                                                          "rounding": ["nearest"], "norm_images": 0}})
     return Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, comps))
 
 

@@ -189,8 +189,10 @@ def test_no_linear_choice_converts_nothing(bnb, r20_evaluator, r20_plans):
 
 def test_pruned_then_int8_fc_still_loads_our_codes(bnb, resnet20_workload):
     # The quantizer saw the pruned weight: the conversion must quantize that one, not the original.
-    comps = build_compressors(["prune", "quantize"], {"prune": {"kind": ["unstructured"], "bn_samples": 0},
-                                                         "quantize": {"bits": [8]}})
+    comps = build_compressors(["prune", "quantize"], {"prune": {"kind": ["unstructured"], "bn_samples": 0,
+                                                                "sparse_images": 0, "repair_images": 0},
+                                                         "quantize": {"bits": [8], "rounding": ["nearest"],
+                                                                      "norm_images": 0}})
     ev = Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, comps))
     plan = ev.space.parse_plan({"layers": {FC: {"prune": {"sparsity": 0.5}, "quantize": {"bits": 8}}}})
     a = bitsandbytes_agreement(ev, plan, "val")
@@ -223,7 +225,8 @@ def test_on_cuda_agrees_with_qdq(bnb):
     from modelopt.api import build_workload
 
     wl = build_workload("cifar10_resnet20", "cifar10-exact-sample", device="cuda")
-    ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize"], {"quantize": {"bits": [8, 4]}})))
+    options = {"quantize": {"bits": [8, 4], "rounding": ["nearest"], "norm_images": 0}}
+    ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize"], options)))
     int8 = bitsandbytes_agreement(ev, ev.space.uniform("quantize", QuantSpec(8)), "val")
     assert int8.device.startswith("cuda") and int8.converted[0].module == "Linear8bitLt"
     assert int8.converted[0].codes == "modelopt"

@@ -31,8 +31,9 @@ from modelopt.plan.space import SearchSpace
 def ev(resnet20_workload) -> Evaluator:
     # Few clip ratios and calibration images keep it quick; GPTQ and norm re-estimation as the default run has them.
     comps = build_compressors(["prune", "quantize"], {
-        "prune": {"bn_samples": 64},
-        "quantize": {"clip_ratios": [0.8, 0.9, 1.0], "rounding": ["nearest", "gptq"], "calib_images": 32,
+        "prune": {"bn_samples": 64, "sparse_images": 0, "repair_images": 0},
+        "quantize": {"bits": [8, 4], "clip_ratios": [0.8, 0.9, 1.0], "rounding": ["nearest", "gptq"],
+                     "calib_images": 32,
                      "norm_images": 32}})
     return Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, comps))
 

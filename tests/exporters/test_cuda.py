@@ -42,7 +42,9 @@ def test_a_cuda_run_exports_reloads_and_reports(tmp_path):
 def cuda_ev():
     wl = build_workload("cifar10_resnet20", "cifar10-exact-sample", device="cuda")
     comps = build_compressors(["quantize", "prune", "early_exit"],
-                              {"prune": {"bn_samples": 64}, "quantize": {"activations": [None, 8]}}, model=wl.model)
+                              {"prune": {"bn_samples": 64, "sparse_images": 0, "repair_images": 0},
+                               "quantize": {"bits": [8, 4], "activations": [None, 8], "rounding": ["nearest"],
+                                            "norm_images": 0}}, model=wl.model)
     return Evaluator(wl, SearchSpace(wl.layers, comps))
 
 

@@ -32,7 +32,8 @@ EXITS = {"early_exit": {"exits": {"layer1.2": 0.8, "layer2.2": 0.9}}}
 
 @pytest.fixture(scope="module")
 def ev(resnet20_workload) -> Evaluator:
-    options = {"quantize": {"bits": [8], "granularity": ["per_channel"], "activations": [None, 8]}}
+    options = {"quantize": {"bits": [8], "granularity": ["per_channel"], "activations": [None, 8],
+                            "rounding": ["nearest"], "norm_images": 0}}
     wl = resnet20_workload
     return Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize", "early_exit"], options, model=wl.model)))
 

@@ -138,7 +138,8 @@ def test_integer_inputs_on_layers_whose_biases_the_exporter_merged(small_data, t
     wl = modelopt.build_workload(torchvision.models.mobilenet_v3_small(num_classes=10).eval(), str(small_data),
                                  device="cpu")
     ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize"], {"quantize": {
-        "bits": [8], "granularity": ["per_channel"], "activations": [None, 8]}})))
+        "bits": [8], "granularity": ["per_channel"], "activations": [None, 8], "rounding": ["nearest"],
+        "norm_images": 0}})))
     se = [x.name for x in wl.layers if x.name.endswith("fc1")]
     plan = ev.space.parse_plan({"layers": {n: {"quantize": {"bits": 8, "granularity": "per_channel",
                                                            "activations": 8}} for n in se}})

@@ -18,7 +18,8 @@ from modelopt.plan.space import SearchSpace
 @pytest.fixture(scope="module")
 def ev(resnet20_workload) -> Evaluator:
     # A short clip search and few calibration images keep it quick; export uses the same options.
-    options = {"prune": {"bn_samples": 64}, "quantize": {"clip_ratios": [0.8, 0.9, 1.0]}}
+    options = {"prune": {"bn_samples": 64, "sparse_images": 0, "repair_images": 0},
+               "quantize": {"clip_ratios": [0.8, 0.9, 1.0], "bits": [8, 4], "rounding": ["nearest"], "norm_images": 0}}
     comps = build_compressors(["quantize", "prune"], options)
     return Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, comps))
 

@@ -14,7 +14,8 @@ from modelopt.testing.strategies import make_trial, synthetic_metrics
 
 RNG = np.random.default_rng(3)
 LAYERS = [Layer(f"l{i}", LayerKind.CONV, (32, 32, 3, 3), 1000, False) for i in range(10)]
-SPACE = SearchSpace(LAYERS, [Quantize(bits=(8, 4, 2), granularity=("per_channel",))])
+SPACE = SearchSpace(LAYERS, [Quantize(bits=(8, 4, 2), granularity=("per_channel",), rounding=("nearest",),
+                                      norm_images=0)])
 SENS = RNG.choice([0.1, 3.0], size=len(LAYERS))  # half the layers fragile, half not: what a store would know
 NOISE = {32: 0.0, 8: 0.00003, 4: 0.01, 2: 0.15}
 OBJ = Objective("size", 0.99)

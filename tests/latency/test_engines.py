@@ -21,7 +21,7 @@ ONNX_ENGINES = ("onnxruntime", "openvino")
 @pytest.fixture(scope="module")
 def ev(resnet20_workload) -> Evaluator:
     options = {"quantize": {"bits": [8, 4], "granularity": ["per_channel", "group"], "rounding": ["nearest", "gptq"],
-                            "activations": [None, 8]}}
+                            "activations": [None, 8], "norm_images": 0}}
     return Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, build_compressors(["quantize"], options)))
 
 
@@ -116,7 +116,7 @@ def test_the_torch_engine_on_cuda_runs_half_precision_through_a_cuda_graph() -> 
     from modelopt.api import build_workload
 
     wl = build_workload("cifar10_resnet20", "cifar10-exact-sample", device="cuda")
-    options = {"quantize": {"bits": [8, 4], "rounding": ["nearest"]}}
+    options = {"quantize": {"bits": [8, 4], "rounding": ["nearest"], "norm_images": 0}}
     ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize"], options)))
     timer = PlanLatency(ev, LatencySpec("torch", batch_size=64, warmup=2, repeats=5))
     assert timer.scores and timer.name == "torch/cuda/fp16/b64"

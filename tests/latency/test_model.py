@@ -16,7 +16,8 @@ INT8 = {"bits": 8, "activations": 8}
 
 @pytest.fixture
 def space(resnet20_workload) -> SearchSpace:
-    comps = api.build_compressors(["quantize", "early_exit"], {"quantize": {"bits": [8], "activations": [8]}},
+    comps = api.build_compressors(["quantize", "early_exit"], {"quantize": {"bits": [8], "activations": [8],
+                                                                            "rounding": ["nearest"], "norm_images": 0}},
                                   model=resnet20_workload.model)
     space = SearchSpace(resnet20_workload.layers, comps)
     # Leavers at layer1.2's exit skip a quarter of the network's MACs (what `measure_errors` would estimate).

@@ -17,7 +17,8 @@ QUICK = LatencySpec("torch", batch_size=8, threads=1, warmup=1, repeats=3)
 
 
 def test_latency_is_measured_once_per_plan_and_named(resnet20_workload):
-    ev = Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, [Quantize()]))
+    quantize = Quantize(bits=(8, 4), rounding=("nearest",), norm_images=0)
+    ev = Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, [quantize]))
     lat = PlanLatency(ev, QUICK)
     first = lat.measure(ev.space.plan())
     assert first.median_ms > 0 and first.backend == "torch" and first.batch_size == 8

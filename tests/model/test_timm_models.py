@@ -56,7 +56,8 @@ def test_every_compressor_applies_to_a_timm_family(name, few_images):
     assert wl.num_outputs == 10
     roots = [x.name for x in wl.layers if x.prunable]
     assert roots, f"{name}: no channel group torch-pruning could trace and check"
-    ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["prune"], {"prune": {"repair_images": 64}})))
+    ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["prune"], {"prune": {"repair_images": 64,
+                                                                                          "sparse_images": 0}})))
     plan = ev.space.parse_plan({"layers": {roots[-1]: {"prune": {"sparsity": 0.5, "kind": "structured"}}}})
     pruned = ev.scorer.evaluate(plan, split="val")
     assert pruned.macs < pruned.float_macs  # physically fewer channels

@@ -113,7 +113,8 @@ def test_structured_pruning_makes_a_depthwise_network_physically_smaller(name, f
     wl = modelopt.build_workload(_model(name).eval(), str(few_images), device="cpu")
     roots = [x for x in wl.layers if x.prunable]
     assert len(roots) >= 10 and any(len(x.channel_group) > 2 for x in roots)  # depthwise members, SE, streams
-    ev = make_evaluator(RunConfig(compressors=("prune",), options={"prune": {"kind": ["structured"]}}), wl)
+    options = {"prune": {"kind": ["structured"], "repair_images": 0, "sparse_images": 0}}
+    ev = make_evaluator(RunConfig(compressors=("prune",), options=options), wl)
     plan = ev.space.parse_plan({"layers": {x.name: {"prune": {"sparsity": 0.5, "kind": "structured"}}
                                            for x in roots}})
     small = ev.states.physical_model(plan)

@@ -107,7 +107,7 @@ def test_streamed_images_score_bit_for_bit_as_resident_ones(resnet20_workload, m
         s.x[::2]
     scores = []
     for wl in (streamed, resident):
-        ev = Evaluator(wl, SearchSpace(wl.layers, [Quantize(bits=(8, 4))]))
+        ev = Evaluator(wl, SearchSpace(wl.layers, [Quantize(bits=(8, 4), rounding=("nearest",), norm_images=0)]))
         plan = ev.space.uniform("quantize", QuantSpec(4, Granularity("per_channel")))
         scores.append([(m.accuracy, m.agreement) for m in (ev.scorer.evaluate(plan, "val"),
                                                            ev.scorer.evaluate(plan, "all", n=500))])

@@ -19,7 +19,8 @@ LAYERS = (
 
 @pytest.fixture
 def space() -> SearchSpace:
-    return SearchSpace(LAYERS, [Quantize(bits=(8, 4), granularity=("per_channel",))])
+    return SearchSpace(LAYERS, [Quantize(bits=(8, 4), granularity=("per_channel",), rounding=("nearest",),
+                                         norm_images=0)])
 
 
 def test_space_still_exports_read_plan_file():
@@ -50,7 +51,7 @@ def test_a_default_applies_where_a_layer_can_take_it():
     block = Layer("block.conv1", LayerKind.CONV, (32, 16, 3, 3), 1000, False,
                   (("block.conv1", True), ("block.conv2", False)), 2)
     plain = Layer("block.conv2", LayerKind.CONV, (16, 32, 3, 3), 1000, False)
-    space = SearchSpace([block, plain], [Prune()])
+    space = SearchSpace([block, plain], [Prune(sparse_images=0, repair_images=0)])
     plan = space.parse_plan({"default": {"prune": {"sparsity": 0.25, "kind": "structured"}}})
     assert plan.get("block.conv1/prune") == PruneSpec(0.25, PruneKind.STRUCTURED)
     assert plan.get("block.conv2/prune") is None
@@ -58,6 +59,6 @@ def test_a_default_applies_where_a_layer_can_take_it():
         space.parse_plan({"layers": {"block.conv2": {"prune": {"sparsity": 0.25, "kind": "structured"}}}})
     with pytest.raises(ConfigError, match=r"sparsity 1\.5 is not a share"):  # no layer takes it
         space.parse_plan({"default": {"prune": {"sparsity": 1.5}}})
-    only_plain = SearchSpace([plain], [Prune()])
+    only_plain = SearchSpace([plain], [Prune(sparse_images=0, repair_images=0)])
     with pytest.raises(ConfigError, match="kind 'structured' needs a layer"):
         only_plain.parse_plan({"default": {"prune": {"sparsity": 0.25, "kind": "structured"}}})

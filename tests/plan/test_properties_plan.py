@@ -28,7 +28,8 @@ def space() -> SearchSpace:
     comps = build_compressors(
         ["quantize", "prune", "early_exit"],
         {"quantize": {"bits": [8, 4, 3, 2], "granularity": ["per_channel", "group", "per_tensor"],
-                      "activations": [None, 8]}},
+                      "activations": [None, 8], "rounding": ["nearest"], "norm_images": 0},
+         "prune": {"sparse_images": 0, "repair_images": 0}},
         model=lm.module)
     return SearchSpace(layers, comps)
 

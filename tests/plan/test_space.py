@@ -30,7 +30,7 @@ BIG = (None, QuantSpec(8, PC), QuantSpec(8, GR, 64), QuantSpec(4, PC), QuantSpec
 
 
 def quantize() -> Quantize:
-    return Quantize(bits=(8, 4), granularity=("per_channel", "group"))
+    return Quantize(bits=(8, 4), granularity=("per_channel", "group"), rounding=("nearest",), norm_images=0)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def test_anchors_are_int8_int4_int3_per_channel_with_gptq(small_workload) -> None:
     space = SearchSpace(small_workload.layers, [Quantize(bits=(8, 4, 3), granularity=("per_channel", "group"),
-                                                         rounding=("gptq", "nearest"))])
+                                                         rounding=("gptq", "nearest"), norm_images=0)])
     anchors = space.anchors()
     assert len(anchors) == 3
     for plan, bits in zip(anchors, (8, 4, 3), strict=True):
@@ -24,14 +24,15 @@ def test_anchors_are_int8_int4_int3_per_channel_with_gptq(small_workload) -> Non
         assert all(c.granularity.value == "per_channel" for c in choices)  # fewer bytes than group-wise
     assert all(c.rounding.value == "gptq" for c in (anchors[1].get(d.name) for d in space.decisions))
     # Only what the menu offers: no INT3 anchor without INT3.
-    assert len(SearchSpace(small_workload.layers, [Quantize(bits=(8, 4))]).anchors()) == 2
+    assert len(SearchSpace(small_workload.layers, [Quantize(bits=(8, 4), rounding=("nearest",),
+                                                            norm_images=0)]).anchors()) == 2
 
 
 def test_hedges_widen_int4_s_most_sensitive_layers_toward_int8(small_workload) -> None:
     from modelopt.evaluation.evaluator import Evaluator
     from modelopt.evaluation.priors import measure_errors
 
-    space = SearchSpace(small_workload.layers, [Quantize(bits=(8, 4), rounding=("gptq",))])
+    space = SearchSpace(small_workload.layers, [Quantize(bits=(8, 4), rounding=("gptq",), norm_images=0)])
     measure_errors(Evaluator(small_workload, space))
     int8, int4 = space.anchors()
     hedges = space.hedges(int4)

@@ -25,5 +25,6 @@ def score(plan):
 
 @pytest.mark.parametrize("name", STRATEGIES.names())
 def test_strategy_conformance(name):
-    space = SearchSpace(LAYERS, [Quantize(bits=(8, 4), granularity=("per_channel",))])
+    space = SearchSpace(LAYERS, [Quantize(bits=(8, 4), granularity=("per_channel",), rounding=("nearest",),
+                                          norm_images=0)])
     check_strategy(STRATEGIES.get(name), space, score)

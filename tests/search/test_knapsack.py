@@ -31,13 +31,15 @@ def conformance_score(plan):
 
 def test_registered_and_conformant():
     assert STRATEGIES.get("knapsack") is KnapsackSearch
-    space = SearchSpace(CONFORMANCE_LAYERS, [Quantize(bits=(8, 4), granularity=("per_channel",))])
+    space = SearchSpace(CONFORMANCE_LAYERS, [Quantize(bits=(8, 4), granularity=("per_channel",),
+                                                      rounding=("nearest",), norm_images=0)])
     check_strategy(KnapsackSearch, space, conformance_score, n_trials=12)
     check_strategy(KnapsackSearch, space, conformance_score, n_trials=20)  # restore deep in the knapsack phase
 
 
 LAYERS = [Layer(f"l{i}", LayerKind.CONV, (8 * (i + 1), 16, 3, 3), 1000, False) for i in range(6)]
-SPACE = SearchSpace(LAYERS, [Quantize(bits=(8, 4, 2), granularity=("per_channel",))])
+SPACE = SearchSpace(LAYERS, [Quantize(bits=(8, 4, 2), granularity=("per_channel",), rounding=("nearest",),
+                                      norm_images=0)])
 QUANT = SPACE.compressors["quantize"]
 OBJ = Objective("size", 0.99)
 
@@ -204,7 +206,8 @@ def test_state_restores_the_same_future_mid_knapsack():
 def test_a_known_plan_moves_L_without_spending_a_trial():
     layers = [Layer("big", LayerKind.CONV, (64, 64, 3, 3), 1000, False),
               Layer("small", LayerKind.CONV, (8, 8, 3, 3), 1, False)]
-    space = SearchSpace(layers, [Quantize(bits=(8, 4), granularity=("per_channel",))])
+    space = SearchSpace(layers, [Quantize(bits=(8, 4), granularity=("per_channel",), rounding=("nearest",),
+                                          norm_images=0)])
     big, small = space.decisions
     # Only int4 on "big" fits L0 = 0.01: the knapsack's first answer is a sensitivity plan already measured.
     loss = {big.choices[1]: 0.001, big.choices[2]: 0.002}
@@ -229,8 +232,10 @@ def _option_costs(target):
     layers = [Layer("b.conv1", LayerKind.CONV, (16, 16, 3, 3), 16 * 16 * 9 * 64, False,
                     channel_group=(("b.conv1", True), ("b.conv2", False)), channel_floats=2),
               Layer("b.conv2", LayerKind.CONV, (16, 16, 3, 3), 16 * 16 * 9 * 64, False)]
-    space = SearchSpace(layers, [Quantize(bits=(8,), granularity=("per_channel",)),
-                                 Prune(sparsity=(0.5,), kind=("unstructured", "structured"))])
+    space = SearchSpace(layers, [Quantize(bits=(8,), granularity=("per_channel",), rounding=("nearest",),
+                                          norm_images=0),
+                                 Prune(sparsity=(0.5,), kind=("unstructured", "structured"), sparse_images=0,
+                                       repair_images=0)])
     ks = KnapsackSearch(space, Objective(target, 0.99), seed=0)
     idx, options, costs = next(g for g in ks._groups if space.decisions[g[0][0]].layer == "b.conv1")
     decs = [space.decisions[i] for i in idx]

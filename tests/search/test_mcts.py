@@ -17,7 +17,8 @@ from modelopt.testing.strategies import make_trial, synthetic_metrics
 RNG = np.random.default_rng(7)
 LAYERS = [Layer(f"l{i}", LayerKind.CONV, (int(c), int(c), 3, 3), 1000, False)
           for i, c in enumerate(RNG.choice([16, 32, 64], size=12))]
-SPACE = SearchSpace(LAYERS, [Quantize(bits=(8, 4, 3, 2), granularity=("per_channel",))])
+SPACE = SearchSpace(LAYERS, [Quantize(bits=(8, 4, 3, 2), granularity=("per_channel",), rounding=("nearest",),
+                                      norm_images=0)])
 # Per-layer sensitivity, deliberately not proportional to the data-free error estimate.
 SENS = RNG.uniform(0.05, 1.0, size=len(LAYERS)) * RNG.choice([0.2, 1.0, 4.0], size=len(LAYERS))
 # Relative weight noise per bit width (as measured on ResNet-20); noise adds up over layers and

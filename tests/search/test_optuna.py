@@ -33,7 +33,7 @@ LOSS = {32: 0.0, 8: 0.0004, 4: 0.003, 2: 0.02}  # retention lost per unit of sen
 FLOOR = 0.99
 FLOAT_BYTES = 4 * sum(PARAMS)
 SPACE = SearchSpace([Layer(f"l{i}", LayerKind.CONV, (p,), 0, False) for i, p in enumerate(PARAMS)],
-                    [Quantize(bits=(8, 4, 2), granularity=("per_channel",))])
+                    [Quantize(bits=(8, 4, 2), granularity=("per_channel",), rounding=("nearest",), norm_images=0)])
 OBJECTIVE = Objective("size", FLOOR)
 
 
@@ -115,7 +115,8 @@ def hypervolume(points):
 def test_conformance(name):
     layers = [Layer("a", LayerKind.CONV, (16, 16, 3, 3), 1000, False),
               Layer("b", LayerKind.LINEAR, (10, 64), 640, True)]
-    space = SearchSpace(layers, [Quantize(bits=(8, 4), granularity=("per_channel",))])
+    space = SearchSpace(layers, [Quantize(bits=(8, 4), granularity=("per_channel",), rounding=("nearest",),
+                                          norm_images=0)])
     check_strategy(STRATEGIES.get(name), space, score=lambda p: (1.0 - 0.002 * sum(32 - b for b in _bits(p)) / 4,
                                                                  100 * sum(_bits(p))))
 
@@ -183,7 +184,7 @@ def test_nsga2_resume_keeps_parents_chosen_before_late_trials_finished():
 @pytest.mark.parametrize("name", NAMES)
 def test_repeated_plans_and_failures_are_told_to_the_trials_that_asked(name):
     space = SearchSpace([Layer("a", LayerKind.CONV, (4, 4), 16, False)],
-                        [Quantize(bits=(8,), granularity=("per_channel",))])
+                        [Quantize(bits=(8,), granularity=("per_channel",), rounding=("nearest",), norm_images=0)])
     s = STRATEGIES.get(name)(space, OBJECTIVE, seed=0)
     plans = s.ask(6)  # only two plans exist: keys repeat
     assert len({p.key for p in plans}) < len(plans)
@@ -211,7 +212,8 @@ def test_nsga2_records_the_retention_floor_as_a_constraint():
 
 def test_a_plan_from_another_space_is_refused():
     s = STRATEGIES.get("optuna-tpe")(SPACE, OBJECTIVE, seed=0)
-    other = SearchSpace(SPACE.layers.values(), [Quantize(bits=(8, 4, 2), granularity=("per_tensor",))])
+    other = SearchSpace(SPACE.layers.values(), [Quantize(bits=(8, 4, 2), granularity=("per_tensor",),
+                                                         rounding=("nearest",), norm_images=0)])
     with pytest.raises(ConfigError, match="another search space"):
         s.tell(make_trial(0, other.uniform("quantize", other.decisions[0].choices[-1]), s))
 

@@ -11,7 +11,8 @@ from modelopt.search import RandomSearch
 
 def test_random_search_draws_every_choice_about_uniformly():
     layers = [Layer(f"l{i}", LayerKind.CONV, (16, 16, 3, 3), 1, False) for i in range(4)]
-    space = SearchSpace(layers, [Quantize(bits=(8, 4), granularity=("per_channel",))])
+    space = SearchSpace(layers, [Quantize(bits=(8, 4), granularity=("per_channel",), rounding=("nearest",),
+                                          norm_images=0)])
     plans = RandomSearch(space, Objective(), seed=0).ask(3000)
     counts = collections.Counter(p["l2/quantize"] for p in plans)
     assert set(counts) == set(space.decision("l2/quantize").choices)
@@ -20,7 +21,7 @@ def test_random_search_draws_every_choice_about_uniformly():
 
 def test_different_seeds_give_different_plans():
     layers = [Layer(f"l{i}", LayerKind.CONV, (16, 16, 3, 3), 1, False) for i in range(6)]
-    space = SearchSpace(layers, [Quantize()])
+    space = SearchSpace(layers, [Quantize(bits=(8, 4), rounding=("nearest",), norm_images=0)])
     a = [p.key for p in RandomSearch(space, Objective(), seed=0).ask(5)]
     b = [p.key for p in RandomSearch(space, Objective(), seed=1).ask(5)]
     assert a != b

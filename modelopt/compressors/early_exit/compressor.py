@@ -44,8 +44,9 @@ from modelopt.compressors._base import Choice, Compressor
 from modelopt.compressors._packing import Storage
 from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors._routing import Routes
-from modelopt.compressors._surface import Cell, ReportColumn, Setting, SettingKind
+from modelopt.compressors._surface import Cell, ReportColumn
 from modelopt.compressors.early_exit.backbone import exit_layers, split_backbone
+from modelopt.compressors.early_exit.options import DEFAULT_THRESHOLDS, EarlyExitOptions
 from modelopt.compressors.early_exit.pools import load_exit_images
 from modelopt.compressors.early_exit.routing import ExitRouting, with_exits
 from modelopt.compressors.early_exit.runtime import RuntimeConfig
@@ -53,10 +54,7 @@ from modelopt.errors import ConfigError
 from modelopt.model.layers import Layer, LayerKind
 from modelopt.model.workload import Workload
 
-__all__ = ["DEFAULT_THRESHOLDS", "EarlyExit", "ExitChoice", "exit_layers"]
-
-# Confidence (max softmax of the temperature-scaled head) a sample needs to leave at an exit.
-DEFAULT_THRESHOLDS = (0.8, 0.9, 0.95, 0.98, 0.99, 0.995)
+__all__ = ["DEFAULT_THRESHOLDS", "EarlyExit", "EarlyExitOptions", "ExitChoice", "exit_layers"]
 
 
 @dataclass(frozen=True)
@@ -79,10 +77,12 @@ class ExitChoice:
 class EarlyExit(Compressor, Routes):
     """Offers, on each candidate block's last layer, an exit at one of a few confidence thresholds.
 
+    Takes its options as a record (`EarlyExitOptions`) or as its fields by keyword, which change that record.
+
     Args:
         thresholds: Confidence thresholds offered (each in (0, 1]).
         exits: Names (or fnmatch patterns) of the layers that end a candidate block, e.g.
-            ``exit_layers(split_backbone(model))``; the default ``("*",)`` offers every
+            ``exit_layers(split_backbone(model))``; None (run with a model: its block ends) offers every
             convolution, which only a model whose every conv ends a block should use.
         blocks: The block each of `exits` ends (plans name exits by block); None: the layer's name
             without its last part (``layer2.1.conv2`` ends ``layer2.1``), as in a CIFAR ResNet.
@@ -92,14 +92,10 @@ class EarlyExit(Compressor, Routes):
         >>> space = SearchSpace(workload.layers, [Quantize(), ee])
     """
 
-    name = "early_exit"
     order = 90  # after every weight transform; it changes none
     packed_key = "e"  # a packed checkpoint's exit heads (`modelopt.compressors.early_exit.routing.ExitRouting.pack`)
-    settings = (
-        Setting("exit_data", SettingKind.PATH, "An .npz of images the search never scores (e.g. "
-                "../shared/data/cifar10/cifar10_jpeg_train.npz): early-exit heads are also fitted on them."),
-        Setting("exit_images", SettingKind.INT, "How many --exit-data images (a seeded subset; default 10000)."),
-    )
+    record = EarlyExitOptions
+    opts: EarlyExitOptions
     report_columns = (ReportColumn("exit", "Greens", lambda raw: _exit_cell(raw)),)
     reduces = frozenset({"macs", "bitops", "latency"})  # heads add bytes: never smaller
 
@@ -111,25 +107,27 @@ class EarlyExit(Compressor, Routes):
         return {"exits": [layer for layer, _ in ends], "blocks": [block for _, block in ends],
                 "classes": backbone.classes}
 
-    def __init__(self, thresholds: Sequence[float] = DEFAULT_THRESHOLDS, exits: Sequence[str] = ("*",),
-                 classes: int = 10, exit_data: str | None = None, exit_images: int = 10000,
-                 blocks: Sequence[str] | None = None) -> None:
-        if not thresholds:
+    def __init__(self, opts: EarlyExitOptions | None = None, **changes: Any) -> None:
+        super().__init__(opts, **changes)
+        o = self.opts
+        if not o.thresholds:
             raise ConfigError("early_exit needs at least one threshold")
-        self.thresholds = tuple(sorted({float(t) for t in thresholds}))
+        self.thresholds = tuple(sorted({float(t) for t in o.thresholds}))
         self._choices = tuple(ExitChoice(t) for t in self.thresholds)  # validates each
-        self.exits = tuple(exits)
+        self.exits = ("*",) if o.exits is None else o.exits
+        blocks = o.blocks
         if blocks is not None and (len(blocks) != len(self.exits) or not all(isinstance(b, str) for b in blocks)):
             raise ConfigError(f"early_exit: blocks must name one block per exit ({len(self.exits)}); got {blocks!r}")
         self._block_of = dict(zip(self.exits, blocks, strict=True)) if blocks else {}
+        classes = 10 if o.classes is None else o.classes
         if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
             raise ConfigError(f"early_exit: classes must be a positive integer, got {classes!r}")
         self.classes = classes
-        if exit_data is not None and (not isinstance(exit_data, str) or not exit_data):
-            raise ConfigError(f"early_exit: exit_data must be the path of an .npz of images, got {exit_data!r}")
-        if not isinstance(exit_images, int) or isinstance(exit_images, bool) or exit_images < 1:
-            raise ConfigError(f"exit_images must be a positive number of images, got {exit_images!r}")
-        self.exit_data, self.exit_images = exit_data, exit_images
+        if o.exit_data is not None and (not isinstance(o.exit_data, str) or not o.exit_data):
+            raise ConfigError(f"early_exit: exit_data must be the path of an .npz of images, got {o.exit_data!r}")
+        if not isinstance(o.exit_images, int) or isinstance(o.exit_images, bool) or o.exit_images < 1:
+            raise ConfigError(f"exit_images must be a positive number of images, got {o.exit_images!r}")
+        self.exit_data, self.exit_images = o.exit_data, o.exit_images
 
     def routing(self, workload: Workload, decisions: Sequence[tuple[str, tuple[Choice, ...]]]) -> ExitRouting | None:
         """The heads, exits and priors of plans on `workload`; the heads are also fitted on `exit_images` of
@@ -237,14 +235,6 @@ class EarlyExit(Compressor, Routes):
     def stored(self, layer: Layer, choice: Choice, inner: Storage) -> Storage:
         """Storage is whatever the layer's other compressors made of it: an exit adds a head, apart."""
         return inner
-
-    def options(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"thresholds": list(self.thresholds), "exits": list(self.exits), "classes": self.classes}
-        if any(b != e.rsplit(".", 1)[0] for e, b in self._block_of.items()):
-            out["blocks"] = list(self._block_of.values())  # only where the names do not say it (a CIFAR ResNet's do)
-        if self.exit_data is not None:  # recorded only when given: a record without it fits on calib alone
-            out.update(exit_data=self.exit_data, exit_images=self.exit_images)
-        return out
 
 
 def _threshold(choice: Choice) -> float:

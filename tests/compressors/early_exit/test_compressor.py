@@ -41,7 +41,7 @@ def test_conformance_on_real_block_ends(r20):
 def test_plan_yaml_to_policy(r20):
     bb, layers = r20
     ee = EarlyExit(thresholds=(0.9, 0.99), exits=tuple(exit_layers(bb)))
-    space = SearchSpace(layers, [Quantize(bits=(8,)), ee])
+    space = SearchSpace(layers, [Quantize(bits=(8,), rounding=("nearest",), norm_images=0), ee])
     doc = yaml.safe_load("""
     layers:
       layer3.0.conv2: {early_exit: {threshold: 0.99}}
@@ -72,7 +72,8 @@ def test_top_level_plan_form(r20):
     """The issue's plan form: `early_exit: {exits: [NAME, ...], threshold: T}` at the top level,
     or one threshold per exit; plans are written in it and read back equal."""
     bb, layers = r20
-    space = SearchSpace(layers, [Quantize(bits=(8,)), EarlyExit(exits=tuple(exit_layers(bb)))])
+    space = SearchSpace(layers, [Quantize(bits=(8,), rounding=("nearest",), norm_images=0),
+                                 EarlyExit(exits=tuple(exit_layers(bb)))])
     shared = space.parse_plan(yaml.safe_load("early_exit: {exits: [layer1.2, layer2.1.conv2], threshold: 0.9}"))
     assert shared.get("layer1.2.conv2/early_exit") == ExitChoice(0.9) == shared.get("layer2.1.conv2/early_exit")
     assert sum(shared.get(d.name) is not None for d in space.decisions) == 2
@@ -93,6 +94,6 @@ def test_top_level_plan_form(r20):
                        (3, "plan key 'early_exit' takes")]:
         with pytest.raises(ConfigError, match=match):
             space.parse_plan({"early_exit": bad})
-    quant_only = SearchSpace(layers, [Quantize(bits=(8,))])
+    quant_only = SearchSpace(layers, [Quantize(bits=(8,), rounding=("nearest",), norm_images=0)])
     with pytest.raises(ConfigError, match="needs the 'early_exit' compressor"):
         quant_only.parse_plan({"early_exit": {"exits": ["layer1.2"], "threshold": 0.9}})
