@@ -17,7 +17,8 @@ too). The error is, when the budget affords the probes, the KL of the answers th
 (`modelopt.evaluation.output_sensitivity`: one label-free probe per layer; layers' gains span 50x), else its
 relative output error. Rollouts draw delta from its posterior
 (Thompson sampling): they explore where the model is unsure and exploit where it is sure, spending
-evaluations only on accuracy. Model: `search/loss_model.py`; knapsack DP: `search/mckp.py`.
+evaluations only on accuracy. Model: `search/loss_model.py`; rollout: `search/rollout.py` (knapsack DP:
+`search/mckp.py`).
 
 A trial's raw value is 1 + log(reduction) when feasible, below 1 by how far it
 misses the floor when infeasible, 0 when it failed. For UCB, values are normalised
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,53 +48,18 @@ from modelopt.plan.space import SearchSpace
 from modelopt.search._base import Strategy
 from modelopt.search._registry import STRATEGIES
 from modelopt.search.loss_model import LossModel, loss_model_for, rescale_to_estimates
-from modelopt.search.mckp import solve_binned
+from modelopt.search.mcts_tree import Node, Record, norm_value
+from modelopt.search.rollout import cap_exits, complete
 
 C_PUCT = 0.5
 RAVE_K = 60.0  # visits at which a node's own value and the shared (RAVE) value weigh the same
-MAX_WEIGHT = 0.5  # share of the best-below value in a node's value (the rest is the mean)
-DP_BINS = 160
 MAX_ROLLOUT_TRIES = 16
 PRIOR_ROLLOUTS = 12  # rollouts whose choices at a node form its children's prior
 PRIOR_MIX = 0.75  # share of the rollout policy in a prior (the rest: data-free saving vs loss)
-# Exits a rollout may turn on. An image leaves at one exit only, but the additive cost and loss models price each
-# exit as if it alone were on: a rollout on ResNet-56 turned on 19-26 of its 27 exits, every plan infeasible (val
-# retention 0.88-0.94), and with all of them always on together no trial could tell their losses apart.
-MAX_EXITS = 2
 # The rollouts aim at no less than this share of the drop the floor allows, however many plans miss it:
 # when every plan that changes anything breaks some answers (JPEG images: any layer at INT3 breaks 6-27
 # of 2,000), aiming lower only yields plans that leave layers in float.
 MIN_MARGIN = 0.4
-
-@dataclass
-class _Node:
-    n: int = 0
-    w: float = 0.0
-    best: float = 0.0
-    virtual: int = 0
-    prior: list[float] | None = None  # children's prior, computed with the model of `prior_at` trials
-    prior_at: int = 0
-
-    def q(self, lo: float, hi: float) -> float:
-        """Normalised value; a pending (virtual) visit counts as the lowest value."""
-        visits = self.n + self.virtual
-        if visits == 0:
-            return 0.0
-        raw = (1 - MAX_WEIGHT) * (self.w + self.virtual * lo) / visits + MAX_WEIGHT * self.best
-        return _norm(raw, lo, hi)
-
-
-def _norm(raw: float, lo: float, hi: float) -> float:
-    return min(max((raw - lo) / (hi - lo), 0.0), 1.0) if hi > lo else 0.5
-
-
-@dataclass
-class _Record:
-    idx: list[int]  # choice index per decision (space order)
-    retention: float | None  # None: failed
-    value: float
-    weight: float = 1.0  # share of the val split scored (multi-fidelity): noise variance ~ 1 / weight
-
 
 @STRATEGIES.register("mcts")
 class MCTS(Strategy):
@@ -128,10 +93,10 @@ class MCTS(Strategy):
         self._costmat = np.full((self.n_dec, width), np.inf)  # padding is never affordable
         for i in range(self.n_dec):
             self._costmat[i, : len(self.cost[i])] = self.cost[i]
-        self.tree: dict[tuple[int, ...], _Node] = {(): _Node()}
+        self.tree: dict[tuple[int, ...], Node] = {(): Node()}
         self.amaf_n = [np.zeros(len(d.choices)) for d in self.decisions]
         self.amaf_w = [np.zeros(len(d.choices)) for d in self.decisions]
-        self.records: list[_Record] = []
+        self.records: list[Record] = []
         self.seen: dict[str, float] = {}  # transposition table: plan key -> value
         self.pending: dict[str, list[tuple[int, ...]]] = {}  # plan key -> tree paths awaiting tell
         self.margin = 1.0  # the share of the allowed drop rollouts aim at; adapts to the model's calibration
@@ -231,45 +196,11 @@ class MCTS(Strategy):
     # ---- rollout: knapsack under the (sampled) model --------------------------------------
 
     def _rollouts(self, prefix: tuple[int, ...], rng: np.random.Generator, draws: int = 1) -> np.ndarray:
-        """`draws` completions of `prefix`, each the cheapest choices whose losses, drawn from the
-        model's posterior, fit the allowed loss: a knapsack solved exactly by dynamic programming
-        over a discretised loss axis, all draws at once. Returns (draws x decisions) choice indices."""
+        """`draws` completions of `prefix` (`modelopt.search.rollout.complete`), each under losses drawn from the
+        model's posterior and an allowed loss jittered around the margin. Returns (draws x decisions) indices."""
         deltas = self.model.deltas(rng, draws)  # (R, n, C)
         allowed = self._allowed() * (self.margin * rng.uniform(0.8, 1.1, size=draws)) ** self.model.power
-        idx = np.zeros((draws, self.n_dec), dtype=int)
-        fixed = [self.order[d] for d in range(len(prefix))]
-        idx[:, fixed] = prefix
-        used = deltas[:, fixed, list(prefix)].sum(axis=1) if prefix else np.zeros(draws)
-        rest = self.order[len(prefix):]
-        budget = allowed - used
-        if not rest:
-            return idx
-        over = budget <= 0  # the prefix alone spends the loss: finish with the least lossy choices
-        if over.any():
-            idx[np.ix_(over, np.asarray(rest))] = np.argmin(deltas[over][:, rest] + 1e-12 * self._costmat[rest], axis=2)
-        live = np.flatnonzero(~over)
-        if live.size == 0:
-            return self._cap_exits(idx, len(prefix))
-        step = (budget[live] / DP_BINS)[:, None]  # (R', 1)
-        d = deltas[live]
-        # Losses rounded up to whole bins (within 1e-9 of an edge counts as on it): each draw's plan fits.
-        weights = [np.ceil(d[:, i, :] / step - 1e-9).astype(int) for i in rest]
-        idx[np.ix_(live, np.asarray(rest))] = solve_binned(weights, [self._costmat[i] for i in rest], DP_BINS)
-        return self._cap_exits(idx, len(prefix))
-
-    def _cap_exits(self, idx: np.ndarray, fixed: int) -> np.ndarray:
-        """Each row with at most MAX_EXITS exits on beyond those its first `fixed` decisions (the tree's) set: the
-        ones priced cheapest stay, the others are turned off (choice 0: off)."""
-        if len(self.exits) <= MAX_EXITS:
-            return idx
-        tree = set(self.order[:fixed])
-        for row in idx:
-            free = [i for i in self.exits if row[i] != 0 and i not in tree]
-            room = MAX_EXITS - sum(1 for i in self.exits if row[i] != 0 and i in tree)
-            if len(free) > max(room, 0):
-                for i in sorted(free, key=lambda i: self._costmat[i, row[i]])[max(room, 0):]:
-                    row[i] = 0
-        return idx
+        return complete(prefix, deltas, allowed, self.order, self._costmat, self.exits)
 
     # ---- the tree -------------------------------------------------------------------------
 
@@ -332,7 +263,7 @@ class MCTS(Strategy):
                 # the prior alone draws the search to it. Starting at the parent's value made every untried
                 # choice look as good as the best line so far, and the tree tried channel pruning at 75 % on
                 # a large layer (retention 72-77 %) although every rollout priced it as ruinous.
-                q_amaf = _norm(self.amaf_w[i][j] / amaf_n, lo, hi) if amaf_n else 0.0
+                q_amaf = norm_value(self.amaf_w[i][j] / amaf_n, lo, hi) if amaf_n else 0.0
                 if child is None or n_child == 0:
                     q = q_amaf
                 else:
@@ -342,13 +273,13 @@ class MCTS(Strategy):
             j = int(np.argmax(scores))
             path = (*path, j)
             if path not in self.tree:
-                self.tree[path] = _Node()
+                self.tree[path] = Node()
                 return path
         return path
 
     def _walk(self, path: tuple[int, ...], fn: Any) -> None:
         for depth in range(len(path) + 1):
-            fn(self.tree.setdefault(path[:depth], _Node()))
+            fn(self.tree.setdefault(path[:depth], Node()))
 
     def _plan(self, idx: list[int]) -> Plan:
         return self.space.plan({d.name: d.choices[j] for d, j in zip(self.decisions, idx, strict=True)})
@@ -385,7 +316,8 @@ class MCTS(Strategy):
             new = list(idx)
             for i in self.rng.choice(rest, size=min(1 + tries // MAX_ROLLOUT_TRIES, len(rest)), replace=False):
                 new[i] = int(self.rng.integers(len(self.decisions[i].choices)))
-            new = [int(j) for j in self._cap_exits(np.array([new]), len(path))[0]]
+            capped = cap_exits(np.array([new]), self.exits, set(self.order[: len(path)]), self._costmat)
+            new = [int(j) for j in capped[0]]
             plan = self._plan(new)
             if plan.key not in self.seen and plan.key not in self.pending:
                 break
@@ -393,12 +325,12 @@ class MCTS(Strategy):
             new = [int(self.rng.integers(len(d.choices))) for d in self.decisions]
             plan = self._plan(new)
         path = tuple(new[i] for i in self.order[: len(path)])
-        self.tree.setdefault(path, _Node())
+        self.tree.setdefault(path, Node())
         return path, plan
 
     def _backup(self, path: tuple[int, ...], value: float) -> None:
         for depth in range(len(path) + 1):
-            node = self.tree.setdefault(path[:depth], _Node())
+            node = self.tree.setdefault(path[:depth], Node())
             node.n, node.w, node.best = node.n + 1, node.w + value, max(node.best, value)
 
     def _amaf(self, idx: list[int], value: float) -> None:
@@ -431,7 +363,7 @@ class MCTS(Strategy):
             self.val_split = (m.n_samples, m.base_right)  # type: ignore[assignment]
         if m is not None and m.stopped is None and m.lost is not None and m.gained is not None:
             self.swaps = [self.swaps[0] + m.gained, self.swaps[1] + m.lost]
-        self.records.append(_Record(idx, retention, value, self._weight(trial)))
+        self.records.append(Record(idx, retention, value, self._weight(trial)))
         if retention is not None:
             # Aim rollouts at the floor: about half land feasible (one measurement is noisy there).
             self.margin = float(np.clip(self.margin * (1.04 if trial.meets_floor else 0.95), MIN_MARGIN, 1.3))
@@ -454,8 +386,8 @@ class MCTS(Strategy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["rng"]
-        self.tree = {tuple(k): _Node(n, w, best, 0, prior, at) for k, n, w, best, prior, at in state["tree"]}
-        self.records = [_Record(list(rec[0]), rec[1], rec[2], *rec[3:]) for rec in state["records"]]
+        self.tree = {tuple(k): Node(n, w, best, 0, prior, at) for k, n, w, best, prior, at in state["tree"]}
+        self.records = [Record(list(rec[0]), rec[1], rec[2], *rec[3:]) for rec in state["records"]]
         self.seen = dict(state["seen"])
         self.margin = float(state["margin"])
         vs = state.get("val_split")
