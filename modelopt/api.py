@@ -17,14 +17,14 @@ from modelopt.config.build import build
 from modelopt.config.run_config import SETTLED_RESUME_KEYS, RunConfig
 from modelopt.data.dataset import Dataset, load_data
 from modelopt.data.preprocess import DEFAULT_INTERPOLATION, Preprocess
-from modelopt.data.split import Split
+from modelopt.data.split import Split, check_split
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluation.evaluator import Evaluator, Metrics
 from modelopt.executors import make_executor
 from modelopt.executors.on_ray import import_ray
 from modelopt.knowledge import read_store, record_run
 from modelopt.model.loader import LoadedModel, load_model, read_with
-from modelopt.model.workload import Workload, check_split
+from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace, read_plan_file
 from modelopt.reports import write_report
@@ -138,7 +138,7 @@ def evaluate(
         data_seed: the seed of the calib/val/test split.
         compressors: which compressors a plan may use (default: every registered one the model suits).
         allow_pickle: allow full unpickling of model files (trusted files only).
-        **settings: compressors' settings by name (`Compressor.settings`), e.g. ``rounding=["nearest"]``:
+        **settings: compressors' settings by name (`Compressor.record.settings()`), e.g. ``rounding=["nearest"]``:
             what a plan entry that names no rounding gets.
 
     Example:
@@ -216,7 +216,7 @@ def optimize(
         allow_pickle, progress: allow full unpickling of model files (trusted files only); show a bar.
         **settings: the run's settings, each `RunConfig`'s field of that name (strategy, budget, objective,
             min_retention, confidence, seed, compressors, latency, workers, ...; `unlabeled` may also be a
-            DataLoader) or a compressor's setting (`Compressor.settings`: bits, granularity, rounding,
+            DataLoader) or a compressor's setting (`Compressor.record.settings()`: bits, granularity, rounding,
             activations, norm_images, exit_data, exit_images, ...). Defaults are `RunConfig`'s and the
             compressors' own (`RunConfig.replace` applies them; an unknown name is one ConfigError).
 

@@ -9,6 +9,7 @@ and the sweep tables both call it, so a table reports the plan its run did.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from modelopt.certify.confirm import Confirmation, confirm_plans, finalists
@@ -37,7 +38,7 @@ class Certificate:
         confirmation: what the confirm split said about the finalists.
         deployed: how the best plan's deployed answers compared with its certified ones (None: not checked).
         test: each reported plan's metrics on the test split, by plan key (best, search best, front, anchors);
-            empty when `certify` was asked not to score test.
+            None when `certify` was asked not to score test.
     """
 
     best: Trial | None
@@ -85,8 +86,8 @@ def certify(evaluator: Evaluator, objective: Objective, trials: list[Trial], lat
     cert = Certificate(best, final.search_best, final.front, final.anchors, confirmation, deployed)
     if not test:
         return cert
-    scored = {key: evaluator.scorer.evaluate(t.plan, split=Split.TEST) for key, t in cert.reported.items()}
-    return Certificate(best, final.search_best, final.front, final.anchors, confirmation, deployed, scored)
+    return dataclasses.replace(cert, test={key: evaluator.scorer.evaluate(t.plan, split=Split.TEST)
+                                           for key, t in cert.reported.items()})
 
 
 def _reportable(best: Trial, confirmation: Confirmation, objective: Objective) -> list[Trial]:

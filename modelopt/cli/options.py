@@ -1,6 +1,6 @@
 """The options of `modelopt optimize`, one typed alias each (the command's signature stays one line per
 option), and the compressors' own settings as flags (`with_compressor_settings`: each compressor declares
-them, `Compressor.settings`). None means "not given": a new run takes `RunConfig`'s default, a resumed run
+them, `Compressor.record.settings()`). None means "not given": a new run takes `RunConfig`'s default, a resumed run
 keeps its own."""
 
 from __future__ import annotations

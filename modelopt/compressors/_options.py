@@ -59,8 +59,9 @@ class Options:
 
     # The record's layout; raised when a field's default changes, so older records keep their meaning.
     version: ClassVar[int] = 1
-    # {version: {field: value}}: what a record of that version meant by a field it left out, where that is not
-    # the field's default now (version 1: records without a version, written before records had them).
+    # {version: {field: value}}: what a record of that version meant by a field it left out, a full snapshot of
+    # that version's defaults (version 1: records without a version, written before records had them).
+    # A version not listed means today's defaults.
     left_out: ClassVar[Mapping[int, Mapping[str, Any]]] = {}
 
     def __post_init__(self) -> None:
@@ -69,11 +70,9 @@ class Options:
 
     @classmethod
     def settings(cls) -> tuple[Setting, ...]:
-        """The fields users set by name, with their defaults in JSON form."""
-        return tuple(
-            Setting(f.name, f.metadata["kind"], f.metadata["help"], _json(_plain(f.default)),
-                    tuple((o, _json(_plain(v))) for o, v in f.metadata["by_objective"].items()))
-            for f in dataclasses.fields(cls) if f.metadata.get("kind") is not None)
+        """The fields users set by name."""
+        return tuple(Setting(f.name, f.metadata["kind"], f.metadata["help"])
+                     for f in dataclasses.fields(cls) if f.metadata.get("kind") is not None)
 
     @classmethod
     def for_objective(cls: type[R], objective: str) -> R:

@@ -80,25 +80,17 @@ class Setting:
     Attributes:
         option: The record's field, also the keyword, the sweep-file key and run.json's field.
         kind: How its value is written (`SettingKind`).
-        help: The command line's help text.
-        default: The tool's default, where the user gives none (JSON form).
-        by_objective: The tool's default for some objectives instead: (("bitops", [None, 8]),).
+        help: The command line's help text (its default is the record's: `Options.for_objective`).
     """
 
     option: str
     kind: SettingKind
     help: str
-    default: Any = None
-    by_objective: tuple[tuple[str, Any], ...] = ()
 
     @property
     def flag(self) -> str:
         """The command-line flag: ``--exit-data`` for option ``exit_data``."""
         return "--" + self.option.replace("_", "-")
-
-    def default_for(self, objective: str) -> Any:
-        """The tool's default under `objective`."""
-        return dict(self.by_objective).get(objective, self.default)
 
     def from_text(self, text: str) -> Any:
         """The value a command-line flag gives, in its JSON form; ConfigError naming the flag otherwise."""

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from modelopt.certify.evidence import evidence_lines
+from modelopt.certify.evidence import certifiable_retention, evidence_lines
 from modelopt.compressors import Compressor
-from modelopt.confidence import PairedCounts
 from modelopt.config.assemble import build_compressors, default_compressors
 from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import load_data
@@ -111,10 +110,8 @@ def make_objective(config: RunConfig, workload: Workload) -> Objective:
     objective = config.make_objective()
     if Split.CONFIRM not in workload.splits or config.confidence <= 0:
         return objective
-    confirm = workload.split(Split.CONFIRM)
-    ceiling = PairedCounts(len(confirm), int(confirm.base_correct.sum()), 0, 0).retention_lower(config.confidence)
-    usable = ceiling >= config.min_retention - 1e-12
-    return dataclasses.replace(objective, claim_images=len(confirm)) if usable else objective
+    usable = certifiable_retention(workload, Split.CONFIRM, config.confidence) >= config.min_retention - 1e-12
+    return dataclasses.replace(objective, claim_images=len(workload.split(Split.CONFIRM))) if usable else objective
 
 
 def resolve(config: RunConfig, workload: Workload, space: SearchSpace) -> RunConfig:

@@ -170,7 +170,7 @@ class RunConfig:
         """This config with some settings changed: the one way the CLI, `modelopt.optimize`, sweep files and
         a resumed run's flags change a config.
 
-        A name is one of RunConfig's fields or any registered compressor's setting (`Compressor.settings`,
+        A name is one of RunConfig's fields or any registered compressor's setting (`Compressor.record.settings()`,
         e.g. ``bits=[8, 4]``, ``exit_data="train.npz"``), which is merged into that compressor's options.
         ``executor`` left out while ``workers`` > 1 or ``ray_address`` is given: ``ray``. A new objective
         brings its own tool defaults when the options were the old objective's.

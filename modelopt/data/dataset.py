@@ -32,7 +32,7 @@ from modelopt.data.readers import (
     decode_jpegs,
     read_unlabeled,
 )
-from modelopt.data.split import Split
+from modelopt.data.split import Split, check_split
 from modelopt.errors import ConfigError, LoadError
 
 __all__ = ["SPLIT_NAMES", "Dataset", "SplitArrays", "list_data_sources", "load_data"]
@@ -122,12 +122,11 @@ class Dataset:
             >>> load_data().split("all").x.shape
             torch.Size([846, 32, 32, 3])
         """
-        if name == Split.CONFIRM and self.confirm is None:
+        name = check_split(name)
+        if name is Split.CONFIRM and self.confirm is None:
             raise ConfigError(f"data {self.source!r} has no confirm split; load it with confirm_fraction > 0")
-        if name in (Split.CALIB, Split.VAL, Split.CONFIRM, Split.TEST):
+        if name is not Split.ALL:
             return getattr(self, name)
-        if name != Split.ALL:
-            raise ConfigError(f"unknown split {name!r}; valid: {', '.join(SPLIT_NAMES)}")
         x = torch.cat([self.val.x, self.test.x])
         y = torch.cat([self.val.y, self.test.y])
         if self.val.index is None or self.test.index is None:

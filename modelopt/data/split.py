@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["LABELED", "Split"]
+from modelopt.errors import ConfigError
+
+__all__ = ["Split", "check_split"]
 
 
 class Split(str, Enum):
@@ -31,4 +33,9 @@ class Split(str, Enum):
     __repr__ = str.__repr__
 
 
-LABELED = (Split.VAL, Split.CONFIRM, Split.TEST)  # the splits plans are scored on
+def check_split(name: str) -> Split:
+    """`name` as a `Split`; one ConfigError naming the valid names otherwise (checkable before any loading)."""
+    try:
+        return Split(name)
+    except ValueError:
+        raise ConfigError(f"unknown split {name!r}; valid: {', '.join(Split)}") from None

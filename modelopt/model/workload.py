@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from modelopt.data.dataset import Dataset
-from modelopt.data.split import Split
+from modelopt.data.split import Split, check_split
 from modelopt.errors import ConfigError, LoadError
 from modelopt.model.channels import ChannelGroups
 from modelopt.model.images import Images
@@ -19,7 +19,6 @@ from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer, compressible_modules, discover_layers
 from modelopt.model.loader import LoadedModel
 
-SPLITS = tuple(Split)
 # Splits whose prepared images together fit in this many bytes are held prepared (every CIFAR-10 set: the default
 # run's 11,000 images are 135 MB); larger ones stay uint8 and are prepared batch by batch as they are read.
 RESIDENT_BYTES = 256 * 2**20
@@ -27,12 +26,6 @@ RESIDENT_BYTES = 256 * 2**20
 # a MobileNetV2 pass peak near 2 GB on the CPU): batches of large images are smaller.
 PREPARE_BYTES = 32 * 2**20  # images converted at a time
 BATCH_BYTES = {"cpu": 32 * 2**20, "cuda": 256 * 2**20}
-
-
-def check_split(name: str) -> None:
-    """Raises ConfigError unless `name` is a split a workload has (checkable before any loading)."""
-    if name not in SPLITS:
-        raise ConfigError(f"unknown split {name!r}; valid: {', '.join(SPLITS)}")
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:

@@ -367,7 +367,8 @@ class Runner:
     def _finish(self, search_wall: float) -> RunResult:
         cert = certify(self.evaluator, self.objective, self.trials, self.latency)
         best, search_best, front, confirmation = cert.best, cert.search_best, list(cert.front), cert.confirmation
-        to_score, test_metrics = cert.reported, dict(cert.test or {})
+        assert cert.test is not None  # certify scores test unless told not to
+        to_score, test_metrics = cert.reported, dict(cert.test)
         if self.latency is not None:  # measured once per distinct plan, for the final set only
             self.latency.retime([t.plan for t in to_score.values()])
             test_metrics = {key: self._with_latency(m, to_score[key].plan) for key, m in test_metrics.items()}

@@ -46,7 +46,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from modelopt.api import build_workload, optimize
-from modelopt.compressors import COMPRESSORS, Compressor
+from modelopt.compressors import COMPRESSORS
 from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError, LoadError, ModeloptError
 from modelopt.model.layer_inputs import LayerInputs
@@ -92,20 +92,15 @@ def _check_started(sweep: Sweep, cells: Sequence[Cell]) -> None:
         for name in cfg.compressors or ():
             if name in COMPRESSORS:
                 cls = COMPRESSORS.get(name)
-                pairs += [(s.option, _recorded(cls, cfg.options.get(name), s.option),
-                           _recorded(cls, base.options.get(name), s.option)) for s in cls.record.settings()]
+                # A RunConfig holds every registered compressor's whole record: the fields compare as they are.
+                pairs += [(s.option, cfg.options[name].get(s.option), base.options[name].get(s.option))
+                          for s in cls.record.settings()]
         for key, have, want in pairs:
             if have != want:
                 raise ConfigError(
                     f"run folder {str(cell.run_dir)!r} was run with {key}={have!r} but sweep file "
                     f"{str(sweep.path)!r} says {want!r}; give the sweep another 'out' or delete that folder"
                 )
-
-
-def _recorded(cls: type[Compressor], options: Mapping[str, Any] | None, option: str) -> Any:
-    """An option as the compressor's record holds it (a RunConfig's options are whole records; None: the
-    record's default)."""
-    return (cls.record() if options is None else cls.record.from_json(options)).to_json().get(option)
 
 
 def _build_workload(model: SweepModel, device: str) -> Workload:

@@ -16,7 +16,7 @@ is read too)::
 How the evaluator runs it (`modelopt.compressors.early_exit.runtime`, `Evaluator.exit_policy`):
 
 1. `model_options` offers every block's end but the last (`exit_layers(split_backbone(model))`);
-   the API passes them as ``exits=`` when the user names none.
+   `build_compressors` fills them into the options record's `exits` when the user names none.
 2. The first plan with an active exit makes the evaluator fit one head per candidate exit on the
    float model (calib images, label-free; temperatures on val, label-free); the budget that
    costs is charged to that plan, like batch-norm re-estimation.
@@ -46,7 +46,7 @@ from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors._routing import Routes
 from modelopt.compressors._surface import Cell, ReportColumn
 from modelopt.compressors.early_exit.backbone import exit_layers, split_backbone
-from modelopt.compressors.early_exit.options import DEFAULT_THRESHOLDS, EarlyExitOptions
+from modelopt.compressors.early_exit.options import EarlyExitOptions
 from modelopt.compressors.early_exit.pools import load_exit_images
 from modelopt.compressors.early_exit.routing import ExitRouting, with_exits
 from modelopt.compressors.early_exit.runtime import RuntimeConfig
@@ -54,7 +54,7 @@ from modelopt.errors import ConfigError
 from modelopt.model.layers import Layer, LayerKind
 from modelopt.model.workload import Workload
 
-__all__ = ["DEFAULT_THRESHOLDS", "EarlyExit", "EarlyExitOptions", "ExitChoice", "exit_layers"]
+__all__ = ["EarlyExit", "EarlyExitOptions", "ExitChoice", "exit_layers"]
 
 
 @dataclass(frozen=True)
