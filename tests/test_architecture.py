@@ -165,6 +165,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("objective",),  # what a run minimises; feasibility
     ("search",),  # strategies
     ("exporters",),  # writers of a scored plan: packed, ONNX, bitsandbytes
+    ("reconstruct",),  # the chosen plans refitted on their own inputs
     ("latency",),  # measured latency of a plan
     ("certify",),  # the promise: what splits certify, confirmation, deployed-equals-certified
     ("knowledge",),  # what earlier runs teach

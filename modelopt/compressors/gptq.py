@@ -45,16 +45,20 @@ def inverse_factor(h: torch.Tensor, w: torch.Tensor, damping: float = DAMPING) -
     return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
 
 
-def gptq_round(weight: torch.Tensor, scales: torch.Tensor, qmin: int, qmax: int, inputs: LayerInputs,
-               damping: float = DAMPING) -> torch.Tensor:
+def gptq_round(weight: torch.Tensor, scales: torch.Tensor | None, qmin: int, qmax: int, inputs: LayerInputs,
+               damping: float = DAMPING, keep: torch.Tensor | None = None) -> torch.Tensor:
     """Integer codes (float tensor, weight's shape) for `weight` with per-weight `scales` (same shape
     as the weight flattened per output channel), chosen by GPTQ on the inputs' second moments. A
-    grouped conv's output channels are rounded group by group, each on its own group's inputs."""
+    grouped conv's output channels are rounded group by group, each on its own group's inputs.
+
+    `keep`: the weights that may be non-zero (the rest get code 0 and their neighbours absorb the error, as
+    SparseGPT does); None: those that are not exactly zero. `scales` None: no rounding, only the mask (the
+    float weights with the mask's error spread over the kept ones: the Optimal Brain Surgeon update)."""
     g = inputs.groups
     w = weight.detach().reshape(g, weight.shape[0] // g, -1).double().clone()
-    s = scales.double().reshape(w.shape)
+    s = torch.ones_like(w) if scales is None else scales.double().reshape(w.shape)
     h = inputs.hessian.to(w.device, torch.float64).reshape(g, w.shape[2], w.shape[2]).clone()
-    zero = w == 0
+    zero = w == 0 if keep is None else ~keep.reshape(w.shape).to(w.device, torch.bool)
     hinv = inverse_factor(h, w, damping)
     codes = torch.zeros_like(w)
     n = w.shape[2]
@@ -63,7 +67,7 @@ def gptq_round(weight: torch.Tensor, scales: torch.Tensor, qmin: int, qmax: int,
         wb, err = w[:, :, b0:b1].clone(), torch.zeros_like(w[:, :, b0:b1])
         for j in range(b1 - b0):
             col, d = b0 + j, hinv[:, b0 + j, b0 + j, None]
-            q = torch.clamp(torch.round(wb[:, :, j] / s[:, :, col]), qmin, qmax)
+            q = wb[:, :, j] if scales is None else torch.clamp(torch.round(wb[:, :, j] / s[:, :, col]), qmin, qmax)
             q = torch.where(zero[:, :, col], torch.zeros_like(q), q)
             codes[:, :, col] = q
             e = (wb[:, :, j] - q * s[:, :, col]) / d

@@ -28,6 +28,7 @@ from modelopt.compressors._inputs import (
     install_input_quantizers,
 )
 from modelopt.data.split import Split
+from modelopt.evaluation.fitted import Fitted
 from modelopt.evaluation.norm_stats import NormStats
 from modelopt.evaluation.prep_costs import OneTimeCosts
 from modelopt.evaluation.routes import PlanRoutes
@@ -89,6 +90,7 @@ class CompressedStates:
         self._input_ranges: dict[Calibration, dict[str, tuple[float, float]]] = {}  # activation quantization
         self.norm_stats = NormStats(workload, one_time)  # batch norms re-estimated per plan
         self._pre_passes: dict[str, float] = {}  # a strategy's passes before any plan (add_pre_pass)
+        self._fitted: dict[str, Fitted] = {}  # plan key -> its reconstructed weights (`adopt`)
 
     # ---- weights --------------------------------------------------------------------------
 
@@ -159,8 +161,26 @@ class CompressedStates:
             out[name] = (_kept(shape[0], rows), _kept(shape[1], cols))
         return out
 
+    def adopt(self, fitted: Fitted) -> None:
+        """From now on the plan `fitted.plan_key` runs with the reconstructed weights (`modelopt.reconstruct`).
+        Call it through `Evaluator.adopt`, which also forgets the plan's cached scores."""
+        self._fitted[fitted.plan_key] = Fitted(fitted.plan_key, {
+            n: w.to(self.workload.original[n].device, self.workload.original[n].dtype)
+            for n, w in fitted.weights.items()}, fitted.integers, fitted.errors, fitted.images, fitted.seconds)
+
+    def fitted(self, plan: Plan) -> Fitted | None:
+        """The plan's reconstructed weights, when it was reconstructed (`adopt`)."""
+        return self._fitted.get(plan.key)
+
     def compressed_weights(self, plan: Plan) -> dict[str, torch.Tensor]:
-        """The weights the plan runs with, full shape (structurally pruned channels are zero)."""
+        """The weights the plan runs with, full shape (structurally pruned channels are zero); a reconstructed
+        plan's own (`adopt`) where it has them."""
+        fitted = self._fitted.get(plan.key)
+        weights = self._layer_weights(plan)
+        return weights if fitted is None else {**weights, **fitted.weights}
+
+    def _layer_weights(self, plan: Plan) -> dict[str, torch.Tensor]:
+        """The weights the plan's choices give each layer, compressed one layer at a time (cached)."""
         kept, slices = self.kept_channels(plan), self.kept_slices(plan)
         weights = {}
         for layer in self.workload.layers:
@@ -272,7 +292,8 @@ class CompressedStates:
         if removals := self.removals(plan):  # the removed channels' norms and biases, zeroed in the float model
             zero = zeroed(self.workload.model, removals)
             state.update({k: t for k, t in zero.items() if k not in state and k.rsplit(".", 1)[0] in self._zeroable})
-        stats, cost = self.norm_stats.recalibrated(plan.key, self._norm_images(plan), state)
+        key = plan.key if plan.key not in self._fitted else f"{plan.key}+fitted"  # its own statistics
+        stats, cost = self.norm_stats.recalibrated(key, self._norm_images(plan), state)
         pre = sum(self.one_time.charge(k, c) for k, c in self._pre_passes.items())
         return {**state, **stats}, cost + self.input_qparams(plan)[1] + self.input_cost(plan) + pre
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from modelopt.evaluation.compressed_state import CompressedStates
 from modelopt.evaluation.cost import CostModel, PlanCost
+from modelopt.evaluation.fitted import Fitted
 from modelopt.evaluation.metrics import Metrics
 from modelopt.evaluation.prep_costs import OneTimeCosts
 from modelopt.evaluation.routes import PlanRoutes
@@ -49,6 +50,12 @@ class Evaluator:
         self.costs = CostModel(space, workload.other_bytes)
         self.states = CompressedStates(workload, space, self.one_time, self.routes)
         self.scorer = Scorer(workload, self.states, self.routes, self.plan_cost)
+
+    def adopt(self, fitted: Fitted) -> None:
+        """The plan `fitted.plan_key` runs, scores, deploys and exports with its reconstructed weights from now
+        on (`modelopt.reconstruct`); its cached scores are dropped."""
+        self.states.adopt(fitted)
+        self.scorer.forget(fitted.plan_key)
 
     def plan_cost(self, plan: Plan) -> PlanCost:
         """The plan's bytes, MACs and bitops per layer, with the channels its structured pruning keeps."""

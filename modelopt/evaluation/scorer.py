@@ -44,6 +44,9 @@ class Engine(Protocol):
     def cost(self, plan: Plan) -> float:
         """Budget building `plan` for the engine costs now (0 once built)."""
 
+    def forget(self, plan_key: str) -> None:
+        """Drops what was built for the plan (its weights changed)."""
+
 
 class Scorer:
     """Scores plans on the workload's splits.
@@ -86,6 +89,13 @@ class Scorer:
         if all(p == due[k] for p, k in zip(paid, due, strict=True)) and not pre_passes:
             return metrics  # everything it charged is this run's first: the worker's sum stands as it is
         return dataclasses.replace(metrics, prep_cost=metrics.prep_cost - sum(charges.values()) + sum(paid))
+
+    def forget(self, plan_key: str) -> None:
+        """Drops the plan's cached scores (its weights changed: `Evaluator.adopt`)."""
+        for key in [k for k in self._results if k[0] == plan_key]:
+            del self._results[key]
+        if self.engine is not None:
+            self.engine.forget(plan_key)
 
     def evaluate(self, plan: Plan, split: str = Split.VAL, n: int | None = None) -> Metrics:
         """Scores `plan` on the first `n` samples of `split` (all when None).

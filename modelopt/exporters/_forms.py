@@ -27,7 +27,8 @@ class Step:
 def layer_steps(evaluator: Evaluator, plan: Plan, layer: str) -> list[Step]:
     """The layer's forms along its chain: first its float weight at the stored shape (the kept
     channels only, refitted where the plan repairs: `CompressedStates.sliced`), then after each compressor whose
-    choice is not None."""
+    choice is not None, and last, for a reconstructed plan (`Evaluator.adopt`), the weights it was refitted to
+    (same codes' grid, mask and shape; decision "reconstructed")."""
     own = evaluator.states.kept_channels(plan).get(layer)
     rows, cols = evaluator.states.kept_slices(plan).get(layer, (None, None))
     steps = [Step("", None, WeightForm(evaluator.states.sliced(layer, plan)))]
@@ -41,6 +42,14 @@ def layer_steps(evaluator: Evaluator, plan: Plan, layer: str) -> list[Step]:
         n = comp.calibration(choice).layer_inputs
         inputs = evaluator.states.layer_inputs(layer, n, (rows, cols)) if n else None
         steps.append(Step(d.name, choice, comp.pack(steps[-1].form, choice, inputs)))
+    fitted = evaluator.states.fitted(plan)
+    if fitted is not None and layer in fitted.weights:  # reconstructed: the weights the plan was certified with
+        w = fitted.weights[layer]
+        w = w if rows is None else w[rows.to(w.device)]
+        w = w if cols is None else w[:, cols.to(w.device)]
+        last = steps[-1]
+        form = WeightForm(w.to(last.form.weight.dtype), last.form.mask, fitted.integers.get(layer))
+        steps.append(Step("reconstructed", last.choice, form))
     return steps
 
 

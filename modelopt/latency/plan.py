@@ -68,6 +68,13 @@ class PlanLatency:
     def name(self) -> str:
         return self.spec.name(self.device, self.engine.precision(self.evaluator))
 
+    def forget(self, plan_key: str) -> None:
+        """Drops the plan's built graph and its timing (its weights changed: `Evaluator.adopt`)."""
+        self._built.pop(plan_key, None)
+        graph = self._graph_of.pop(plan_key, None)
+        if graph is not None and graph not in self._graph_of.values():
+            self._timed.pop(graph, None)
+
     def compiled(self, plan: Plan) -> Compiled:
         """The plan as the engine runs it (built on first use; the last `KEEP_BUILT` plans are kept).
 

@@ -1,0 +1,79 @@
+"""A plan's reconstructed weights (`modelopt.reconstruct`), as the evaluator adopts them and a run folder keeps them.
+
+Once adopted (`Evaluator.adopt`), a plan scores, deploys and exports with these weights in place of the ones its
+cached per-layer compression gives (`CompressedStates.compressed_weights`, `exporters._forms.layer_steps`), so
+what confirmation and test score is what export writes. Saved as plain tensors (read back with
+`torch.load(weights_only=True)`), so that export, `evaluate RUN_DIR` and `--resume` do not fit again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from modelopt.compressors._packing import Granularity, IntegerWeight
+from modelopt.errors import ConfigError
+
+__all__ = ["FITTED_VERSION", "Fitted"]
+
+FITTED_VERSION = 1
+
+
+@dataclass(frozen=True, eq=False)
+class Fitted:
+    """A plan's reconstructed layers.
+
+    Attributes:
+        plan_key: The plan they belong to (`Plan.key`).
+        weights: Each refitted layer's weight, full shape (structurally removed channels zero).
+        integers: The codes and scales of each quantized one among them, at the stored shape.
+        errors: Each refitted layer's output error on the calibration images relative to the float layer's output,
+            (before, after): the whole record, kept or not.
+        images: Calibration images the refit read.
+        seconds: Wall time of the refit.
+    """
+
+    plan_key: str
+    weights: dict[str, torch.Tensor]
+    integers: dict[str, IntegerWeight]
+    errors: dict[str, tuple[float, float]]
+    images: int
+    seconds: float
+
+    def save(self, path: Path) -> None:
+        """Writes the record as plain tensors and numbers (atomically: a killed write leaves no file)."""
+        doc: dict[str, Any] = {
+            "version": FITTED_VERSION, "plan_key": self.plan_key, "images": self.images, "seconds": self.seconds,
+            "weights": {n: w.detach().cpu() for n, w in self.weights.items()},
+            "integers": {n: {"codes": i.codes.cpu(), "scales": i.scales.cpu(), "bits": i.bits,
+                             "granularity": i.granularity.value, "group_size": i.group_size}
+                         for n, i in self.integers.items()},
+            "errors": {n: list(e) for n, e in self.errors.items()},
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        torch.save(doc, tmp)
+        tmp.replace(path)
+
+    @staticmethod
+    def load(path: Path, device: torch.device | str = "cpu") -> Fitted:
+        """The record `save` wrote; one ConfigError naming the file when it is not one."""
+        try:
+            doc = torch.load(path, map_location=device, weights_only=True)
+            version = int(doc["version"])
+            if version > FITTED_VERSION:
+                raise ConfigError(f"{path}: reconstructed weights of format {version}, written by a newer modelopt "
+                                  f"(this one reads {FITTED_VERSION}); upgrade modelopt to read it")
+            integers = {n: IntegerWeight(d["codes"], d["scales"], int(d["bits"]), Granularity(d["granularity"]),
+                                         int(d["group_size"])) for n, d in doc["integers"].items()}
+            return Fitted(str(doc["plan_key"]), dict(doc["weights"]), integers,
+                          {n: (float(a), float(b)) for n, (a, b) in doc["errors"].items()}, int(doc["images"]),
+                          float(doc["seconds"]))
+        except ConfigError:
+            raise
+        except Exception as exc:  # a torn or foreign file: name it, say what would be right
+            raise ConfigError(f"{path}: not a modelopt reconstruction file ({type(exc).__name__}: {exc}); "
+                              "delete it and the run refits the plan") from None

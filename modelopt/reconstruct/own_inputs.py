@@ -1,0 +1,247 @@
+"""Each layer refitted, in forward order, on what the compressed network feeds it, against the float layer's output.
+
+The per-layer repairs (GPTQ, SparseGPT, the least-squares refit) see the float model's inputs X. In the compressed
+network layer l is fed X_q, which carries every error made before it. With both on the same calibration images
+(rows: images x positions, columns: the weight's fan-in), the weights that best give the float layer's output
+from the compressed input are, in least squares,
+
+    W* = W C H_q^-1,    C = X^T X_q,    H_q = X_q^T X_q,
+
+and ||W' X_q^T - W X^T||^2 = ||(W' - W*) X_q^T||^2 + const, so the plan's codes are then chosen for W* by GPTQ on
+H_q, on the plan's fixed grid and mask (the asymmetric calibration of GPTAQ, Li et al. 2025; OBC's split: layers
+compressed on float inputs to compose plans from, the chosen plan refitted on its own). A pruned layer left in
+float gets W* with its fixed mask by the same column sweep without rounding (the OBS update). Layers are taken in
+the order the network defines them, each pass running both networks up to the layer only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from modelopt.compressors._packing import (
+    SCALE_DTYPE,
+    Granularity,
+    IntegerWeight,
+    code_range,
+    to_scale_dtype,
+)
+from modelopt.compressors.gptq import gptq_round
+from modelopt.model.layer_inputs import UNFOLD_BYTES, LayerInputs, _unfolded_bytes
+
+__all__ = ["Grid", "LayerFit", "Target", "refit_layers"]
+
+DAMP = 0.01  # share of the mean diagonal of H_q added before solving for W* (GPTQ's percdamp)
+
+
+# Each row's scales may be rescaled by one of these before its codes are chosen: the stored bytes are the same,
+# and the scales the layer-wise search picked (by weight error) are not the ones that give the least output error.
+MULTIPLIERS = (0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2)
+
+
+def rescaled(integer: IntegerWeight, m: torch.Tensor) -> IntegerWeight:
+    """`integer` with each row's scales times m[row] (a per-tensor scale: times m[0]), rounded to the stored
+    scale type; the codes are left as they are."""
+    rows = integer.codes.shape[0]
+    if integer.granularity is Granularity.PER_TENSOR:
+        scales = integer.scales.float() * m[0]
+    else:
+        scales = (integer.scales.float().reshape(rows, -1) * m.float().reshape(rows, 1)).reshape(-1)
+    return replace(integer, scales=to_scale_dtype(scales).to(SCALE_DTYPE))
+
+
+def scale_per_weight(integer: IntegerWeight) -> torch.Tensor:
+    """Each stored weight's scale (float32, the codes' shape)."""
+    ones = replace(integer, codes=torch.ones_like(integer.codes))
+    return ones.dequantize()
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A quantized layer's stored form at its stored shape: its scales (rows may be rescaled) and code range."""
+
+    integer: IntegerWeight
+
+    @property
+    def range(self) -> tuple[int, int]:
+        return code_range(self.integer.bits)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One layer to refit: the float weight whose output is the target (full shape), the kept rows and columns
+    of the stored shape (None: all), the mask of stored weights (stored shape; None: dense) and the grid (None:
+    float)."""
+
+    weight: torch.Tensor
+    rows: torch.Tensor | None
+    cols: torch.Tensor | None
+    keep: torch.Tensor | None
+    grid: Grid | None
+
+
+@dataclass(frozen=True)
+class LayerFit:
+    """A refitted layer: its weight at the stored shape (codes times scales, or float) and the output error on the
+    calibration images, relative to the float layer's output energy, before and after."""
+
+    name: str
+    weight: torch.Tensor
+    before: float
+    after: float
+    integer: IntegerWeight | None = None  # the codes and scales `weight` dequantizes from; None: float
+
+
+class _Stop(Exception):
+    """Raised by the capture hook once the layer's input is read: the rest of the network need not run."""
+
+
+def _capture(model: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`module`'s input when `model` runs on `x`, running the model only up to it."""
+    seen: list[torch.Tensor] = []
+
+    def hook(_: nn.Module, inp: tuple[torch.Tensor, ...]) -> None:
+        seen.append(inp[0].detach().float())
+        raise _Stop
+
+    handle = module.register_forward_pre_hook(hook)
+    try:
+        with torch.inference_mode():
+            model(x)
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+    return seen[0]
+
+
+def _rows(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The input as (groups, rows, fan-in) in the weight's column order."""
+    if not isinstance(module, nn.Conv2d):
+        return x.reshape(1, -1, x.shape[-1])
+    cols = F.unfold(x, module.kernel_size, module.dilation, module.padding, module.stride)  # (n, fan_in*g, p)
+    g = module.groups
+    return cols.reshape(cols.shape[0], g, -1, cols.shape[2]).permute(1, 0, 3, 2).reshape(g, -1, cols.shape[1] // g)
+
+
+def paired_moments(float_model: nn.Module, fmodule: nn.Module, model: nn.Module, module: nn.Module,
+                   x: torch.Tensor, batch: int, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(H_q, C) per group, (groups, fan_in, fan_in) in float64: X_q^T X_q and X^T X_q over `x`; and the float
+    output's energy ||W X^T||^2 for the weight rows `w` (groups, rows, fan_in)."""
+    hq: torch.Tensor | None = None
+    c: torch.Tensor | None = None
+    energy = 0.0
+    wt = w.float().transpose(1, 2)
+    step = batch
+    if isinstance(module, nn.Conv2d):
+        per_image = _unfolded_bytes(module, _capture(model, module, x[:1]))
+        step = max(1, min(batch, UNFOLD_BYTES // max(1, 2 * per_image)))
+    for i in range(0, x.shape[0], step):
+        xb = x[i:i + step]
+        rf = _rows(module, _capture(float_model, fmodule, xb))
+        rq = _rows(module, _capture(model, module, xb))
+        h1, c1 = (rq.transpose(1, 2) @ rq).double(), (rf.transpose(1, 2) @ rq).double()
+        hq, c = (h1, c1) if hq is None or c is None else (hq + h1, c + c1)
+        energy += float((rf @ wt.to(rf.device)).double().pow(2).sum())
+    assert hq is not None and c is not None, "at least one image"
+    return hq, c, energy
+
+
+def _solve(w: torch.Tensor, hq: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """W* = W C H_q^-1 per group: w (groups, out, n_float), c (groups, n_float, n), hq (groups, n, n)."""
+    diag = torch.diagonal(hq, dim1=1, dim2=2)
+    damped = hq + torch.diag_embed(DAMP * diag.mean(dim=1, keepdim=True).expand_as(diag) + 1e-12)
+    rhs = w @ c  # (groups, out, n)
+    return torch.linalg.solve(damped, rhs.transpose(1, 2)).transpose(1, 2)
+
+
+def _error(w: torch.Tensor, hq: torch.Tensor, c: torch.Tensor, w_float: torch.Tensor, energy: float) -> float:
+    """||W' X_q^T - W X^T||^2 / ||W X^T||^2 from the moments (`energy`: ||W X^T||^2)."""
+    cross = torch.einsum("goi,gij,goj->", w_float, c, w)
+    quad = torch.einsum("goi,gij,goj->", w, hq, w)
+    return float((quad - 2 * cross + energy) / max(energy, 1e-30))
+
+
+def refit_layers(float_model: nn.Module, model: nn.Module, targets: Mapping[str, Target], x: torch.Tensor,
+                 batch: int = 128, progress: Callable[[str], None] | None = None) -> dict[str, LayerFit]:
+    """Refits each target layer of `model` (names as `model.named_modules()` gives them, taken in that order) on
+    its own inputs and leaves the refitted weight in `model` where it fits better than the one it had.
+    `float_model`: the float network; `x`: prepared calibration images."""
+    fmods, mods = dict(float_model.named_modules()), dict(model.named_modules())
+    out: dict[str, LayerFit] = {}
+    for name in (n for n in mods if n in targets):
+        t, module = targets[name], mods[name]
+        if (t.rows is not None or t.cols is not None) and isinstance(module, nn.Conv2d) and module.groups > 1:
+            continue  # a grouped conv whose groups were cut: its layer-wise solution stays
+        out[name] = _refit(name, t, fmods[name], module, float_model, model, x, batch)
+        if progress:
+            progress(f"{name}: relative output error {out[name].before:.4f} -> {out[name].after:.4f}")
+    return out
+
+
+def _refit(name: str, t: Target, fmodule: nn.Module, module: nn.Module, float_model: nn.Module, model: nn.Module,
+           x: torch.Tensor, batch: int) -> LayerFit:
+    weight = module.get_parameter("weight")
+    g = module.groups if isinstance(module, nn.Conv2d) else 1
+    full = t.weight.detach().double()
+    k = full[0].numel()
+    rows = torch.arange(full.shape[0], device=full.device) if t.rows is None else t.rows.to(full.device)
+    cols = torch.arange(full.shape[1], device=full.device) if t.cols is None else t.cols.to(full.device)
+    kernel = full[0, 0].numel() if full.dim() > 2 else 1
+    col_idx = (cols[:, None] * kernel + torch.arange(kernel, device=full.device)).reshape(-1)
+    w_rows = full.reshape(full.shape[0], k)[rows].reshape(g, -1, k)  # the kept rows' float weights, per group
+    hq, c, energy = paired_moments(float_model, fmodule, model, module, x, batch, w_rows)
+    hq, c = hq[:, col_idx[:, None], col_idx[None, :]], c[:, :, col_idx]
+    stored = (len(rows), len(cols), *full.shape[2:])
+    current = weight.detach().double().reshape(full.shape[0], k)[rows][:, col_idx]
+    before = _error(current.reshape(g, -1, len(col_idx)), hq, c, w_rows, energy)
+    w_star = _solve(w_rows, hq, c).reshape(stored)
+    inputs = LayerInputs(hq, x.shape[0])
+    integer = None
+    if t.grid is None:
+        new = gptq_round(w_star, None, 0, 0, inputs, keep=t.keep)
+    else:
+        integer = _codes(w_star, t.grid, inputs, t.keep)
+        new = integer.dequantize()
+    new = new.reshape(stored).to(weight.dtype)
+    after = _error(new.double().reshape(g, -1, len(col_idx)), hq, c, w_rows, energy)
+    if after >= before:  # the layer-wise solution fits its own inputs at least as well: it stays
+        return LayerFit(name, current.reshape(stored).to(weight.dtype), before, before,
+                        None if t.grid is None else t.grid.integer)
+    placed = weight.detach().clone()
+    placed[rows.to(placed.device)[:, None], cols.to(placed.device)[None, :]] = new.to(placed.device)
+    weight.data = placed
+    return LayerFit(name, new, before, after, integer)
+
+def _codes(w: torch.Tensor, grid: Grid, inputs: LayerInputs, keep: torch.Tensor | None) -> IntegerWeight:
+    """GPTQ's codes for `w` on `grid`, each row's scales rescaled by the multiplier (`MULTIPLIERS`) that gives
+    that row the least output error (one for the whole tensor under a per-tensor scale)."""
+    qmin, qmax = grid.range
+    rows, g = w.shape[0], inputs.groups
+    h = inputs.hessian.reshape(g, -1, inputs.hessian.shape[-1])
+    scales = [scale_per_weight(rescaled(grid.integer, torch.full((rows,), m, device=w.device))) for m in MULTIPLIERS]
+    if g == 1:  # rows are independent given H: every multiplier's rows in one sweep
+        k = len(MULTIPLIERS)
+        reps = (k,) + (1,) * (w.dim() - 1)
+        stacked = gptq_round(w.repeat(reps), torch.cat(scales), qmin, qmax, inputs,
+                             keep=None if keep is None else keep.repeat(reps))
+        all_codes = list(stacked.chunk(k))
+    else:
+        all_codes = [gptq_round(w, sc, qmin, qmax, inputs, keep=keep) for sc in scales]
+    best_err = torch.full((rows,), float("inf"), dtype=torch.float64, device=w.device)
+    best_m = torch.ones(rows, device=w.device)
+    best_codes = grid.integer.codes.clone()
+    for m, scale, codes in zip(MULTIPLIERS, scales, all_codes, strict=True):
+        d = (codes * scale - w).double().reshape(g, rows // g, -1)
+        err = torch.einsum("goi,gij,goj->go", d, h, d).reshape(rows)
+        if grid.integer.granularity is Granularity.PER_TENSOR:
+            err = err.sum().expand(rows)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_m = torch.where(better, torch.full_like(best_m, m), best_m)
+        best_codes[better] = codes.to(torch.int8)[better]
+    return replace(rescaled(grid.integer, best_m), codes=best_codes)
