@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from modelopt.compressors.early_exit.backbone import Backbone
+from modelopt.model.backbone import Backbone
 from modelopt.compressors.early_exit.features import Features
 from modelopt.compressors.early_exit.heads import ExitHead
 from modelopt.compressors.early_exit.policy import ExitPolicy, first_confident

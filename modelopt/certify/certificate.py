@@ -10,6 +10,7 @@ and the sweep tables both call it, so a table reports the plan its run did.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from modelopt.certify.confirm import Confirmation, confirm_plans, finalists
@@ -20,6 +21,7 @@ from modelopt.evaluation.metrics import Metrics
 from modelopt.evaluation.trial import Trial
 from modelopt.latency.plan import PlanLatency
 from modelopt.objective import Objective
+from modelopt.plan.plan import Plan
 
 __all__ = ["Certificate", "certify"]
 
@@ -58,7 +60,7 @@ class Certificate:
 
 
 def certify(evaluator: Evaluator, objective: Objective, trials: list[Trial], latency: PlanLatency | None = None,
-            *, test: bool = True) -> Certificate:
+            *, test: bool = True, refit: Callable[[Plan], object] | None = None) -> Certificate:
     """The plan a run of `trials` may report, confirmed, checked as deployed, and scored on test.
 
     Args:
@@ -69,6 +71,8 @@ def certify(evaluator: Evaluator, objective: Objective, trials: list[Trial], lat
             and, where its answers differ, the next confirmed plan is (`check_deployed`). None: not checked.
         test: score the reported plans on the test split (False: choose only, as a sweep table does for the
             budgets below a run's own).
+        refit: reconstructs each finalist before it is confirmed (`modelopt.reconstruct.store.Refits`; None: the
+            plans are confirmed as the search composed them).
 
     Example:
         >>> cert = certify(ev, Objective("size", 0.99, 0.95), trials)
@@ -76,7 +80,7 @@ def certify(evaluator: Evaluator, objective: Objective, trials: list[Trial], lat
     """
     anchor_keys = [p.key for p in objective.anchors(evaluator.space)] if objective.confidence > 0 else []
     final = finalists(trials, objective, anchor_keys)
-    confirmation = confirm_plans(evaluator, objective, list(final.candidates), final.anchors, trials)
+    confirmation = confirm_plans(evaluator, objective, list(final.candidates), final.anchors, trials, refit)
     # With a confirm split the reported best is the smallest plan it confirmed; without one (or with one too
     # small to certify the floor), the search's best on the val bound, unconfirmed.
     best = confirmation.best if confirmation.usable else final.search_best

@@ -18,7 +18,7 @@ the number of finalists, and the reported best is the smallest plan confirmed.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -39,6 +39,7 @@ from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.metrics import Metrics
 from modelopt.evaluation.trial import Trial
 from modelopt.objective import Objective, best_of, pareto_front
+from modelopt.plan.plan import Plan
 
 __all__ = ["Confirmation", "Finalists", "confirm_plans", "finalists"]
 
@@ -119,6 +120,9 @@ class Confirmation:
     floor: float = 0.0
     chances: tuple[float, ...] = ()  # each tested finalist's predicted chance to pass, from val
     verdicts: tuple[bool, ...] = ()  # each tested finalist's: confirmed or not
+    # Each tested finalist's confirm metrics as the search composed it, before it was reconstructed and confirmed
+    # (None: not reconstructed; its `finalists` metrics are then the composed plan's own).
+    before: tuple[Metrics | None, ...] = ()
 
     @property
     def usable(self) -> bool:
@@ -127,7 +131,8 @@ class Confirmation:
 
 
 def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
-            anchors: Sequence[Trial] = (), population: Sequence[Trial] = ()) -> Confirmation:
+                  anchors: Sequence[Trial] = (), population: Sequence[Trial] = (),
+                  refit: Callable[[Plan], object] | None = None) -> Confirmation:
     """Re-scores finalists on the confirm split and confirms them in two fixed sequences planned on val.
 
     Args:
@@ -139,6 +144,9 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
         population: every trial of the run; with three or more scored on all of val, each finalist's share
             of broken answers is shrunk toward theirs (`LossShare`) before its chance to pass is predicted,
             in place of a fixed selection shift.
+        refit: reconstructs a plan and makes the evaluator run it so (`modelopt.reconstruct.store.Refits`), called
+            on each finalist before it is confirmed: what is confirmed is what is then tested and exported. The
+            composed plan is scored on confirm first, for the record only (`Confirmation.before`).
 
     Example:
         >>> c = confirm_plans(ev, Objective("size", 0.99, 0.95), finalists, anchors)
@@ -160,9 +168,14 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
     chains = _chains(unique, candidates, anchor_keys)
     flat = [t for chain in chains for t in chain]
     scored: dict[int, Metrics] = {}
+    before: dict[int, Metrics] = {}
 
     def passes(i: int, level: float) -> bool:
         if i not in scored:
+            if refit is not None and evaluator.states.fitted(flat[i].plan) is None:
+                composed = evaluator.scorer.evaluate(flat[i].plan, split=Split.CONFIRM)
+                if refit(flat[i].plan) is not None:
+                    before[i] = composed
             scored[i] = evaluator.scorer.evaluate(flat[i].plan, split=Split.CONFIRM)
         if objective.confidence <= 0:
             return objective.meets_floor(scored[i])
@@ -178,7 +191,7 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
                default=None)
     return Confirmation(Split.CONFIRM, tuple((flat[i], scored[i]) for i in tested), len(held), best, ceiling,
                         objective.min_retention, tuple(candidates[flat[i].plan.key].chance for i in tested),
-                        tuple(verdict[i] for i in tested))
+                        tuple(verdict[i] for i in tested), tuple(before.get(i) for i in tested))
 
 
 def _chains(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[str]) -> list[list[Trial]]:

@@ -117,6 +117,16 @@ def _csv(value: str, cast: Callable[[str], Any], what: str) -> list[Any]:
     return items
 
 
+def _on_off(value: str, flag: str) -> bool:
+    """`on` / `off` (or true / false) as a bool; one ConfigError naming the flag otherwise."""
+    word = value.strip().lower()
+    if word in ("on", "true", "yes", "1"):
+        return True
+    if word in ("off", "false", "no", "0"):
+        return False
+    raise ConfigError(f"{flag} takes on or off, got {value!r}")
+
+
 def _run_json(result: Any) -> dict[str, Any]:
     """The run's headline as one JSON object (`--json`): the best plan's figures as summary.json has them."""
     s, best = result.summary, result.summary.best
@@ -164,6 +174,7 @@ def optimize(
     min_retention: opt.MinRetention = None,
     confidence: opt.Confidence = None,
     count_gains: opt.CountGains = None,
+    reconstruct: opt.Reconstruct = None,
     seed: opt.Seed = None,
     compressors: opt.Compressors = None,
     device: opt.Device = None,
@@ -190,6 +201,7 @@ def optimize(
         latency=latency, compressors=None if compressors is None else _csv(compressors, str, "compressors"),
         resize=resize, crop=crop, interpolation=interpolation,
         mean=None if mean is None else _csv(mean, float, "mean"), std=None if std is None else _csv(std, float, "std"),
+        reconstruct=None if reconstruct is None else _on_off(reconstruct, "--reconstruct"),
     )
     given = {k: v for k, v in given.items() if v is not None}
     if latency is not None and latency.lower() == "none":

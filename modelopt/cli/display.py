@@ -99,6 +99,8 @@ def print_run(out: Console, result: RunResult) -> None:
         out.print(f"The search's own pick on val, trial {sb.number} ({sb.scored.compression:.2f}x), is not the "
                   f"reported plan: that is the smallest of the {confirmation.confirmed} finalists confirmed "
                   f"(of {len(confirmation.finalists)} tested on the confirm split).")
+    if rebuilt := _reconstruction_text(s):
+        out.print(rebuilt, highlight=False)
     out.print(_plan_table(result.best.plan))
     if prep := _preparation_text(s.preparation):
         out.print(f"Preparation: {prep}", highlight=False)
@@ -118,7 +120,20 @@ def _exits_table(s: RunSummary) -> Table:
     return table
 
 
-_PREP_NAMES = {"layer_inputs": "layer inputs (GPTQ)", "choice_tensors": "every choice's tensors",
+def _reconstruction_text(s: RunSummary) -> str:
+    """The finalists reconstructed before confirmation: answers changed on confirm as composed and as confirmed."""
+    rebuilt = [f for f in s.confirmation.finalists if f.composed is not None and f.confirm is not None]
+    if not rebuilt:
+        return ""
+    parts = [f"trial {f.trial} {1 - f.composed.metrics.agreement:.2%} -> {1 - f.confirm.metrics.agreement:.2%}"
+             + ("" if f.confirmed else " (not confirmed)")
+             for f in rebuilt if f.composed is not None and f.confirm is not None]
+    return ("Reconstructed before confirmation (answers changed on confirm, as composed -> as confirmed): "
+            + ", ".join(parts))
+
+
+_PREP_NAMES = {"layer_inputs": "layer inputs (GPTQ)", "reconstruct": "reconstruction of the finalists",
+               "choice_tensors": "every choice's tensors",
                "fisher": "gradient sensitivities", "norm_reference": "batch-norm reference",
                "exit_heads": "exit heads"}
 

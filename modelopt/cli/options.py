@@ -55,6 +55,13 @@ CountGains = Annotated[
         "bounds the stricter share of the float model's right answers kept.",
     ),
 ]
+Reconstruct = Annotated[
+    str | None,
+    typer.Option(
+        help="on (default): refit each plan that goes to confirmation on its own compressed inputs before it is "
+        "confirmed, tested and exported; off: certify the plans as the search composed them.",
+    ),
+]
 Unlabeled = Annotated[
     Path | None,
     typer.Option(

@@ -48,7 +48,7 @@ CONFIG_FORMAT = 2
 # The settings a resumed run must share with the run it continues (a changed one is refused).
 RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "confidence",
                "count_gains", "compressors", "data_seed", "fidelity", "unlabeled", "resize", "crop", "interpolation",
-               "mean", "std")
+               "mean", "std", "reconstruct")
 # What a run's settings say before its model and data load (the rest is resolved against them).
 SETTLED_RESUME_KEYS = ("strategy", "seed", "objective", "min_retention", "confidence", "count_gains", "data_seed",
                        "resize", "crop", "interpolation", "mean", "std")
@@ -105,6 +105,8 @@ class RunConfig:
             `workers` plans one after another, the same trials Ray gives).
         knowledge: a knowledge store (`modelopt.knowledge`) the run warm-starts its priors from and
             adds what it learned to; None: neither.
+        reconstruct: refit every plan that goes to confirmation on its own compressed inputs before it is
+            confirmed, tested and exported (`modelopt.reconstruct`); a run.json without the field ran without.
     """
 
     model: str = "cifar10_resnet20"
@@ -135,6 +137,7 @@ class RunConfig:
     workers: int = 1
     ray_address: str | None = None
     knowledge: str | None = None
+    reconstruct: bool = True
 
     def __post_init__(self) -> None:
         for name in ("model", "data", "device", "strategy"):
@@ -145,6 +148,8 @@ class RunConfig:
                 object.__setattr__(self, name, str(getattr(self, name)))
         check_seed(self.seed)
         check_seed(self.data_seed)
+        if not isinstance(self.reconstruct, bool):
+            raise ConfigError(f"reconstruct must be true or false (on or off), got {self.reconstruct!r}")
         prep = self.preprocess  # a bad --resize, --crop, --mean or --std: one line, before anything loads
         object.__setattr__(self, "mean", prep.mean)
         object.__setattr__(self, "std", prep.std)
@@ -279,7 +284,7 @@ class RunConfig:
             "latency": None if self.latency is None else dataclasses.asdict(self.latency),
             **self.fingerprints, "budget": float(self.budget), "version": __version__,
             "executor": self.executor, "workers": self.workers, "ray_address": self.ray_address,
-            "knowledge": self.knowledge,
+            "knowledge": self.knowledge, "reconstruct": self.reconstruct,
         }
         if comps is None:
             out["options"] = {n: dict(o) for n, o in self.options.items()}
@@ -370,10 +375,10 @@ def objective_from_json(raw: Mapping[str, Any]) -> Objective:
 
 # What a run.json without a field ran with (the field came later): point estimates, every plan
 # scored on the whole val split, a bound on breaks only.
-_BEFORE: dict[str, Any] = {"confidence": 0.0, "fidelity": None, "count_gains": False}
+_BEFORE: dict[str, Any] = {"confidence": 0.0, "fidelity": None, "count_gains": False, "reconstruct": False}
 _SCALARS = ("model", "weights", "data", "data_seed", "strategy", "seed", "budget", "objective", "min_retention",
             "confidence", "count_gains", "unlabeled", "resize", "crop", "interpolation", "mean", "std", "device",
-            "executor", "workers", "ray_address", "knowledge")
+            "executor", "workers", "ray_address", "knowledge", "reconstruct")
 
 
 def _fidelity_args(raw: Mapping[str, Any]) -> dict[str, Any]:

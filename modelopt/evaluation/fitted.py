@@ -74,6 +74,7 @@ class Fitted:
                           float(doc["seconds"]))
         except ConfigError:
             raise
-        except Exception as exc:  # a torn or foreign file: name it, say what would be right
+        except (OSError, RuntimeError, KeyError, TypeError, ValueError, AttributeError, EOFError) as exc:
+            # a torn or foreign file: name it, say what would be right
             raise ConfigError(f"{path}: not a modelopt reconstruction file ({type(exc).__name__}: {exc}); "
                               "delete it and the run refits the plan") from None

@@ -16,7 +16,7 @@ the order the network defines them, each pass running both networks up to the la
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 import torch
@@ -31,10 +31,15 @@ from modelopt.compressors._packing import (
     to_scale_dtype,
 )
 from modelopt.compressors.gptq import gptq_round
+from modelopt.errors import ConfigError
+from modelopt.model.backbone import split_backbone
 from modelopt.model.layer_inputs import UNFOLD_BYTES, LayerInputs, _unfolded_bytes
 
 __all__ = ["Grid", "LayerFit", "Target", "refit_layers"]
 
+# A conv's moments are summed over at most about this many rows per column of its fan-in (output positions taken
+# evenly): GPTQ's own calibration has 64 per column; every position of a CIFAR image would be thousands.
+ROWS_PER_INPUT = 256
 DAMP = 0.01  # share of the mean diagonal of H_q added before solving for W* (GPTQ's percdamp)
 
 
@@ -119,31 +124,40 @@ def _capture(model: nn.Module, module: nn.Module, x: torch.Tensor) -> torch.Tens
     return seen[0]
 
 
-def _rows(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The input as (groups, rows, fan-in) in the weight's column order."""
+def _rows(module: nn.Module, x: torch.Tensor, stride: int = 1) -> torch.Tensor:
+    """The input as (groups, rows, fan-in) in the weight's column order; a conv's output positions taken every
+    `stride`-th (the same positions for every input of the same shape)."""
     if not isinstance(module, nn.Conv2d):
         return x.reshape(1, -1, x.shape[-1])
+    if isinstance(module.padding, str):  # unfold takes numbers; a conv built with padding="same"/"valid"
+        raise ConfigError(f"reconstruction needs a conv's padding as numbers; this one has padding={module.padding!r}")
     cols = F.unfold(x, module.kernel_size, module.dilation, module.padding, module.stride)  # (n, fan_in*g, p)
+    cols = cols[:, :, ::stride]
     g = module.groups
     return cols.reshape(cols.shape[0], g, -1, cols.shape[2]).permute(1, 0, 3, 2).reshape(g, -1, cols.shape[1] // g)
 
 
-def paired_moments(float_model: nn.Module, fmodule: nn.Module, model: nn.Module, module: nn.Module,
-                   x: torch.Tensor, batch: int, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """(H_q, C) per group, (groups, fan_in, fan_in) in float64: X_q^T X_q and X^T X_q over `x`; and the float
-    output's energy ||W X^T||^2 for the weight rows `w` (groups, rows, fan_in)."""
+def paired_moments(floats: tuple[nn.Module, nn.Module, torch.Tensor], owns: tuple[nn.Module, nn.Module, torch.Tensor],
+                   batch: int, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(H_q, C) per group, (groups, fan_in, fan_in) in float64: X_q^T X_q and X^T X_q, the layer's inputs when
+    each network (float, own) runs its unit on its input; and the float output's energy ||W X^T||^2 for the
+    weight rows `w` (groups, rows, fan_in)."""
+    float_model, fmodule, xf = floats
+    model, module, x = owns
     hq: torch.Tensor | None = None
     c: torch.Tensor | None = None
     energy = 0.0
     wt = w.float().transpose(1, 2)
-    step = batch
+    step, stride = batch, 1
     if isinstance(module, nn.Conv2d):
-        per_image = _unfolded_bytes(module, _capture(model, module, x[:1]))
+        one = _capture(model, module, x[:1])
+        per_image = _unfolded_bytes(module, one)
         step = max(1, min(batch, UNFOLD_BYTES // max(1, 2 * per_image)))
+        positions = per_image // (4 * max(1, w.shape[-1] * w.shape[0]))  # output positions per image
+        stride = max(1, (x.shape[0] * positions) // (ROWS_PER_INPUT * w.shape[-1]))
     for i in range(0, x.shape[0], step):
-        xb = x[i:i + step]
-        rf = _rows(module, _capture(float_model, fmodule, xb))
-        rq = _rows(module, _capture(model, module, xb))
+        rf = _rows(module, _capture(float_model, fmodule, xf[i:i + step]), stride)
+        rq = _rows(module, _capture(model, module, x[i:i + step]), stride)
         h1, c1 = (rq.transpose(1, 2) @ rq).double(), (rf.transpose(1, 2) @ rq).double()
         hq, c = (h1, c1) if hq is None or c is None else (hq + h1, c + c1)
         energy += float((rf @ wt.to(rf.device)).double().pow(2).sum())
@@ -168,23 +182,58 @@ def _error(w: torch.Tensor, hq: torch.Tensor, c: torch.Tensor, w_float: torch.Te
 
 def refit_layers(float_model: nn.Module, model: nn.Module, targets: Mapping[str, Target], x: torch.Tensor,
                  batch: int = 128, progress: Callable[[str], None] | None = None) -> dict[str, LayerFit]:
-    """Refits each target layer of `model` (names as `model.named_modules()` gives them, taken in that order) on
-    its own inputs and leaves the refitted weight in `model` where it fits better than the one it had.
-    `float_model`: the float network; `x`: prepared calibration images."""
-    fmods, mods = dict(float_model.named_modules()), dict(model.named_modules())
+    """Refits each target layer of `model` on its own inputs, in forward order, and leaves the refitted weight in
+    `model` where it fits better than the one it had. `float_model`: the float network; `x`: prepared calibration
+    images.
+
+    The network is walked unit by unit (`modelopt.model.backbone`: stem, each block, tail), both networks' unit
+    inputs held, so a layer's inputs cost one pass of its unit; a network that cannot be cut is run whole per layer.
+    """
     out: dict[str, LayerFit] = {}
-    for name in (n for n in mods if n in targets):
-        t, module = targets[name], mods[name]
-        if (t.rows is not None or t.cols is not None) and isinstance(module, nn.Conv2d) and module.groups > 1:
-            continue  # a grouped conv whose groups were cut: its layer-wise solution stays
-        out[name] = _refit(name, t, fmods[name], module, float_model, model, x, batch)
-        if progress:
-            progress(f"{name}: relative output error {out[name].before:.4f} -> {out[name].after:.4f}")
+    for unit, funit, xq, xf in _units(float_model, model, x, batch):
+        fmods = {id(m): fm for m, fm in zip(unit.modules(), funit.modules(), strict=True)}
+        names = {id(m): n for n, m in model.named_modules()}
+        for module in unit.modules():
+            name = names.get(id(module), "")
+            if name not in targets or name in out:
+                continue
+            t = targets[name]
+            if (t.rows is not None or t.cols is not None) and isinstance(module, nn.Conv2d) and module.groups > 1:
+                continue  # a grouped conv whose groups were cut: its layer-wise solution stays
+            out[name] = _refit(name, t, (funit, fmods[id(module)], xf), (unit, module, xq), batch)
+            if progress:
+                progress(f"{name}: relative output error {out[name].before:.4f} -> {out[name].after:.4f}")
     return out
 
 
-def _refit(name: str, t: Target, fmodule: nn.Module, module: nn.Module, float_model: nn.Module, model: nn.Module,
-           x: torch.Tensor, batch: int) -> LayerFit:
+def _units(float_model: nn.Module, model: nn.Module, x: torch.Tensor, batch: int
+           ) -> Iterator[tuple[nn.Module, nn.Module, torch.Tensor, torch.Tensor]]:
+    """(unit, float unit, its input in the compressed network, in the float network) in forward order; a unit's
+    input is computed after the units before it were refitted."""
+    size = (int(x.shape[-2]), int(x.shape[-1])) if x.dim() == 4 else (1, 1)
+    try:
+        cut, fcut = split_backbone(model, size), split_backbone(float_model, size)
+    except (ConfigError, ValueError):
+        yield model, float_model, x, x
+        return
+    pairs = [(cut.stem, fcut.stem), *zip((b for _, b in cut.blocks), (b for _, b in fcut.blocks), strict=True),
+             (cut.tail, fcut.tail)]
+    xq = xf = x
+    for unit, funit in pairs:
+        yield unit, funit, xq, xf
+        xq, xf = _outputs(unit, xq, batch), _outputs(funit, xf, batch)
+
+
+def _outputs(unit: nn.Module, x: torch.Tensor, batch: int) -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.cat([unit(x[i:i + batch]) for i in range(0, x.shape[0], batch)])
+
+
+def _refit(name: str, t: Target, floats: tuple[nn.Module, nn.Module, torch.Tensor],
+           owns: tuple[nn.Module, nn.Module, torch.Tensor], batch: int) -> LayerFit:
+    """One layer refitted: `floats` and `owns` are (unit, the layer in it, the unit's input) of each network."""
+    float_model, fmodule, xf = floats
+    model, module, x = owns
     weight = module.get_parameter("weight")
     g = module.groups if isinstance(module, nn.Conv2d) else 1
     full = t.weight.detach().double()
@@ -194,7 +243,7 @@ def _refit(name: str, t: Target, fmodule: nn.Module, module: nn.Module, float_mo
     kernel = full[0, 0].numel() if full.dim() > 2 else 1
     col_idx = (cols[:, None] * kernel + torch.arange(kernel, device=full.device)).reshape(-1)
     w_rows = full.reshape(full.shape[0], k)[rows].reshape(g, -1, k)  # the kept rows' float weights, per group
-    hq, c, energy = paired_moments(float_model, fmodule, model, module, x, batch, w_rows)
+    hq, c, energy = paired_moments((float_model, fmodule, xf), (model, module, x), batch, w_rows)
     hq, c = hq[:, col_idx[:, None], col_idx[None, :]], c[:, :, col_idx]
     stored = (len(rows), len(cols), *full.shape[2:])
     current = weight.detach().double().reshape(full.shape[0], k)[rows][:, col_idx]

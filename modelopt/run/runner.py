@@ -31,6 +31,7 @@ from modelopt.executors.scoring import failure_text, free_cuda_memory
 from modelopt.latency.plan import PlanLatency
 from modelopt.objective import Objective, Target, best_of
 from modelopt.plan.plan import Plan
+from modelopt.reconstruct.store import Refits
 from modelopt.run.exit_pattern import exit_pattern
 from modelopt.run.journal import Journal, Record, write_json_atomic
 from modelopt.run.layout import BEST_PLAN, CONFIG, JOURNAL, STATE, STATE_NEXT, SUMMARY
@@ -365,7 +366,10 @@ class Runner:
     # ---- the end: re-score on test, write the run folder ----------------------------------
 
     def _finish(self, search_wall: float) -> RunResult:
-        cert = certify(self.evaluator, self.objective, self.trials, self.latency)
+        refit = None
+        if self.config.reconstruct:
+            refit = Refits(self.evaluator, self.run_dir, progress=self.console.print if self.progress else None)
+        cert = certify(self.evaluator, self.objective, self.trials, self.latency, refit=refit)
         best, search_best, front, confirmation = cert.best, cert.search_best, list(cert.front), cert.confirmation
         assert cert.test is not None  # certify scores test unless told not to
         to_score, test_metrics = cert.reported, dict(cert.test)

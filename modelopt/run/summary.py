@@ -107,15 +107,23 @@ class Finalist:
     confirmed: bool
     pass_chance: float | None = None
     confirm: Scores | None = None
+    # The plan as the search composed it, on the same confirm images, when it was reconstructed before its
+    # confirmation (`modelopt.reconstruct`); None: not reconstructed (`confirm` is then the composed plan's).
+    composed: Scores | None = None
+
+    @property
+    def reconstructed(self) -> bool:
+        return self.composed is not None
 
     def to_json(self) -> dict[str, Any]:
         return {"trial": self.trial, "plan_key": self.plan_key, "confirmed": self.confirmed,
-                "pass_chance": self.pass_chance, Split.CONFIRM: _json(self.confirm)}
+                "pass_chance": self.pass_chance, Split.CONFIRM: _json(self.confirm),
+                "composed": _json(self.composed)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Finalist:
         return cls(int(d["trial"]), str(d["plan_key"]), bool(d.get("confirmed", False)), _float(d.get("pass_chance")),
-                   Scores.from_json(d.get(Split.CONFIRM)))
+                   Scores.from_json(d.get(Split.CONFIRM)), Scores.from_json(d.get("composed")))
 
 
 @dataclass(frozen=True)
@@ -338,7 +346,8 @@ def summarize(
 
     finalists = tuple(
         Finalist(t.number, t.plan.key, confirmation.verdicts[i],
-                 confirmation.chances[i] if i < len(confirmation.chances) else None, scores(m))
+                 confirmation.chances[i] if i < len(confirmation.chances) else None, scores(m),
+                 scores(confirmation.before[i]) if i < len(confirmation.before) else None)
         for i, (t, m) in enumerate(confirmation.finalists))
     splits = (Split.VAL, Split.CONFIRM, Split.TEST) if Split.CONFIRM in wl.splits else (Split.VAL, Split.TEST)
     return RunSummary(

@@ -4,7 +4,8 @@
 - `routing.py`: the plugin inside the evaluator: a plan's exits, their heads, priors, packing.
 - `runtime.py`: where the candidate exits sit, fitting their heads, reading them during a plan's pass.
 - `policy.py`: a plan's exits and thresholds, and the rule that decides where each sample leaves.
-- `backbone.py`, `chain.py`: cut a model into stem, blocks (the candidate exit points) and tail; MACs per point.
+- the cut into stem, blocks (the candidate exit points) and tail: `modelopt.model.backbone` (shared with
+  reconstruction).
 - `heads.py`: pooled-feature heads (linear or one hidden layer), saved as plain tensors.
 - `features.py`: one backbone pass keeping every exit point's pooled features.
 - `fit.py`: label-free L-BFGS fitting to the full model's predictions; temperature.

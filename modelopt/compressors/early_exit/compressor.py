@@ -45,12 +45,12 @@ from modelopt.compressors._packing import Storage
 from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors._routing import Routes
 from modelopt.compressors._surface import Cell, ReportColumn
-from modelopt.compressors.early_exit.backbone import exit_layers, split_backbone
 from modelopt.compressors.early_exit.options import EarlyExitOptions
 from modelopt.compressors.early_exit.pools import load_exit_images
 from modelopt.compressors.early_exit.routing import ExitRouting, with_exits
 from modelopt.compressors.early_exit.runtime import RuntimeConfig
 from modelopt.errors import ConfigError
+from modelopt.model.backbone import exit_layers, split_backbone
 from modelopt.model.layers import Layer, LayerKind
 from modelopt.model.workload import Workload
 

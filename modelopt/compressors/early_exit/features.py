@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from modelopt.compressors.early_exit.backbone import Backbone
 from modelopt.compressors.early_exit.heads import HeadSpec, pool_features
+from modelopt.model.backbone import Backbone
 from modelopt.model.images import Images
 
 __all__ = ["Features", "extract_features"]

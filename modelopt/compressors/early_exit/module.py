@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modelopt.compressors.early_exit.backbone import Backbone
 from modelopt.compressors.early_exit.heads import ExitHead, HeadSpec, pool_features
 from modelopt.compressors.early_exit.policy import ExitPolicy
 from modelopt.errors import ConfigError
+from modelopt.model.backbone import Backbone
 
 __all__ = ["EarlyExitNet", "HeadModule"]
 

@@ -17,13 +17,13 @@ from torch import nn
 
 from modelopt.compressors._base import Choice
 from modelopt.compressors._routing import ExitTap, Forward, Route, Routing
-from modelopt.compressors.early_exit.backbone import split_backbone
 from modelopt.compressors.early_exit.heads import ExitHead, HeadSpec
 from modelopt.compressors.early_exit.module import EarlyExitNet, HeadModule
 from modelopt.compressors.early_exit.policy import ExitPolicy
 from modelopt.compressors.early_exit.runtime import ExitLayout, ExitProbe, decide, exit_layout, fit_heads
 from modelopt.data.split import Split
 from modelopt.errors import ConfigError, LoadError, TrialError
+from modelopt.model.backbone import split_backbone
 from modelopt.model.images import Images
 from modelopt.model.workload import Workload
 

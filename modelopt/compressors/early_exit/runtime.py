@@ -28,12 +28,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from modelopt.compressors.early_exit.backbone import Backbone, exit_layers, split_backbone
 from modelopt.compressors.early_exit.features import Features, extract_features
 from modelopt.compressors.early_exit.fit import FitConfig, fit_exit_heads
 from modelopt.compressors.early_exit.heads import ExitHead, HeadSpec
 from modelopt.compressors.early_exit.policy import ExitPolicy, first_confident
 from modelopt.errors import ConfigError
+from modelopt.model.backbone import Backbone, exit_layers, split_backbone
 from modelopt.model.images import Images
 
 __all__ = ["ExitLayout", "ExitProbe", "RuntimeConfig", "decide", "exit_layout", "fit_heads"]

@@ -16,10 +16,10 @@ def _one_thread():
 @pytest.fixture(scope="package")
 def r20():
     """(loaded model, backbone, calib features, val features) on 160 + 96 bundled images."""
-    from modelopt.compressors.early_exit.backbone import split_backbone
     from modelopt.compressors.early_exit.features import extract_features
     from modelopt.compressors.early_exit.heads import HeadSpec
     from modelopt.data.dataset import load_data
+    from modelopt.model.backbone import split_backbone
     from modelopt.model.loader import load_model
 
     torch.set_num_threads(1)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modelopt.compressors.early_exit.backbone import split_backbone
 from modelopt.errors import ConfigError
+from modelopt.model.backbone import split_backbone
 from modelopt.model.layers import discover_layers
 
 

@@ -8,11 +8,11 @@ import torch
 import yaml
 
 from modelopt.compressors import COMPRESSORS, Quantize, Storage
-from modelopt.compressors.early_exit.backbone import split_backbone
 from modelopt.compressors.early_exit.compressor import EarlyExit, ExitChoice, exit_layers
 from modelopt.compressors.early_exit.heads import HeadSpec
 from modelopt.compressors.early_exit.runtime import ExitLayout
 from modelopt.errors import ConfigError
+from modelopt.model.backbone import split_backbone
 from modelopt.model.layers import discover_layers
 from modelopt.model.loader import load_model
 from modelopt.plan.space import SearchSpace

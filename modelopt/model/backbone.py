@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modelopt.compressors.early_exit.chain import Chain, NotAChain, trace_chain
 from modelopt.errors import ConfigError
+from modelopt.model.chain import Chain, NotAChain, trace_chain
 from modelopt.model.layers import discover_layers
 
 __all__ = ["Backbone", "ExitPoint", "exit_layers", "split_backbone"]

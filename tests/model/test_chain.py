@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from modelopt.compressors.early_exit.backbone import exit_layers, split_backbone
 from modelopt.errors import ConfigError
+from modelopt.model.backbone import exit_layers, split_backbone
 from modelopt.model.layers import discover_layers
 
 torchvision = pytest.importorskip("torchvision")
