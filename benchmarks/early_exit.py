@@ -56,11 +56,11 @@ from exit_simulate import assign_exits, exit_table, simulate  # this folder's si
 from exit_thresholds import ChooserConfig, choose_thresholds
 
 from modelopt.api import build_workload
-from modelopt.model.backbone import split_backbone
 from modelopt.compressors.early_exit.features import Features, extract_features
 from modelopt.compressors.early_exit.fit import FitConfig, fit_exit_heads
 from modelopt.compressors.early_exit.heads import HeadSpec
 from modelopt.compressors.early_exit.module import EarlyExitNet
+from modelopt.model.backbone import split_backbone
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 DATA = SHARED / "data" / "cifar10"

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
-from modelopt.model.backbone import Backbone
 from modelopt.compressors.early_exit.features import Features
 from modelopt.compressors.early_exit.heads import ExitHead
 from modelopt.compressors.early_exit.policy import ExitPolicy, first_confident
 from modelopt.errors import ConfigError
+from modelopt.model.backbone import Backbone
 
 __all__ = ["NEVER", "ExitMetrics", "ExitTable", "assign_exits", "exit_table", "simulate"]
 

@@ -27,6 +27,7 @@ from modelopt.model.loader import LoadedModel, load_model, read_with
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace, read_plan_file
+from modelopt.reconstruct.store import Refits
 from modelopt.reports import write_report
 from modelopt.run.export import resolve
 from modelopt.run.layout import CONFIG
@@ -115,6 +116,7 @@ def evaluate(
     interpolation: str | None = None,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
+    reconstruct: bool | None = None,
     **settings: Any,
 ) -> Metrics:
     """Scores one plan on one split.
@@ -130,6 +132,9 @@ def evaluate(
             `modelopt.data.preprocess`). Without them, a torchvision or timm model with weights reads images as
             its authors did (its weights enum's transforms, its pretrained config).
         mean, std: per-channel normalisation in place of the model's own.
+        reconstruct: refit the plan on its own compressed inputs before scoring it, as `optimize` does before
+            confirmation (`modelopt.reconstruct`; default True); with `run`, the run's plan is scored as the run
+            certified it (reconstructed when the run reconstructed it) and this may not be given.
         run: a run folder: its model, data, splits and compressors exactly as the run had them (its run.json);
             `model`, `data`, `weights`, `unlabeled`, `compressors` and settings are then not given.
         weights: checkpoint for `model`.
@@ -152,7 +157,8 @@ def evaluate(
                                       ("resize", resize is not None), ("crop", crop is not None),
                                       ("interpolation", interpolation is not None),
                                       ("mean", mean is not None), ("std", std is not None),
-                                      ("compressors", compressors is not None), ("settings", bool(settings))) if v]
+                                      ("compressors", compressors is not None), ("settings", bool(settings)),
+                                      ("reconstruct", reconstruct is not None)) if v]
         if given:
             raise ConfigError(f"evaluate --run rebuilds the model, data and compressors from {run}/{CONFIG}; leave "
                               f"out {', '.join(given)}")
@@ -171,7 +177,10 @@ def evaluate(
         compressors = sorted({n for t in ("size", "macs") for n in default_compressors(t, wl.model)})
     space = SearchSpace(wl.layers, build_compressors(compressors, settled.options, model=wl.model))
     check_scores(wl, split)  # 0 of N right: retention would read nan
-    return Evaluator(wl, space).scorer.evaluate(resolve_plan(plan, space), split=split)
+    evaluator, chosen = Evaluator(wl, space), resolve_plan(plan, space)
+    if settled.replace(**({} if reconstruct is None else {"reconstruct": reconstruct})).reconstruct:
+        Refits(evaluator)(chosen)
+    return evaluator.scorer.evaluate(chosen, split=split)
 
 
 def default_run_dir(model_name: str, strategy: str, seed: int) -> Path:

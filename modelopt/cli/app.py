@@ -265,17 +265,22 @@ def evaluate(
     interpolation: opt.Interpolation = None,
     mean: opt.Mean = None,
     std: opt.Std = None,
+    reconstruct: opt.Reconstruct = None,
     *,
     settings: dict[str, Any],
 ) -> None:
     """Score one plan on one split: accuracy, retention, agreement, size, compression, bitops. A compressor's
-    settings (e.g. --rounding nearest) are what plan entries that name none get.
+    settings (e.g. --rounding nearest) are what plan entries that name none get. A plan file's plan is
+    reconstructed on its own inputs first, as `optimize` does before confirmation (--reconstruct off: as composed);
+    a run's plan is scored as the run certified it.
 
     `modelopt evaluate RUN_DIR --split test` scores the run's reported plan on the run's own test images (`--plan
     N`: its trial N)."""
     _setup_logging(False)
     names = _csv(compressors, str, "compressors") if compressors is not None else None
     means, stds = (None if v is None else _csv(v, float, k) for k, v in (("mean", mean), ("std", std)))
+    if reconstruct is not None:
+        settings = {**settings, "reconstruct": _on_off(reconstruct, "--reconstruct")}
     if run_dir is not None:
         chosen: str | int | None = int(plan) if plan is not None and plan.isdigit() else plan
         m = api.evaluate(model, chosen, data, weights=weights, split=split, device=device, allow_pickle=allow_pickle,

@@ -26,6 +26,7 @@ from modelopt.exporters.packed import export_packed
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace, read_plan_file
+from modelopt.reconstruct.store import Refits
 from modelopt.run.journal import Record, read_records
 from modelopt.run.layout import BEST_PLAN, JOURNAL
 
@@ -67,6 +68,8 @@ def resolve(source: str | Path | Workload | Evaluator, plan: PlanRef = "best", *
             f"cannot export from a {type(source).__name__}; pass a run folder, a Workload or an Evaluator"
         )
     resolved, tag = _plan(plan, evaluator.space, run_dir)
+    if run_dir is not None:  # the plan as the run certified it: its reconstruction, when the run made one
+        Refits(evaluator, run_dir).load(resolved)
     return ExportSource(evaluator, resolved, tag, run_dir)
 
 
