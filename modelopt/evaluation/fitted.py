@@ -8,6 +8,7 @@ what confirmation and test score is what export writes. Saved as plain tensors (
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,8 @@ class Fitted:
                           float(doc["seconds"]))
         except ConfigError:
             raise
-        except (OSError, RuntimeError, KeyError, TypeError, ValueError, AttributeError, EOFError) as exc:
+        except (OSError, RuntimeError, KeyError, TypeError, ValueError, AttributeError, EOFError,
+                pickle.UnpicklingError) as exc:
             # a torn or foreign file: name it, say what would be right
             raise ConfigError(f"{path}: not a modelopt reconstruction file ({type(exc).__name__}: {exc}); "
                               "delete it and the run refits the plan") from None

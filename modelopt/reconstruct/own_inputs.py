@@ -200,7 +200,7 @@ def refit_layers(float_model: nn.Module, model: nn.Module, targets: Mapping[str,
             t = targets[name]
             if isinstance(module, nn.Conv2d) and (isinstance(module.padding, str) or (
                     module.groups > 1 and (t.rows is not None or t.cols is not None))):
-                continue  # padding unfold cannot take, or a grouped conv whose groups were cut: its layer-wise fit stays
+                continue  # padding unfold cannot take, or a grouped conv whose groups were cut: its own fit stays
             out[name] = _refit(name, t, (funit, fmods[id(module)], xf), (unit, module, xq), batch)
             if progress:
                 progress(f"{name}: relative output error {out[name].before:.4f} -> {out[name].after:.4f}")

@@ -1,0 +1,130 @@
+"""A plan reconstructed on the real ResNet-20: closer to the float model, the same bytes, exported as scored, kept
+in a run folder and read back without fitting again."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from modelopt.api import build_compressors
+from modelopt.data.split import Split
+from modelopt.errors import ConfigError
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.fitted import Fitted
+from modelopt.exporters import export_packed, load
+from modelopt.exporters._forms import layer_forms
+from modelopt.plan.space import SearchSpace
+from modelopt.reconstruct import reconstruct
+from modelopt.reconstruct.store import Refits, fitted_path
+
+OPTIONS = {"prune": {"kind": ["unstructured", "structured"], "sparse_images": 64, "repair_images": 64},
+           "quantize": {"bits": [8, 3], "rounding": ["gptq"], "calib_images": 64}}
+
+
+def _evaluator(wl) -> Evaluator:
+    return Evaluator(wl, SearchSpace(wl.layers, build_compressors(["prune", "quantize"], OPTIONS)))
+
+
+def _int3(ev: Evaluator, sparse: bool = False):
+    names = [x.name for x in ev.workload.layers]
+    layers = {n: {"quantize": {"bits": 8 if n in (names[0], names[-1]) else 3, "rounding": "gptq"}} for n in names}
+    if sparse:
+        for n in names[1:-1:3]:
+            layers[n]["prune"] = {"sparsity": 0.5, "kind": "unstructured"}
+    return ev.space.parse_plan({"layers": layers})
+
+
+def _logit_error(ev: Evaluator, plan) -> float:
+    x = ev.workload.split(Split.VAL).x[:256]
+    with torch.inference_mode():
+        ref = ev.workload.logits(x)
+    return float((ev.states.logits(plan, x) - ref).pow(2).mean())
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["int3", "int3+sparse"])
+def test_reconstruction_brings_the_plan_closer_to_the_float_model_at_the_same_bytes(small_workload, sparse):
+    ev = _evaluator(small_workload)
+    plan = _int3(ev, sparse)
+    before, size = _logit_error(ev, plan), ev.plan_cost(plan).size_bytes
+    masks = {n: f.mask for n, f in layer_forms(ev, plan).items() if f.mask is not None}
+    assert bool(masks) == sparse
+    fitted = reconstruct(ev, plan, images=128)
+    ev.adopt(fitted)
+    assert fitted.weights and fitted.images == 128
+    assert _logit_error(ev, plan) < 0.9 * before
+    assert ev.plan_cost(plan).size_bytes == size
+    weights = ev.states.compressed_weights(plan)
+    for name, kept in masks.items():  # a pruned weight stays pruned: the stored mask is the plan's
+        assert not weights[name][~kept.bool()].any()
+
+
+def test_the_export_writes_the_reconstructed_weights_bit_for_bit(small_workload, tmp_path):
+    ev = _evaluator(small_workload)
+    plan = _int3(ev)
+    ev.adopt(reconstruct(ev, plan, images=64))
+    net = load(export_packed(ev, plan, tmp_path / "m.pt"))
+    x = small_workload.split(Split.TEST).x[:64]
+    with torch.inference_mode():
+        got, want = net(x), ev.states.logits(plan, x)
+    assert torch.equal(got.argmax(1), want.argmax(1))
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)  # norms folded on load: float rounding only
+
+
+def test_a_run_folder_keeps_a_reconstruction_that_a_new_evaluator_adopts_without_fitting(small_workload, tmp_path):
+    ev = _evaluator(small_workload)
+    plan = _int3(ev)
+    fitted = Refits(ev, tmp_path, images=64)(plan)
+    assert fitted is not None and fitted_path(tmp_path, plan.key).is_file()
+    again = _evaluator(small_workload)
+    assert Refits(again, tmp_path).load(plan)
+    assert "reconstruct" not in again.one_time.seconds  # read, not fitted
+    for name, w in ev.states.compressed_weights(plan).items():
+        assert torch.equal(again.states.compressed_weights(plan)[name], w)
+    a, b = again.scorer.evaluate(plan, split=Split.TEST), ev.scorer.evaluate(plan, split=Split.TEST)
+    assert (a.lost, a.gained, a.agreement, a.accuracy) == (b.lost, b.gained, b.agreement, b.accuracy)
+
+
+def test_a_damaged_reconstruction_file_is_named_in_one_error(tmp_path):
+    path = tmp_path / "r.pt"
+    path.write_bytes(b"not a torch file")
+    with pytest.raises(ConfigError, match=r"r\.pt: not a modelopt reconstruction file"):
+        Fitted.load(path)
+
+
+REBUILD = """
+import hashlib, json, sys, torch
+from modelopt.data.split import Split
+from modelopt.run.export import resolve
+src = resolve(sys.argv[1], "best", device="cpu")
+weights = src.evaluator.states.compressed_weights(src.plan)
+m = src.evaluator.scorer.evaluate(src.plan, split=Split.TEST)
+fitted = src.evaluator.states.fitted(src.plan)
+print(json.dumps({"weights": {k: hashlib.sha256(v.contiguous().numpy().tobytes()).hexdigest()
+                              for k, v in sorted(weights.items())},
+                  "fitted": sorted(fitted.weights) if fitted else [],
+                  "test": [m.lost, m.gained, m.agreement, m.accuracy]}))
+"""
+
+
+@pytest.mark.slow
+def test_a_reconstructed_plan_rebuilds_from_its_run_folder_in_a_new_process(small_run):
+    summary = json.loads((small_run / "summary.json").read_text())
+    best = summary["best"]
+    tested = {f["plan_key"]: f for f in summary["confirmation"]["finalists"]}
+    assert tested[best["plan_key"]]["composed"] is not None  # the run reconstructed its best before confirming it
+    stored = Fitted.load(fitted_path(small_run, best["plan_key"]))
+    runs = [json.loads(subprocess.run([sys.executable, "-c", REBUILD, str(small_run)], capture_output=True, text=True,
+                                      check=True, cwd=Path(__file__).resolve().parents[2]).stdout.splitlines()[-1])
+            for _ in range(2)]
+    assert runs[0] == runs[1]
+    assert runs[0]["fitted"] == sorted(stored.weights)
+    for name, w in stored.weights.items():
+        assert runs[0]["weights"][name] == hashlib.sha256(w.contiguous().numpy().tobytes()).hexdigest()
+    test = best["test"]
+    assert runs[0]["test"] == [test["lost"], test["gained"], test["agreement"], test["accuracy"]]
