@@ -152,16 +152,8 @@ def evaluate(
     """
     check_split(split)  # what needs no model is checked before it loads
     if run is not None:
-        given = [name for name, v in (("model", model != "cifar10_resnet20"), ("data", data != "cifar10-sample"),
-                                      ("weights", weights is not None), ("unlabeled", unlabeled is not None),
-                                      ("resize", resize is not None), ("crop", crop is not None),
-                                      ("interpolation", interpolation is not None),
-                                      ("mean", mean is not None), ("std", std is not None),
-                                      ("compressors", compressors is not None), ("settings", bool(settings)),
-                                      ("reconstruct", reconstruct is not None)) if v]
-        if given:
-            raise ConfigError(f"evaluate --run rebuilds the model, data and compressors from {run}/{CONFIG}; leave "
-                              f"out {', '.join(given)}")
+        _check_run_alone(run, model != "cifar10_resnet20", data != "cifar10-sample", weights, unlabeled, resize, crop,
+                         interpolation, mean, std, compressors, settings, reconstruct)
         source = resolve(run, "best" if plan is None else plan, device=device)
         check_scores(source.evaluator.workload, split)
         return source.evaluator.scorer.evaluate(source.plan, split=split)
@@ -181,6 +173,17 @@ def evaluate(
     if settled.replace(**({} if reconstruct is None else {"reconstruct": reconstruct})).reconstruct:
         Refits(evaluator)(chosen)
     return evaluator.scorer.evaluate(chosen, split=split)
+
+
+def _check_run_alone(run: str | Path, model: bool, data: bool, *given: object) -> None:
+    """`evaluate(run=...)` rebuilds everything from the run folder: refuses what else was given, naming it."""
+    names = ("weights", "unlabeled", "resize", "crop", "interpolation", "mean", "std", "compressors", "settings",
+             "reconstruct")
+    extra = [name for name, v in zip(names, given, strict=True) if v is not None and v != {}]
+    extra = ["model"] * model + ["data"] * data + extra
+    if extra:
+        raise ConfigError(f"evaluate --run rebuilds the model, data and compressors from {run}/{CONFIG}; leave "
+                          f"out {', '.join(extra)}")
 
 
 def default_run_dir(model_name: str, strategy: str, seed: int) -> Path:

@@ -176,8 +176,9 @@ def test_its_flag_reaches_it_from_the_command_line(toy, small_data, tmp_path: Pa
     from modelopt.cli.app import app
     from modelopt.testing.cli import assert_one_line_error
 
-    args = ["optimize", "--compressors", "round1", "--data", str(small_data), "--strategy", "random", "--budget",
-            "2", "--min-retention", "0.5", "--confidence", "0", "--latency", "none", "--no-progress"]
+    args = ["optimize", "--reconstruct", "off", "--compressors", "round1", "--data", str(small_data), "--strategy",
+            "random", "--budget", "2", "--min-retention", "0.5", "--confidence", "0", "--latency", "none",
+            "--no-progress"]
     assert "--decimals" in CliRunner().invoke(app, ["optimize", "--help"]).stdout
     assert_one_line_error(CliRunner().invoke(app, [*args, "--decimals", "2", "--out", str(tmp_path / "no")]),
                           "round1 rounds to 1 decimal, not 2")

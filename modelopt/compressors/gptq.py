@@ -1,28 +1,17 @@
-"""Calibrated rounding (GPTQ / OBQ): codes chosen column by column with second-order error feedback.
+"""Calibrated rounding (GPTQ / OBQ): how the `quantize` plugin picks codes once scales are fixed.
 
-Nearest rounding picks each weight's code alone. GPTQ (Frantar et al., 2023) picks them one input
-column at a time and, after each column, spreads its rounding error over the columns not yet
-quantized, weighted by the inverse of the layer's input second-moment matrix H = X^T X (X: the
-layer's inputs on calibration images, one row per output position, one column per weight of a
-channel). This minimises the layer's output error ||W X^T - Q X^T||^2 greedily instead of the
-weight error ||W - Q||^2, which is what the next layer sees.
-
-Scales are fixed before the codes (GPTQ's "static groups"): the same error-minimising scales as
-nearest rounding, so a GPTQ layer stores exactly what a nearest one does (codes and one float16 scale
-per unit) and the packed export decodes it the same way. A weight that is exactly zero (pruned) keeps
-code 0; its neighbours absorb the error instead.
+`Rounding.GPTQ` picks them with the layer's calibration inputs by GPTQ's column sweep (Frantar et al., 2023), the
+solver in `modelopt.model.gptq_sweep` (shared with reconstruction, which runs it on a plan's own inputs); its
+derivation is there.
 """
 
 from __future__ import annotations
 
 from enum import Enum
 
-import torch
+from modelopt.model.gptq_sweep import BLOCK, DAMPING, gptq_round, inverse_factor
 
-from modelopt.model.layer_inputs import LayerInputs
-
-DAMPING = 0.01  # fraction of mean(diag H) added to H's diagonal (GPTQ's percdamp)
-BLOCK = 128  # columns updated lazily together (GPTQ's block size; exact, only faster)
+__all__ = ["BLOCK", "DAMPING", "Rounding", "gptq_round", "inverse_factor"]
 
 
 class Rounding(str, Enum):
@@ -31,47 +20,3 @@ class Rounding(str, Enum):
 
     NEAREST = "nearest"
     GPTQ = "gptq"
-
-
-def inverse_factor(h: torch.Tensor, w: torch.Tensor, damping: float = DAMPING) -> torch.Tensor:
-    """The upper Cholesky factor of the damped H^-1 per group (row i: the update direction for column i's error),
-    from H (groups, n, n), changed in place; the weights `w` (groups, rows, n) of inputs that are always zero
-    (they do not matter) are set to zero."""
-    diag = torch.diagonal(h, dim1=1, dim2=2)
-    dead = diag == 0
-    diag[dead] = 1.0
-    w[dead[:, None, :].expand_as(w)] = 0.0
-    diag += damping * diag.mean(dim=1, keepdim=True)
-    return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
-
-
-def gptq_round(weight: torch.Tensor, scales: torch.Tensor | None, qmin: int, qmax: int, inputs: LayerInputs,
-               damping: float = DAMPING, keep: torch.Tensor | None = None) -> torch.Tensor:
-    """Integer codes (float tensor, weight's shape) for `weight` with per-weight `scales` (same shape
-    as the weight flattened per output channel), chosen by GPTQ on the inputs' second moments. A
-    grouped conv's output channels are rounded group by group, each on its own group's inputs.
-
-    `keep`: the weights that may be non-zero (the rest get code 0 and their neighbours absorb the error, as
-    SparseGPT does); None: those that are not exactly zero. `scales` None: no rounding, only the mask (the
-    float weights with the mask's error spread over the kept ones: the Optimal Brain Surgeon update)."""
-    g = inputs.groups
-    w = weight.detach().reshape(g, weight.shape[0] // g, -1).double().clone()
-    s = torch.ones_like(w) if scales is None else scales.double().reshape(w.shape)
-    h = inputs.hessian.to(w.device, torch.float64).reshape(g, w.shape[2], w.shape[2]).clone()
-    zero = w == 0 if keep is None else ~keep.reshape(w.shape).to(w.device, torch.bool)
-    hinv = inverse_factor(h, w, damping)
-    codes = torch.zeros_like(w)
-    n = w.shape[2]
-    for b0 in range(0, n, BLOCK):
-        b1 = min(b0 + BLOCK, n)
-        wb, err = w[:, :, b0:b1].clone(), torch.zeros_like(w[:, :, b0:b1])
-        for j in range(b1 - b0):
-            col, d = b0 + j, hinv[:, b0 + j, b0 + j, None]
-            q = wb[:, :, j] if scales is None else torch.clamp(torch.round(wb[:, :, j] / s[:, :, col]), qmin, qmax)
-            q = torch.where(zero[:, :, col], torch.zeros_like(q), q)
-            codes[:, :, col] = q
-            e = (wb[:, :, j] - q * s[:, :, col]) / d
-            wb[:, :, j + 1 :] -= e[:, :, None] * hinv[:, None, col, col + 1 : b1]
-            err[:, :, j] = e
-        w[:, :, b1:] -= err @ hinv[:, b0:b1, b1:]
-    return codes.float().reshape(weight.shape)

@@ -48,7 +48,7 @@ CONFIG_FORMAT = 2
 # The settings a resumed run must share with the run it continues (a changed one is refused).
 RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "confidence",
                "count_gains", "compressors", "data_seed", "fidelity", "unlabeled", "resize", "crop", "interpolation",
-               "mean", "std", "reconstruct")
+               "mean", "std")
 # What a run's settings say before its model and data load (the rest is resolved against them).
 SETTLED_RESUME_KEYS = ("strategy", "seed", "objective", "min_retention", "confidence", "count_gains", "data_seed",
                        "resize", "crop", "interpolation", "mean", "std")

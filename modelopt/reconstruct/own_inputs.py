@@ -30,9 +30,9 @@ from modelopt.compressors._packing import (
     code_range,
     to_scale_dtype,
 )
-from modelopt.compressors.gptq import gptq_round
 from modelopt.errors import ConfigError
 from modelopt.model.backbone import split_backbone
+from modelopt.model.gptq_sweep import gptq_round
 from modelopt.model.layer_inputs import UNFOLD_BYTES, LayerInputs, _unfolded_bytes
 
 __all__ = ["Grid", "LayerFit", "Target", "refit_layers"]

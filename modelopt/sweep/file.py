@@ -28,7 +28,7 @@ __all__ = ["EPS", "Cell", "Sweep", "SweepModel", "cell_status", "load_sweep"]
 _REQUIRED = ("name", "models", "strategies", "budgets", "seeds")
 # The run settings a sweep file may give (RunConfig's fields; every registered compressor's settings too, by
 # name: `Compressor.record.settings()`); a key left out takes RunConfig's default, as `modelopt optimize` does.
-_RUN_KEYS = ("objective", "min_retention", "confidence", "compressors", "device")
+_RUN_KEYS = ("objective", "min_retention", "confidence", "compressors", "device", "reconstruct")
 _FIXED_KEYS = (*_REQUIRED[:1], "out", *_REQUIRED[1:], *_RUN_KEYS, "workers_per_cell")
 _MODEL_KEYS = ("name", "model", "weights", "data", "unlabeled")
 _MODELS_EXAMPLE = "[{name: resnet20, model: cifar10_resnet20}]"
@@ -292,6 +292,9 @@ def _settings(f: _File, top: Mapping[str, tuple[yaml.Node, yaml.Node]], base: Pa
     if "confidence" in given:
         settings["confidence"] = float(f.checked(given["confidence"], "confidence", lambda v: _fraction(v) and v < 1,
                                                  "expected a confidence in [0, 1) like 0.95 (0: point estimates)"))
+    if "reconstruct" in given:
+        settings["reconstruct"] = f.checked(given["reconstruct"], "reconstruct", lambda v: isinstance(v, bool),
+                                            "expected true or false (refit the finalists on their own inputs)")
     declared = compressor_settings()
     for option, (compressor, setting) in declared.items():  # each compressor's own keys, checked by the compressor
         if (n := given.get(option)) is None:

@@ -33,7 +33,8 @@ def test_list():
 
 @pytest.mark.slow
 def test_optimize_json_last_line(tmp_path):
-    args = ["optimize", "--budget", 4, "--compressors", "quantize", "--data", "cifar10-exact-sample", "--out",
+    args = ["optimize",
+        "--reconstruct", "off", "--budget", 4, "--compressors", "quantize", "--data", "cifar10-exact-sample", "--out",
             tmp_path / "r", "--no-progress", "--json", "--latency-batch", 2, "--latency-threads", 1]
     result = runner.invoke(app, list(map(str, args)), env={"COLUMNS": None})  # as a shell's pipe: no COLUMNS
     assert result.exit_code == 0, result.output
@@ -62,7 +63,7 @@ def test_evaluate_a_hand_written_plan(tmp_path):
 
 
 def test_latency_timing_flags_need_an_engine():
-    _one_line_error(_run("optimize", "--latency", "none", "--latency-batch", 4),
+    _one_line_error(_run("optimize", "--reconstruct", "off", "--latency", "none", "--latency-batch", 4),
                     "--latency-batch and --latency-threads set how the latency engine times", "--latency torch")
 
 
@@ -96,7 +97,7 @@ def test_malformed_plan_yaml(tmp_path):
 
 
 def test_unknown_strategy(tmp_path):
-    _one_line_error(_run("optimize", "--strategy", "annealing", "--out", tmp_path / "r"),
+    _one_line_error(_run("optimize", "--reconstruct", "off", "--strategy", "annealing", "--out", tmp_path / "r"),
                     "unknown strategy 'annealing'", "random")
 
 
@@ -117,12 +118,13 @@ def test_data_that_does_not_fit_the_model(tmp_path):
 
 @pytest.mark.slow
 def test_bad_bits_option(tmp_path):
-    _one_line_error(_run("optimize", "--bits", "8,four", "--out", tmp_path / "r"), "--bits", "8,four")
-    _one_line_error(_run("optimize", "--bits", "8,1", "--out", tmp_path / "r"), "bits 1")
+    _one_line_error(_run("optimize",
+        "--reconstruct", "off", "--bits", "8,four", "--out", tmp_path / "r"), "--bits", "8,four")
+    _one_line_error(_run("optimize", "--reconstruct", "off", "--bits", "8,1", "--out", tmp_path / "r"), "bits 1")
 
 
 def test_bad_rounding_is_refused_before_the_model_loads(tmp_path):
-    _one_line_error(_run("optimize", "--rounding", "gptq,adaround", "--out", tmp_path / "r"),
+    _one_line_error(_run("optimize", "--reconstruct", "off", "--rounding", "gptq,adaround", "--out", tmp_path / "r"),
                     "rounding 'adaround' not offered", "nearest, gptq")
     _one_line_error(_run("evaluate", "--rounding", "best"), "rounding 'best' not offered")
     assert not (tmp_path / "r").exists()
@@ -146,7 +148,7 @@ def test_evaluate_rounds_plan_entries_by_gptq_unless_told(tmp_path):
 
 def test_resume_needs_a_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    _one_line_error(_run("optimize", "--resume"), "--resume", "runs")
+    _one_line_error(_run("optimize", "--reconstruct", "off", "--resume"), "--resume", "runs")
 
 
 def test_python_dash_m_works():
@@ -203,7 +205,7 @@ def test_a_bad_latency_setting_in_run_json_is_refused_before_loading(tmp_path):
     doc = json.loads((run / "run.json").read_text())
     doc["latency"]["batch_size"] = 0
     (run / "run.json").write_text(json.dumps(doc))
-    _one_line_error(_run("optimize", "--resume", "--out", run, "--no-progress"), "run.json",
+    _one_line_error(_run("optimize", "--reconstruct", "off", "--resume", "--out", run, "--no-progress"), "run.json",
                     "batch_size must be an integer >= 1, got 0")
 
 
@@ -213,8 +215,9 @@ def test_evaluate_a_run_folder_on_its_own_splits(tmp_path):
     plan reads on test what the run's summary says, and any trial can be scored by number."""
     run, unlabeled = tmp_path / "r", tmp_path / "unlabeled.npz"
     np.savez(unlabeled, x=np.load(SAMPLE)["calib_x"][:300])
+    # Unlabeled images change the splits; the run reconstructs its finalists, and evaluate reads them back.
     args = ["optimize", "--budget", 4, "--compressors", "quantize", "--data", "cifar10-exact-sample", "--out", run,
-            "--no-progress", "--unlabeled", unlabeled, "--latency", "none"]  # unlabeled images change the splits
+            "--no-progress", "--unlabeled", unlabeled, "--latency", "none"]
     assert _run(*args).exit_code == 0
     summary = json.loads((run / "summary.json").read_text())
     result = _run("evaluate", run, "--split", "test", "--json")

@@ -124,7 +124,7 @@ def test_optimize_takes_a_config_and_refuses_a_setting_beside_it(small_workload,
     cfg = RunConfig(strategy="random", budget=2, min_retention=0.9, compressors=("quantize",),
                     options={"quantize": {"bits": [8]}}, fidelity=Fidelity(), latency=None)
     with pytest.raises(ConfigError, match="'budget' was passed beside a RunConfig"):
-        modelopt.optimize(cfg, budget=5, out=tmp_path / "refused")
+        modelopt.optimize(cfg, budget=5, out=tmp_path / "refused", reconstruct=False)
     result = modelopt.api.run(cfg, workload=small_workload, out=tmp_path / "run", report=False, progress=False)
     saved = RunConfig.read(result.run_dir)
     assert saved.options["quantize"]["bits"] == [8] and "group_size" in saved.options["quantize"]  # menus in full

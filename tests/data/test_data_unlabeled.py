@@ -97,6 +97,7 @@ def test_unlabeled_loader_beside_file_data_is_refused(labeled) -> None:
 
 
 def test_cli_refuses_a_missing_unlabeled_path_in_one_line(tmp_path) -> None:
-    result = CliRunner().invoke(app, ["optimize", "--unlabeled", str(tmp_path / "none.npz"), "--out",
+    result = CliRunner().invoke(app, ["optimize",
+        "--reconstruct", "off", "--unlabeled", str(tmp_path / "none.npz"), "--out",
                                       str(tmp_path / "r"), "--no-progress"])
     assert result.exit_code != 0 and "none.npz" in result.output and "Traceback" not in result.output

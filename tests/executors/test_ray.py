@@ -69,8 +69,9 @@ def test_ray_workers_give_the_local_executors_trials(cluster, small_data, tmp_pa
     (each worker charges its preparations in full; the driver charges each once, as a local run). MCTS:
     the strategy whose batched asks depend most on state (virtual loss on the paths in flight)."""
     kw = {**SMALL, "strategy": "mcts", "budget": 7, "workers": 2}
-    local = api.optimize("cifar10_resnet20", small_data, out=tmp_path / "local", executor="local", **kw)
-    on_ray = api.optimize("cifar10_resnet20", small_data, out=tmp_path / "ray", executor="ray", **kw)
+    local = api.optimize("cifar10_resnet20", small_data, out=tmp_path / "local", executor="local", **kw,
+        reconstruct=False)
+    on_ray = api.optimize("cifar10_resnet20", small_data, out=tmp_path / "ray", executor="ray", **kw, reconstruct=False)
     assert _scores(_journal(on_ray.run_dir)) == _scores(_journal(local.run_dir))
     assert on_ray.budget_used == pytest.approx(local.budget_used, abs=1e-9) and on_ray.budget_used >= 7
     assert on_ray.summary.preparation.charged == local.summary.preparation.charged

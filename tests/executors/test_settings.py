@@ -20,7 +20,7 @@ from modelopt.testing.cli import assert_one_line_error
     (["--executor", "local", "--ray-address", "auto"], "ray_address 'auto' needs executor 'ray', not 'local'"),
 ])
 def test_bad_executor_settings_are_one_line(tmp_path, flags, needle):
-    args = ["optimize", "--budget", "2", "--no-progress", "--out", str(tmp_path / "r"), *flags]
+    args = ["optimize", "--reconstruct", "off", "--budget", "2", "--no-progress", "--out", str(tmp_path / "r"), *flags]
     result = CliRunner().invoke(app, args)
     assert_one_line_error(result, needle)
     assert not (tmp_path / "r").exists()  # refused before the run folder is made
@@ -51,6 +51,7 @@ def test_ray_not_installed_is_one_line(monkeypatch):
 
 def test_workers_without_ray_is_one_line_before_the_model_loads(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
-    args = ["optimize", "--budget", "2", "--no-progress", "--out", str(tmp_path / "r"), "--workers", "2"]
+    args = ["optimize",
+        "--reconstruct", "off", "--budget", "2", "--no-progress", "--out", str(tmp_path / "r"), "--workers", "2"]
     result = CliRunner().invoke(app, args)
     assert_one_line_error(result, "--workers N, --ray-address) needs Ray: pip install 'modelopt[distributed]'")

@@ -78,7 +78,7 @@ def test_cli_export(run_dir, tmp_path):
 @pytest.mark.slow
 def test_a_real_run_exports_and_reloads(tmp_path, resnet20_workload):
     result = modelopt.optimize(resnet20_workload, budget=2, strategy="random", min_retention=0.0, out=tmp_path / "run",
-                               progress=False)
+                               progress=False, reconstruct=False)
     assert result.best is not None
     runner = CliRunner()
     cli = runner.invoke(app, ["export", str(result.run_dir)])

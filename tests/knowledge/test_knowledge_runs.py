@@ -33,7 +33,8 @@ def _trials(run_dir):
 def test_cli_refuses_a_damaged_store_in_one_line(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "modelopt-knowledge", "version": 1, "runs": {"x": ')
-    result = CliRunner().invoke(app, ["optimize", "--knowledge", str(bad), "--budget", "2", "--out",
+    result = CliRunner().invoke(app, ["optimize",
+        "--reconstruct", "off", "--knowledge", str(bad), "--budget", "2", "--out",
                                       str(tmp_path / "r"), "--no-progress", "--compressors", "quantize"])
     assert_one_line_error(result, "bad.json", "not valid JSON")
     assert not (tmp_path / "r" / "trials.jsonl").exists()
@@ -44,18 +45,21 @@ def test_warm_run_differs_only_through_priors_and_resumes(tmp_path, small_worklo
     """One workload for all five runs (the priors, not the build, are under test)."""
     store = tmp_path / "store.json"
     # No store yet: a cold run that writes one.
-    modelopt.optimize(small_workload, budget=2, seed=1, out=tmp_path / "source", knowledge=store, **SMALL)
+    modelopt.optimize(small_workload, budget=2, seed=1, out=tmp_path / "source", knowledge=store, **SMALL,
+        reconstruct=False)
     assert len(read_store(store).runs) == 1
     shutil.copy(store, tmp_path / "a.json")
     shutil.copy(store, tmp_path / "b.json")
 
     # Past the anchors and INT4's two hedges (the first 5 trials), so the priors choose some plans.
-    cold = modelopt.optimize(small_workload, budget=7, out=tmp_path / "cold", **SMALL)
-    whole = modelopt.optimize(small_workload, budget=7, out=tmp_path / "whole", knowledge=tmp_path / "a.json", **SMALL)
-    modelopt.optimize(small_workload, budget=5.5, out=tmp_path / "part", knowledge=tmp_path / "b.json", **SMALL)
+    cold = modelopt.optimize(small_workload, budget=7, out=tmp_path / "cold", **SMALL, reconstruct=False)
+    whole = modelopt.optimize(small_workload, budget=7, out=tmp_path / "whole", knowledge=tmp_path / "a.json", **SMALL,
+        reconstruct=False)
+    modelopt.optimize(small_workload, budget=5.5, out=tmp_path / "part", knowledge=tmp_path / "b.json", **SMALL,
+        reconstruct=False)
     assert len(read_store(tmp_path / "b.json").runs) == 2  # the store changed before the resume...
     modelopt.optimize(small_workload, budget=7, out=tmp_path / "part", knowledge=tmp_path / "b.json", resume=True,
-                      **SMALL)
+                      **SMALL, reconstruct=False)
     assert _trials(tmp_path / "part") == _trials(tmp_path / "whole")  # ...yet the resumed run kept its priors
 
     # The evaluator and the budget's accounting are the cold run's: a plan both runs scored has the

@@ -34,7 +34,7 @@ def test_unknown_backend_is_a_config_error():
 @pytest.mark.slow
 def test_latency_objective_measures_every_plan(resnet20_workload, tmp_path):
     result = api.optimize(resnet20_workload, strategy="random", budget=3, objective="latency", out=tmp_path / "r",
-                          progress=False, report=False, latency=QUICK, compressors=["quantize"])
+                          progress=False, report=False, latency=QUICK, compressors=["quantize"], reconstruct=False)
     for t in result.trials:
         m = t.metrics
         assert m.stopped is None  # a plan stopped below the floor on part of val is not timed
@@ -46,7 +46,7 @@ def test_latency_objective_measures_every_plan(resnet20_workload, tmp_path):
 @pytest.mark.slow
 def test_final_pareto_set_gets_latency_by_default(resnet20_workload, tmp_path):
     result = api.optimize(resnet20_workload, strategy="random", budget=2, out=tmp_path / "r", progress=False,
-                          report=False, latency=QUICK, compressors=["quantize"])
+                          report=False, latency=QUICK, compressors=["quantize"], reconstruct=False)
     assert all(t.metrics.latency_ms is None for t in result.trials)  # not during a size search
     assert all(test is not None and test.latency_ms > 0 for _, test in result.pareto)
     front_test = result.summary.pareto[0].test

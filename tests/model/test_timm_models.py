@@ -103,7 +103,7 @@ def test_optimize_runs_every_compressor_that_applies_on_a_224_pixel_timm_model(n
     # a 2-core CPU (benchmarks/full_size.py), and what this checks is that each compressor applies.
     result = modelopt.optimize(f"timm:{name}", str(data), weights=str(weights), budget=3, device="cpu",
                                out=tmp_path / "run", progress=False, report=False, min_retention=0.5,
-                               rounding=["nearest"], sparse_images=0, repair_images=0)
+                               rounding=["nearest"], sparse_images=0, repair_images=0, reconstruct=False)
     used = set(json.loads((tmp_path / "run" / "run.json").read_text())["compressors"])
     assert {"quantize", "prune"} <= used, used
     assert result.trials and all(t.ok for t in result.trials), [t.error for t in result.trials if not t.ok]

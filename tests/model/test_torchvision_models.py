@@ -60,7 +60,7 @@ def test_a_torchvision_classifier_compresses_exports_and_reloads(name, few_image
     if name == "vit":  # early exit: one line saying why it does not apply (a transformer's blocks give tokens)
         with pytest.raises(ConfigError, match="exit heads pool") as why:
             modelopt.optimize(wl, out=tmp_path / "ee", compressors=["early_exit"], budget=1, confidence=0.0,
-                              latency=None, progress=False, report=False)
+                              latency=None, progress=False, report=False, reconstruct=False)
         assert "\n" not in str(why.value)
         compressors = ["prune", "quantize"]
     # Weight-only (float inputs): on random weights the logits are near ties, whose argmax ORT's integer-input
@@ -69,7 +69,7 @@ def test_a_torchvision_classifier_compresses_exports_and_reloads(name, few_image
                                objective="bitops", compressors=compressors, bits=[8, 4], granularity=["per_channel"],
                                activations=[None],
                                rounding=["nearest" if name in NEAREST else "gptq"], latency=None, progress=False,
-                               report=False)
+                               report=False, reconstruct=False)
     assert result.trials and all(t.ok for t in result.trials), [t.error for t in result.trials]
     if name == "vit":  # attention's projections are layers too (`modelopt.model.attention`)
         assert any(n.endswith("self_attention.in_proj") for n in compressible_modules(wl.model))

@@ -123,14 +123,15 @@ def test_a_failing_plan_is_recorded_and_the_run_resumes(tmp_path, small_workload
 
     monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
     opts = dict(QUANT, compressors=["quantize", "faulty"], report=False)
-    first = modelopt.optimize(small_workload, budget=11, out=run, **opts)  # past the 4 anchors (hedges included)
+    first = modelopt.optimize(small_workload, budget=11, out=run, **opts,
+        reconstruct=False)  # past the 4 anchors (hedges included)
     records = _valid_journal(run)
     failed = [r for r in records if r["status"] == "failed"]
     assert failed and all(r["plan"]["linear/faulty"] == faulty.choice for r in failed)
     assert all(needle in r["error"] for r in failed), failed[0]["error"]
     assert any(r["status"] == "complete" for r in records)  # the search went on past the failures
     assert first.summary.n_failed == len(failed)
-    again = modelopt.optimize(small_workload, budget=14, out=run, resume=True, **opts)
+    again = modelopt.optimize(small_workload, budget=14, out=run, resume=True, **opts, reconstruct=False)
     after = _valid_journal(run)
     assert after[: len(records)] == records and len(after) > len(records)
     assert len(again.trials) == len(after)
@@ -148,7 +149,7 @@ def test_a_compressor_that_raises_in_the_pre_pass_does_not_end_the_run(tmp_path,
     try:
         # Budget for several random plans after the anchor: each draws the broken choice with p = 1/2.
         modelopt.optimize(small_workload, budget=10, out=tmp_path / "run", report=False,
-                          **dict(QUANT, compressors=["quantize", "faulty"]))
+                          **dict(QUANT, compressors=["quantize", "faulty"]), reconstruct=False)
     finally:
         COMPRESSORS._items.pop("faulty")
         _Faulty.FAULT, _Faulty.choice = "nan", "fault"
@@ -169,19 +170,20 @@ def test_a_full_disk_stops_the_run_in_one_line_and_resume_continues(tmp_path, sm
 
     monkeypatch.setattr(modelopt.run.journal.os, "write", write)
     with pytest.raises(StorageError) as info:
-        modelopt.optimize(small_workload, budget=8, out=run, report=False, **QUANT)
+        modelopt.optimize(small_workload, budget=8, out=run, report=False, **QUANT, reconstruct=False)
     msg = str(info.value)
     print(f"\nENOSPC: {msg}")
     assert "No space left on device" in msg and "keeps the 3 trials" in msg and "--resume" in msg
     assert len(_valid_journal(run)) == 3  # the half line was cut off again
     assert not list(run.glob("*.tmp")) and not list(run.glob(".*.tmp"))
     monkeypatch.setattr(modelopt.run.journal.os, "write", real_write)
-    done = modelopt.optimize(small_workload, budget=8, out=run, resume=True, report=False, **QUANT)
+    done = modelopt.optimize(small_workload, budget=8, out=run, resume=True, report=False, **QUANT, reconstruct=False)
     assert len(_valid_journal(run)) == len(done.trials) > 3
     # From the command line the same fault is one line and exit code 2.
     calls["n"] = 0
     monkeypatch.setattr(modelopt.run.journal.os, "write", write)
-    result = CliRunner().invoke(app, ["optimize", "--data", str(small_data), "--budget", "8", "--strategy", "random",
+    result = CliRunner().invoke(app, ["optimize",
+        "--reconstruct", "off", "--data", str(small_data), "--budget", "8", "--strategy", "random",
                                       "--compressors", "quantize", "--min-retention", str(FLOOR), "--latency", "none",
                                       "--out", str(tmp_path / "cli"), "--no-progress"])
     assert_one_line_error(result, "cannot append to the journal", "No space left on device")
@@ -232,7 +234,7 @@ def test_a_signal_mid_trial_leaves_a_valid_journal_that_resumes(tmp_path, small_
     before = _valid_journal(run)
     assert not list(run.glob("*.tmp")) and not list(run.glob(".*.tmp"))
     budget = sum(r["cost"] for r in before) + 2  # room for more trials, however far the first process got
-    modelopt.optimize(small_workload, budget=budget, out=run, resume=True, report=False, **QUANT)
+    modelopt.optimize(small_workload, budget=budget, out=run, resume=True, report=False, **QUANT, reconstruct=False)
     after = _valid_journal(run)
     assert after[: len(before)] == before and len(after) > len(before)
 
@@ -245,7 +247,8 @@ def test_an_interrupt_while_loading_says_nothing_was_started(tmp_path, small_dat
 
     monkeypatch.setattr(modelopt.api, "build", interrupted)
     run = tmp_path / "run"
-    result = CliRunner().invoke(app, ["optimize", "--data", str(small_data), "--budget", "2", "--out", str(run),
+    result = CliRunner().invoke(app, ["optimize",
+        "--reconstruct", "off", "--data", str(small_data), "--budget", "2", "--out", str(run),
                                       "--no-progress"])
     assert result.exit_code == 130 and "Traceback" not in result.stderr
     assert result.stderr.strip().startswith("interrupted while loading") and "--resume" not in result.stderr
@@ -260,13 +263,15 @@ def test_a_second_process_on_the_same_out_is_refused_by_the_lock(tmp_path, small
         _wait_for_trials(run, 1, proc)
         cli = CliRunner()
         for extra in ([], ["--resume"]):  # a fresh start and a resume while the first runs
-            result = cli.invoke(app, ["optimize", "--out", str(run), "--budget", "3", "--no-progress", *extra])
+            result = cli.invoke(app, ["optimize",
+                "--reconstruct", "off", "--out", str(run), "--budget", "3", "--no-progress", *extra])
             assert_one_line_error(result, f"run folder '{run}' is in use by another modelopt process (pid {proc.pid})")
             print(f"\nsecond process {extra}: {result.stderr.strip()}")
         # Past the early check (two starting at once), the runner's own lock refuses it.
         monkeypatch.setattr(modelopt.api, "check_run_folder", lambda *a, **k: None)
         with pytest.raises(RunFolderBusy, match="is in use"):
-            modelopt.optimize(small_workload, budget=300, out=run, resume=True, report=False, **QUANT)
+            modelopt.optimize(small_workload, budget=300, out=run, resume=True, report=False, **QUANT,
+                reconstruct=False)
         assert proc.poll() is None
     finally:
         proc.send_signal(signal.SIGINT)
@@ -274,7 +279,7 @@ def test_a_second_process_on_the_same_out_is_refused_by_the_lock(tmp_path, small
     before = _valid_journal(run)
     monkeypatch.undo()
     budget = sum(r["cost"] for r in before) + 2  # room for more trials, however far the first process got
-    modelopt.optimize(small_workload, budget=budget, out=run, resume=True, report=False, **QUANT)
+    modelopt.optimize(small_workload, budget=budget, out=run, resume=True, report=False, **QUANT, reconstruct=False)
     after = _valid_journal(run)
     assert after[: len(before)] == before and len(after) > len(before)
 
@@ -316,7 +321,8 @@ def test_a_kill_right_after_a_journal_line_resumes_as_the_uninterrupted_run(tmp_
     ahead, the state also holds the plans in flight and MCTS's virtual losses on their paths."""
     # (Fitting the exit heads costs several evaluations: that run needs a larger budget for 3+ trials.)
     # Nearest rounding: the window is in the strategy's state, and three runs without GPTQ's passes take half as long.
-    args = ["optimize", "--data", str(small_data), "--budget", str(budget), "--compressors", compressors,
+    args = ["optimize",
+        "--reconstruct", "off", "--data", str(small_data), "--budget", str(budget), "--compressors", compressors,
             "--min-retention", str(FLOOR), "--latency", "none", "--rounding", "nearest", "--no-progress", *ahead]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "KILL_AFTER": "1"}
     script = tmp_path / "die_after_journal.py"

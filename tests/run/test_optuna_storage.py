@@ -18,7 +18,7 @@ optuna = pytest.importorskip("optuna")
 def test_an_mcts_run_is_exported_with_every_trial_and_reexport_adds_nothing(tmp_path, resnet20_workload):
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     result = modelopt.optimize(resnet20_workload, strategy="mcts", budget=1, seed=3, out=tmp_path / "r20",
-                               progress=False, storage=url, compressors=["quantize"])
+                               progress=False, storage=url, compressors=["quantize"], reconstruct=False)
     journal = [json.loads(line) for line in (tmp_path / "r20" / "trials.jsonl").read_text().splitlines()]
     assert (tmp_path / "r20" / "report.html").is_file()
     study = optuna.load_study(study_name="r20", storage=url)
@@ -77,5 +77,5 @@ def test_failed_trials_are_fail_and_a_longer_run_adds_only_its_new_trials(tmp_pa
 
 def test_a_bad_storage_is_refused_before_the_run(tmp_path):
     with pytest.raises(ConfigError, match="not a database URL"):
-        modelopt.optimize(budget=1, out=tmp_path / "r", progress=False, storage="studies.db")
+        modelopt.optimize(budget=1, out=tmp_path / "r", progress=False, storage="studies.db", reconstruct=False)
     assert not (tmp_path / "r").exists()

@@ -33,30 +33,34 @@ def no_loading(monkeypatch):
 
 @pytest.mark.parametrize("budget", ["nan", "inf", "-inf", "0", "-3"])
 def test_a_budget_that_is_not_a_positive_number(tmp_path, no_loading, budget):
-    assert_one_line_error(_run("optimize", "--budget", budget, "--out", tmp_path / "r"),
+    assert_one_line_error(_run("optimize", "--reconstruct", "off", "--budget", budget, "--out", tmp_path / "r"),
                           "budget must be a positive number", budget.lstrip("-") if budget != "0" else "0")
     assert os.listdir(tmp_path) == []  # no folder, no run.json.tmp
 
 
 def test_an_unwritable_out(tmp_path, no_loading):
     if Path("/proc/self").is_dir():  # refuses files even to root
-        assert_one_line_error(_run("optimize", "--out", "/proc/modelopt/run"), "cannot write to run folder",
+        assert_one_line_error(_run("optimize",
+            "--reconstruct", "off", "--out", "/proc/modelopt/run"), "cannot write to run folder",
                               "/proc/modelopt/run")
     if os.geteuid() != 0:  # root writes into a read-only-mode folder anyway (and so would the run)
         ro = tmp_path / "ro"
         ro.mkdir()
         ro.chmod(0o555)
         try:
-            assert_one_line_error(_run("optimize", "--out", ro / "run"), "cannot write to run folder", str(ro))
+            assert_one_line_error(_run("optimize",
+                "--reconstruct", "off", "--out", ro / "run"), "cannot write to run folder", str(ro))
         finally:
             ro.chmod(0o755)
     (tmp_path / "file").write_text("x")
-    assert_one_line_error(_run("optimize", "--out", tmp_path / "file"), "is a file; pass a folder to --out")
+    assert_one_line_error(_run("optimize",
+        "--reconstruct", "off", "--out", tmp_path / "file"), "is a file; pass a folder to --out")
 
 
 def test_a_busy_out(tmp_path, no_loading):
     with lock_run_folder(tmp_path / "r"):
-        assert_one_line_error(_run("optimize", "--out", tmp_path / "r"), f"run folder '{tmp_path / 'r'}' is in use")
+        assert_one_line_error(_run("optimize",
+            "--reconstruct", "off", "--out", tmp_path / "r"), f"run folder '{tmp_path / 'r'}' is in use")
 
 
 def test_evaluate_checks_split_and_plan_file_first(tmp_path, no_loading):
@@ -74,7 +78,7 @@ def test_evaluate_checks_split_and_plan_file_first(tmp_path, no_loading):
 def test_resume_and_export_check_the_run_folder_first(tmp_path, no_loading):
     (tmp_path / "damaged").mkdir()
     (tmp_path / "damaged" / "run.json").write_bytes(b"\x00garbage")
-    for args in (("optimize", "--resume", "--out"), ("export",)):
+    for args in (("optimize", "--reconstruct", "off", "--resume", "--out"), ("export",)):
         assert_one_line_error(_run(*args, tmp_path / "damaged"), "damaged", "run.json")
         assert_one_line_error(_run(*args, tmp_path / "nothing"), "nothing", "not a modelopt run folder")
 
@@ -110,7 +114,8 @@ def test_an_npz_that_is_not_one_never_repeats_numpys_unsafe_hint(tmp_path):
 @pytest.mark.parametrize("seed", ["-1", "-100"])
 def test_a_negative_seed_is_refused_before_loading(tmp_path, no_loading, seed):
     # numpy's generators refuse it: a ValueError traceback after the model had loaded.
-    assert_one_line_error(_run("optimize", "--seed", seed, "--out", tmp_path / "r"), "seed must be a non-negative",
+    assert_one_line_error(_run("optimize",
+        "--reconstruct", "off", "--seed", seed, "--out", tmp_path / "r"), "seed must be a non-negative",
                           seed)
 
 
@@ -123,20 +128,22 @@ def _old_run(run: Path, journal: bytes) -> None:
 def test_a_folder_holding_a_run_without_resume_is_refused_before_loading(tmp_path, no_loading):
     run = tmp_path / "r"
     _old_run(run, b'{"number": 0}\n{"number": 1}\n')
-    assert_one_line_error(_run("optimize", "--out", run), f"run folder '{run}' already holds a run (2 trials)",
+    assert_one_line_error(_run("optimize",
+        "--reconstruct", "off", "--out", run), f"run folder '{run}' already holds a run (2 trials)",
                           "--resume")
 
 
 def test_a_damaged_journal_is_refused_before_loading_with_the_way_out(tmp_path, no_loading):
     run = tmp_path / "r"
     _old_run(run, b'{"number": 0}\n{"numb\x00\n{"number": 2}\n')
-    assert_one_line_error(_run("optimize", "--out", run, "--resume"), "damaged at line 2",
+    assert_one_line_error(_run("optimize", "--reconstruct", "off", "--out", run, "--resume"), "damaged at line 2",
                           "the 1 trials before it are intact", f"head -n 1 {run / 'trials.jsonl'}", "another --out")
     assert (run / "trials.jsonl").read_bytes().count(b"\n") == 3  # untouched
 
 
 def test_exit_data_without_early_exit_is_refused(tmp_path, no_loading):
-    assert_one_line_error(_run("optimize", "--out", tmp_path / "r", "--exit-data", tmp_path / "x.npz"),
+    assert_one_line_error(_run("optimize",
+        "--reconstruct", "off", "--out", tmp_path / "r", "--exit-data", tmp_path / "x.npz"),
                           "setting of compressor 'early_exit', which this run does not use (compressors: prune, "
                           "quantize)", "drop --exit-data")
     assert os.listdir(tmp_path) == []
@@ -163,7 +170,7 @@ def test_a_second_process_is_refused_at_once_while_the_first_loads(tmp_path):
         assert not (run / "trials.jsonl").exists()  # still loading: no trial yet
         for extra in ([], ["--resume"]):
             t1 = time.time()
-            result = _run("optimize", "--out", run, *extra)
+            result = _run("optimize", "--reconstruct", "off", "--out", run, *extra)
             assert_one_line_error(result, f"run folder '{run}' is in use by another modelopt process (pid {first.pid})")
             assert time.time() - t1 < 30
         assert (run / ".lock").read_text() == str(first.pid)

@@ -26,7 +26,8 @@ def _journal(run_dir: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_run_writes_journal_best_plan_and_summary(tmp_path, resnet20_workload):
-    result = modelopt.optimize(resnet20_workload, budget=6, out=tmp_path / "run", progress=False, seed=1)
+    result = modelopt.optimize(resnet20_workload, budget=6, out=tmp_path / "run", progress=False, seed=1,
+        reconstruct=False)
     records = _journal(tmp_path / "run")
     n = len(records)  # the default compressors prune too: a pruned plan costs more than one evaluation
     assert n >= 2 and [r["number"] for r in records] == list(range(n))
@@ -47,11 +48,13 @@ def test_run_writes_journal_best_plan_and_summary(tmp_path, resnet20_workload):
 
 @pytest.mark.slow
 def test_an_existing_run_folder_is_not_overwritten(tmp_path, resnet20_workload):
-    modelopt.optimize(resnet20_workload, budget=1, out=tmp_path / "run", progress=False, report=False)
+    modelopt.optimize(resnet20_workload, budget=1, out=tmp_path / "run", progress=False, report=False,
+        reconstruct=False)
     with pytest.raises(ConfigError, match=r"already holds a run .1 trials.; pass --resume"):
-        modelopt.optimize(resnet20_workload, budget=1, out=tmp_path / "run", progress=False)
+        modelopt.optimize(resnet20_workload, budget=1, out=tmp_path / "run", progress=False, reconstruct=False)
     with pytest.raises(ConfigError, match="it was run with seed=0, not 5"):
-        modelopt.optimize(resnet20_workload, budget=2, out=tmp_path / "run", progress=False, resume=True, seed=5)
+        modelopt.optimize(resnet20_workload, budget=2, out=tmp_path / "run", progress=False, resume=True, seed=5,
+            reconstruct=False)
 
 
 class _Poison(Compressor):
@@ -80,7 +83,7 @@ def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path, resnet20_wo
     COMPRESSORS.register("poison")(_Poison)
     try:
         result = modelopt.optimize(resnet20_workload, budget=12, out=tmp_path / "run", progress=False,
-                                   strategy="random", compressors=("quantize", "poison"))
+                                   strategy="random", compressors=("quantize", "poison"), reconstruct=False)
     finally:
         COMPRESSORS._items.pop("poison")
     records = _journal(tmp_path / "run")
@@ -128,7 +131,7 @@ def test_resume_after_sigkill_loses_and_repeats_nothing(tmp_path, small_data, sm
 
     # The resumed run proposes what an uninterrupted run would have (the strategy state survived).
     straight = modelopt.optimize(small_workload, budget=12, compressors=["quantize"], min_retention=0.9,
-                                 out=tmp_path / "straight", progress=False, report=False)
+                                 out=tmp_path / "straight", progress=False, report=False, reconstruct=False)
     assert [t.plan.key for t in straight.trials] == [r["plan_key"] for r in records]
 
 
@@ -137,16 +140,16 @@ def test_a_moved_run_folder_resumes_and_other_weights_are_refused(tmp_path, resn
     import shutil
 
     modelopt.optimize(resnet20_workload, budget=2, out=tmp_path / "a", progress=False, strategy="random",
-                      compressors=["quantize"])
+                      compressors=["quantize"], reconstruct=False)
     shutil.move(tmp_path / "a", tmp_path / "b")
     result = modelopt.optimize(resnet20_workload, budget=3, out=tmp_path / "b", progress=False, strategy="random",
-                               resume=True, compressors=["quantize"])
+                               resume=True, compressors=["quantize"], reconstruct=False)
     assert len(result.trials) == 3
     other = modelopt.build_workload("cifar10_resnet20", "cifar10-exact-sample", device="cpu")
     other.model.linear.bias.data += 1.0  # different weights, same name and path
     with pytest.raises(ConfigError, match="model_sha256"):
         modelopt.optimize(other, budget=4, out=tmp_path / "b", progress=False, strategy="random", resume=True,
-                          compressors=["quantize"])
+                          compressors=["quantize"], reconstruct=False)
 
 
 # ---- confidence and confirmation (issue 11) ------------------------------------------------------
@@ -156,7 +159,7 @@ def test_a_moved_run_folder_resumes_and_other_weights_are_refused(tmp_path, resn
 def test_confidence_zero_runs_on_point_estimates(tmp_path, resnet20_workload):
     """--confidence 0 is today's rule: a plan is feasible when its val retention meets the floor."""
     result = modelopt.optimize(resnet20_workload, budget=4, seed=1, out=tmp_path / "r", progress=False, report=False,
-                               compressors=["quantize"], confidence=0.0, min_retention=0.99)
+                               compressors=["quantize"], confidence=0.0, min_retention=0.99, reconstruct=False)
     assert result.summary.objective.confidence == 0.0
     for t in result.trials:
         if t.ok:
@@ -167,7 +170,7 @@ def test_confidence_zero_runs_on_point_estimates(tmp_path, resnet20_workload):
 @pytest.mark.slow
 def test_the_summary_leads_with_test_and_bounds(tmp_path, resnet20_workload):
     result = modelopt.optimize(resnet20_workload, budget=4, seed=0, out=tmp_path / "r", progress=False, report=False,
-                               compressors=["quantize"], min_retention=0.97)
+                               compressors=["quantize"], min_retention=0.97, reconstruct=False)
     best = result.summary.to_json()["best"]  # summary.json's layout: the test figures first
     assert best is not None and list(best)[:6] == ["trial", "plan_key", "plan", "test", "confirm", "val"]
     lo, hi = best["test"]["retention_lower"], best["test"]["retention_upper"]
@@ -183,7 +186,7 @@ def test_the_summary_leads_with_test_and_bounds(tmp_path, resnet20_workload):
 def test_a_val_split_too_small_to_certify_the_floor_is_refused_before_the_search(tmp_path, small_workload):
     with pytest.raises(ConfigError, match=r"val split \(169 images\) is too small to certify a 99.0% retention floor"):
         modelopt.optimize(small_workload, budget=4, out=tmp_path / "r", progress=False, report=False,
-                          compressors=["quantize"], min_retention=0.99)
+                          compressors=["quantize"], min_retention=0.99, reconstruct=False)
     assert not (tmp_path / "r").exists()  # nothing was written
 
 
@@ -201,13 +204,13 @@ def test_a_float_model_that_gets_nothing_right_is_refused_in_one_line(tmp_path, 
         check_scores(resnet20_workload, "val")
     with pytest.raises(ConfigError, match="gets none of the"):
         modelopt.optimize(resnet20_workload, budget=2, out=tmp_path / "r", progress=False, report=False,
-                          compressors=["quantize"])
+                          compressors=["quantize"], reconstruct=False)
     assert not (tmp_path / "r").exists()
 
 
 def test_a_run_with_a_confirm_split_reports_only_what_confirmation_held(tmp_path, small_workload):
     result = modelopt.optimize(small_workload, budget=6, seed=0, out=tmp_path / "r", progress=False, report=False,
-                               compressors=["quantize"], min_retention=0.9)
+                               compressors=["quantize"], min_retention=0.9, reconstruct=False)
     conf = result.summary.confirmation
     assert conf.split == "confirm" and conf.usable
     if result.best is not None:

@@ -71,8 +71,8 @@ def test_the_layout_is_summary_json_s():
                                    "retention_certified": OBJ.retention_lower(TEST)}
     assert doc["confirmation"] == {"split": "confirm", "usable": True, "ceiling": 0.995, "confirmed": 1, "finalists": [
         {"trial": 0, "plan_key": "key0", "confirmed": False, "pass_chance": 0.4,
-         "confirm": doc["best"]["confirm"]},
-        {"trial": 3, "plan_key": "key3", "confirmed": True, "pass_chance": None, "confirm": None}]}
+         "confirm": doc["best"]["confirm"], "composed": None},
+        {"trial": 3, "plan_key": "key3", "confirmed": True, "pass_chance": None, "confirm": None, "composed": None}]}
     assert doc["preparation"] == {"seconds": {"layer_inputs:256": 2.1}, "charged": {"layer_inputs:256": 0.128}}
 
 

@@ -33,6 +33,7 @@ strategies: [random]
 budgets: [2, 3]
 seeds: [0, 1]
 device: cpu
+reconstruct: false
 """
 
 
@@ -156,7 +157,7 @@ def mini(tmp_path_factory, resnet20_workload):
     sweep = load_sweep(path)
     partial = sweep.cell_dir("resnet20", "random", 1)
     modelopt.optimize(resnet20_workload, strategy="random", budget=1, out=partial, seed=1, bits=[8],
-                      granularity=["per_channel"], progress=False, compressors=["quantize"])
+                      granularity=["per_channel"], progress=False, compressors=["quantize"], reconstruct=False)
     (partial / "summary.json").unlink()  # killed before it finished
     before = [c.status for c in sweep.cells()]
     first_trial = (partial / "trials.jsonl").read_bytes()
@@ -342,7 +343,7 @@ def test_compressors_key_is_checked_by_name_and_against_started_cells(tmp_path, 
     assert sweep.compressors == ("quantize",)
     started = sweep.cell_dir("resnet20", "random", 0)
     modelopt.optimize(resnet20_workload, strategy="random", budget=1, out=started, bits=[8],
-                      granularity=["per_channel"], progress=False, compressors=["prune", "quantize"])
+                      granularity=["per_channel"], progress=False, compressors=["prune", "quantize"], reconstruct=False)
     with pytest.raises(ConfigError, match="compressors=\\['prune', 'quantize'\\]"):
         run_sweep(path, progress=False, workloads={"resnet20": resnet20_workload})
 
