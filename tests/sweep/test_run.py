@@ -55,7 +55,7 @@ def test_a_good_file_parses_with_defaults_and_paths_resolved_against_its_folder(
     quant = cfg.options["quantize"]
     assert (cfg.objective, cfg.min_retention, cfg.confidence, quant["bits"], quant["granularity"]) == (
         "size", 0.99, 0.95, [8, 4, 3], ["per_channel", "group"])
-    assert quant["rounding"] == ["gptq"] and sweep.settings == {"device": "cpu"}
+    assert quant["rounding"] == ["gptq"] and sweep.settings == {"device": "cpu", "reconstruct": False}
     cells = sweep.cells()
     assert [(c.model, c.strategy, c.seed, c.status) for c in cells] == [
         ("resnet20", "random", 0, "todo"), ("resnet20", "random", 1, "todo")]
