@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -164,9 +165,13 @@ class CompressedStates:
     def adopt(self, fitted: Fitted) -> None:
         """From now on the plan `fitted.plan_key` runs with the reconstructed weights (`modelopt.reconstruct`).
         Call it through `Evaluator.adopt`, which also forgets the plan's cached scores."""
-        self._fitted[fitted.plan_key] = Fitted(fitted.plan_key, {
+        self._fitted[fitted.plan_key] = replace(fitted, weights={
             n: w.to(self.workload.original[n].device, self.workload.original[n].dtype)
-            for n, w in fitted.weights.items()}, fitted.integers, fitted.errors, fitted.images, fitted.seconds)
+            for n, w in fitted.weights.items()})
+
+    def drop(self, plan_key: str) -> None:
+        """The plan runs as composed again (`Evaluator.drop`)."""
+        self._fitted.pop(plan_key, None)
 
     def fitted(self, plan: Plan) -> Fitted | None:
         """The plan's reconstructed weights, when it was reconstructed (`adopt`)."""

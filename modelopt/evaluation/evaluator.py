@@ -57,6 +57,11 @@ class Evaluator:
         self.states.adopt(fitted)
         self.scorer.forget(fitted.plan_key)
 
+    def drop(self, plan_key: str) -> None:
+        """The plan runs, scores and exports as composed again, its reconstruction dropped (`adopt`)."""
+        self.states.drop(plan_key)
+        self.scorer.forget(plan_key)
+
     def plan_cost(self, plan: Plan) -> PlanCost:
         """The plan's bytes, MACs and bitops per layer, with the channels its structured pruning keeps."""
         kept = self.states.kept_channels(plan)

@@ -8,6 +8,7 @@ what confirmation and test score is what export writes. Saved as plain tensors (
 
 from __future__ import annotations
 
+import math
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +19,13 @@ import torch
 from modelopt.compressors._packing import Granularity, IntegerWeight
 from modelopt.errors import ConfigError
 
-__all__ = ["FITTED_VERSION", "Fitted"]
+__all__ = ["DROP_LEVEL", "FITTED_VERSION", "Fitted"]
 
 FITTED_VERSION = 1
+# A refit is dropped when the held-out images give less than this chance that it changes no more answers than the
+# plan as composed: reconstruction is kept unless they show it harms (docs/reconstruction.md: on ResNets it helps
+# every plan on test, where 1,000 held-out images cannot tell a 0.6-point gain from noise).
+DROP_LEVEL = 0.05
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,6 +40,9 @@ class Fitted:
             (before, after): the whole record, kept or not.
         images: Calibration images the refit read.
         seconds: Wall time of the refit.
+        held_out: (images, answers the plan as composed changes, answers the refit changes, images where exactly
+            one of the two agrees with the float model), on calibration images neither fit read (None: too few
+            to check; the refit is then kept).
     """
 
     plan_key: str
@@ -43,6 +51,19 @@ class Fitted:
     errors: dict[str, tuple[float, float]]
     images: int
     seconds: float
+    held_out: tuple[int, int, int, int] | None = None
+
+    @property
+    def chosen(self) -> bool:
+        """Whether the plan runs with these weights: unless the held-out images show the refit changes more
+        answers than the plan as composed (a one-sided sign test on the images where exactly one of the two
+        agrees with the float model, at `DROP_LEVEL`). Then the plan runs as composed, and this record only says
+        that the refit was tried."""
+        if self.held_out is None:
+            return True
+        _, composed, refit, discordant = self.held_out
+        worse = (discordant + refit - composed) // 2  # images only the refit changes
+        return refit <= composed or _sign_tail(worse, discordant) >= DROP_LEVEL
 
     def save(self, path: Path) -> None:
         """Writes the record as plain tensors and numbers (atomically: a killed write leaves no file)."""
@@ -53,6 +74,7 @@ class Fitted:
                              "granularity": i.granularity.value, "group_size": i.group_size}
                          for n, i in self.integers.items()},
             "errors": {n: list(e) for n, e in self.errors.items()},
+            "held_out": None if self.held_out is None else list(self.held_out),
         }
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
@@ -72,7 +94,7 @@ class Fitted:
                                          int(d["group_size"])) for n, d in doc["integers"].items()}
             return Fitted(str(doc["plan_key"]), dict(doc["weights"]), integers,
                           {n: (float(a), float(b)) for n, (a, b) in doc["errors"].items()}, int(doc["images"]),
-                          float(doc["seconds"]))
+                          float(doc["seconds"]), _held_out(doc.get("held_out")))
         except ConfigError:
             raise
         except (OSError, RuntimeError, KeyError, TypeError, ValueError, AttributeError, EOFError,
@@ -80,3 +102,17 @@ class Fitted:
             # a torn or foreign file: name it, say what would be right
             raise ConfigError(f"{path}: not a modelopt reconstruction file ({type(exc).__name__}: {exc}); "
                               "delete it and the run refits the plan") from None
+
+
+def _held_out(v: Any) -> tuple[int, int, int, int] | None:
+    """The held-out check as saved (absent in files written before it: None)."""
+    if v is None:
+        return None
+    images, composed, refit, discordant = (int(x) for x in v)
+    return images, composed, refit, discordant
+
+
+def _sign_tail(k: int, n: int) -> float:
+    """P(X >= k) for X ~ Binomial(n, 1/2): how likely `k` or more of `n` discordant images go the refit's way
+    against it by chance."""
+    return sum(math.comb(n, i) for i in range(k, n + 1)) / 2.0**n if n > 0 else 1.0

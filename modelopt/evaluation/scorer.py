@@ -126,6 +126,12 @@ class Scorer:
         with self._resident(plan, state):
             return self._predict(plan, self.workload.split(split).x, policy)
 
+    def answers_on(self, plan: Plan, x: Images) -> torch.Tensor:
+        """The plan's top-1 on images `x` of no split (unlabeled ones), as it is scored."""
+        policy, state, _ = self._prepare(plan)
+        with self._resident(plan, state):
+            return self._predict(plan, x, policy)[0]
+
     def evaluate_staged(self, plan: Plan, min_retention: float, fidelity: Fidelity, *, finish: bool = True,
                         confidence: float = 0.0, count_gains: bool = True, claim_images: int | None = None) -> Metrics:
         """Scores `plan` on the val split in stages, stopping once the rest cannot matter.

@@ -66,7 +66,7 @@ def _second_moments(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, i
         return (r.T @ r).double(), r.shape[0]
     if isinstance(module.padding, str):  # unfold takes numbers; a conv built with padding="same"/"valid"
         raise ConfigError(f"GPTQ needs a conv's padding as numbers; this one has padding={module.padding!r}")
-    per_image = _unfolded_bytes(module, x[:1])
+    per_image = unfolded_bytes(module, x[:1])
     if x.shape[0] > 1 and per_image * x.shape[0] > UNFOLD_BYTES:
         step = max(1, UNFOLD_BYTES // per_image)
         parts = [_second_moments(module, x[i : i + step]) for i in range(0, x.shape[0], step)]
@@ -79,12 +79,40 @@ def _second_moments(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, i
     return torch.einsum("ngip,ngjp->gij", g, g).double(), cols.shape[0] * cols.shape[2]
 
 
-def _unfolded_bytes(module: nn.Conv2d, x: torch.Tensor) -> int:
-    """Bytes of one image's unfolded input to `module` (fan-in x output positions, float32)."""
+def _dims(module: nn.Conv2d) -> list[tuple[int, ...]]:
+    """The conv's kernel size, stride, padding and dilation, as numbers."""
+    return [tuple(int(v) for v in t) for t in (module.kernel_size, module.stride, module.padding, module.dilation)]
+
+
+def output_size(module: nn.Conv2d, x: torch.Tensor) -> tuple[int, int]:
+    """The conv's output height and width for input `x`."""
     h, w = x.shape[-2:]
-    dims = [tuple(int(v) for v in t) for t in (module.kernel_size, module.stride, module.padding, module.dilation)]
-    out = [(size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, s, p, d in zip((h, w), *dims, strict=True)]
-    return 4 * int(x.shape[1]) * dims[0][0] * dims[0][1] * max(1, out[0] * out[1])
+    out = [(size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, s, p, d in zip((h, w), *_dims(module), strict=True)]
+    return out[0], out[1]
+
+
+def unfolded_bytes(module: nn.Conv2d, x: torch.Tensor) -> int:
+    """Bytes of one image's unfolded input to `module` (fan-in x output positions, float32)."""
+    oh, ow = output_size(module, x)
+    k = _dims(module)[0]
+    return 4 * int(x.shape[1]) * k[0] * k[1] * max(1, oh * ow)
+
+
+def sampled_unfold(module: nn.Conv2d, x: torch.Tensor, stride: int) -> torch.Tensor:
+    """`F.unfold`'s columns (n, fan_in x groups, positions) at every `stride`-th output position only, gathered
+    without unfolding the rest (an unfold of every position is most of a moment's cost when few are kept)."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _dims(module)
+    if stride <= 1:
+        return F.unfold(x, (kh, kw), (dh, dw), (ph, pw), (sh, sw))
+    oh, ow = output_size(module, x)
+    p = torch.arange(0, oh * ow, stride, device=x.device)
+    oy, ox = p // ow, p % ow
+    ky, kx = torch.meshgrid(torch.arange(kh, device=x.device), torch.arange(kw, device=x.device), indexing="ij")
+    iy = oy[None, :] * sh + ky.reshape(-1, 1) * dh  # (kh*kw, positions), in the padded input
+    ix = ox[None, :] * sw + kx.reshape(-1, 1) * dw
+    padded = F.pad(x, (pw, pw, ph, ph))
+    cols = padded[:, :, iy, ix]  # (n, channels, kh*kw, positions): unfold's column order
+    return cols.reshape(x.shape[0], -1, p.numel())
 
 
 def input_hessians(model: nn.Module, modules: Mapping[str, nn.Module], x: torch.Tensor | Images,

@@ -21,7 +21,6 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from modelopt.compressors._packing import (
     SCALE_DTYPE,
@@ -33,7 +32,7 @@ from modelopt.compressors._packing import (
 from modelopt.errors import ConfigError
 from modelopt.model.backbone import split_backbone
 from modelopt.model.gptq_sweep import gptq_round
-from modelopt.model.layer_inputs import UNFOLD_BYTES, LayerInputs, _unfolded_bytes
+from modelopt.model.layer_inputs import UNFOLD_BYTES, LayerInputs, sampled_unfold, unfolded_bytes
 
 __all__ = ["Grid", "LayerFit", "Target", "refit_layers"]
 
@@ -131,8 +130,7 @@ def _rows(module: nn.Module, x: torch.Tensor, stride: int = 1) -> torch.Tensor:
         return x.reshape(1, -1, x.shape[-1])
     if isinstance(module.padding, str):  # unfold takes numbers; a conv built with padding="same"/"valid"
         raise ConfigError(f"reconstruction needs a conv's padding as numbers; this one has padding={module.padding!r}")
-    cols = F.unfold(x, module.kernel_size, module.dilation, module.padding, module.stride)  # (n, fan_in*g, p)
-    cols = cols[:, :, ::stride]
+    cols = sampled_unfold(module, x, stride)  # (n, fan_in*g, positions)
     g = module.groups
     return cols.reshape(cols.shape[0], g, -1, cols.shape[2]).permute(1, 0, 3, 2).reshape(g, -1, cols.shape[1] // g)
 
@@ -151,10 +149,10 @@ def paired_moments(floats: tuple[nn.Module, nn.Module, torch.Tensor], owns: tupl
     step, stride = batch, 1
     if isinstance(module, nn.Conv2d):
         one = _capture(model, module, x[:1])
-        per_image = _unfolded_bytes(module, one)
-        step = max(1, min(batch, UNFOLD_BYTES // max(1, 2 * per_image)))
+        per_image = unfolded_bytes(module, one)
         positions = per_image // (4 * max(1, w.shape[-1] * w.shape[0]))  # output positions per image
         stride = max(1, (x.shape[0] * positions) // (ROWS_PER_INPUT * w.shape[-1]))
+        step = max(1, min(batch, UNFOLD_BYTES * stride // max(1, 2 * per_image)))
     for i in range(0, x.shape[0], step):
         rf = _rows(module, _capture(float_model, fmodule, xf[i:i + step]), stride)
         rq = _rows(module, _capture(model, module, x[i:i + step]), stride)

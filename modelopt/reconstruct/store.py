@@ -9,16 +9,19 @@ weights: from the evaluator's memory, else from `folder/<RECONSTRUCTED>/<plan ke
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
+from modelopt.data.split import Split
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.fitted import Fitted
 from modelopt.plan.plan import Plan
 from modelopt.reconstruct.own_inputs import Target
 from modelopt.reconstruct.plan import IMAGES, reconstruct, targets
 
-__all__ = ["RECONSTRUCTED", "Refits", "fitted_path"]
+__all__ = ["HELD_OUT", "MIN_HELD_OUT", "RECONSTRUCTED", "Refits", "checked", "fitted_path"]
 
 RECONSTRUCTED = "reconstructed"  # the run folder's sub-folder of reconstructions, one file per plan
 
@@ -31,6 +34,21 @@ def fitted_path(folder: Path, plan_key: str) -> Path:
 # Layers at this many bits or more, whole and dense, are left as composed: an INT8 plan's answers barely move (the
 # default run's INT8 anchor changed 0.21 % of confirm answers before and after).
 LEFT_AT_BITS = 8
+
+
+# Calibration images after the refit's own that check it against the plan as composed (`Fitted.chosen`): at most
+# HELD_OUT; with fewer than MIN_HELD_OUT left the refit is kept unchecked.
+HELD_OUT = 1000
+MIN_HELD_OUT = 200
+
+
+def _verdict(fitted: Fitted) -> str:
+    """The held-out check, as a progress line ends."""
+    if fitted.held_out is None:
+        return " (too few calibration images left to check it: kept)"
+    n, composed, refit, _ = fitted.held_out
+    kept = "kept" if fitted.chosen else "dropped (it harms): the plan runs as composed"
+    return f"; answers changed on {n} held-out calibration images {composed} composed -> {refit} refitted: {kept}"
 
 
 def _worth_it(goals: Mapping[str, Target]) -> bool:
@@ -51,6 +69,7 @@ class Refits:
     def __init__(self, evaluator: Evaluator, folder: Path | None = None, images: int = IMAGES,
                  progress: Callable[[str], None] | None = None) -> None:
         self.evaluator, self.folder, self.images, self.progress = evaluator, folder, images, progress
+        self.tried: dict[str, Fitted] = {}  # plan key -> its refit as fitted or read here, chosen or not
 
     def stored(self, plan: Plan) -> bool:
         """Whether the plan's reconstruction is adopted, or kept in the folder."""
@@ -59,28 +78,58 @@ class Refits:
         return self.folder is not None and fitted_path(self.folder, plan.key).is_file()
 
     def load(self, plan: Plan) -> bool:
-        """Adopts the plan's kept reconstruction; False when there is none (the plan then runs as composed)."""
+        """Adopts the plan's kept reconstruction where it was chosen (`Fitted.chosen`; else the plan runs as
+        composed); False when there is none."""
         if self.evaluator.states.fitted(plan) is not None:
             return True
         if self.folder is None or not (path := fitted_path(self.folder, plan.key)).is_file():
             return False
-        fitted = Fitted.load(path, self.evaluator.workload.device)
-        self.evaluator.adopt(fitted)
+        fitted = self.tried[plan.key] = Fitted.load(path, self.evaluator.workload.device)
+        if fitted.chosen:
+            self.evaluator.adopt(fitted)
         return True
 
     def __call__(self, plan: Plan) -> Fitted | None:
-        """Adopts the plan's reconstruction, fitting and keeping it first when there is none (None: the plan
-        has nothing to refit)."""
+        """Adopts the plan's reconstruction, fitting, checking and keeping it first when there is none (None: the
+        plan has nothing to refit, or its refit changed more held-out answers than the plan as composed)."""
         if self.load(plan):
             return self.evaluator.states.fitted(plan)
         if not _worth_it(targets(self.evaluator, plan)):
             return None
+        t0 = time.perf_counter()
         fitted = reconstruct(self.evaluator, plan, self.images)
-        self.evaluator.one_time.timed("reconstruct", fitted.seconds)  # the finalists' refits, added up
+        fitted = self.tried[plan.key] = checked(self.evaluator, plan, fitted)
+        seconds = time.perf_counter() - t0
+        self.evaluator.one_time.timed("reconstruct", seconds)  # the finalists' refits and checks, added up
         if self.progress:
             self.progress(f"reconstructed {len(fitted.weights)} of {len(fitted.errors)} layers on {fitted.images} "
-                          f"calibration images in {fitted.seconds:.1f} s")
+                          f"calibration images in {seconds:.1f} s{_verdict(fitted)}")
         if self.folder is not None:
             fitted.save(fitted_path(self.folder, plan.key))
-        self.evaluator.adopt(fitted)
+        return fitted if fitted.chosen else None
+
+
+def checked(evaluator: Evaluator, plan: Plan, fitted: Fitted) -> Fitted:
+    """`fitted` with its held-out check (`Fitted.held_out`), adopted where it is chosen (`Fitted.chosen`), else
+    the plan left as composed.
+
+    The check counts answers changed against the float model on up to `HELD_OUT` calibration images after those
+    the refit read (GPTQ's and the other per-layer fits read the first ones too), which no search scored: neither
+    side is favoured. None where fewer than `MIN_HELD_OUT` are left.
+    """
+    calib = evaluator.workload.split(Split.CALIB).x
+    if len(calib) - fitted.images < MIN_HELD_OUT:
+        evaluator.adopt(fitted)
         return fitted
+    x = calib.part(fitted.images, min(len(calib), fitted.images + HELD_OUT))
+    float_top1 = evaluator.workload.predict(x)
+    evaluator.drop(plan.key)
+    composed = evaluator.scorer.answers_on(plan, x) != float_top1
+    evaluator.adopt(fitted)
+    refit = evaluator.scorer.answers_on(plan, x) != float_top1
+    out = replace(fitted, held_out=(len(x), int(composed.sum()), int(refit.sum()), int((composed != refit).sum())))
+    if out.chosen:
+        evaluator.adopt(out)
+    else:
+        evaluator.drop(plan.key)
+    return out

@@ -7,6 +7,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from modelopt.exporters import export_packed, load
 from modelopt.exporters._forms import layer_forms
 from modelopt.plan.space import SearchSpace
 from modelopt.reconstruct import reconstruct
-from modelopt.reconstruct.store import Refits, fitted_path
+from modelopt.reconstruct.store import HELD_OUT, MIN_HELD_OUT, Refits, checked, fitted_path
 
 OPTIONS = {"prune": {"kind": ["unstructured", "structured"], "sparse_images": 64, "repair_images": 64},
            "quantize": {"bits": [8, 3], "rounding": ["gptq"], "calib_images": 64}}
@@ -128,3 +129,47 @@ def test_a_reconstructed_plan_rebuilds_from_its_run_folder_in_a_new_process(smal
         assert runs[0]["weights"][name] == hashlib.sha256(w.contiguous().numpy().tobytes()).hexdigest()
     test = best["test"]
     assert runs[0]["test"] == [test["lost"], test["gained"], test["agreement"], test["accuracy"]]
+
+
+def _damaged(fitted: Fitted) -> Fitted:
+    """`fitted` with its refitted weights negated: a refit that breaks the network's answers."""
+    return replace(fitted, weights={n: -w for n, w in fitted.weights.items()})
+
+
+def test_a_refit_that_changes_more_held_out_answers_is_dropped_and_the_plan_runs_as_composed(resnet20_workload):
+    ev = _evaluator(resnet20_workload)
+    plan = _int3(ev)
+    composed = ev.scorer.evaluate(plan, split=Split.TEST)
+    good = checked(ev, plan, reconstruct(ev, plan, images=128))
+    n, before, after, discordant = good.held_out
+    assert n == min(HELD_OUT, len(resnet20_workload.split(Split.CALIB).x) - 128) >= MIN_HELD_OUT
+    assert discordant >= abs(after - before)
+    assert (ev.states.fitted(plan) is not None) == good.chosen
+    bad = checked(ev, plan, _damaged(good))
+    assert bad.held_out[1] == before and bad.held_out[2] > before + 100 and not bad.chosen
+    assert ev.states.fitted(plan) is None  # as composed again, scored as it was
+    again = ev.scorer.evaluate(plan, split=Split.TEST)
+    assert (again.lost, again.gained, again.agreement) == (composed.lost, composed.gained, composed.agreement)
+
+
+def test_a_dropped_refit_is_kept_in_the_run_folder_and_read_as_dropped(resnet20_workload, tmp_path):
+    ev = _evaluator(resnet20_workload)
+    plan = _int3(ev)
+    bad = checked(ev, plan, _damaged(reconstruct(ev, plan, images=128)))
+    bad.save(fitted_path(tmp_path, plan.key))
+    assert Fitted.load(fitted_path(tmp_path, plan.key)).held_out == bad.held_out
+    again = _evaluator(resnet20_workload)
+    refits = Refits(again, tmp_path)
+    assert refits(plan) is None and refits.stored(plan)  # not refitted again, not adopted
+    assert again.states.fitted(plan) is None and "reconstruct" not in again.one_time.seconds
+    assert not refits.tried[plan.key].chosen
+
+
+@pytest.mark.parametrize(("held_out", "chosen"), [
+    ((1000, 30, 34, 40), True),    # 22 of 40 discordant images against the refit: chance
+    ((1000, 38, 54, 40), False),   # 28 of 40: P = 0.008
+    ((1000, 76, 59, 40), True),    # fewer answers changed
+    (None, True),                  # too few held-out images to check: kept
+])
+def test_a_refit_is_dropped_only_where_the_held_out_images_show_it_harms(held_out, chosen):
+    assert Fitted("p", {}, {}, {}, 128, 1.0, held_out).chosen is chosen
