@@ -122,7 +122,7 @@ class Confirmation:
     verdicts: tuple[bool, ...] = ()  # each tested finalist's: confirmed or not
     # Each tested finalist's confirm metrics as the search composed it, before it was reconstructed and confirmed
     # (None: not reconstructed; its `finalists` metrics are then the composed plan's own).
-    before: tuple[Metrics | None, ...] = ()
+    composed: tuple[Metrics | None, ...] = ()
 
     @property
     def usable(self) -> bool:
@@ -146,7 +146,7 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
             in place of a fixed selection shift.
         refit: reconstructs a plan and makes the evaluator run it so (`modelopt.reconstruct.store.Refits`), called
             on each finalist before it is confirmed: what is confirmed is what is then tested and exported. The
-            composed plan is scored on confirm first, for the record only (`Confirmation.before`).
+            composed plan is scored on confirm first, for the record only (`Confirmation.composed`).
 
     Example:
         >>> c = confirm_plans(ev, Objective("size", 0.99, 0.95), finalists, anchors)
@@ -168,14 +168,14 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
     chains = _chains(unique, candidates, anchor_keys)
     flat = [t for chain in chains for t in chain]
     scored: dict[int, Metrics] = {}
-    before: dict[int, Metrics] = {}
+    composed_scores: dict[int, Metrics] = {}
 
     def passes(i: int, level: float) -> bool:
         if i not in scored:
             if refit is not None and evaluator.states.fitted(flat[i].plan) is None:
                 composed = evaluator.scorer.evaluate(flat[i].plan, split=Split.CONFIRM)
                 if refit(flat[i].plan) is not None:
-                    before[i] = composed
+                    composed_scores[i] = composed
             scored[i] = evaluator.scorer.evaluate(flat[i].plan, split=Split.CONFIRM)
         if objective.confidence <= 0:
             return objective.meets_floor(scored[i])
@@ -191,7 +191,7 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
                default=None)
     return Confirmation(Split.CONFIRM, tuple((flat[i], scored[i]) for i in tested), len(held), best, ceiling,
                         objective.min_retention, tuple(candidates[flat[i].plan.key].chance for i in tested),
-                        tuple(verdict[i] for i in tested), tuple(before.get(i) for i in tested))
+                        tuple(verdict[i] for i in tested), tuple(composed_scores.get(i) for i in tested))
 
 
 def _chains(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[str]) -> list[list[Trial]]:

@@ -347,7 +347,7 @@ def summarize(
     finalists = tuple(
         Finalist(t.number, t.plan.key, confirmation.verdicts[i],
                  confirmation.chances[i] if i < len(confirmation.chances) else None, scores(m),
-                 scores(confirmation.before[i]) if i < len(confirmation.before) else None)
+                 scores(confirmation.composed[i]) if i < len(confirmation.composed) else None)
         for i, (t, m) in enumerate(confirmation.finalists))
     splits = (Split.VAL, Split.CONFIRM, Split.TEST) if Split.CONFIRM in wl.splits else (Split.VAL, Split.TEST)
     return RunSummary(
