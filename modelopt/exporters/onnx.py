@@ -86,7 +86,7 @@ def export_onnx(
     calibration: str = "minmax",
     percentile: float = 99.99,
     calib_samples: int = 512,
-    quantize_input: bool = False,
+    quantize_input: bool | None = None,
     widen_int4: bool = False,
 ) -> OnnxExport:
     """Writes `plan` applied to the evaluator's model as an ONNX (QDQ) file.
@@ -102,9 +102,12 @@ def export_onnx(
         calibration: ``minmax`` or ``percentile`` activation ranges.
         percentile: the tail percentile for ``percentile`` calibration.
         calib_samples: calib-split images the ranges are measured on.
-        quantize_input: quantize the network input too. Off by default: one uint8 grid per tensor
-            cannot hold the three channels' normalised pixel grids (steps 1/(255 std_c)), so it
-            adds error where the input had none; the first conv then runs in float.
+        quantize_input: quantize the network input (the normalised image) where a layer that reads it has its
+            input quantized. None (the default): as the activations asked for, so the first conv runs the
+            integer kernel the plan was scored with; False: the input stays float and the first conv runs in
+            float, at a price beyond its own time: ONNX Runtime then runs the integer convs in NHWC between a
+            Transpose pair around every residual add (ResNet-20 W8A8, 1 thread: 18 Transposes, and 1.9x the
+            float model's speed instead of 2.8x; `benchmarks/onnx_graph.py`).
         widen_int4: store 2..4-bit codes as int8: a larger file, but per-channel and per-tensor
             layers then fuse into QLinearConv (ONNX Runtime has no int4 convolution kernel).
 
@@ -134,7 +137,7 @@ def onnx_model(
     calibration: str = "minmax",
     percentile: float = 99.99,
     calib_samples: int = 512,
-    quantize_input: bool = False,
+    quantize_input: bool | None = None,
     widen_int4: bool = False,
     routed: bool = False,
 ) -> tuple[Any, OnnxExport]:
@@ -207,7 +210,7 @@ _RANGES: weakref.WeakKeyDictionary[Workload, dict[_Calibration, dict[str, tuple[
 
 
 def _activation_qparams(evaluator: Evaluator, graph: Graph, exported: Any, layers: set[str] | None,
-                        calib: _Calibration, quantize_input: bool) -> dict[str, QParams]:
+                        calib: _Calibration, quantize_input: bool | None) -> dict[str, QParams]:
     """uint8 QDQ parameters of the activations to quantize (`layers`: around those; None: every one), from
     their ranges on the calibration images in the float model. The ranges are measured once per workload
     and calibration (the float graph's tensors keep their names in every plan's graph) and cached there."""
@@ -228,7 +231,7 @@ def _activation_qparams(evaluator: Evaluator, graph: Graph, exported: Any, layer
             ranges.update(calibrate(_model(graph, exported, []), missing - set(ranges), batches, calib.method,
                                     calib.percentile))
     return {t: QParams.from_range(*ranges[root]) for t, root in source.items()
-            if quantize_input or t not in graph.inputs}
+            if quantize_input is not False or t not in graph.inputs}
 
 
 def version_converter_convert(model: Any) -> Any:

@@ -31,6 +31,7 @@ def ort_session(path: str | Path, threads: int | None = None, level: str = "all"
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     if optimized_path is not None:
         opts.optimized_model_filepath = str(optimized_path)
+        opts.log_severity_level = 3  # its warning that a level-"all" file is for this machine only: known, and kept
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
@@ -52,8 +53,9 @@ def run_onnx(path: str | Path, x: np.ndarray | torch.Tensor | Images, *, batch_s
     return np.concatenate([sess.run(None, {name: rows(i)})[0] for i in range(0, len(x), batch_size)])
 
 
-def fused_op_counts(path: str | Path) -> dict[str, int]:
-    """Op types of the graph ONNX Runtime actually runs after its QDQ fusions (extended level).
+def fused_op_counts(path: str | Path, level: str = "extended") -> dict[str, int]:
+    """Op types of the graph ONNX Runtime actually runs after its QDQ fusions (extended level; "all" adds the
+    layout changes: the NHWC integer kernels and the Transposes they need).
 
     Integer kernels show up as QLinearConv, QLinearAdd, ...; an unfused QDQ model shows only
     QuantizeLinear/DequantizeLinear around float Conv.
@@ -66,5 +68,5 @@ def fused_op_counts(path: str | Path) -> dict[str, int]:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "optimized.onnx"
-        ort_session(path, level="extended", optimized_path=out)
+        ort_session(path, level=level, optimized_path=out)
         return dict(Counter(n.op_type for n in onnx.load(out).graph.node))

@@ -98,15 +98,15 @@ def unfolded_bytes(module: nn.Conv2d, x: torch.Tensor) -> int:
     return 4 * int(x.shape[1]) * k[0] * k[1] * max(1, oh * ow)
 
 
-def sampled_unfold(module: nn.Conv2d, x: torch.Tensor, positions: int) -> torch.Tensor:
-    """`F.unfold`'s columns (n, fan_in x groups, positions) at `positions` output positions per image, evenly
-    spaced in row-major order (all of them when there are no more), gathered without unfolding the rest (an
-    unfold of every position is most of a moment's cost when few are kept)."""
+def sampled_unfold(module: nn.Conv2d, x: torch.Tensor, stride: int) -> torch.Tensor:
+    """`F.unfold(...)[:, :, ::stride]`: the columns (n, fan_in x groups, positions) at every `stride`-th output
+    position of each image in row-major order, gathered without unfolding the rest (an unfold of every position
+    is most of a moment's cost when few are kept)."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _dims(module)
-    oh, ow = output_size(module, x)
-    if positions >= oh * ow:
+    if stride <= 1:
         return F.unfold(x, (kh, kw), (dh, dw), (ph, pw), (sh, sw))
-    p = torch.linspace(0, oh * ow - 1, max(1, positions), device=x.device).round().long()
+    oh, ow = output_size(module, x)
+    p = torch.arange(0, oh * ow, stride, device=x.device)
     oy, ox = p // ow, p % ow
     ky, kx = torch.meshgrid(torch.arange(kh, device=x.device), torch.arange(kw, device=x.device), indexing="ij")
     iy = oy[None, :] * sh + ky.reshape(-1, 1) * dh  # (kh*kw, positions), in the padded input

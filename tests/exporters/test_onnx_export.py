@@ -24,14 +24,24 @@ def test_int8_qdq_runs_integer_kernels_and_agrees(r20_evaluator, r20_plans, tmp_
     model = onnx.load(info.path)
     onnx.checker.check_model(model, full_check=True)
     assert info.int8_layers == 20 and info.int4_layers == 0 and info.activation_tensors > 0
-    # What ORT runs after its QDQ fusions: every conv but the first (float input, by design)
-    # becomes QLinearConv, residual adds QLinearAdd: integer kernels, not float Conv on DQ output.
+    # What ORT runs after its QDQ fusions: every conv, the first on the quantized image too, becomes
+    # QLinearConv, residual adds QLinearAdd: integer kernels, not float Conv on DQ output.
     ops = fused_op_counts(info.path)
-    assert ops.get("QLinearConv") == 18 and ops.get("Conv") == 1, ops
+    assert ops.get("QLinearConv") == 19 and "Conv" not in ops, ops
     assert ops.get("QLinearAdd") == 9, ops
     x = r20_evaluator.workload.split("val").x.tensor()
     agreement = float((run_onnx(info.path, x).argmax(1) == _torch_logits(r20_evaluator, plan, x).argmax(1)).mean())
     assert agreement >= 0.995, agreement
+
+
+def test_an_integer_stem_lets_ort_run_nhwc_without_a_transpose_per_residual_add(r20_evaluator, r20_plans, tmp_path):
+    """With the image quantized the whole W8A8 network runs NHWC: one Transpose in, one out. With a float stem ORT
+    transposes around every QLinearAdd (it has no NHWC kernel to meet a float Conv's NCHW output)."""
+    plan = r20_plans["int8_per_channel"]
+    stem = export_onnx(r20_evaluator, plan, tmp_path / "stem8.onnx", activations="all")
+    float_stem = export_onnx(r20_evaluator, plan, tmp_path / "stem32.onnx", activations="all", quantize_input=False)
+    assert fused_op_counts(stem.path, level="all").get("Transpose", 0) <= 2
+    assert fused_op_counts(float_stem.path, level="all").get("Transpose", 0) >= 18
 
 
 def test_the_plan_decides_which_layers_run_integer_kernels(r20_evaluator, r20_plans, tmp_path):
