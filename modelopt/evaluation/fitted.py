@@ -115,4 +115,4 @@ def _held_out(v: Any) -> tuple[int, int, int, int] | None:
 def _sign_tail(k: int, n: int) -> float:
     """P(X >= k) for X ~ Binomial(n, 1/2): how likely `k` or more of `n` discordant images go the refit's way
     against it by chance."""
-    return sum(math.comb(n, i) for i in range(k, n + 1)) / 2.0**n if n > 0 else 1.0
+    return sum(math.comb(n, i) for i in range(k, n + 1)) / 2**n if n > 0 else 1.0  # exact ints: no float overflow

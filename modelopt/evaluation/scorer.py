@@ -122,15 +122,13 @@ class Scorer:
 
     def answers(self, plan: Plan, split: str) -> Predictions:
         """The plan's top-1 on every image of `split` and, with exits, where each left, as it is scored."""
-        policy, state, _ = self._prepare(plan)
-        with self._resident(plan, state):
-            return self._predict(plan, self.workload.split(split).x, policy)
+        return self.answers_on(plan, self.workload.split(split).x)
 
-    def answers_on(self, plan: Plan, x: Images) -> torch.Tensor:
-        """The plan's top-1 on images `x` of no split (unlabeled ones), as it is scored."""
+    def answers_on(self, plan: Plan, x: Images) -> Predictions:
+        """`answers` on images `x` of no split (unlabeled ones)."""
         policy, state, _ = self._prepare(plan)
         with self._resident(plan, state):
-            return self._predict(plan, x, policy)[0]
+            return self._predict(plan, x, policy)
 
     def evaluate_staged(self, plan: Plan, min_retention: float, fidelity: Fidelity, *, finish: bool = True,
                         confidence: float = 0.0, count_gains: bool = True, claim_images: int | None = None) -> Metrics:

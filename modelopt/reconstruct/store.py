@@ -124,9 +124,9 @@ def checked(evaluator: Evaluator, plan: Plan, fitted: Fitted) -> Fitted:
     x = calib.part(fitted.images, min(len(calib), fitted.images + HELD_OUT))
     float_top1 = evaluator.workload.predict(x)
     evaluator.drop(plan.key)
-    composed = evaluator.scorer.answers_on(plan, x) != float_top1
+    composed = evaluator.scorer.answers_on(plan, x)[0] != float_top1
     evaluator.adopt(fitted)
-    refit = evaluator.scorer.answers_on(plan, x) != float_top1
+    refit = evaluator.scorer.answers_on(plan, x)[0] != float_top1
     out = replace(fitted, held_out=(len(x), int(composed.sum()), int(refit.sum()), int((composed != refit).sum())))
     if out.chosen:
         evaluator.adopt(out)
