@@ -11,6 +11,11 @@ kernel time from ORT's own profiler, with the Transposes ORT inserts (level "all
 
     python benchmarks/onnx_graph.py                                   # bundled ResNet-20, exact test images
     python benchmarks/onnx_graph.py --data ../shared/data/cifar10/cifar10_jpeg_test.npz --images 1000
+    python benchmarks/onnx_graph.py --file "search's plan=runs/r/model-best.onnx"   # a run's export beside them
+
+`--file LABEL=PATH` (repeatable) adds ONNX files of the same model, e.g. what `modelopt export RUN --format onnx`
+wrote for a latency search's plan (with `--skip` its W8A8 removes those blocks' residual branches: the plan
+`modelopt.compressors.depth` offers), timed in the same rounds, profiled and scored beside the four.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import onnxruntime as ort
 
 from modelopt.api import build_compressors, build_workload
 from modelopt.compressors import QuantSpec
+from modelopt.compressors.depth import SKIP
 from modelopt.data.split import Split
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters.onnx import export_onnx
@@ -108,16 +114,31 @@ def main() -> None:
     ap.add_argument("--data", default="cifar10-exact-sample")
     ap.add_argument("--images", type=int, default=None, help="test images timed and scored (default: all)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--file", action="append", default=[], metavar="LABEL=PATH",
+                    help="another ONNX file of the model to time beside the others (repeatable)")
+    ap.add_argument("--skip", action="append", default=[], metavar="BLOCK",
+                    help="also W8A8 with this block's residual branch removed (repeatable: one file, all removed)")
     args = ap.parse_args()
     wl = build_workload(args.model, args.data, weights=args.weights, device="cpu")
     options = {"quantize": {"bits": [8], "activations": [None, 8]}}
-    space = SearchSpace(wl.layers, build_compressors(["quantize"], options))
+    space = SearchSpace(wl.layers, build_compressors(["depth", "quantize"] if args.skip else ["quantize"], options))
     ev = Evaluator(wl, space)
     w8a8 = space.uniform("quantize", QuantSpec(8).with_activations(8))
     tmp = Path(tempfile.mkdtemp())
     files = {"float": export_onnx(ev, space.plan(), tmp / "float.onnx", activations=False).path,
              "W8A8, float stem": export_onnx(ev, w8a8, tmp / "w8a8_float_stem.onnx", quantize_input=False).path,
              "W8A8 (default export)": export_onnx(ev, w8a8, tmp / "w8a8.onnx").path}
+    if args.skip:
+        ends = {b.block: b.layers[-1] for b in wl.branches.values()}
+        unknown = [b for b in args.skip if b not in ends]
+        if unknown:
+            raise SystemExit(f"--skip {unknown[0]!r}: no removable residual branch there; valid: {', '.join(ends)}")
+        removed = {f"{ends[block]}/depth": SKIP for block in args.skip}
+        label = f"W8A8, {', '.join(args.skip)} removed"
+        files[label] = export_onnx(ev, space.plan({**dict(w8a8.choices), **removed}), tmp / "w8a8_skip.onnx").path
+    for item in args.file:
+        label, _, path = item.rpartition("=")
+        files[label or Path(path).stem] = Path(path)
     calib = wl.split(Split.CALIB).x[:CALIB_IMAGES].cpu().numpy()
     files["ORT quantize_static"] = _quantize_static(files["float"], calib, tmp / "ort_static.onnx")
     test = wl.split(Split.TEST)
@@ -137,7 +158,7 @@ def main() -> None:
               f"| {ms64['float'] / ms64[k]:.2f}x | {100 * float((answers[k] == y).sum()) / base:.2f} % "
               f"| {100 * float((answers[k] == answers['float']).mean()):.2f} % | {transposes} |")
     print("\nShare of kernel time per op (batch 1):")
-    for k in ("W8A8, float stem", "W8A8 (default export)", "ORT quantize_static"):
+    for k in [k for k in files if k != "float"]:
         shares = _profile(files[k], x[: min(n, 300)], tmp)
         print(f"- {k}: " + ", ".join(f"{op} {100 * s:.0f} %" for op, s in shares.items() if s >= 0.005))
 

@@ -220,7 +220,8 @@ def test_no_module_imports_upward() -> None:
 CONTRACT = frozenset({"modelopt.compressors", "modelopt.compressors._base", "modelopt.compressors._registry",
                       "modelopt.compressors._inputs", "modelopt.compressors._surface", "modelopt.compressors._packing",
                       "modelopt.compressors._routing", "modelopt.compressors._channels",
-                      "modelopt.compressors._calibration", "modelopt.compressors._options"})
+                      "modelopt.compressors._branches", "modelopt.compressors._calibration",
+                      "modelopt.compressors._options"})
 # What the package itself may hand out beyond its contract modules: the registry and the records of the contract.
 # The package re-exports the shipped plugins' classes for users (`modelopt.compressors.Quantize`); the public
 # facade `modelopt/__init__.py` hands `QuantSpec` and `Granularity` on to them, and nothing else imports those.
@@ -228,7 +229,7 @@ CONTRACT_NAMES = frozenset({"COMPRESSORS", "FIRST_COMPRESSOR", "Cell", "Choice",
                             "ReportColumn", "Setting", "SettingKind", "Storage", "compressor_settings", "option"})
 FACADE = "modelopt"
 # The names of the compressors modelopt ships, as the registry knows them.
-SHIPPED = ("quantize", "prune", "early_exit")
+SHIPPED = ("quantize", "prune", "early_exit", "depth")
 
 
 def _outside_compressors() -> list[str]:

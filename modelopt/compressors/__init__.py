@@ -10,6 +10,7 @@ from modelopt.compressors._options import Options, option
 from modelopt.compressors._packing import Storage
 from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors._surface import Cell, ReportColumn, Setting, SettingKind
+from modelopt.compressors.depth import Depth
 from modelopt.compressors.early_exit.compressor import EarlyExit, ExitChoice
 from modelopt.compressors.prune import Prune, PruneKind, PruneSpec
 from modelopt.compressors.quantize import Granularity, Quantize, QuantSpec, Rounding
@@ -18,7 +19,7 @@ from modelopt.errors import ConfigError
 # The compressor a run record that names none ran (the first versions of modelopt had no other).
 FIRST_COMPRESSOR = Quantize.name
 
-__all__ = ["COMPRESSORS", "FIRST_COMPRESSOR", "Cell", "Choice", "Compressor", "EarlyExit", "ExitChoice",
+__all__ = ["COMPRESSORS", "FIRST_COMPRESSOR", "Cell", "Choice", "Compressor", "Depth", "EarlyExit", "ExitChoice",
            "Granularity", "Options", "Prune", "PruneKind", "PruneSpec", "QuantSpec", "Quantize", "ReportColumn",
            "Rounding", "Setting", "SettingKind", "Storage", "compressor_settings", "option"]
 

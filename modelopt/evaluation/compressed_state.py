@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from modelopt.compressors._branches import RemovesBranch
 from modelopt.compressors._channels import RemovesChannels
 from modelopt.compressors._inputs import (
     Calibration,
@@ -33,10 +34,12 @@ from modelopt.evaluation.fitted import Fitted
 from modelopt.evaluation.norm_stats import NormStats
 from modelopt.evaluation.prep_costs import OneTimeCosts
 from modelopt.evaluation.routes import PlanRoutes
+from modelopt.model.branches import Branch, skipped_block
 from modelopt.model.channels import Removal, zeroed
 from modelopt.model.layer_inputs import LayerInputs, input_columns, input_hessians
 from modelopt.model.layers import compressible_modules
 from modelopt.model.reconstruct import refit_reader
+from modelopt.model.skip_repair import branch_means, skip_state
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace
@@ -45,6 +48,10 @@ __all__ = ["CompressedStates", "Kept", "Slices"]
 
 Kept = dict[str, tuple[str, torch.Tensor]]  # {root layer: (decision, ascending kept output channels)}
 Slices = dict[str, tuple[torch.Tensor | None, torch.Tensor | None]]  # {layer: (kept rows, kept columns)}
+
+# Calibration images a removed branch's mean and the next block's refit are measured on (`skip_repair`; more buy
+# little: docs/compressors.md, depth).
+SKIP_IMAGES = 512
 
 
 def _kept(n: int, removed: set[int]) -> torch.Tensor | None:
@@ -88,10 +95,55 @@ class CompressedStates:
         # Modules whose removed channels are zeroed by name (norms, biases), besides the compressed weights.
         self._zeroable = {n for n, m in workload.model.named_modules() if list(m.parameters(recurse=False))}
         self._removals: dict[tuple[str, tuple[int, ...]], tuple[Removal, ...]] = {}
-        self._input_ranges: dict[Calibration, dict[str, tuple[float, float]]] = {}  # activation quantization
+        # (calibration, removed blocks) -> every layer's input range (activation quantization)
+        self._input_ranges: dict[tuple[Calibration, tuple[str, ...]], dict[str, tuple[float, float]]] = {}
         self.norm_stats = NormStats(workload, one_time)  # batch norms re-estimated per plan
         self._pre_passes: dict[str, float] = {}  # a strategy's passes before any plan (add_pre_pass)
         self._fitted: dict[str, Fitted] = {}  # plan key -> its reconstructed weights (`adopt`)
+        self._skips: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}  # removed blocks -> their float state
+        self._means: dict[str, torch.Tensor] | None = None  # every removable branch's mean (`branch_means`)
+
+    # ---- removed branches (depth) ---------------------------------------------------------
+
+    def skipped(self, plan: Plan) -> tuple[Branch, ...]:
+        """The residual branches the plan removes (`RemovesBranch`), in model order."""
+        out = []
+        for d in self.space.decisions:
+            comp = self.space.compressors[d.compressor]
+            if isinstance(comp, RemovesBranch) and comp.removes(plan.get(d.name)):
+                out.append(self.workload.branches[d.layer])
+        return tuple(out)
+
+    def skipped_layers(self, plan: Plan) -> frozenset[str]:
+        """The compressible layers on the branches the plan removes: no engine runs them."""
+        return frozenset(name for b in self.skipped(plan) for name in b.layers)
+
+    def skip_state(self, plan: Plan) -> dict[str, torch.Tensor]:
+        """The float tensors of the model with the plan's branches removed and repaired (`skip_repair.skip_state`;
+        cached per set of removed blocks, charged once each as three passes over its images)."""
+        skips = self.skipped(plan)
+        if not skips:
+            return {}
+        key = tuple(b.block for b in skips)
+        if key not in self._skips:
+            if self._means is None:
+                self._means = branch_means(self.workload, tuple(self.workload.branches.values()), SKIP_IMAGES)
+            self._skips[key] = skip_state(self.workload, skips, SKIP_IMAGES, self._means)
+        return self._skips[key]
+
+    def _skip_cost(self, plan: Plan) -> float:
+        skips = self.skipped(plan)
+        if not skips:
+            return 0.0
+        images = min(SKIP_IMAGES, len(self.workload.split(Split.CALIB)))
+        return self.one_time.charge(f"skip:{','.join(b.block for b in skips)}",
+                                    3 * images / len(self.workload.split(Split.VAL)))
+
+    def float_weight(self, lname: str, plan: Plan) -> torch.Tensor:
+        """`lname`'s weight before compression under `plan`: the float one, or the refit that stands in for a
+        removed branch before it (`skip_state`)."""
+        own = self.skip_state(plan).get(f"{lname}.weight")
+        return self.workload.original[lname] if own is None else own
 
     # ---- weights --------------------------------------------------------------------------
 
@@ -196,7 +248,11 @@ class CompressedStates:
                 continue
             shape_key = tuple(None if t is None else tuple(t.tolist()) for t in (rows, cols))
             repair = self._repair_images(plan) if cols is not None else 0  # the readers' refit, or none
-            key = (layer.name, tuple(self._compressor_keys[d.compressor] for d in decs), choices, shape_key, repair)
+            # A layer refitted for a removed branch before it starts from that refit.
+            absorbs = tuple(b.block for b in self.skipped(plan)) if f"{layer.name}.weight" in self.skip_state(
+                plan) else ()
+            key = (layer.name, tuple(self._compressor_keys[d.compressor] for d in decs), choices, shape_key, repair,
+                   *absorbs)
             w = self._tensors.get(key)
             if w is None:
                 self._tensors[key] = w = self._compress(layer.name, plan, kept, (rows, cols)).contiguous()
@@ -213,7 +269,7 @@ class CompressedStates:
         rows = torch.arange(orig.shape[0], device=orig.device) if keep_rows is None else keep_rows.to(orig.device)
         cols = torch.arange(orig.shape[1], device=orig.device) if keep_cols is None else keep_cols.to(orig.device)
         sliced = keep_rows is not None or keep_cols is not None
-        w = self.sliced(lname, plan) if sliced else orig
+        w = self.sliced(lname, plan) if sliced else self.float_weight(lname, plan)
         for d in self._layer_decisions[lname]:
             c = plan.get(d.name)
             if c is None or (own is not None and d.name == own[0]):  # slicing already applied that one
@@ -239,8 +295,9 @@ class CompressedStates:
     def sliced(self, lname: str, plan: Plan) -> torch.Tensor:
         """`lname`'s float weight at the shape the plan stores: its kept rows and columns, refitted on the kept
         columns when the plan removed some of its inputs and repairs (`reconstruct.refit_reader`; a grouped conv,
-        whose groups read their own channels, is only sliced). Every compressor's chain starts here."""
-        orig = self.workload.original[lname]
+        whose groups read their own channels, is only sliced); a layer standing in for a removed branch before it,
+        its refit (`float_weight`). Every compressor's chain starts here."""
+        orig = self.float_weight(lname, plan)
         keep_rows, keep_cols = self.kept_slices(plan).get(lname, (None, None))
         w = orig if keep_rows is None else orig[keep_rows.to(orig.device)]
         if keep_cols is None:
@@ -294,13 +351,15 @@ class CompressedStates:
         the float model, so it happens here, before the plan's tensors are swapped in.
         """
         state = {f"{name}.weight": w for name, w in self.compressed_weights(plan).items()}
+        state.update({k: t for k, t in self.skip_state(plan).items() if k not in state})
         if removals := self.removals(plan):  # the removed channels' norms and biases, zeroed in the float model
             zero = zeroed(self.workload.model, removals)
             state.update({k: t for k, t in zero.items() if k not in state and k.rsplit(".", 1)[0] in self._zeroable})
         key = plan.key if plan.key not in self._fitted else f"{plan.key}+fitted"  # its own statistics
         stats, cost = self.norm_stats.recalibrated(key, self._norm_images(plan), state)
         pre = sum(self.one_time.charge(k, c) for k, c in self._pre_passes.items())
-        return {**state, **stats}, cost + self.input_qparams(plan)[1] + self.input_cost(plan) + pre
+        return {**state, **stats}, (cost + self.input_qparams(plan)[1] + self.input_cost(plan) + pre
+                                    + self._skip_cost(plan))
 
     def activation_quant(self, plan: Plan) -> contextlib.AbstractContextManager[None]:
         """Within the block, the plan's activation-quantized layers see their inputs quantize-dequantized.
@@ -328,18 +387,25 @@ class CompressedStates:
         """
         bits = self._input_bits(plan)
         cost = 0.0
+        # Removed branches change what the layers after them see: their ranges are measured on that model.
+        skips = tuple(b.block for b in self.skipped(plan)) if bits else ()
         for calib in {c for _, c in bits.values()}:
             x = self.workload.split(Split.CALIB).x.part(0, calib.images)
-            if calib not in self._input_ranges:
-                self._input_ranges[calib] = input_ranges(self.workload.model, self.workload.modules, x, calib,
-                                                         self.workload.batch_size)
-            cost += self.one_time.charge(f"input_ranges:{calib}", x.shape[0] / len(self.workload.split(Split.VAL)))
-        return {n: InputQParams.from_range(*self._input_ranges[c][n], b) for n, (b, c) in bits.items()}, cost
+            if (calib, skips) not in self._input_ranges:
+                with self.workload.state(self.skip_state(plan)):
+                    self._input_ranges[calib, skips] = input_ranges(self.workload.model, self.workload.modules, x,
+                                                                    calib, self.workload.batch_size)
+            key = f"input_ranges:{calib}" + (f"+{','.join(skips)}" if skips else "")
+            cost += self.one_time.charge(key, x.shape[0] / len(self.workload.split(Split.VAL)))
+        return {n: InputQParams.from_range(*self._input_ranges[c, skips][n], b) for n, (b, c) in bits.items()}, cost
 
     def _input_bits(self, plan: Plan) -> dict[str, tuple[int, Calibration]]:
         """{layer: (input bits, how its range is measured)} for the plan's activation-quantized layers."""
         bits: dict[str, tuple[int, Calibration]] = {}
+        gone = self.skipped_layers(plan)  # a removed branch's layers see nothing
         for layer in self.workload.layers:
+            if layer.name in gone:
+                continue
             for d in self._layer_decisions[layer.name]:
                 comp, c = self.space.compressors[d.compressor], plan.get(d.name)
                 b = comp.precision(c).activation
@@ -380,10 +446,13 @@ class CompressedStates:
     def mark_paid(self, plan: Plan) -> None:
         """Records the one-time preparations `plan` needed as paid (a resumed run, for the trials
         its journal holds): what the killed process charged is not charged again."""
-        keys = {f"input_ranges:{c}" for _, c in self._input_bits(plan).values()}
+        skips = ",".join(b.block for b in self.skipped(plan))
+        keys = {f"input_ranges:{c}" + (f"+{skips}" if skips else "") for _, c in self._input_bits(plan).values()}
         keys |= {f"layer_inputs:{n}" for n in self._input_images(plan)} | set(self._pre_passes)
         if n := self._norm_images(plan):
             keys.add(f"norm_reference:{n}")
+        if skips:
+            keys.add(f"skip:{skips}")
         self.one_time.mark_paid(keys | self.routes.one_time_keys(plan))
 
     # ---- the deployable module ------------------------------------------------------------
@@ -400,11 +469,23 @@ class CompressedStates:
         assert self.workload.channels is not None, "removals come from the workload's channel groups"
         return self.workload.channels.remove(model, removals)
 
+    def engine_model(self, plan: Plan) -> nn.Module:
+        """`physical_model` with the blocks whose branches the plan removes rebuilt without them
+        (`branches.skipped_block`): what engines run (ONNX export, the torch engine)."""
+        model = self.physical_model(plan)
+        for b in self.skipped(plan):
+            parent, _, child = b.block.rpartition(".")
+            owner = model.get_submodule(parent) if parent else model
+            block = owner.get_submodule(child)
+            end = block.get_submodule(b.end[len(b.block) + 1:])
+            setattr(owner, child, skipped_block(block, end.get_parameter("bias").detach()))
+        return model
+
     def deployable(self, plan: Plan) -> nn.Module:
-        """The module the plan deploys as: `physical_model`, its quantized inputs quantized as scored (the
+        """The module the plan deploys as: `engine_model`, its quantized inputs quantized as scored (the
         hooks `modelopt.load` puts back), routed as the plan routes (an early-exit network that really returns
         at the first confident exit): what the torch engine runs and times."""
-        model = self.physical_model(plan)
+        model = self.engine_model(plan)
         qparams, _ = self.input_qparams(plan)
         if qparams:
             install_input_quantizers(compressible_modules(model), qparams)

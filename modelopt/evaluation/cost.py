@@ -11,7 +11,8 @@ Everything that prices a plan reads it from here: the evaluator's `size_bytes`, 
   (`Routes.added_bytes`), less the float norm and bias entries its removed channels take with
   them. The float tensors outside the weights (biases, norms) are `PlanCost.other_bytes` at full
   size, so `other_bytes + sum(layer bytes)` is size_bytes exactly.
-- MACs shrink with the kept channels (out x in); bitops are MACs x weight bits x input bits.
+- MACs shrink with the kept channels (out x in), and are zero on a removed residual branch (depth: its layers are
+  still stored, never run); bitops are MACs x weight bits x input bits.
   With early exit, `reach` (the share of samples that ran each layer) and the heads' mean MACs
   come from a forward pass; the arithmetic on them is here.
 
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from modelopt.compressors._base import Choice
+from modelopt.compressors._branches import RemovesBranch
 from modelopt.compressors._channels import RemovesChannels
 from modelopt.compressors._packing import Storage
 from modelopt.compressors._routing import Routes
@@ -147,13 +149,23 @@ class CostModel:
             layer = self.space.layers[root]
             for member, rows in layer.channel_group:
                 removed.setdefault(member, [0, 0])[0 if rows else 1] += layer.out_channels - n
+        skipped = self.skipped_layers(plan)
         costs = []
         for x in self.layers:
             gone_rows, gone_cols = removed.get(x.name, (0, 0))
-            costs.append(self.layer_cost(x, {d.name: plan.get(d.name) for d in self.decisions[x.name]},
-                                         x.out_channels - gone_rows if gone_rows else None,
-                                         x.in_channels - gone_cols if gone_cols else None))
+            cost = self.layer_cost(x, {d.name: plan.get(d.name) for d in self.decisions[x.name]},
+                                   x.out_channels - gone_rows if gone_rows else None,
+                                   x.in_channels - gone_cols if gone_cols else None)
+            if x.name in skipped:  # on a removed branch: stored as before (the packed form), never run
+                cost = dataclasses.replace(cost, layer=dataclasses.replace(cost.layer, macs=0))
+            costs.append(cost)
         return PlanCost(tuple(costs), self.other_bytes)
+
+    def skipped_layers(self, plan: Plan) -> frozenset[str]:
+        """The layers on the residual branches the plan removes (`RemovesBranch`)."""
+        return frozenset(name for d in self.space.decisions
+                         if isinstance(comp := self.space.compressors[d.compressor], RemovesBranch)
+                         and comp.removes(plan.get(d.name)) for name in self.space.layers[d.layer].branch)
 
     def layer_cost(self, layer: Layer, choices: Mapping[str, Choice], out: int | None = None,
                    inp: int | None = None) -> LayerCost:

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from modelopt._files import save_atomic
+from modelopt.compressors._branches import RemovesBranch
 from modelopt.compressors._packing import Granularity, IntegerWeight, WeightForm
 from modelopt.compressors._routing import ExitTap
 from modelopt.data.split import Split
@@ -152,7 +153,8 @@ def onnx_model(
     mode = check_options(activations, calibration, calib_samples, percentile)
     import onnx
 
-    forms = layer_forms(evaluator, plan)
+    gone = evaluator.states.skipped_layers(plan)  # removed branches: not in the graph
+    forms = {name: form for name, form in layer_forms(evaluator, plan).items() if name not in gone}
     traced, taps = _torch_export(evaluator, plan, routed=routed)
     exported = version_converter_convert(traced)
     graph = Graph(exported)
@@ -163,7 +165,7 @@ def onnx_model(
     qparams: dict[str, QParams] = {}
     layers = None if mode == "all" else set(evaluator.states.input_qparams(plan)[0]) if mode == "plan" else set()
     if layers is None or layers:
-        qparams = _activation_qparams(evaluator, graph, exported, layers, _Calibration(calibration, percentile,
+        qparams = _activation_qparams(evaluator, plan, graph, exported, layers, _Calibration(calibration, percentile,
                                       calib_samples), quantize_input)
     weights = _Weights(graph, factors, qparams, widen_int4)
     for layer, form in forms.items():
@@ -204,21 +206,27 @@ class _Calibration:
     samples: int
 
 
-# Activation ranges in the float model, per workload and calibration: measured once, shared by every export.
-_RANGES: weakref.WeakKeyDictionary[Workload, dict[_Calibration, dict[str, tuple[float, float]]]] = (
+# Activation ranges in the float model, per workload, calibration and removed branches (the key of the plan that
+# removes them): measured once, shared by every export.
+_RANGES: weakref.WeakKeyDictionary[Workload, dict[tuple[_Calibration, str], dict[str, tuple[float, float]]]] = (
     weakref.WeakKeyDictionary())
 
 
-def _activation_qparams(evaluator: Evaluator, graph: Graph, exported: Any, layers: set[str] | None,
+def _activation_qparams(evaluator: Evaluator, plan: Plan, graph: Graph, exported: Any, layers: set[str] | None,
                         calib: _Calibration, quantize_input: bool | None) -> dict[str, QParams]:
     """uint8 QDQ parameters of the activations to quantize (`layers`: around those; None: every one), from
     their ranges on the calibration images in the float model. The ranges are measured once per workload
     and calibration (the float graph's tensors keep their names in every plan's graph) and cached there."""
     source = activation_tensors(graph, layers)
-    ranges = _RANGES.setdefault(evaluator.workload, {}).setdefault(calib, {})
+    # A plan that removes residual branches is calibrated on the float model without them (and repaired): the
+    # layers after a removed branch see other ranges than in the float model.
+    space = evaluator.space
+    reference = space.plan({d.name: plan.get(d.name) for d in space.decisions
+                            if isinstance(space.compressors[d.compressor], RemovesBranch)})
+    ranges = _RANGES.setdefault(evaluator.workload, {}).setdefault((calib, reference.key), {})
     missing = set(source.values()) - set(ranges)
     if missing:
-        float_graph = Graph(version_converter_convert(_torch_export(evaluator, evaluator.space.plan())[0]))
+        float_graph = Graph(version_converter_convert(_torch_export(evaluator, reference)[0]))
         fold_batchnorm(float_graph)
         every = set(activation_tensors(float_graph).values()) | missing
         calib_x = evaluator.workload.split(Split.CALIB).x[: calib.samples].cpu().numpy()
@@ -388,9 +396,9 @@ def _model(graph: Graph, exported: Any, nodes: list[Any], inits: dict[str, np.nd
 
 
 def _torch_export(evaluator: Evaluator, plan: Plan, routed: bool = False) -> tuple[Any, list[ExitTap]]:
-    """The plan's physical model (dequantized weights, re-estimated norms, pruned channels removed),
+    """The plan's engine model (dequantized weights, re-estimated norms, pruned channels and removed branches gone),
     exported as float ONNX (batch size free); `routed`: with its exits' heads and their outputs (and the exits)."""
-    model = evaluator.states.physical_model(plan).cpu().float().eval()
+    model = evaluator.states.engine_model(plan).cpu().float().eval()
     outputs = ["logits"]
     taps = evaluator.routes.taps(model, plan) if routed else []
     with tapped(model, taps) if taps else contextlib.nullcontext():

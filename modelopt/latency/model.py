@@ -14,7 +14,8 @@ uniform anchors (float, INT8 with float inputs, INT8 with quantized inputs, and,
 the last of them with one exit), then every trial's measured latency. Each choice of a quantizing decision is
 priced at its layer's MACs times the rate of the kind it selects (off: float); a pruning choice at what its
 saved MACs cost (negative: a saving), at the integer rate when the menus offer integer kernels, else the
-float rate; an exit at the expected MACs its leavers skip (at that rate) less its fixed cost. Without the
+float rate; a removed residual branch (depth) at what its layers' MACs cost; an exit at the expected MACs its
+leavers skip (at that rate) less its fixed cost. Without the
 fixed cost every exit looks free and the rollouts turn on every one offered.
 
 Example:
@@ -30,6 +31,7 @@ import math
 
 import numpy as np
 
+from modelopt.compressors._branches import RemovesBranch
 from modelopt.compressors._routing import Routes
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import ChoiceFeatures, SearchSpace
@@ -70,12 +72,17 @@ class LatencyModel:
         macs: dict[str, float] = {name: float(layer.macs) for name, layer in self.space.layers.items()}
         skipped: dict[str, float] = dict.fromkeys(self.space.layers, 0.0)
         kinds: dict[str, str] = dict.fromkeys(self.space.layers, "float")
+        gone: set[str] = set()  # the layers of removed residual branches: never run
         for d in self.space.decisions:
             choice = plan.get(d.name)
             if choice not in d.choices:  # a plan from a file, with a choice the menu does not offer: unpriced
                 continue
             f = self.space.features[d.name][d.choices.index(choice)]
             layer = self.space.layers[d.layer]
+            comp = self.space.compressors[d.compressor]
+            if isinstance(comp, RemovesBranch):
+                gone |= set(layer.branch) if comp.removes(choice) else set()
+                continue
             if routes(self.space, d.name):
                 # The layers after the exit run for fewer samples: more MACs than this layer has.
                 skipped[d.layer] += layer.macs - f.macs
@@ -85,7 +92,8 @@ class LatencyModel:
             if f.bits < 32:
                 kinds[d.layer] = kind_of(f)
         for name, m in macs.items():
-            out[1 + KINDS.index(kinds[name])] += max(m, 0.0) - skipped[name]
+            if name not in gone:
+                out[1 + KINDS.index(kinds[name])] += max(m, 0.0) - skipped[name]
         return out
 
     def observe(self, plan: Plan, ms: float) -> None:

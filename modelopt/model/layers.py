@@ -37,6 +37,9 @@ class Layer:
     # layer whose output channels no checked group removes.
     channel_group: tuple[tuple[str, bool], ...] = ()
     channel_floats: int = 0
+    # Depth (`modelopt.model.branches`), on the last layer of a block's removable residual branch: the branch's
+    # compressible layers in forward order, itself last. Empty elsewhere.
+    branch: tuple[str, ...] = ()
 
     @property
     def params(self) -> int:

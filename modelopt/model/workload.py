@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ from torch import nn
 from modelopt.data.dataset import Dataset
 from modelopt.data.split import Split, check_split
 from modelopt.errors import ConfigError, LoadError
+from modelopt.model.backbone import split_backbone
+from modelopt.model.branches import Branch, residual_branches
 from modelopt.model.channels import ChannelGroups
 from modelopt.model.images import Images
 from modelopt.model.layer_inputs import LayerInputs
@@ -104,6 +107,10 @@ class Workload:
         except ConfigError as exc:
             self.channels_refused = str(exc)
         self.layers: tuple[Layer, ...] = discover_layers(self.model, two[:1], self.channels)
+        # The blocks' removable residual branches, by their last layer (depth; none where the model has no blocks).
+        self.branches: dict[str, Branch] = _branches(self.model, two, self.modules)
+        self.layers = tuple(dataclasses.replace(x, branch=self.branches[x.name].layers) if x.name in self.branches
+                            else x for x in self.layers)
         self.splits: dict[str, SplitData] = {}
         for name, x in splits.items():
             y = data.split(name).y.to(self.device)
@@ -225,6 +232,18 @@ class Workload:
         finally:
             for cur, data in reversed(saved):
                 cur.data = data
+
+
+def _branches(model: nn.Module, example: torch.Tensor, modules: Mapping[str, nn.Module]) -> dict[str, Branch]:
+    """The removable residual branches of `model`'s backbone blocks (`modelopt.model.branches`); none where it does
+    not cut into blocks (`split_backbone`)."""
+    if example.dim() != 4:
+        return {}
+    try:
+        backbone = split_backbone(model, (int(example.shape[-2]), int(example.shape[-1])))
+    except (ConfigError, ValueError, RuntimeError):
+        return {}
+    return residual_branches(backbone.blocks, modules)
 
 
 def _float_bytes_outside_weights(model: nn.Module, layers: Mapping[str, nn.Module]) -> int:

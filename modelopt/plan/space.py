@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from modelopt.compressors._base import Choice, Compressor
+from modelopt.compressors._branches import RemovesBranch
 from modelopt.compressors._channels import RemovesChannels
 from modelopt.compressors._routing import Routes
 from modelopt.errors import UnknownNameError
@@ -76,6 +77,8 @@ class SearchSpace:
             precision = comp.precision(c)
             err = 0.0 if c is None else 4.0 ** -min(precision.weight, 16)  # uniform-quantizer error scales as 4^-bits
             macs = layer.macs - (comp.macs_saved(layer, c, self.layers) if isinstance(comp, RemovesChannels) else 0)
+            if isinstance(comp, RemovesBranch) and comp.removes(c):  # the whole branch's MACs go
+                macs = layer.macs - sum(self.layers[n].macs for n in layer.branch if n in self.layers)
             head = comp.added_bytes(layer, c) if isinstance(comp, Routes) else 0
             out.append(ChoiceFeatures(comp.weight_bytes(layer, c) + head, precision.weight, macs, err,
                                       precision.activation))

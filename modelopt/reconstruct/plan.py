@@ -38,15 +38,18 @@ HELD_BYTES = 1 << 30
 def targets(evaluator: Evaluator, plan: Plan) -> dict[str, Target]:
     """Per layer the plan compresses, what `own_inputs.refit_layers` refits it to, from the forms it stores."""
     slices = evaluator.states.kept_slices(plan)
+    gone = evaluator.states.skipped_layers(plan)  # a removed branch's layers reach nothing
     out: dict[str, Target] = {}
     for layer in evaluator.workload.layers:
+        if layer.name in gone:
+            continue
         final = layer_steps(evaluator, plan, layer.name)[-1].form
         rows, cols = slices.get(layer.name, (None, None))
         if final.integer is None and final.mask is None and rows is None and cols is None:
             continue  # float and whole: the float layer itself
         grid = None if final.integer is None else Grid(final.integer)
         keep = None if final.mask is None else final.mask.bool()
-        out[layer.name] = Target(evaluator.workload.original[layer.name], rows, cols, keep, grid)
+        out[layer.name] = Target(evaluator.states.float_weight(layer.name, plan), rows, cols, keep, grid)
     return out
 
 
@@ -99,7 +102,8 @@ def reconstruct(evaluator: Evaluator, plan: Plan, images: int = IMAGES,
     wl, states = evaluator.workload, evaluator.states
     goals = targets(evaluator, plan)
     state, _ = states.compressed_state(plan)
-    float_model = copy.deepcopy(wl.model)
+    with wl.state(states.skip_state(plan)):  # removed branches: the repaired float model is the reference
+        float_model = copy.deepcopy(wl.model)
     with wl.state(state):
         model = copy.deepcopy(wl.model)
     qparams, _ = states.input_qparams(plan)

@@ -219,7 +219,7 @@ def save_layers(run_dir: str | Path, layers: Sequence[Layer]) -> Path:
     doc = {"version": LAYERS_VERSION, "layers": [
         {"name": layer.name, "kind": layer.kind.value, "weight_shape": list(layer.weight_shape), "macs": layer.macs,
          "has_bias": layer.has_bias, "channel_group": [list(m) for m in layer.channel_group],
-         "channel_floats": layer.channel_floats}
+         "channel_floats": layer.channel_floats, **({"branch": list(layer.branch)} if layer.branch else {})}
         for layer in layers]}
     write_atomic(path, json.dumps(doc, indent=1))
     return path
@@ -232,7 +232,8 @@ def _layers_from_file(path: Path) -> tuple[Layer, ...] | None:
     if doc["layers"] and not {"channel_consumer", "channel_group"} & set(doc["layers"][0]):
         return None  # written before structured pruning's fields: rebuild from the model instead
     return tuple(Layer(d["name"], LayerKind(d["kind"]), tuple(d["weight_shape"]), int(d.get("macs", 0)),
-                       bool(d.get("has_bias", False)), *_group_of(d)) for d in doc["layers"])
+                       bool(d.get("has_bias", False)), *_group_of(d), tuple(d.get("branch", ())))
+                 for d in doc["layers"])
 
 
 def _group_of(d: dict[str, Any]) -> tuple[tuple[tuple[str, bool], ...], int]:

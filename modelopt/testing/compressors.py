@@ -38,6 +38,9 @@ def synthetic_layers() -> tuple[Layer, ...]:
         Layer("stem", LayerKind.CONV, (16, 3, 3, 3), 16 * 27 * 1024, False),  # fan_in 27 < a group
         Layer("fc", LayerKind.LINEAR, (10, 64), 640, True),  # fan_in exactly one group of 64
         Layer("wide", LayerKind.CONV, (64, 32, 3, 3), 64 * 288 * 16, False),  # 288 = 4.5 groups of 64
+        # The last layer of a residual branch (depth removes the branch).
+        Layer("block.conv2", LayerKind.CONV, (16, 16, 3, 3), 16 * 144 * 64, False,
+              branch=("block.conv1", "block.conv2")),
     )
 
 

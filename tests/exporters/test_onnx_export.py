@@ -162,3 +162,21 @@ def test_integer_inputs_on_layers_whose_biases_the_exporter_merged(small_data, t
     x = wl.split("val").x[:64]
     agreement = float((run_onnx(info.path, x).argmax(1) == _torch_logits(ev, plan, x).argmax(1)).mean())
     assert agreement >= 0.95, agreement
+
+
+def test_a_plan_that_removes_blocks_exports_without_them_and_agrees(resnet20_workload, tmp_path):
+    from modelopt.api import build_compressors
+    from modelopt.compressors.depth import SKIP
+    from modelopt.evaluation.evaluator import Evaluator
+    from modelopt.plan.space import SearchSpace
+
+    ev = Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, build_compressors(
+        ["depth", "quantize"], {"quantize": {"bits": [8], "activations": [None, 8]}})))
+    float_skip = ev.space.plan({"layer2.2.conv2/depth": SKIP})
+    info = export_onnx(ev, float_skip, tmp_path / "skip.onnx", activations=False)
+    inits = {i.name for i in onnx.load(info.path).graph.initializer}
+    assert "layer2.2.conv1.weight" not in inits and "layer2.1.conv1.weight" in inits
+    ops = fused_op_counts(info.path)
+    assert ops.get("Conv", 0) + ops.get("FusedConv", 0) == 17, ops  # 19 convs less the removed branch's two
+    x = ev.workload.split("val").x.tensor()[:128]
+    np.testing.assert_allclose(run_onnx(info.path, x), ev.states.logits(float_skip, x).numpy(), rtol=1e-3, atol=1e-3)

@@ -107,10 +107,10 @@ def test_default_compressors_follow_the_objective(resnet20_workload):
     assert "early_exit" in default_compressors("bitops", resnet20_workload.model)
     # Any chain of convolutional blocks gets exits (torchvision's ResNet-18: layer1.0 ... layer4.1); a model early
     # exit cannot cut (a transformer's blocks give tokens, not feature maps) gets the others.
-    assert default_compressors("latency", torchvision.models.resnet18()) == ["early_exit", "prune", "quantize"]
+    assert default_compressors("latency", torchvision.models.resnet18()) == ["depth", "early_exit", "prune", "quantize"]
     vit = torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16,
                                                mlp_dim=32)
-    assert default_compressors("latency", vit) == ["prune", "quantize"]
+    assert default_compressors("latency", vit) == ["depth", "prune", "quantize"]  # depth: no branch, no decision
 
 
 def test_an_exit_plan_exports_and_loads_as_the_module_that_stops_early(ee, resnet20_workload, tmp_path):
