@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -74,28 +75,51 @@ def small_workload(small_data):
 SMALL_FLOOR = 0.9
 
 
+def _built_once(tmp_path_factory, name: str, build) -> Path:
+    """What `build(folder)` returns, built in a folder every xdist worker of the session shares, by the first worker
+    that asks (the others wait for it): a session fixture's run is made once per session, not once per worker."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder, done = shared / f"built_{name}", shared / f"built_{name}.done"
+    with FileLock(str(shared / f"built_{name}.lock")):
+        if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            done.write_text(str(build(folder).relative_to(folder)))
+    return folder / done.read_text()
+
+
 @pytest.fixture(scope="session")
-def small_run(tmp_path_factory, small_workload) -> Path:
+def small_run(tmp_path_factory, request) -> Path:
     """A finished MCTS run (quantize, budget 18: 12+ trials) of ResNet-20 on `small_data`, as `modelopt optimize`
     leaves it (journal, summary, best plan, layer table). Read-only: copy what a test changes."""
     import modelopt
 
-    out = tmp_path_factory.mktemp("small_run") / "run"
-    modelopt.optimize(small_workload, strategy="mcts", budget=18, min_retention=SMALL_FLOOR, seed=0, out=out,
-                      progress=False, compressors=["quantize"], report=False)
-    return out
+    def build(folder: Path) -> Path:
+        out = folder / "run"
+        modelopt.optimize(request.getfixturevalue("small_workload"), strategy="mcts", budget=18,
+                          min_retention=SMALL_FLOOR, seed=0, out=out, progress=False, compressors=["quantize"],
+                          report=False)
+        return out
+
+    return _built_once(tmp_path_factory, "small_run", build)
 
 
 @pytest.fixture(scope="session")
-def small_sweep(tmp_path_factory, small_workload) -> Path:
+def small_sweep(tmp_path_factory, request) -> Path:
     """A finished sweep (random and MCTS, seeds 0 and 1, budget 4) on `small_workload`: its folder
     holds sweep.json, table.md and runs/resnet20/<strategy>/seed<k>/. Read-only."""
     from modelopt.sweep import run_sweep
 
-    root = tmp_path_factory.mktemp("small_sweep")
-    (root / "small.yaml").write_text(
-        "name: small\nout: small\nmodels:\n  - name: resnet20\n    model: cifar10_resnet20\n"
-        f"strategies: [random, mcts]\nbudgets: [4]\nseeds: [0, 1]\nmin_retention: {SMALL_FLOOR}\n"
-        "compressors: [quantize]\ndevice: cpu\nreconstruct: false\n")
-    run_sweep(root / "small.yaml", progress=False, workloads={"resnet20": small_workload})
-    return root / "small"
+    def build(root: Path) -> Path:
+        (root / "small.yaml").write_text(
+            "name: small\nout: small\nmodels:\n  - name: resnet20\n    model: cifar10_resnet20\n"
+            f"strategies: [random, mcts]\nbudgets: [4]\nseeds: [0, 1]\nmin_retention: {SMALL_FLOOR}\n"
+            "compressors: [quantize]\ndevice: cpu\nreconstruct: false\n")
+        run_sweep(root / "small.yaml", progress=False,
+                  workloads={"resnet20": request.getfixturevalue("small_workload")})
+        return root / "small"
+
+    return _built_once(tmp_path_factory, "small_sweep", build)

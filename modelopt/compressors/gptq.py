@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from enum import Enum
 
-from modelopt.model.gptq_sweep import BLOCK, DAMPING, gptq_round, inverse_factor
+from modelopt.model.gptq_sweep import BLOCK, DAMPING, gptq_round, inverse_factor, layer_factor
 
-__all__ = ["BLOCK", "DAMPING", "Rounding", "gptq_round", "inverse_factor"]
+__all__ = ["BLOCK", "DAMPING", "Rounding", "gptq_round", "inverse_factor", "layer_factor"]
 
 
 class Rounding(str, Enum):

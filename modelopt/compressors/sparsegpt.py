@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from modelopt.compressors.gptq import BLOCK, DAMPING, inverse_factor
+from modelopt.compressors.gptq import BLOCK, DAMPING, layer_factor
 from modelopt.model.layer_inputs import LayerInputs
 
 __all__ = ["obs_prune"]
@@ -30,8 +30,7 @@ def obs_prune(weight: torch.Tensor, inputs: LayerInputs, pruned: int, pattern: t
     ignored). A grouped conv's output channels are pruned group by group, each on its own group's inputs."""
     g = inputs.groups
     w = weight.detach().reshape(g, weight.shape[0] // g, -1).double().clone()
-    h = inputs.hessian.to(w.device, torch.float64).reshape(g, w.shape[2], w.shape[2]).clone()
-    hinv = inverse_factor(h, w, damping)
+    hinv = layer_factor(inputs, w, damping)
     rows, n = w.shape[1], w.shape[2]
     keep = torch.ones_like(w, dtype=torch.bool)
     out = torch.zeros_like(w)

@@ -18,12 +18,25 @@ A layer-level solver of the model's (it reads only a weight, its scales and its 
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections import OrderedDict
+
 import torch
 
 from modelopt.model.layer_inputs import LayerInputs
 
 DAMPING = 0.01  # fraction of mean(diag H) added to H's diagonal (GPTQ's percdamp)
 BLOCK = 128  # columns updated lazily together (GPTQ's block size; exact, only faster)
+
+
+# The factors of the layers' second moments last computed, kept for the next choice of the same layer (every width and
+# sparsity of a layer reads the same H; its factorisation was most of GPTQ's and SparseGPT's time at 224 pixels), up to
+# this many bytes.
+FACTOR_BYTES = 512 * 2**20
+_factors: OrderedDict[tuple[int, float, str], tuple[weakref.ref[torch.Tensor], torch.Tensor, torch.Tensor]] = (
+    OrderedDict())
+_lock = threading.Lock()
 
 
 def inverse_factor(h: torch.Tensor, w: torch.Tensor, damping: float = DAMPING) -> torch.Tensor:
@@ -38,6 +51,29 @@ def inverse_factor(h: torch.Tensor, w: torch.Tensor, damping: float = DAMPING) -
     return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
 
 
+def layer_factor(inputs: LayerInputs, w: torch.Tensor, damping: float = DAMPING) -> torch.Tensor:
+    """`inverse_factor` of `inputs`' second moments for the weights `w` (groups, rows, n; float64, changed in place as
+    there), computed once per second-moment tensor and damping and reused while it is among the last few."""
+    g, n = w.shape[0], w.shape[2]
+    source = inputs.hessian
+    key = (id(source), damping, str(w.device))
+    with _lock:
+        hit = _factors.get(key)
+        if hit is not None and hit[0]() is source:
+            _factors.move_to_end(key)
+            _, hinv, dead = hit
+            w[dead[:, None, :].expand_as(w)] = 0.0
+            return hinv
+    h = source.to(w.device, torch.float64).reshape(g, n, n).clone()
+    dead = torch.diagonal(h, dim1=1, dim2=2) == 0
+    hinv = inverse_factor(h, w, damping)
+    with _lock:
+        _factors[key] = (weakref.ref(source), hinv, dead)
+        while sum(f[1].numel() * f[1].element_size() for f in _factors.values()) > FACTOR_BYTES and len(_factors) > 1:
+            _factors.popitem(last=False)
+    return hinv
+
+
 def gptq_round(weight: torch.Tensor, scales: torch.Tensor | None, qmin: int, qmax: int, inputs: LayerInputs,
                damping: float = DAMPING, keep: torch.Tensor | None = None) -> torch.Tensor:
     """Integer codes (float tensor, weight's shape) for `weight` with per-weight `scales` (same shape
@@ -50,9 +86,8 @@ def gptq_round(weight: torch.Tensor, scales: torch.Tensor | None, qmin: int, qma
     g = inputs.groups
     w = weight.detach().reshape(g, weight.shape[0] // g, -1).double().clone()
     s = torch.ones_like(w) if scales is None else scales.double().reshape(w.shape)
-    h = inputs.hessian.to(w.device, torch.float64).reshape(g, w.shape[2], w.shape[2]).clone()
     zero = w == 0 if keep is None else ~keep.reshape(w.shape).to(w.device, torch.bool)
-    hinv = inverse_factor(h, w, damping)
+    hinv = layer_factor(inputs, w, damping)
     codes = torch.zeros_like(w)
     n = w.shape[2]
     for b0 in range(0, n, BLOCK):
