@@ -107,11 +107,15 @@ def _setup_logging(verbose: bool) -> None:
     )
 
 
+_EXAMPLES = {"mean": "0.485,0.456,0.406", "std": "0.229,0.224,0.225", "compressors": "prune,quantize"}
+
+
 def _csv(value: str, cast: Callable[[str], Any], what: str) -> list[Any]:
     try:
         items = [cast(v.strip()) for v in value.split(",") if v.strip()]
     except ValueError:
-        raise ConfigError(f"--{what} expects a comma-separated list like 8,4; got {value!r}") from None
+        raise ConfigError(f"--{what} expects a comma-separated list like {_EXAMPLES.get(what, '8,4')}; "
+                          f"got {value!r}") from None
     if not items:
         raise ConfigError(f"--{what} is empty")
     return items

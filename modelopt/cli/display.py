@@ -136,6 +136,7 @@ _PREP_NAMES = {"layer_inputs": "layer inputs (GPTQ)", "reconstruct": "reconstruc
                "choice_tensors": "every choice's tensors",
                "fisher": "gradient sensitivities", "norm_reference": "batch-norm reference",
                "exit_heads": "exit heads"}
+_COUNTED = ("norm_reference",)  # preparations keyed by their image count, which a run may hold twice
 
 
 def _preparation_text(prep: Preparation) -> str:
@@ -143,7 +144,12 @@ def _preparation_text(prep: Preparation) -> str:
     seconds, charged = prep.seconds, prep.charged
     parts = []
     for key in dict.fromkeys([*seconds, *charged]):
-        name = _PREP_NAMES.get(key.split(":")[0], key)
+        base, _, detail = key.partition(":")
+        name = _PREP_NAMES.get(base, key)
+        if base in _COUNTED and detail:  # one per image count: named apart
+            name = f"{name} ({detail} images)"
+        elif base == "skip":
+            name = f"repair of the removed {detail}"
         units = f"{charged[key]:.2f} units" if key in charged else "not charged"
         parts.append(f"{name} {seconds[key]:.1f} s, {units}" if key in seconds else f"{name} {units}")
     return "; ".join(parts)

@@ -53,6 +53,10 @@ class Preprocess:
                     name == "std" and min(values) <= 0):
                 form = "three positive numbers" if name == "std" else "three numbers"
                 raise ConfigError(f"--{name} must be {form}, one per RGB channel, like 0.485,0.456,0.406; got {v!r}")
+            if max(abs(a) for a in values) > 1:  # pixels are scaled to [0, 1] first: a 0-255 figure wrecks every input
+                scaled = ",".join(f"{a / 255:.4g}" for a in values)
+                raise ConfigError(f"--{name} {','.join(f'{a:g}' for a in values)} is on the 0-255 scale; images are "
+                                  f"scaled to [0, 1] before it: give {scaled}")
             object.__setattr__(self, name, values)
         for name in ("resize", "crop"):
             v = getattr(self, name)

@@ -90,6 +90,10 @@ def test_bit_width_not_offered(tmp_path):
     _one_line_error(_run("evaluate", "--plan", plan), "bits 16", "2, 3, 4, 5, 6, 7, 8")
 
 
+def test_a_mean_that_is_not_numbers_is_answered_with_a_mean_like_example():
+    _one_line_error(_run("evaluate", "--mean", "a,b,c"), "--mean", "like 0.485,0.456,0.406")
+
+
 def test_malformed_plan_yaml(tmp_path):
     plan = tmp_path / "p.yaml"
     plan.write_text("default:\n  quantize: {bits: 8\nlayers: [\n")

@@ -82,7 +82,11 @@ def test_mean_and_std_replace_the_model_s_own_and_are_recorded(tmp_path):
                             mean=(0, 0, 0), std=(1, 1, 1))
     assert same.accuracy == plain.accuracy > 0.9 and raw.accuracy < plain.accuracy - 0.1
     for bad, needle in [({"std": (0.2, 0.0, 0.2)}, "--std must be three positive numbers"),
-                        ({"mean": (0.5, 0.5)}, "--mean must be three numbers")]:
+                        ({"mean": (0.5, 0.5)}, "--mean must be three numbers"),
+                        # The 0-255 scale (torchvision's figures times 255): every input would be wrecked, silently.
+                        ({"mean": (123.675, 116.28, 103.53)}, r"--mean 123.675,116.28,103.53 is on the 0-255 scale.*"
+                                                              r"give 0.485,0.456,0.406"),
+                        ({"std": (58.395, 57.12, 57.375)}, r"--std .* is on the 0-255 scale.*give 0.229,0.224,0.225")]:
         with pytest.raises(ConfigError, match=needle):
             modelopt.evaluate("no-such-model", data="no-such-data", **bad)
     RunConfig(mean=[0.5, 0.5, 0.5], std=(0.25, 0.25, 0.25)).write(tmp_path)

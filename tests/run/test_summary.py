@@ -95,3 +95,13 @@ def test_a_missing_or_foreign_summary_reads_as_none(tmp_path):
     assert read_summary(tmp_path) is None
     (tmp_path / "summary.json").write_text(json.dumps({"best": "not an entry"}))
     assert read_summary(tmp_path) is None
+
+
+def test_preparations_held_twice_are_named_apart():
+    """Batch-norm references on 64 and on 512 images are two preparations: the line says which is which."""
+    from modelopt.cli.display import _preparation_text
+
+    text = _preparation_text(Preparation({}, {"norm_reference:64": 0.03, "norm_reference:512": 0.26,
+                                              "skip:layer1.0": 0.77}))
+    assert "batch-norm reference (64 images) 0.03 units" in text and "(512 images) 0.26 units" in text
+    assert "repair of the removed layer1.0 0.77 units" in text
