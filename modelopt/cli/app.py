@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import json
 import logging
@@ -57,6 +58,12 @@ def _fit_width() -> None:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# Where a file cannot be written for reasons of the user's folder (read-only, no permission, full): one line.
+_UNWRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+# The verbs that keep a journal of finished trials (what Ctrl-C leaves is resumed with --resume).
+_JOURNALED = frozenset({"optimize", "sweep"})
+
+
 def _friendly(fn: F) -> F:
     """User errors become one line on stderr and exit code 2; bugs keep their traceback."""
 
@@ -78,9 +85,19 @@ def _friendly(fn: F) -> F:
         except ModeloptError as exc:  # escaped: rich would take '[distributed]' or '[random, mcts]' for markup
             err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
+        except OSError as exc:
+            if exc.errno not in _UNWRITABLE or exc.filename is None:
+                raise  # a bug, or a fault that is not the user's folder: its traceback
+            err.print(f"[bold red]error:[/] cannot write {escape(str(exc.filename))!s}: {escape(exc.strerror or '')}; "
+                      "give a folder this user can write to", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (`_Terminated`) from a scheduler or `kill`
             what = "terminated" if isinstance(exc, _Terminated) else "interrupted"
-            if getattr(exc, "started", True):
+            if fn.__name__ not in _JOURNALED:  # export, evaluate, report: no journal, no --resume
+                verb = fn.__name__.rstrip("_")
+                err.print(f"[yellow]{what}[/]: {verb} did not finish; each file it wrote is whole, one it had not "
+                          "finished is not there (an exported exit folder may lack files); run the same command again")
+            elif getattr(exc, "started", True):
                 err.print(f"[yellow]{what}[/]: finished trials are in the journal; rerun with --resume to continue")
             else:
                 err.print(f"[yellow]{what}[/] while loading, before the run began: nothing was written; run the same "

@@ -134,6 +134,12 @@ def build(config: RunConfig, workload: Workload | None = None, *, allow_pickle: 
     """
     wl = workload if workload is not None else load_workload(config, allow_pickle=allow_pickle)
     evaluator = make_evaluator(config, wl)
+    if not evaluator.space.decisions:  # e.g. a channel multiple no group's kept channels can meet
+        settings = "; ".join(f"{name}: " + ", ".join(f"{k}={v}" for k, v in c.options().items() if k != "version")
+                             for name, c in evaluator.space.compressors.items())
+        raise ConfigError(f"nothing to search: no layer of {wl.name} offers a choice under these settings "
+                          f"({settings}); widen them (more bit widths, sparsities or kinds, a smaller channel "
+                          "multiple)")
     objective = make_objective(config, wl)
     said = evidence_lines(wl, objective)  # a val split too small to certify the floor: refused before any work
     measure_errors(evaluator)  # data-free priors the strategies start from; costs no evaluation

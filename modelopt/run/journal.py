@@ -157,7 +157,7 @@ class Journal:
         if good_end < len(raw):
             with open(self.path, "r+b") as f:
                 f.truncate(good_end)
-        return [Record.from_json(d) for d in lines]
+        return _records(lines, self.path)
 
     def append(self, record: Record) -> None:
         """Appends one line, fsynced. If the write fails (a full disk), the partial line is cut off
@@ -207,7 +207,23 @@ def read_records(path: str | Path) -> list[Record]:
     if not path.is_file():
         return []
     lines, _ = _parse(path.read_bytes(), path)
-    return sorted((Record.from_json(d) for d in lines), key=lambda r: r.number)
+    return sorted(_records(lines, path), key=lambda r: r.number)
+
+
+def _records(lines: list[Any], path: Path) -> list[Record]:
+    """The journal's lines as records; a line that is JSON but not a trial record (a field missing or of the wrong
+    kind) is damage, named by its line as a line that is not JSON is."""
+    out = []
+    for n, d in enumerate(lines):
+        try:
+            out.append(Record.from_json(d))
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            what = f"field {exc.args[0]!r} is missing" if isinstance(exc, KeyError) else (
+                "it is not a JSON object" if not isinstance(d, dict) else f"a field is wrong ({exc})")
+            raise LoadError(f"journal {str(path)!r} is damaged at line {n + 1}: {what} (the {n} trials before it "
+                            f"are intact): keep them with `head -n {n} {path} > kept && mv kept {path}` (then resume "
+                            "or read it again), or start afresh with another --out") from None
+    return out
 
 
 def _parse(raw: bytes, path: Path, *, strict: bool = True) -> tuple[list[dict[str, Any]], int]:

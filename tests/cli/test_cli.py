@@ -235,3 +235,39 @@ def test_evaluate_a_run_folder_on_its_own_splits(tmp_path):
     int8 = next(a for a in summary["anchors"] if a["trial"] == 0)["test"]
     assert (trial0["retention"], trial0["n_samples"]) == (int8["retention"], int8["n_samples"])
     _one_line_error(_run("evaluate", run, "--model", "cifar10_resnet56"), "evaluate --run rebuilds", "leave out model")
+
+
+def test_settings_that_leave_nothing_to_search_are_refused_naming_them(tmp_path, small_data):
+    """A channel multiple no group can meet left MCTS with no decision (a `max()` traceback) and random with one
+    pointless trial; it is one line naming the settings."""
+    result = _run("optimize", "--data", small_data, "--compressors", "prune", "--kind", "structured",
+                  "--channel-multiple", 999, "--budget", 2, "--out", tmp_path / "r", "--no-progress")
+    _one_line_error(result, "nothing to search", "channel_multiple=999")
+
+
+def test_ctrl_c_in_a_verb_without_a_journal_does_not_advise_resume(monkeypatch, tmp_path):
+    """Ctrl-C during export said "finished trials are in the journal; rerun with --resume": export has neither."""
+    import modelopt.cli.app as cli_app
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_app, "do_export", interrupted)
+    (tmp_path / "run.json").write_text("{}")
+    result = _run("export", tmp_path)
+    assert result.exit_code == 130
+    assert "--resume" not in result.output and "export did not finish" in result.output, result.output
+
+
+def test_a_target_in_a_read_only_folder_is_one_line(monkeypatch, tmp_path):
+    """`export --out RO/new/m.onnx` on a read-only file system ended in an OSError traceback."""
+    import errno
+
+    import modelopt.cli.app as cli_app
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", "/ro/new")
+
+    monkeypatch.setattr(cli_app, "do_export", read_only)
+    (tmp_path / "run.json").write_text("{}")
+    _one_line_error(_run("export", tmp_path, "--out", "/ro/new/m.onnx"), "cannot write /ro/new", "Read-only")

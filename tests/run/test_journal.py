@@ -62,6 +62,22 @@ def test_corruption_in_the_middle_is_an_error(tmp_path):
         read_records(path)
 
 
+@pytest.mark.parametrize(("change", "says"), [
+    (lambda d: d.pop("number"), "field 'number' is missing"),
+    (lambda d: d.update(number="two"), "a field is wrong"),
+])
+def test_a_line_that_is_json_but_not_a_record_is_named_by_its_line(tmp_path, change, says):
+    """A record with a field removed or of the wrong kind ended report, resume and export in a KeyError or
+    ValueError traceback; it is damage like a line that is not JSON, named by its line."""
+    path = tmp_path / "t.jsonl"
+    good, bad = _record(0).to_json(), _record(1).to_json()
+    change(bad)
+    path.write_text("".join(json.dumps(d) + "\n" for d in (good, bad, _record(2).to_json())))
+    for read in (lambda: Journal(path).records(), lambda: read_records(path)):
+        with pytest.raises(LoadError, match=f"damaged at line 2: {says}.*head -n 1"):
+            read()
+
+
 def test_nan_is_refused_not_written(tmp_path):
     j = Journal(tmp_path / "t.jsonl")
     with pytest.raises(ValueError):
