@@ -28,6 +28,7 @@ from modelopt.cli.display import fmt_bytes, print_run
 from modelopt.compressors import COMPRESSORS
 from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import list_data_sources
+from modelopt.data.preprocess import check_resampling
 from modelopt.data.split import Split
 from modelopt.errors import ConfigError, ModeloptError
 from modelopt.model.loader import list_models
@@ -215,6 +216,7 @@ def optimize(
 ) -> None:
     """Search for the smallest plan above the retention floor; with no options, ResNet-20 on bundled CIFAR-10."""
     _setup_logging(verbose)
+    check_resampling(resize, crop, interpolation)
     given: dict[str, Any] = dict(
         model=model, weights=weights, data=data, unlabeled=unlabeled, strategy=strategy, budget=budget,
         objective=objective, min_retention=min_retention, confidence=confidence, count_gains=count_gains, seed=seed,
@@ -298,6 +300,7 @@ def evaluate(
     `modelopt evaluate RUN_DIR --split test` scores the run's reported plan on the run's own test images (`--plan
     N`: its trial N)."""
     _setup_logging(False)
+    check_resampling(resize, crop, interpolation)
     names = _csv(compressors, str, "compressors") if compressors is not None else None
     means, stds = (None if v is None else _csv(v, float, k) for k, v in (("mean", mean), ("std", std)))
     if reconstruct is not None:

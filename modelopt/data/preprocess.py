@@ -125,3 +125,11 @@ class Preprocess:
         parts = ([f"resized to {self.resize}"] if self.resize else []) + (
             [f"centre-cropped to {self.crop}"] if self.crop else [])
         return f"{', '.join(parts)} ({self.interpolation})" if parts else "as they are"
+
+
+def check_resampling(resize: int | None, crop: int | None, interpolation: str | None) -> None:
+    """An interpolation given without a resize or crop would be ignored (the images keep their size, or the model's
+    authors' resize applies with their interpolation): refused in one line instead."""
+    if interpolation is not None and resize is None and crop is None:
+        raise ConfigError(f"--interpolation {interpolation} resamples a resize: give --resize (and --crop) with it; "
+                          "without them the images keep their size, or the weights' own resize and interpolation apply")

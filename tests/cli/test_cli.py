@@ -271,3 +271,9 @@ def test_a_target_in_a_read_only_folder_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setattr(cli_app, "do_export", read_only)
     (tmp_path / "run.json").write_text("{}")
     _one_line_error(_run("export", tmp_path, "--out", "/ro/new/m.onnx"), "cannot write /ro/new", "Read-only")
+
+
+@pytest.mark.parametrize("verb", ["optimize", "evaluate"])
+def test_an_interpolation_without_a_resize_is_refused_not_ignored(verb):
+    _one_line_error(_run(verb, "--interpolation", "bilinear"), "--interpolation bilinear resamples a resize",
+                    "--resize")
