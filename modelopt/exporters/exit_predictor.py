@@ -108,9 +108,32 @@ class Predictor:
         """Logits of each row of `x` (float32 NCHW), from the exit it left at."""
         return self.run_with_exits(x)[0]
 
+    def checked(self, x: Any) -> np.ndarray:
+        """`x` as the float32 NCHW batch the first segment reads; ValueError saying what is expected when it is not
+        one (another rank, NHWC, another size, integer pixels, values on the 0-255 scale)."""
+        shape = tuple(int(d) for d in self.manifest.get("input_shape") or ())
+        a = np.asarray(x)
+        dims = ", ".join(map(str, shape)) if shape else "C, H, W"
+        want = f"float32 images of shape (N, {dims}), scaled to [0, 1] and normalised as the model expects"
+        if a.ndim != 4:
+            raise ValueError(f"expected a batch of {want}; got an array of shape {a.shape}")
+        if shape and a.shape[1:] != shape:
+            if a.shape[1:] == (*shape[1:], shape[0]):
+                raise ValueError(f"expected {want}; got channels last {a.shape}: pass x.transpose(0, 3, 1, 2)")
+            raise ValueError(f"expected {want}; got shape {a.shape}")
+        if not np.issubdtype(a.dtype, np.floating):
+            raise ValueError(f"expected {want}; got {a.dtype} pixels: divide by 255, then subtract the mean and "
+                             "divide by the std of each channel")
+        # Normalised images stay within a few units; a sample of 256 values says so without costing a batch of one
+        # a segment's time.
+        peak = float(np.abs(a.reshape(-1)[:: max(1, a.size // 256)]).max()) if a.size else 0.0
+        if peak > 20:
+            raise ValueError(f"expected {want}; got values up to {peak:g}: pixels on the 0-255 scale, not normalised")
+        return np.ascontiguousarray(a, dtype=np.float32)
+
     def run_with_exits(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Logits and, per row, the exit it left at (its position in `exits`; len(exits): the end)."""
-        h = np.ascontiguousarray(x, dtype=np.float32)
+        h = self.checked(x)
         n = h.shape[0]
         if n == 1:
             return self._one(h)
@@ -154,8 +177,12 @@ def main(argv: list[str]) -> int:
         print("usage: python predict.py IMAGES.npy [onnxruntime|openvino]  (float32 NCHW, normalised)")
         return 0 if len(argv) >= 2 else 2
     engine = argv[2] if len(argv) > 2 else "onnxruntime"
-    predictor = Predictor(os.path.dirname(os.path.abspath(__file__)), engine=engine)
-    logits, exit_at = predictor.run_with_exits(np.load(argv[1]))
+    try:
+        predictor = Predictor(os.path.dirname(os.path.abspath(__file__)), engine=engine)
+        logits, exit_at = predictor.run_with_exits(np.load(argv[1]))
+    except (OSError, ValueError) as exc:  # a missing or unreadable file, an input of the wrong form: one line
+        print(f"predict.py: {exc}", file=sys.stderr)
+        return 2
     names = [*predictor.exits, "end"]
     for i, (row, e) in enumerate(zip(logits.argmax(1), exit_at, strict=True)):
         print(f"{i}\t{int(row)}\t{names[int(e)]}")
