@@ -85,11 +85,18 @@ def _evaluator_from_run(run_dir: Path, device: str) -> Evaluator:
     if key in _CACHE:
         return _CACHE[key]
     wl = load_workload(cfg)
+    now = wl.fingerprints()
     saved = cfg.fingerprints.get("model_sha256")
-    if saved is not None and wl.fingerprints()["model_sha256"] != saved:
+    if saved is not None and now["model_sha256"] != saved:
         raise LoadError(
             f"the weights of model {cfg.model!r} differ from those run {str(run_dir)!r} was searched on; "
             "restore the original weights file"
+        )
+    saved = cfg.fingerprints.get("data_sha256")
+    if saved is not None and now["data_sha256"] != saved:  # as --resume refuses it: other images, other figures
+        raise LoadError(
+            f"the data {cfg.data!r} differs from the data run {str(run_dir)!r} was searched on (its images, their "
+            "order or labels changed): its splits would be other images than the run's; restore the original data"
         )
     _CACHE.clear()
     _CACHE[key] = ev = make_evaluator(cfg, wl)

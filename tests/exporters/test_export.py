@@ -23,7 +23,7 @@ def run_dir(tmp_path_factory, r20_evaluator):
     ev = r20_evaluator
     space = ev.space
     folder = tmp_path_factory.mktemp("run")
-    config = {"model": "cifar10_resnet20", "weights": None, "data": "cifar10-sample", "data_seed": 0,
+    config = {"model": "cifar10_resnet20", "weights": None, "data": "cifar10-exact-sample", "data_seed": 0,
               "strategy": "random", "seed": 0, "compressors": {c.name: c.options() for c in space.compressors.values()},
               "device": "cpu", **ev.workload.fingerprints()}
     (folder / "run.json").write_text(json.dumps(config))
