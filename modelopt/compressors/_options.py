@@ -94,8 +94,10 @@ class Options:
         """
         version = raw.get("version", 1)
         if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= cls.version:
+            why = ("it was written by a newer modelopt" if isinstance(version, int) and not isinstance(version, bool)
+                   and version > cls.version else "no modelopt writes it: the file was changed by hand")
             raise ConfigError(f"{where}: version {version!r} is not one this modelopt reads (1 to {cls.version}); "
-                              "it was written by a newer modelopt")
+                              f"{why}")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - names - {"version"})
         if unknown:

@@ -333,6 +333,13 @@ def read_config_json(run_dir: str | Path) -> dict[str, Any]:
                         "folder, or its run.json was damaged") from None
     if not isinstance(raw, dict):
         raise LoadError(f"{str(path)!r} holds no run settings; it is not a modelopt run folder")
+    fmt = raw.get("format", 0)
+    if isinstance(fmt, bool) or not isinstance(fmt, int) or not 0 <= fmt <= CONFIG_FORMAT:
+        newer = isinstance(fmt, int) and not isinstance(fmt, bool) and fmt > CONFIG_FORMAT
+        raise LoadError(f"{str(path)!r} is run.json format {fmt!r}"
+                        + (f", written by a newer modelopt ({raw.get('version', '?')}); this one ({__version__}) reads "
+                           f"formats 0 to {CONFIG_FORMAT}: upgrade modelopt to read it" if newer else
+                           f", which no modelopt writes (formats 0 to {CONFIG_FORMAT}); the file was changed by hand"))
     return raw
 
 

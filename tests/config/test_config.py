@@ -182,3 +182,24 @@ def test_latency_menus_offer_what_an_engine_can_run_fast() -> None:
     assert options["prune"]["channel_multiple"] == 16  # counts integer kernels run fast
     assert RunConfig().options["prune"]["sparse_images"] == RunConfig().options["prune"]["repair_images"] == 256
     assert RunConfig().options["quantize"]["bits"] == [8, 4, 3]
+
+
+@pytest.mark.parametrize(("fmt", "says"), [(99, "written by a newer modelopt"), (-1, "changed by hand"),
+                                           ("two", "changed by hand")])
+def test_a_run_json_format_this_modelopt_does_not_know_is_refused(tmp_path, fmt, says) -> None:
+    """A run folder whose run.json says format 99 (a newer modelopt) was read silently and scored."""
+    RunConfig().write(tmp_path)
+    doc = json.loads((tmp_path / "run.json").read_text())
+    (tmp_path / "run.json").write_text(json.dumps({**doc, "format": fmt, "version": "99.0.0"}))
+    with pytest.raises(LoadError, match=f"format .*{says}"):
+        RunConfig.read(tmp_path)
+
+
+@pytest.mark.parametrize(("version", "says"), [(99, "written by a newer modelopt"), (0, "changed by hand")])
+def test_an_options_version_says_what_is_true_of_it(version, says) -> None:
+    """Options version 0 was called "written by a newer modelopt"."""
+    from modelopt.compressors import COMPRESSORS
+
+    record = COMPRESSORS.get("quantize").record
+    with pytest.raises(ConfigError, match=says):
+        record.from_json({"version": version})
