@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from modelopt.compressors._branches import RemovesBranch
 from modelopt.compressors._channels import RemovesChannels
 from modelopt.compressors._inputs import (
     Calibration,
@@ -96,27 +95,30 @@ class CompressedStates:
         self._zeroable = {n for n, m in workload.model.named_modules() if list(m.parameters(recurse=False))}
         self._removals: dict[tuple[str, tuple[int, ...]], tuple[Removal, ...]] = {}
         # (calibration, removed blocks) -> every layer's input range (activation quantization)
-        self._input_ranges: dict[tuple[Calibration, tuple[str, ...]], dict[str, tuple[float, float]]] = {}
+        self._input_ranges: dict[tuple[Calibration, str], dict[str, tuple[float, float]]] = {}
         self.norm_stats = NormStats(workload, one_time)  # batch norms re-estimated per plan
         self._pre_passes: dict[str, float] = {}  # a strategy's passes before any plan (add_pre_pass)
         self._fitted: dict[str, Fitted] = {}  # plan key -> its reconstructed weights (`adopt`)
         self._skips: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}  # removed blocks -> their float state
         self._means: dict[str, torch.Tensor] | None = None  # every removable branch's mean (`branch_means`)
+        self._skipped: dict[str, tuple[Branch, ...]] = {}  # plan key -> the branches it removes
 
     # ---- removed branches (depth) ---------------------------------------------------------
 
     def skipped(self, plan: Plan) -> tuple[Branch, ...]:
-        """The residual branches the plan removes (`RemovesBranch`), in model order."""
-        out = []
-        for d in self.space.decisions:
-            comp = self.space.compressors[d.compressor]
-            if isinstance(comp, RemovesBranch) and comp.removes(plan.get(d.name)):
-                out.append(self.workload.branches[d.layer])
-        return tuple(out)
+        """The residual branches the plan removes (`SearchSpace.removed_branches`), in model order (kept per plan:
+        every layer's weights ask)."""
+        if plan.key not in self._skipped:
+            self._skipped[plan.key] = tuple(self.workload.branches[end] for end in self.space.removed_branches(plan))
+        return self._skipped[plan.key]
 
     def skipped_layers(self, plan: Plan) -> frozenset[str]:
         """The compressible layers on the branches the plan removes: no engine runs them."""
         return frozenset(name for b in self.skipped(plan) for name in b.layers)
+
+    def _skip_key(self, plan: Plan) -> str:
+        """The removed blocks as one-time preparations name them ("" for none)."""
+        return ",".join(b.block for b in self.skipped(plan))
 
     def skip_state(self, plan: Plan) -> dict[str, torch.Tensor]:
         """The float tensors of the model with the plan's branches removed and repaired (`skip_repair.skip_state`;
@@ -136,8 +138,7 @@ class CompressedStates:
         if not skips:
             return 0.0
         images = min(SKIP_IMAGES, len(self.workload.split(Split.CALIB)))
-        return self.one_time.charge(f"skip:{','.join(b.block for b in skips)}",
-                                    3 * images / len(self.workload.split(Split.VAL)))
+        return self.one_time.charge(f"skip:{self._skip_key(plan)}", 3 * images / len(self.workload.split(Split.VAL)))
 
     def float_weight(self, lname: str, plan: Plan) -> torch.Tensor:
         """`lname`'s weight before compression under `plan`: the float one, or the refit that stands in for a
@@ -239,6 +240,7 @@ class CompressedStates:
     def _layer_weights(self, plan: Plan) -> dict[str, torch.Tensor]:
         """The weights the plan's choices give each layer, compressed one layer at a time (cached)."""
         kept, slices = self.kept_channels(plan), self.kept_slices(plan)
+        absorbed, skips = self.skip_state(plan), tuple(b.block for b in self.skipped(plan))
         weights = {}
         for layer in self.workload.layers:
             decs = self._layer_decisions[layer.name]
@@ -249,8 +251,7 @@ class CompressedStates:
             shape_key = tuple(None if t is None else tuple(t.tolist()) for t in (rows, cols))
             repair = self._repair_images(plan) if cols is not None else 0  # the readers' refit, or none
             # A layer refitted for a removed branch before it starts from that refit.
-            absorbs = tuple(b.block for b in self.skipped(plan)) if f"{layer.name}.weight" in self.skip_state(
-                plan) else ()
+            absorbs = skips if f"{layer.name}.weight" in absorbed else ()
             key = (layer.name, tuple(self._compressor_keys[d.compressor] for d in decs), choices, shape_key, repair,
                    *absorbs)
             w = self._tensors.get(key)
@@ -388,14 +389,14 @@ class CompressedStates:
         bits = self._input_bits(plan)
         cost = 0.0
         # Removed branches change what the layers after them see: their ranges are measured on that model.
-        skips = tuple(b.block for b in self.skipped(plan)) if bits else ()
+        skips = self._skip_key(plan) if bits else ""
         for calib in {c for _, c in bits.values()}:
             x = self.workload.split(Split.CALIB).x.part(0, calib.images)
             if (calib, skips) not in self._input_ranges:
                 with self.workload.state(self.skip_state(plan)):
                     self._input_ranges[calib, skips] = input_ranges(self.workload.model, self.workload.modules, x,
                                                                     calib, self.workload.batch_size)
-            key = f"input_ranges:{calib}" + (f"+{','.join(skips)}" if skips else "")
+            key = f"input_ranges:{calib}" + (f"+{skips}" if skips else "")
             cost += self.one_time.charge(key, x.shape[0] / len(self.workload.split(Split.VAL)))
         return {n: InputQParams.from_range(*self._input_ranges[c, skips][n], b) for n, (b, c) in bits.items()}, cost
 
@@ -446,7 +447,7 @@ class CompressedStates:
     def mark_paid(self, plan: Plan) -> None:
         """Records the one-time preparations `plan` needed as paid (a resumed run, for the trials
         its journal holds): what the killed process charged is not charged again."""
-        skips = ",".join(b.block for b in self.skipped(plan))
+        skips = self._skip_key(plan)
         keys = {f"input_ranges:{c}" + (f"+{skips}" if skips else "") for _, c in self._input_bits(plan).values()}
         keys |= {f"layer_inputs:{n}" for n in self._input_images(plan)} | set(self._pre_passes)
         if n := self._norm_images(plan):

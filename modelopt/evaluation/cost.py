@@ -31,7 +31,6 @@ from dataclasses import dataclass
 import torch
 
 from modelopt.compressors._base import Choice
-from modelopt.compressors._branches import RemovesBranch
 from modelopt.compressors._channels import RemovesChannels
 from modelopt.compressors._packing import Storage
 from modelopt.compressors._routing import Routes
@@ -149,7 +148,7 @@ class CostModel:
             layer = self.space.layers[root]
             for member, rows in layer.channel_group:
                 removed.setdefault(member, [0, 0])[0 if rows else 1] += layer.out_channels - n
-        skipped = self.skipped_layers(plan)
+        skipped = self.space.skipped_layers(plan)
         costs = []
         for x in self.layers:
             gone_rows, gone_cols = removed.get(x.name, (0, 0))
@@ -160,12 +159,6 @@ class CostModel:
                 cost = dataclasses.replace(cost, layer=dataclasses.replace(cost.layer, macs=0))
             costs.append(cost)
         return PlanCost(tuple(costs), self.other_bytes)
-
-    def skipped_layers(self, plan: Plan) -> frozenset[str]:
-        """The layers on the residual branches the plan removes (`RemovesBranch`)."""
-        return frozenset(name for d in self.space.decisions
-                         if isinstance(comp := self.space.compressors[d.compressor], RemovesBranch)
-                         and comp.removes(plan.get(d.name)) for name in self.space.layers[d.layer].branch)
 
     def layer_cost(self, layer: Layer, choices: Mapping[str, Choice], out: int | None = None,
                    inp: int | None = None) -> LayerCost:

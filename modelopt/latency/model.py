@@ -72,17 +72,15 @@ class LatencyModel:
         macs: dict[str, float] = {name: float(layer.macs) for name, layer in self.space.layers.items()}
         skipped: dict[str, float] = dict.fromkeys(self.space.layers, 0.0)
         kinds: dict[str, str] = dict.fromkeys(self.space.layers, "float")
-        gone: set[str] = set()  # the layers of removed residual branches: never run
+        gone = self.space.skipped_layers(plan)  # the layers of removed residual branches: never run
         for d in self.space.decisions:
             choice = plan.get(d.name)
             if choice not in d.choices:  # a plan from a file, with a choice the menu does not offer: unpriced
                 continue
             f = self.space.features[d.name][d.choices.index(choice)]
             layer = self.space.layers[d.layer]
-            comp = self.space.compressors[d.compressor]
-            if isinstance(comp, RemovesBranch):
-                gone |= set(layer.branch) if comp.removes(choice) else set()
-                continue
+            if isinstance(self.space.compressors[d.compressor], RemovesBranch):
+                continue  # priced through `gone`
             if routes(self.space, d.name):
                 # The layers after the exit run for fewer samples: more MACs than this layer has.
                 skipped[d.layer] += layer.macs - f.macs

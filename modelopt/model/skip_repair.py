@@ -22,7 +22,6 @@ import torch
 from torch import fx, nn
 
 from modelopt.data.split import Split
-from modelopt.model.backbone import split_backbone
 from modelopt.model.branches import Branch, residual_add, traced_block
 from modelopt.model.layer_inputs import output_size, sampled_unfold
 from modelopt.model.workload import Workload
@@ -86,19 +85,13 @@ def skip_state(workload: Workload, skipped: Sequence[Branch], images: int,
         return state
     gone = {b.block for b in skipped}
     by_block = {b.block: b for b in workload.branches.values()}
-    blocks = _blocks(workload)
+    blocks = workload.blocks
     # The kept block after each run of removed ones absorbs it; refitting every later block as well keeps a little
     # more at several times the seconds (docs/compressors.md, depth), too slow for the plans a search scores.
     for before, name in itertools.pairwise(blocks):
         if before in gone and name not in gone and name in by_block:
             state.update(_absorb(workload, by_block[name], state, images))
     return state
-
-
-def _blocks(workload: Workload) -> list[str]:
-    """The backbone's blocks in order (those with a branch and those without)."""
-    x = workload.split(Split.CALIB).x[:1]
-    return [n for n, _ in split_backbone(workload.model, (int(x.shape[-2]), int(x.shape[-1]))).blocks]
 
 
 class _Values(fx.Interpreter):

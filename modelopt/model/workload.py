@@ -107,8 +107,9 @@ class Workload:
         except ConfigError as exc:
             self.channels_refused = str(exc)
         self.layers: tuple[Layer, ...] = discover_layers(self.model, two[:1], self.channels)
-        # The blocks' removable residual branches, by their last layer (depth; none where the model has no blocks).
-        self.branches: dict[str, Branch] = _branches(self.model, two, self.modules)
+        # The backbone's blocks, and their removable residual branches by their last layer (depth; none where the
+        # model does not cut into blocks).
+        self.blocks, self.branches = _branches(self.model, two, self.modules)
         self.layers = tuple(dataclasses.replace(x, branch=self.branches[x.name].layers) if x.name in self.branches
                             else x for x in self.layers)
         self.splits: dict[str, SplitData] = {}
@@ -234,16 +235,17 @@ class Workload:
                 cur.data = data
 
 
-def _branches(model: nn.Module, example: torch.Tensor, modules: Mapping[str, nn.Module]) -> dict[str, Branch]:
-    """The removable residual branches of `model`'s backbone blocks (`modelopt.model.branches`); none where it does
-    not cut into blocks (`split_backbone`)."""
+def _branches(model: nn.Module, example: torch.Tensor, modules: Mapping[str, nn.Module]
+              ) -> tuple[tuple[str, ...], dict[str, Branch]]:
+    """The backbone's blocks in order and, by their last layer, their removable residual branches
+    (`modelopt.model.branches`); none where the model does not cut into blocks (`split_backbone`)."""
     if example.dim() != 4:
-        return {}
+        return (), {}
     try:
         backbone = split_backbone(model, (int(example.shape[-2]), int(example.shape[-1])))
     except (ConfigError, ValueError, RuntimeError):
-        return {}
-    return residual_branches(backbone.blocks, modules)
+        return (), {}
+    return tuple(name for name, _ in backbone.blocks), residual_branches(backbone.blocks, modules)
 
 
 def _float_bytes_outside_weights(model: nn.Module, layers: Mapping[str, nn.Module]) -> int:

@@ -185,6 +185,16 @@ class SearchSpace:
                 plans.append(plan)
         return tuple(plans)
 
+    def removed_branches(self, plan: Plan) -> tuple[str, ...]:
+        """The layers ending a residual branch the plan removes (`RemovesBranch`: depth), in model order."""
+        return tuple(d.layer for d in self.decisions
+                     if isinstance(comp := self.compressors[d.compressor], RemovesBranch)
+                     and comp.removes(plan.get(d.name)))
+
+    def skipped_layers(self, plan: Plan) -> frozenset[str]:
+        """Every layer on the residual branches the plan removes (`Layer.branch`): stored, never run."""
+        return frozenset(name for end in self.removed_branches(plan) for name in self.layers[end].branch)
+
     def uniform(self, compressor: str, choice: Choice) -> Plan:
         """The plan giving every layer the same `choice` of `compressor` (canonicalised per layer)."""
         comp = self.compressors[compressor]
