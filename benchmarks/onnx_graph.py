@@ -1,13 +1,14 @@
 """ONNX Runtime: the exported W8A8 graph with a float stem and an integer one, beside ORT's own `quantize_static`.
 
-For the bundled ResNet-20 (or any zoo model), four ONNX files of the same network: the float model, uniform W8A8
-exported by `modelopt export` with the image left float (`quantize_input=False`, what the export wrote before) and
-with it quantized (the default now: the first conv runs the integer kernel the plan was scored with), and ONNX
-Runtime's `quantize_static` of the float file (QDQ, per-channel int8 weights, uint8 activations, minmax, the same
-512 calibration images). Each is timed in plain ORT sessions (1 thread, all graph optimisations), the files
-alternated round by round and the best round's mean kept, at batch 1 over the test images and at batch 64; then
-scored on the test split (retention and agreement against the float file's answers), and the per-op share of
-kernel time from ORT's own profiler, with the Transposes ORT inserts (level "all").
+For the bundled ResNet-20 (or any zoo model), five ONNX files of the same network: the float model as a user
+exports it (`torch.onnx.export`, the reference every speed-up divides), the float model as `modelopt export` writes it
+(option-A shortcuts as strided 1x1 convs), uniform W8A8 exported by `modelopt export` with the image left float
+(`quantize_input=False`) and with it quantized (the default: the first conv runs the integer kernel the plan was
+scored with), and ONNX Runtime's `quantize_static` of the user's float file (QDQ, per-channel int8 weights, uint8
+activations, minmax, the same 512 calibration images). Each is timed in plain ORT sessions (1 thread, all graph
+optimisations), the files alternated round by round and the best round's mean kept, at batch 1 over the test
+images and at batch 64; then scored on the test split (retention and agreement against the float file's answers),
+and the per-op share of kernel time from ORT's own profiler, with the Transposes ORT inserts (level "all").
 
     python benchmarks/onnx_graph.py                                   # bundled ResNet-20, exact test images
     python benchmarks/onnx_graph.py --data ../shared/data/cifar10/cifar10_jpeg_test.npz --images 1000
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import torch
 
 from modelopt.api import build_compressors, build_workload
 from modelopt.compressors import QuantSpec
@@ -50,6 +52,14 @@ def _session(path: Path, profile: str | None = None) -> ort.InferenceSession:
     if profile is not None:
         opts.enable_profiling, opts.profile_file_prefix = True, profile
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def _plain_export(model: torch.nn.Module, x: torch.Tensor, path: Path) -> Path:
+    """The float model as a user exports it: `torch.onnx.export`, nothing rewritten."""
+    torch.onnx.export(model.cpu().float().eval(), (x.cpu().float(),), str(path), dynamo=False, opset_version=17,
+                      input_names=["input"], output_names=["logits"],
+                      dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
+    return path
 
 
 def _quantize_static(float_path: Path, calib: np.ndarray, out: Path) -> Path:
@@ -125,7 +135,8 @@ def main() -> None:
     ev = Evaluator(wl, space)
     w8a8 = space.uniform("quantize", QuantSpec(8).with_activations(8))
     tmp = Path(tempfile.mkdtemp())
-    files = {"float": export_onnx(ev, space.plan(), tmp / "float.onnx", activations=False).path,
+    files = {"float": _plain_export(wl.model, wl.split(Split.VAL).x[:1], tmp / "float.onnx"),
+             "float, modelopt export": export_onnx(ev, space.plan(), tmp / "float_mo.onnx", activations=False).path,
              "W8A8, float stem": export_onnx(ev, w8a8, tmp / "w8a8_float_stem.onnx", quantize_input=False).path,
              "W8A8 (default export)": export_onnx(ev, w8a8, tmp / "w8a8.onnx").path}
     if args.skip:

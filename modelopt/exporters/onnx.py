@@ -43,6 +43,7 @@ from modelopt.data.split import Split
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters._forms import layer_forms
+from modelopt.exporters._subsample import subsample_shortcuts
 from modelopt.exporters._taps import tapped
 from modelopt.exporters.onnx_qdq import (
     Graph,
@@ -106,9 +107,8 @@ def export_onnx(
         quantize_input: quantize the network input (the normalised image) where a layer that reads it has its
             input quantized. None (the default): as the activations asked for, so the first conv runs the
             integer kernel the plan was scored with; False: the input stays float and the first conv runs in
-            float, at a price beyond its own time: ONNX Runtime then runs the integer convs in NHWC between a
-            Transpose pair around every residual add (ResNet-20 W8A8, 1 thread: 18 Transposes, and 1.9x the
-            float model's speed instead of 2.8x; `benchmarks/onnx_graph.py`).
+            float, at a price beyond its own time: ONNX Runtime then runs the integer convs in NHWC between
+            Transposes (ResNet-20 W8A8, 1 thread: 8 instead of 2; `benchmarks/onnx_graph.py`).
         widen_int4: store 2..4-bit codes as int8: a larger file, but per-channel and per-tensor
             layers then fuse into QLinearConv (ONNX Runtime has no int4 convolution kernel).
 
@@ -155,7 +155,7 @@ def onnx_model(
 
     gone = evaluator.states.skipped_layers(plan)  # removed branches: not in the graph
     forms = {name: form for name, form in layer_forms(evaluator, plan).items() if name not in gone}
-    traced, taps = _torch_export(evaluator, plan, routed=routed)
+    traced, taps, copies = _torch_export(evaluator, plan, routed=routed)
     exported = version_converter_convert(traced)
     graph = Graph(exported)
     factors = fold_batchnorm(graph)
@@ -166,10 +166,12 @@ def onnx_model(
     layers = None if mode == "all" else set(evaluator.states.input_qparams(plan)[0]) if mode == "plan" else set()
     if layers is None or layers:
         qparams = _activation_qparams(evaluator, plan, graph, exported, layers, _Calibration(calibration, percentile,
-                                      calib_samples), quantize_input)
+                                      calib_samples), quantize_input, copies)
     weights = _Weights(graph, factors, qparams, widen_int4)
     for layer, form in forms.items():
         weights.add(layer, form)
+    for name in copies:
+        weights.add_copy(name)
     model = _model(graph, exported, _with_qdq(graph, qparams, weights.front, weights.extra), weights.inits,
                    weights.extra)
     onnx.checker.check_model(model)
@@ -213,11 +215,13 @@ _RANGES: weakref.WeakKeyDictionary[Workload, dict[tuple[_Calibration, str], dict
 
 
 def _activation_qparams(evaluator: Evaluator, plan: Plan, graph: Graph, exported: Any, layers: set[str] | None,
-                        calib: _Calibration, quantize_input: bool | None) -> dict[str, QParams]:
+                        calib: _Calibration, quantize_input: bool | None, copies: tuple[str, ...] = ()
+                        ) -> dict[str, QParams]:
     """uint8 QDQ parameters of the activations to quantize (`layers`: around those; None: every one), from
     their ranges on the calibration images in the float model. The ranges are measured once per workload
-    and calibration (the float graph's tensors keep their names in every plan's graph) and cached there."""
-    source = activation_tensors(graph, layers)
+    and calibration (the float graph's tensors keep their names in every plan's graph) and cached there.
+    `copies`: the `Subsample` convs, whose outputs take their inputs' parameters."""
+    source = activation_tensors(graph, layers, copies)
     # A plan that removes residual branches is calibrated on the float model without them (and repaired): the
     # layers after a removed branch see other ranges than in the float model.
     space = evaluator.space
@@ -226,9 +230,10 @@ def _activation_qparams(evaluator: Evaluator, plan: Plan, graph: Graph, exported
     ranges = _RANGES.setdefault(evaluator.workload, {}).setdefault((calib, reference.key), {})
     missing = set(source.values()) - set(ranges)
     if missing:
-        float_graph = Graph(version_converter_convert(_torch_export(evaluator, reference)[0]))
+        traced, _, float_copies = _torch_export(evaluator, reference)
+        float_graph = Graph(version_converter_convert(traced))
         fold_batchnorm(float_graph)
-        every = set(activation_tensors(float_graph).values()) | missing
+        every = set(activation_tensors(float_graph, None, float_copies).values()) | missing
         calib_x = evaluator.workload.split(Split.CALIB).x[: calib.samples].cpu().numpy()
         batches = (calib_x[i : i + 128] for i in range(0, len(calib_x), 128))
         known = {t for t in every if any(t in n.output for n in float_graph.nodes) or t in float_graph.inputs}
@@ -281,6 +286,26 @@ class _Weights:
         if (len(node.input) > 2 and node.input[2] and not int4 and x_in in self.qparams
                 and q.granularity is not Granularity.GROUP):
             self._int32_bias(node, layer, np.float32(self.qparams[x_in].scale) * w_scale)
+
+    def add_copy(self, wname: str) -> None:
+        """A `Subsample` conv's 0/1 weight as int8 codes at scale 1 (exact) where its input is quantized, so it
+        runs as a QLinearConv; float where not."""
+        from onnx import helper
+
+        node = self._user(wname, wname)
+        if node.input[0] not in self.qparams:
+            return
+        source, producer = wname, self.graph.producer()  # torch.onnx merges equal weights behind Identity nodes
+        while source not in self.graph.inits and source in producer and producer[source].op_type == "Identity":
+            source = producer[source].input[0]
+        codes = self.graph.inits[source].astype(np.int8)
+        self.extra += [tensor_proto(f"{wname}_q", codes), tensor_proto(f"{wname}_scale", np.array(1.0, np.float32)),
+                       tensor_proto(f"{wname}_zp", np.array(0, np.int8))]
+        node.input[1] = f"{wname}_int"
+        self.front.append(helper.make_node("DequantizeLinear", [f"{wname}_q", f"{wname}_scale", f"{wname}_zp"],
+                                           [node.input[1]], name=f"{wname}_dq"))
+        if source == wname and len(self.consumers.get(wname, [])) == 1:
+            del self.inits[wname]
 
     def _user(self, layer: str, wname: str) -> Any:
         """The Conv, Gemm or MatMul that reads the weight (a Linear on 3-D inputs exports as a Transpose of it,
@@ -395,15 +420,19 @@ def _model(graph: Graph, exported: Any, nodes: list[Any], inits: dict[str, np.nd
     return model
 
 
-def _torch_export(evaluator: Evaluator, plan: Plan, routed: bool = False) -> tuple[Any, list[ExitTap]]:
+def _torch_export(evaluator: Evaluator, plan: Plan, routed: bool = False
+                  ) -> tuple[Any, list[ExitTap], tuple[str, ...]]:
     """The plan's engine model (dequantized weights, re-estimated norms, pruned channels and removed branches gone),
-    exported as float ONNX (batch size free); `routed`: with its exits' heads and their outputs (and the exits)."""
+    exported as float ONNX (batch size free); `routed`: with its exits' heads and their outputs (and the exits).
+    Its option-A shortcuts are strided 1x1 convs (`_subsample`): the weight names of those come third."""
     model = evaluator.states.engine_model(plan).cpu().float().eval()
+    x = evaluator.workload.split(Split.VAL).x[:2].cpu().float()
+    copies = tuple(f"{name}.weight" for name in subsample_shortcuts(model, x))
     outputs = ["logits"]
     taps = evaluator.routes.taps(model, plan) if routed else []
     with tapped(model, taps) if taps else contextlib.nullcontext():
         outputs += [f"exit{k}_{what}" for k in range(len(taps)) for what in ("logits", "confidence")]
-        return _traced(model, evaluator.workload.split(Split.VAL).x[:1].cpu(), outputs), taps
+        return _traced(model, x[:1], outputs), taps, copies
 
 
 def _traced(model: torch.nn.Module, x: torch.Tensor, outputs: list[str]) -> Any:

@@ -110,12 +110,14 @@ def fold_batchnorm(graph: Graph) -> dict[str, np.ndarray]:
     return factors
 
 
-def activation_tensors(graph: Graph, layers: Collection[str] | None = None) -> dict[str, str]:
+def activation_tensors(graph: Graph, layers: Collection[str] | None = None, copies: Collection[str] = ()
+                       ) -> dict[str, str]:
     """The activations to quantize, each mapped to the tensor whose range sets its scale.
 
     `layers`: only around these layers' Conv/Gemm/MatMul nodes (found by their weight initializer,
     ``<layer>.weight``), and around an Add whose data inputs are all quantized already (so it runs as an
-    integer Add too); None: around every such node.
+    integer Add too); None: around every such node. `copies`: weight names of convs that only move values
+    (`modelopt.exporters._subsample`): quantized where their input is, their output at the input's scale.
     """
     producer, consumers = graph.producer(), graph.consumers()
     needed: dict[str, None] = {}
@@ -126,7 +128,8 @@ def activation_tensors(graph: Graph, layers: Collection[str] | None = None) -> d
                        if i and i not in graph.inits]
         if not all(_is_float_activation(i, producer) for i in data_inputs):
             continue
-        if layers is not None and not _chosen(n, data_inputs, layers, needed, producer):
+        copy = _copies(n, copies)
+        if layers is not None and not _chosen(n, data_inputs, layers, needed, producer, copy):
             continue
         for i in data_inputs:
             needed[i] = None
@@ -139,7 +142,7 @@ def activation_tensors(graph: Graph, layers: Collection[str] | None = None) -> d
     source: dict[str, str] = {}
     for t in needed:
         root = t
-        while root in producer and producer[root].op_type in PRESERVING_OPS:
+        while root in producer and (producer[root].op_type in PRESERVING_OPS or _copies(producer[root], copies)):
             root = producer[root].input[0]
             if root in needed:
                 break
@@ -150,10 +153,15 @@ def activation_tensors(graph: Graph, layers: Collection[str] | None = None) -> d
     return source
 
 
+def _copies(node: Any, copies: Collection[str]) -> bool:
+    return node.op_type == "Conv" and len(node.input) > 1 and node.input[1] in copies
+
+
 def _chosen(node: Any, data_inputs: list[str], layers: Collection[str], needed: Mapping[str, None],
-            producer: Mapping[str, Any]) -> bool:
-    """Whether `node` runs integer in a plan whose integer layers are `layers` (nodes come in graph order)."""
-    if node.op_type != "Add":
+            producer: Mapping[str, Any], copy: bool = False) -> bool:
+    """Whether `node` runs integer in a plan whose integer layers are `layers` (nodes come in graph order): a
+    layer's node if the layer is one; an Add, or a `copy` conv, if its data inputs are quantized."""
+    if node.op_type != "Add" and not copy:
         return any(w.endswith(".weight") and w[: -len(".weight")] in layers for w in node.input[1:2])
 
     def quantized(t: str) -> bool:  # the tensor, or what a data-movement op derived it from, is quantized
