@@ -13,6 +13,8 @@ on a real batch, equals the input subsampled by 2 with zero channels around it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -27,6 +29,7 @@ class Subsample(nn.Module):
         super().__init__()
         weight = torch.zeros(c_out, c_in, 1, 1)
         weight[torch.arange(c_in) + front, torch.arange(c_in)] = 1.0
+        self.weight: torch.Tensor
         self.register_buffer("weight", weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -38,7 +41,7 @@ def subsample_shortcuts(model: nn.Module, x: torch.Tensor) -> tuple[str, ...]:
     `Subsample`; returns the replaced modules' names (the ONNX weight of each is ``<name>.weight``)."""
     seen: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
-    def hook(name: str):  # type: ignore[no-untyped-def]
+    def hook(name: str) -> Callable[[nn.Module, tuple[torch.Tensor, ...], torch.Tensor], None]:
         def record(_m: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
             seen.setdefault(name, []).append((args[0] if len(args) == 1 else torch.empty(0), out))
         return record
