@@ -24,7 +24,7 @@ from modelopt.executors import make_executor
 from modelopt.executors.on_ray import import_ray
 from modelopt.knowledge import read_store, record_run
 from modelopt.model.loader import LoadedModel, load_model, read_with
-from modelopt.model.workload import Workload
+from modelopt.model.workload import Workload, check_head
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace, read_plan_file
 from modelopt.reconstruct.store import Refits
@@ -82,6 +82,7 @@ def build_workload(
     `modelopt.data.dataset.load_data`)."""
     decoded = not isinstance(data, (Dataset, DataLoader))
     loaded, prep = read_with(_model(model, weights, allow_pickle), preprocess or Preprocess(), decoded)
+    check_head(loaded, data)  # before the images are decoded
     return Workload(loaded, _data(data, data_seed, unlabeled, prep), device=device)
 
 

@@ -32,7 +32,7 @@ from modelopt.knowledge import warm_start
 from modelopt.latency.plan import PlanLatency
 from modelopt.model.layers import Layer
 from modelopt.model.loader import load_model, read_with
-from modelopt.model.workload import Workload
+from modelopt.model.workload import Workload, check_head
 from modelopt.objective import Objective, Target
 from modelopt.plan.space import SearchSpace
 from modelopt.search import STRATEGIES, Strategy
@@ -61,6 +61,7 @@ class BuiltRun:
 def load_workload(config: RunConfig, *, allow_pickle: bool = False) -> Workload:
     """Loads the model and data and puts both, with the float predictions, on the device."""
     model, prep = read_with(load_model(config.model, config.weights, allow_pickle=allow_pickle), config.preprocess)
+    check_head(model, config.data)  # before the images are decoded
     return Workload(model, load_data(config.data, seed=config.data_seed, unlabeled=config.unlabeled, preprocess=prep),
                     device=config.device)
 

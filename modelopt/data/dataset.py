@@ -23,19 +23,22 @@ from torch.utils.data import DataLoader
 from modelopt._registry import Registry
 from modelopt.data.preprocess import Preprocess
 from modelopt.data.readers import (
+    NpzArchive,
+    _check_labels,
     _permutation,
     _read_cifar_batch,
     _read_image_folder,
     _read_loader,
     _read_npz,
     _subset,
+    class_folders,
     decode_jpegs,
     read_unlabeled,
 )
 from modelopt.data.split import Split, check_split
 from modelopt.errors import ConfigError, LoadError
 
-__all__ = ["SPLIT_NAMES", "Dataset", "SplitArrays", "list_data_sources", "load_data"]
+__all__ = ["SPLIT_NAMES", "Dataset", "SplitArrays", "list_data_sources", "load_data", "peek_num_classes"]
 
 
 SPLIT_NAMES = tuple(Split)
@@ -234,13 +237,40 @@ def load_data(
     return _load_path(source, max_samples, opts, preprocess)
 
 
+def peek_num_classes(source: object) -> int | None:
+    """The `num_classes` `load_data(source)` would give, where it is cheap to read without decoding an image: an
+    `.npz`'s labels array alone, an image folder's class folders (the last holding images); None for other
+    sources (named, a CIFAR10 root, a DataLoader: reading them is their loading). A malformed source raises the
+    LoadError `load_data` would.
+
+    Example:
+        >>> peek_num_classes("../shared/data/cifar10/cifar10_jpeg_test.npz")
+        10
+    """
+    if isinstance(source, Dataset):
+        return source.num_classes
+    if not isinstance(source, (str, Path)) or (isinstance(source, str) and source in SOURCES):
+        return None
+    path = Path(source).expanduser()
+    if path.is_file() and path.suffix.lower() == ".npz":
+        with NpzArchive(path) as f:
+            if "y" not in f.files:
+                return None
+            return int(_check_labels(f["y"], None, repr(str(path))).max()) + 1
+    if path.is_dir() and not ((path / "cifar-10-batches-py").is_dir() or path.name == "cifar-10-batches-py"):
+        return max(label for label, (_, files) in enumerate(class_folders(path)) if files) + 1
+    return None
+
+
 def _preprocessed(data: Dataset, preprocess: Preprocess | None) -> Dataset:
     """`data` with every split's images resized and cropped (`preprocess`; None: as they are)."""
     if preprocess is None or not preprocess.active:
         return data
+    parts = {name: sp for name in (Split.CALIB, Split.VAL, Split.TEST, Split.CONFIRM)
+             if (sp := getattr(data, name)) is not None}
+    preprocess.check_memory(sum(map(len, parts.values())), repr(data.source))  # all of them, before one is resized
     splits = {name: dataclasses.replace(sp, x=torch.from_numpy(preprocess.apply_all(sp.x.numpy())))
-              for name in (Split.CALIB, Split.VAL, Split.TEST, Split.CONFIRM)
-              if (sp := getattr(data, name)) is not None}
+              for name, sp in parts.items()}
     return dataclasses.replace(data, **splits)
 
 
@@ -266,7 +296,7 @@ def _load_path(source: str | Path, max_samples: int | None, opts: _SplitOptions,
     if path.is_file():
         if path.suffix.lower() != ".npz":
             raise LoadError(f"data source file {str(path)!r} is not an .npz; pass an .npz or a folder")
-        x, y, keep = _read_npz(path, max_samples, seed)
+        x, y, keep = _read_npz(path, max_samples, seed, preprocess)
         x = x if preprocess is None else preprocess.apply_all(x)
     elif (path / "cifar-10-batches-py").is_dir() or path.name == "cifar-10-batches-py":
         x, y = _read_cifar_batch(path)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from modelopt.data import memory
 from modelopt.errors import ConfigError
 
 __all__ = ["DEFAULT_INTERPOLATION", "INTERPOLATIONS", "Preprocess"]
@@ -102,7 +103,24 @@ class Preprocess:
         """An NHWC uint8 array, each image resized and cropped."""
         if not self.active or len(images) == 0:
             return images
+        self.check_memory(len(images))
         return np.stack([self.apply(a) for a in images])
+
+    def check_memory(self, n: int, where: str | None = None) -> None:
+        """Refuses, before any is decoded, `n` images at this size that cannot fit in the memory this process can
+        still take: uint8 RGB, side x side (the crop, else the resize: the shorter side, so at least that), held
+        once (the model reads them in float batches by batch). ConfigError naming the size and one that fits."""
+        side, flag = (self.crop, "--crop") if self.crop is not None else (self.resize, "--resize")
+        room = memory.available_bytes()
+        if side is None or room is None or n * 3 * side * side <= room:
+            return
+        fits = math.isqrt(room // (3 * n)) if n else side
+        fits -= fits % 8 if fits >= 8 else 0
+        smaller = f"a smaller {flag} (at most {fits})" if fits >= 1 else "fewer images"
+        of = "" if where is None else f" of {where}"
+        raise ConfigError(f"{flag} {side} makes the {n} images{of} {side}x{side} pixels: "
+                          f"{_gib(n * 3 * side * side)} decoded ({n} x 3 x {side}^2 bytes), more than the "
+                          f"{_gib(room)} of memory this process can still take; pass {smaller}")
 
     def to_json(self) -> dict[str, Any] | None:
         if not self.active and self.mean is None and self.std is None:
@@ -125,6 +143,10 @@ class Preprocess:
         parts = ([f"resized to {self.resize}"] if self.resize else []) + (
             [f"centre-cropped to {self.crop}"] if self.crop else [])
         return f"{', '.join(parts)} ({self.interpolation})" if parts else "as they are"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def check_resampling(resize: int | None, crop: int | None, interpolation: str | None) -> None:

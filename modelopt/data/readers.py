@@ -194,12 +194,30 @@ def decode_jpegs(data: np.ndarray, offsets: np.ndarray, where: str, keep: np.nda
     for i in order:
         try:
             im = Image.open(io.BytesIO(data[offsets[i] : offsets[i + 1]].tobytes()))
-            images.add(np.asarray(im.convert("RGB")))
+            images.add(rgb(im, f"image {i} in {where}"))
         except Image.DecompressionBombError as e:
             raise LoadError(f"image {i} in {where} is too large to decode safely ({e}); shrink or remove it") from None
         except (UnidentifiedImageError, OSError, ValueError) as e:
             raise LoadError(f"image {i} in {where} is not a readable JPEG: {e}") from None
     return images.stacked()
+
+
+# Pillow opens a 16-bit grey PNG as mode I;16 (older Pillow: I), and convert("RGB") clips every value above 255:
+# the image reads white. 16-bit RGB(A) PNGs open as 8-bit RGB(A) already (the high byte: x * 257 >> 8 == x).
+_WIDE_GREY = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N"})
+_U16 = 65535
+
+
+def rgb(im: Image.Image, what: str) -> np.ndarray:
+    """uint8 (H, W, 3) RGB of a decoded image; 16-bit grey scaled to 0-255 as 8-bit grey is read (value / 257)."""
+    if im.mode not in _WIDE_GREY:
+        return np.asarray(im.convert("RGB"))
+    grey = np.asarray(im).astype(np.int64)
+    if grey.size and (grey.min() < 0 or grey.max() > _U16):
+        raise LoadError(f"{what} is {im.mode} grey with values {int(grey.min())} to {int(grey.max())}, not 16-bit "
+                        "(0 to 65535); save it as an 8-bit or 16-bit image")
+    scaled = ((grey * 255 + _U16 // 2) // _U16).astype(np.uint8)
+    return np.repeat(scaled[..., None], 3, axis=2)
 
 
 def _picked(pick: Callable[[int], np.ndarray], n: int, where: str) -> np.ndarray:
@@ -210,9 +228,15 @@ def _picked(pick: Callable[[int], np.ndarray], n: int, where: str) -> np.ndarray
 
 
 def _read_npz(
-    path: Path, max_samples: int | None, seed: int
+    path: Path, max_samples: int | None, seed: int, preprocess: Preprocess | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return read_npz(path, lambda n: _subset(n, max_samples, seed))
+    def pick(n: int) -> np.ndarray:
+        keep = _subset(n, max_samples, seed)
+        if preprocess is not None:  # before the JPEGs are decoded
+            preprocess.check_memory(len(keep), repr(str(path)))
+        return keep
+
+    return read_npz(path, pick)
 
 
 class _BatchUnpickler(pickle.Unpickler):
@@ -250,6 +274,26 @@ def _read_cifar_batch(root: Path) -> tuple[np.ndarray, np.ndarray]:
     return x, _check_labels(labels, len(x), where)
 
 
+def class_folders(root: Path) -> list[tuple[Path, list[Path]]]:
+    """The class folders of an image folder root/<class>/* (sorted: label i is the i-th) with their image files.
+
+    Raises:
+        LoadError: no images at all, or images in only one class folder (every image would get label 0).
+    """
+    where = repr(str(root))
+    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    found = [(folder, sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES))
+             for folder in classes]
+    holding = [folder.name for folder, files in found if files]
+    if not holding:
+        raise LoadError(f"no images in {where}; expected an image folder root/<class_name>/*"
+                        f"{{{','.join(IMAGE_SUFFIXES)}}} (or an .npz, or a CIFAR10 root)")
+    if len(holding) < 2:
+        raise LoadError(f"image folder {where} has images in one class folder only ({holding[0]!r}): labels are the "
+                        "class folders, so at least two class folders are needed, root/<class_name>/* for each class")
+    return found
+
+
 def _read_image_folder(
     root: Path, max_samples: int | None, seed: int, labeled: bool = True, preprocess: Preprocess | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -259,9 +303,7 @@ def _read_image_folder(
     files: list[Path] = []
     labels: list[int] = []
     if labeled:
-        classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-        for label, folder in enumerate(classes):
-            found = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        for label, (folder, found) in enumerate(class_folders(root)):
             if not found:
                 logger.warning("class folder %s holds no images; label %d gets no samples", folder, label)
             files += found
@@ -269,18 +311,17 @@ def _read_image_folder(
     else:
         files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         labels = [-1] * len(files)
-    if not files:
-        layout = "root/<class_name>/*" if labeled else "root/**/*"
-        raise LoadError(
-            f"no images in {where}; expected an image folder {layout}"
-            f"{{{','.join(IMAGE_SUFFIXES)}}} (or an .npz, or a CIFAR10 root)"
-        )
+        if not files:
+            raise LoadError(f"no images in {where}; expected an image folder root/**/*"
+                            f"{{{','.join(IMAGE_SUFFIXES)}}} (or an .npz, or a CIFAR10 root)")
     keep = _subset(len(files), max_samples, seed)
+    if preprocess is not None:
+        preprocess.check_memory(len(keep), where)  # before anything is decoded
     images = _Stacker(len(keep), where)
     for i in keep:
         try:
             with Image.open(files[i]) as im:
-                image = np.asarray(im.convert("RGB"))
+                image = rgb(im, f"image {str(files[i])!r}")
             images.add(image if preprocess is None else preprocess.apply(image))
         except Image.DecompressionBombError as e:  # not an OSError: Pillow refuses it before decoding
             raise LoadError(f"image {str(files[i])!r} is too large to decode safely ({e}); shrink or remove it"

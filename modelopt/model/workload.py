@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from modelopt.data.dataset import Dataset
+from modelopt.data.dataset import Dataset, peek_num_classes
 from modelopt.data.split import Split, check_split
 from modelopt.errors import ConfigError, LoadError
 from modelopt.model.backbone import split_backbone
@@ -44,6 +44,22 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise ConfigError(f"device {device!r} is not supported; valid: auto, cpu, cuda, cuda:N")
     return dev
+
+
+def check_head(model: LoadedModel, data: object) -> None:
+    """Refuses a model whose head cannot answer `data`'s labels before the data are decoded (minutes for a large
+    JPEG set), where both are cheap to know (`LoadedModel.num_classes`, `peek_num_classes`); `Workload` checks the
+    decoded data's labels against the model's outputs in any case."""
+    if model.num_classes is None or model.random_head:  # unknown, or sized to the data's classes when built
+        return
+    classes = peek_num_classes(data)
+    if classes is not None and classes > model.num_classes:
+        source = data.source if isinstance(data, Dataset) else str(data)
+        raise LoadError(_labels_beyond(source, classes, model.name, model.num_classes))
+
+
+def _labels_beyond(source: str, classes: int, name: str, outputs: int) -> str:
+    return f"data {source!r} has labels up to {classes - 1} but model {name!r} has {outputs} outputs"
 
 
 @dataclass(frozen=True)
@@ -159,10 +175,7 @@ class Workload:
 
     def _check_labels(self) -> None:
         if self.data.num_classes > self.num_outputs:
-            raise LoadError(
-                f"data {self.data.source!r} has labels up to {self.data.num_classes - 1} "
-                f"but model {self.name!r} has {self.num_outputs} outputs"
-            )
+            raise LoadError(_labels_beyond(self.data.source, self.data.num_classes, self.name, self.num_outputs))
 
     def fingerprints(self) -> dict[str, str]:
         """Content hashes of the loaded weights and of the val/test data: a run folder can be

@@ -117,3 +117,51 @@ def test_library_weights_are_read_as_their_authors_read_images(tmp_path):
     torch.save(net.state_dict(), tmp_path / "t.pt")
     size, pct = net.pretrained_cfg["input_size"][-1], net.pretrained_cfg["crop_pct"]  # 176 and 0.875
     assert load_model("timm:resnet10t", tmp_path / "t.pt").preprocess == Preprocess(int(size / pct), size, "bicubic")
+
+
+@pytest.mark.parametrize("source", ["npz", "folder", "named"])
+def test_a_resize_that_cannot_fit_in_memory_is_refused_before_decoding(tmp_path, monkeypatch, source):
+    """--resize 4000 ended in a MemoryError after decoding: the decoded size (images x 3 x side^2 bytes, uint8) is
+    checked against the memory the process can still take before any image is decoded, in one line naming the size
+    and a resize that fits."""
+    import modelopt.data.memory
+    import modelopt.data.readers
+
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 256, (20, 8, 8, 3), dtype=np.uint8), np.arange(20) % 2
+    if source == "npz":
+        path: object = tmp_path / "d.npz"
+        np.savez(path, x=x, y=y)
+    elif source == "folder":
+        path = tmp_path / "folder"
+        for i, (image, label) in enumerate(zip(x, y, strict=True)):
+            (path / f"c{label}").mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image).save(path / f"c{label}" / f"{i}.png")
+    else:
+        path = "cifar10-exact-sample"
+    monkeypatch.setattr(modelopt.data.memory, "available_bytes", lambda: 100 * 2**20)
+
+    def decoded(*args, **kwargs):
+        raise AssertionError("an image was decoded before the size was checked")
+
+    monkeypatch.setattr(Preprocess, "apply", decoded)
+    monkeypatch.setattr(modelopt.data.readers.Image, "open", decoded)
+    n = {"npz": 20, "folder": 20, "named": 2846}[source]
+    with pytest.raises(ConfigError) as info:
+        load_data(path, preprocess=Preprocess(resize=4000))
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"--resize 4000 makes the {n} images")
+    assert f"({n} x 3 x 4000^2 bytes), more than the 100 MiB" in message
+    fits = int(message.rsplit("at most ", 1)[1].rstrip(")"))
+    assert n * 3 * fits**2 <= 100 * 2**20 < n * 3 * (fits + 8) ** 2  # the largest multiple of 8 that fits
+
+
+def test_a_crop_is_the_size_held_and_a_size_that_fits_is_not_refused(monkeypatch):
+    import modelopt.data.memory
+
+    monkeypatch.setattr(modelopt.data.memory, "available_bytes", lambda: 3 * 100 * 64 * 64)
+    Preprocess(resize=4000, crop=64).check_memory(100)  # exactly fits: the crop is what is held
+    with pytest.raises(ConfigError, match=r"^--crop 64 makes the 101 images 64x64 pixels: .*at most 56\)$"):
+        Preprocess(resize=4000, crop=64).check_memory(101)
+    monkeypatch.setattr(modelopt.data.memory, "available_bytes", lambda: None)  # unknown: nothing refused
+    Preprocess(resize=4000).check_memory(10**6)

@@ -112,3 +112,45 @@ def test_streamed_images_score_bit_for_bit_as_resident_ones(resnet20_workload, m
         scores.append([(m.accuracy, m.agreement) for m in (ev.scorer.evaluate(plan, "val"),
                                                            ev.scorer.evaluate(plan, "all", n=500))])
     assert scores[0] == scores[1]
+
+
+@pytest.mark.parametrize("kind", ["jpeg npz", "image folder"])
+def test_a_head_that_cannot_answer_the_labels_is_refused_before_the_images_are_decoded(tmp_path, monkeypatch, kind):
+    """Issue 46, "refused late": a checkpoint whose head does not cover the data's labels was refused after every
+    image was decoded (about 100 s for the JPEG protocol). The labels are read first where that is cheap."""
+    import io
+    import re
+
+    from PIL import Image
+
+    import modelopt.config.build
+    import modelopt.data.readers
+    from modelopt.config.run_config import RunConfig
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (12, 32, 32, 3), dtype=np.uint8)
+    labels = np.arange(12)  # 0..11: twelve classes for ResNet-20's ten outputs
+    if kind == "jpeg npz":
+        files = []
+        for image in images:
+            buf = io.BytesIO()
+            Image.fromarray(image).save(buf, format="JPEG")
+            files.append(np.frombuffer(buf.getvalue(), np.uint8))
+        path = tmp_path / "d.npz"
+        np.savez(path, jpeg=np.concatenate(files), offsets=np.cumsum([0] + [len(f) for f in files]), y=labels)
+    else:
+        path = tmp_path / "folder"
+        for i, (image, label) in enumerate(zip(images, labels, strict=True)):
+            (path / f"class{label:02d}").mkdir(parents=True)
+            Image.fromarray(image).save(path / f"class{label:02d}" / f"{i}.png")
+
+    def decoded(*args, **kwargs):
+        raise AssertionError("the images were decoded before the labels were checked")
+
+    monkeypatch.setattr(modelopt.data.readers, "decode_jpegs", decoded)
+    monkeypatch.setattr(modelopt.data.readers, "rgb", decoded)
+    refused = re.escape(f"data '{path}' has labels up to 11 but model 'cifar10_resnet20' has 10 outputs")
+    with pytest.raises(LoadError, match=refused):
+        build_workload("cifar10_resnet20", path, device="cpu")
+    with pytest.raises(LoadError, match=refused):  # a run folder's settings rebuild it the same way
+        modelopt.config.build.load_workload(RunConfig(data=str(path), device="cpu"))
