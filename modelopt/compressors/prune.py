@@ -205,7 +205,11 @@ class Prune(Compressor, RemovesChannels):
         if "sparsity" not in raw:
             raise ConfigError(f"{where}: 'sparsity' is required (a share in (0, 1), e.g. 0.5)")
         spec = PruneSpec(_sparsity(raw["sparsity"], where), _kind(raw.get("kind", PruneKind.UNSTRUCTURED)))
-        if spec.kind is PruneKind.SEMI and (spec.sparsity != 0.5 or not _fits_pattern(layer)):
+        if spec.kind is PruneKind.SEMI and spec.sparsity != 0.5:
+            raise ConfigError(f"{where}: sparsity {spec.sparsity:g} is not what kind '2:4' prunes: 2:4 keeps two of "
+                              "every four weights of a row, which is sparsity 0.5; write sparsity: 0.5, or kind: "
+                              f"unstructured for sparsity {spec.sparsity:g}")
+        if spec.kind is PruneKind.SEMI and not _fits_pattern(layer):
             raise ConfigError(f"{where}: kind '2:4' keeps two of every four weights of a row (sparsity 0.5) and "
                               f"needs a layer reading >= {_MIN_IN_CHANNELS} channels whose rows are a multiple of "
                               "4 weights long; use kind: unstructured here")

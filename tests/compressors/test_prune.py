@@ -165,8 +165,27 @@ def test_two_of_four_is_offered_where_rows_split_into_fours_and_stored_as_half()
     space = SearchSpace([odd, BLOCK], [p])
     assert space.parse_plan({"layers": {"block.conv1": {"prune": {"sparsity": 0.5, "kind": "2:4"}}}})[
         "block.conv1/prune"] == PruneSpec(0.5, PruneKind.SEMI)
-    with pytest.raises(ConfigError, match="kind '2:4' keeps two of every four weights"):
+    with pytest.raises(ConfigError, match=r"sparsity 0\.25 is not what kind '2:4' prunes"):
         space.parse_plan({"layers": {"block.conv1": {"prune": {"sparsity": 0.25, "kind": "2:4"}}}})
+
+
+def test_a_two_of_four_entry_at_another_sparsity_is_named_with_what_2_4_means():
+    """Sparsity 0.75 with kind 2:4 was refused without naming 0.75, advising "use kind: unstructured" (which
+    changes the pattern, not the figure): the line names the value and says 2:4 is sparsity 0.5."""
+    p = Prune(kind=("2:4", "unstructured"), sparse_images=0, repair_images=0)
+    odd = Layer("odd", LayerKind.CONV, (8, 5, 1, 1), 1, False)  # rows of 5 weights
+    space = SearchSpace([odd, BLOCK], [p])
+
+    def refusal(layer: str, sparsity: float) -> str:
+        with pytest.raises(ConfigError) as info:
+            space.parse_plan({"layers": {layer: {"prune": {"sparsity": sparsity, "kind": "2:4"}}}})
+        assert "\n" not in str(info.value)
+        return str(info.value)
+
+    assert refusal("block.conv1", 0.75) == (
+        "prune for block.conv1: sparsity 0.75 is not what kind '2:4' prunes: 2:4 keeps two of every four weights of "
+        "a row, which is sparsity 0.5; write sparsity: 0.5, or kind: unstructured for sparsity 0.75")
+    assert refusal("odd", 0.5).endswith("rows are a multiple of 4 weights long; use kind: unstructured here")
 
 
 def test_sparse_images_choose_the_mask_on_the_layer_inputs():
