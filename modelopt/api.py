@@ -30,7 +30,7 @@ from modelopt.plan.space import SearchSpace, read_plan_file
 from modelopt.reconstruct.store import Refits
 from modelopt.reports import write_report
 from modelopt.run.export import resolve
-from modelopt.run.layout import CONFIG
+from modelopt.run.layout import BEST_PLAN, CONFIG
 from modelopt.run.lock import lock_run_folder
 from modelopt.run.optuna_storage import check_storage, export_run
 from modelopt.run.preflight import check_run_folder
@@ -180,11 +180,16 @@ def _check_run_alone(run: str | Path, model: bool, data: bool, *given: object) -
     """`evaluate(run=...)` rebuilds everything from the run folder: refuses what else was given, naming it."""
     names = ("weights", "unlabeled", "resize", "crop", "interpolation", "mean", "std", "compressors", "settings",
              "reconstruct")
-    extra = [name for name, v in zip(names, given, strict=True) if v is not None and v != {}]
-    extra = ["model"] * model + ["data"] * data + extra
+    extra = ["model"] * model + ["data"] * data
+    for name, value in zip(names, given, strict=True):
+        if isinstance(value, Mapping):  # the compressors' settings, each by its own name
+            extra += sorted(map(str, value))
+        elif value is not None:
+            extra.append(name)
     if extra:
-        raise ConfigError(f"evaluate --run rebuilds the model, data and compressors from {run}/{CONFIG}; leave "
-                          f"out {', '.join(extra)}")
+        raise ConfigError(f"evaluate(run={str(run)!r}) scores the run's plans with the model, data, compressors and "
+                          f"settings in {str(Path(run) / CONFIG)!r}; leave out {', '.join(extra)}, or pass the plan "
+                          f"({str(Path(run) / BEST_PLAN)!r}) without run, with the run's model and data and yours")
 
 
 def default_run_dir(model_name: str, strategy: str, seed: int) -> Path:

@@ -29,6 +29,7 @@ from modelopt.plan.space import SearchSpace, read_plan_file
 from modelopt.reconstruct.store import Refits
 from modelopt.run.journal import Record, read_records
 from modelopt.run.layout import BEST_PLAN, JOURNAL
+from modelopt.run.lock import check_started
 
 __all__ = ["FORMATS", "ExportSource", "PlanRef", "export", "resolve"]
 
@@ -104,6 +105,7 @@ def _evaluator_from_run(run_dir: Path, device: str) -> Evaluator:
 
 
 def _check_plan_ref(plan: PlanRef, run_dir: Path) -> None:
+    check_started(run_dir)  # a run still loading there has no run.json yet: it is busy, not "not a run folder"
     RunConfig.read(run_dir)  # raises LoadError when it is not a run folder
     if (isinstance(plan, int) and not isinstance(plan, bool)) or (isinstance(plan, str) and plan.isdigit()):
         _trial_record(int(plan), run_dir)

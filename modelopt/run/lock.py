@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from modelopt.errors import ConfigError, StorageError
-from modelopt.run.layout import LOCK
+from modelopt.run.layout import CONFIG, LOCK
 
 try:
     import fcntl
@@ -24,7 +24,7 @@ except ImportError:  # Windows: msvcrt's byte-range lock does the same job
     fcntl = None  # type: ignore[assignment]
     import msvcrt
 
-__all__ = ["LOCK", "RunFolderBusy", "RunLock", "check_unlocked", "lock_run_folder"]
+__all__ = ["LOCK", "RunFolderBusy", "RunLock", "check_started", "check_unlocked", "lock_run_folder"]
 
 
 class RunFolderBusy(ConfigError):
@@ -121,3 +121,28 @@ def check_unlocked(run_dir: str | Path) -> None:
     run_dir = Path(run_dir)
     if (run_dir / LOCK).is_file():
         lock_run_folder(run_dir, record=False).release()
+
+
+def check_started(run_dir: str | Path) -> None:
+    """Raises `RunFolderBusy` when `run_dir` holds no settings (run.json) because the run that holds it is still
+    loading its model and data: a reader's "not a run folder" would be wrong there. Reads only (the folder may be
+    read-only to this user)."""
+    run_dir = Path(run_dir)
+    if (run_dir / CONFIG).is_file() or (who := _holder(run_dir)) is None:
+        return
+    raise RunFolderBusy(f"run folder {str(run_dir)!r} is in use by another modelopt process{who}, which is still "
+                        f"loading and has not written its {CONFIG} yet; wait until its search starts, then run this "
+                        "again")
+
+
+def _holder(run_dir: Path) -> str | None:
+    """' (pid N)' (or '' where the holder wrote none) while another process holds `run_dir`'s lock; else None."""
+    try:
+        handle = open(run_dir / LOCK, encoding="utf-8")
+    except OSError:
+        return None
+    with handle:
+        if _try_lock(handle):
+            return None
+        holder = handle.read().strip()
+    return f" (pid {holder})" if holder.isdigit() else ""

@@ -234,7 +234,32 @@ def test_evaluate_a_run_folder_on_its_own_splits(tmp_path):
     trial0 = json.loads(_run("evaluate", run, "--plan", 0, "--split", "test", "--json").stdout.splitlines()[-1])
     int8 = next(a for a in summary["anchors"] if a["trial"] == 0)["test"]
     assert (trial0["retention"], trial0["n_samples"]) == (int8["retention"], int8["n_samples"])
-    _one_line_error(_run("evaluate", run, "--model", "cifar10_resnet56"), "evaluate --run rebuilds", "leave out model")
+    _one_line_error(_run("evaluate", run, "--model", "cifar10_resnet56"), "evaluate RUN_DIR scores",
+                    "leave out --model")
+
+
+def test_evaluate_run_dir_names_the_flags_it_refuses(tmp_path):
+    """`evaluate RUN_DIR --rounding gptq` said "leave out settings" and named an `evaluate --run` flag that does
+    not exist: the line names each flag given and how to score a plan with them. Refused before anything loads."""
+    result = _run("evaluate", tmp_path, "--rounding", "gptq", "--resize", 32, "--data", "elsewhere.npz")
+    _one_line_error(result, "evaluate RUN_DIR scores the run's plans with the model, data, compressors and settings "
+                    f"in '{tmp_path / 'run.json'}'", "leave out --data, --resize, --rounding (",
+                    f"pass it as a file without RUN_DIR: --plan {tmp_path / 'best_plan.yaml'} with the run's --model")
+    assert "evaluate --run" not in result.output and "settings;" not in result.output
+
+
+def test_evaluate_on_a_run_folder_still_loading_says_it_is_in_use(tmp_path):
+    """A run that is loading holds its folder but has written no run.json yet: evaluate and export said "not a
+    modelopt run folder"; they say it is in use, as --resume does."""
+    from modelopt.run.lock import lock_run_folder
+
+    with lock_run_folder(tmp_path / "run"):  # held by "another process": flock conflicts across open files
+        for verb in ("evaluate", "export"):
+            result = _run(verb, tmp_path / "run")
+            _one_line_error(result, f"run folder '{tmp_path / 'run'}' is in use by another modelopt process (pid ",
+                            "still loading and has not written its run.json yet")
+            assert "not a modelopt run folder" not in result.output
+    _one_line_error(_run("evaluate", tmp_path / "run"), "is not a modelopt run folder (no run.json)")  # released
 
 
 def test_settings_that_leave_nothing_to_search_are_refused_naming_them(tmp_path, small_data):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from modelopt.errors import StorageError
-from modelopt.run.lock import LOCK, RunFolderBusy, check_unlocked, lock_run_folder
+from modelopt.run.lock import LOCK, RunFolderBusy, check_started, check_unlocked, lock_run_folder
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,3 +65,18 @@ def test_an_unwritable_or_file_path_is_one_clear_error(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(Exception, match="is a file; pass a folder to --out"):
         lock_run_folder(tmp_path / "f")
+
+
+def test_a_run_folder_without_settings_is_busy_only_while_its_run_holds_it(tmp_path):
+    """`check_started`: a folder whose run is still loading (locked, no run.json) is busy; one that is not locked, or
+    holds its run.json (a run under way: its trials may be read), is not."""
+    run = tmp_path / "run"
+    check_started(run)  # no folder: nothing to say here
+    with lock_run_folder(run):
+        with pytest.raises(RunFolderBusy, match=rf"in use by another modelopt process \(pid {os.getpid()}\), which is "
+                                                "still loading and has not written its run.json yet"):
+            check_started(run)
+        (run / "run.json").write_text("{}")
+        check_started(run)
+    (run / "run.json").unlink()
+    check_started(run)  # released: a folder no run holds is the reader's to judge
