@@ -104,19 +104,25 @@ class Preprocess:
         if not self.active or len(images) == 0:
             return images
         self.check_memory(len(images))
-        return np.stack([self.apply(a) for a in images])
+        first = self.apply(images[0])  # images of one size come out at one size: written into one array
+        out = np.empty((len(images), *first.shape), dtype=np.uint8)
+        out[0] = first
+        for i in range(1, len(images)):
+            out[i] = self.apply(images[i])
+        return out
 
     def check_memory(self, n: int, where: str | None = None) -> None:
         """Refuses, before any is decoded, `n` images at this size that cannot fit in the memory this process can
         still take: uint8 RGB, side x side (the crop, else the resize: the shorter side, so at least that), held
-        once (the model reads them in float batches by batch). ConfigError naming the size and one that fits."""
+        once (the model reads them in float batches). ConfigError naming the size and one that leaves half the
+        memory to the model and its batches."""
         side, flag = (self.crop, "--crop") if self.crop is not None else (self.resize, "--resize")
         room = memory.available_bytes()
         if side is None or room is None or n * 3 * side * side <= room:
             return
-        fits = math.isqrt(room // (3 * n)) if n else side
+        fits = math.isqrt(room // 2 // (3 * n)) if n else side
         fits -= fits % 8 if fits >= 8 else 0
-        smaller = f"a smaller {flag} (at most {fits})" if fits >= 1 else "fewer images"
+        smaller = f"{flag} {fits} or smaller" if fits >= 1 else "fewer images"
         of = "" if where is None else f" of {where}"
         raise ConfigError(f"{flag} {side} makes the {n} images{of} {side}x{side} pixels: "
                           f"{_gib(n * 3 * side * side)} decoded ({n} x 3 x {side}^2 bytes), more than the "

@@ -152,8 +152,8 @@ def test_a_resize_that_cannot_fit_in_memory_is_refused_before_decoding(tmp_path,
     message = str(info.value)
     assert "\n" not in message and message.startswith(f"--resize 4000 makes the {n} images")
     assert f"({n} x 3 x 4000^2 bytes), more than the 100 MiB" in message
-    fits = int(message.rsplit("at most ", 1)[1].rstrip(")"))
-    assert n * 3 * fits**2 <= 100 * 2**20 < n * 3 * (fits + 8) ** 2  # the largest multiple of 8 that fits
+    fits = int(message.rsplit("pass --resize ", 1)[1].removesuffix(" or smaller"))
+    assert n * 3 * fits**2 <= 50 * 2**20 < n * 3 * (fits + 8) ** 2  # leaves half the memory to the model's work
 
 
 def test_a_crop_is_the_size_held_and_a_size_that_fits_is_not_refused(monkeypatch):
@@ -161,7 +161,9 @@ def test_a_crop_is_the_size_held_and_a_size_that_fits_is_not_refused(monkeypatch
 
     monkeypatch.setattr(modelopt.data.memory, "available_bytes", lambda: 3 * 100 * 64 * 64)
     Preprocess(resize=4000, crop=64).check_memory(100)  # exactly fits: the crop is what is held
-    with pytest.raises(ConfigError, match=r"^--crop 64 makes the 101 images 64x64 pixels: .*at most 56\)$"):
+    # 101 x 3 x 40^2 bytes fit in half the memory, 101 x 3 x 48^2 do not
+    refused = r"^--crop 64 makes the 101 images 64x64 pixels: .*; pass --crop 40 or smaller$"
+    with pytest.raises(ConfigError, match=refused):
         Preprocess(resize=4000, crop=64).check_memory(101)
     monkeypatch.setattr(modelopt.data.memory, "available_bytes", lambda: None)  # unknown: nothing refused
     Preprocess(resize=4000).check_memory(10**6)
