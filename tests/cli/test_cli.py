@@ -80,14 +80,16 @@ def test_unknown_model():
 def test_unknown_layer_in_plan(tmp_path):
     plan = tmp_path / "p.yaml"
     plan.write_text("layers:\n  conv99: {quantize: {bits: 8}}\n")
-    _one_line_error(_run("evaluate", "--plan", plan), "unknown layer 'conv99'", "layer1.0.conv1")
+    _one_line_error(_run("evaluate", "--plan", plan, "--data", "cifar10-exact-sample"), "unknown layer 'conv99'",
+                    "layer1.0.conv1")
 
 
 @pytest.mark.slow
 def test_bit_width_not_offered(tmp_path):
     plan = tmp_path / "p.yaml"
     plan.write_text("default: {quantize: {bits: 16}}\n")
-    _one_line_error(_run("evaluate", "--plan", plan), "bits 16", "2, 3, 4, 5, 6, 7, 8")
+    _one_line_error(_run("evaluate", "--plan", plan, "--data", "cifar10-exact-sample"), "bits 16",
+                    "2, 3, 4, 5, 6, 7, 8")
 
 
 def test_a_mean_that_is_not_numbers_is_answered_with_a_mean_like_example():
