@@ -87,9 +87,20 @@ def n_kept(total: int, sparsity: float) -> int:
 def magnitude_mask(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
     """Bool mask (weight's shape) keeping exactly `n_kept` largest-magnitude weights; ties by position."""
     flat = weight.detach().reshape(-1).abs()
-    order = torch.argsort(flat, descending=True, stable=True)[: n_kept(flat.numel(), sparsity)]
-    mask = torch.zeros(flat.numel(), dtype=torch.bool, device=weight.device)
-    mask[order] = True
+    keep = n_kept(flat.numel(), sparsity)
+    if keep >= flat.numel():
+        return torch.ones_like(weight, dtype=torch.bool)
+    if not bool(torch.isfinite(flat).all()):  # a sort's order of NaNs is what the masks were defined by
+        order = torch.argsort(flat, descending=True, stable=True)[:keep]
+        mask = torch.zeros(flat.numel(), dtype=torch.bool, device=weight.device)
+        mask[order] = True
+        return mask.reshape(weight.shape)
+    # The `keep` first of a stable descending sort, without sorting (a sort of a large layer's millions of weights
+    # was most of the priors pass): every weight above the keep-th largest magnitude, then the first ones equal to it.
+    kth = torch.kthvalue(flat.cpu(), flat.numel() - keep + 1).values.to(flat.device)
+    mask = flat > kth
+    ties = torch.nonzero(flat == kth).reshape(-1)[: keep - int(mask.sum())]
+    mask[ties] = True
     return mask.reshape(weight.shape)
 
 

@@ -213,3 +213,19 @@ def test_sparse_images_choose_the_mask_on_the_layer_inputs():
     assert torch.equal(form.weight, repaired) and torch.equal(form.mask, repaired != 0)
     with pytest.raises(ConfigError, match="sparse_images must be an integer >= 0"):
         Prune(sparse_images=-1, repair_images=0)
+
+
+def test_the_magnitude_mask_keeps_what_a_stable_descending_sort_keeps_ties_by_position():
+    """The mask is computed by selection, not a sort; the oracle is the sort it replaced."""
+    g = torch.Generator().manual_seed(0)
+    for k, shape in enumerate([(7,), (16, 3, 3, 3), (64, 33), (5, 1)] * 20):
+        w = torch.randn(*shape, generator=g)
+        if k % 3 == 0:
+            w = torch.round(w * 2) / 2  # many equal magnitudes
+        if k % 7 == 0:
+            w[..., 0] = 0
+        for sparsity in (0.0, 0.1, 0.25, 0.5, 0.75, 0.99, 1.0):
+            flat = w.reshape(-1).abs()
+            want = torch.zeros(flat.numel(), dtype=torch.bool)
+            want[torch.argsort(flat, descending=True, stable=True)[: n_kept(flat.numel(), sparsity)]] = True
+            assert torch.equal(magnitude_mask(w, sparsity), want.reshape(shape)), (shape, sparsity)
