@@ -112,11 +112,9 @@ class ChannelGroups:
         removals = self.removals(root, range(max(1, channels // 4)))
         try:
             with torch.inference_mode():
-                state = {k: v.clone() for k, v in self.model.state_dict().items()}
-                zero = copy.deepcopy(self.model)
-                zero.load_state_dict({**state, **zeroed(self.model, removals)})
                 small = self.remove(copy.deepcopy(self.model), removals)
-                want, got = zero(x), small(x)
+                got = small(x)
+            want = self._zeroed_output(removals, x)
         except Exception as exc:  # noqa: BLE001 -- a removal Torch-Pruning cannot apply: the group is not offered
             log.info("channel group of %s left out: %s", root, exc)
             return False
@@ -124,6 +122,24 @@ class ChannelGroups:
             return False  # it removes outputs (classes)
         scale = float(want.abs().max()) or 1.0
         return float((got - want).abs().max()) <= _CHECK_TOLERANCE * scale
+
+
+    def _zeroed_output(self, removals: Iterable[Removal], x: torch.Tensor) -> torch.Tensor:
+        """The traced model's output with `removals` zeroed: the changed tensors swapped in and back (a copy of the
+        whole model per group was most of a large model's check)."""
+        changed = zeroed(self.model, removals)
+        tensors = self.model.state_dict(keep_vars=True)
+        saved = {k: tensors[k].detach().clone() for k in changed}
+        try:
+            with torch.no_grad():
+                for k, v in changed.items():
+                    tensors[k].copy_(v)
+            with torch.inference_mode():
+                return self.model(x)
+        finally:
+            with torch.no_grad():
+                for k, v in saved.items():
+                    tensors[k].copy_(v)
 
 
 def zeroed(model: nn.Module, removals: Iterable[Removal]) -> dict[str, torch.Tensor]:
