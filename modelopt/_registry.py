@@ -5,11 +5,34 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable
 from importlib import metadata
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from modelopt.errors import UnknownNameError
 
 T = TypeVar("T")
+
+
+def named(kind: str) -> Callable[[str, type[Any]], None]:
+    """An `on_register` that gives a plugin class the name it registers under (its ``name``), so the name is
+    written once, in the decorator (timm's `register_model` takes it from the function); a class that spells
+    another name itself is refused, naming both.
+
+    Example:
+        >>> ENGINES = Registry("latency engine", None, named("latency engine"))
+        >>> @ENGINES.register("toy")
+        ... class Toy: ...
+        >>> Toy.name
+        'toy'
+    """
+
+    def set_name(name: str, cls: type[Any]) -> None:
+        own = vars(cls).get("name")
+        if own is not None and own != name:
+            raise ValueError(f"{kind} class {cls.__name__} says name = {own!r} but is registered as {name!r}; "
+                             "drop its name: registering names it")
+        cls.name = name
+
+    return set_name
 
 
 class Registry(Generic[T]):

@@ -6,16 +6,9 @@ function): ``@COMPRESSORS.register("round1")`` sets ``Round.name``.
 
 from __future__ import annotations
 
-from modelopt._registry import Registry
+from modelopt._registry import Registry, named
 from modelopt.compressors._base import Compressor
 
-
-def _named(name: str, cls: type[Compressor]) -> None:
-    own = vars(cls).get("name")
-    if own is not None and own != name:
-        raise ValueError(f"compressor class {cls.__name__} says name = {own!r} but is registered as {name!r}; "
-                         "drop its name: registering names it")
-    cls.name = name
-
+_named = named("compressor")
 
 COMPRESSORS: Registry[type[Compressor]] = Registry("compressor", "modelopt.compressors", _named)

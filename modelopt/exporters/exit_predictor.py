@@ -15,6 +15,9 @@ Usage (a shell in the exported folder)::
     >>> from predict import Predictor
     >>> logits = Predictor(".").run(x)         # x: float32 NCHW, normalised as the model expects
     >>> logits, exit_at = Predictor(".", engine="openvino").run_with_exits(x)
+
+Another runtime runs the folder through the same class: pass a function that opens one segment file
+(`Opener`) as the engine (modelopt's engines pass their own: `modelopt.latency.engine_onnx`).
 """
 
 from __future__ import annotations
@@ -22,16 +25,24 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 MANIFEST = "exits.json"
 FORMAT = "modelopt-exits"
-ENGINES = ("onnxruntime", "openvino")
+
+# One segment as a runtime runs it: its outputs on a float32 batch (boundary, logits, confidence; the last: logits).
+Runner = Callable[[np.ndarray], list[np.ndarray]]
+# Opens a segment file: (path, threads, precision, static batch) -> its runner; None: the runtime's default.
+Opener = Callable[[str, int | None, str | None, int | None], Runner]
 
 
-def _ort_runner(path: str, threads: int | None) -> Any:
+def ort_runner(path: str, threads: int | None = None, precision: str | None = None, batch: int | None = None
+               ) -> Runner:
+    """A segment in an ONNX Runtime CPU session (every graph optimisation on); `precision` and `batch` are
+    OpenVINO's choices, unused here (any batch runs)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -46,7 +57,9 @@ def _ort_runner(path: str, threads: int | None) -> Any:
     return lambda x: session.run(outputs, {name: x})
 
 
-def _ov_runner(path: str, threads: int | None, precision: str | None, batch: int | None) -> Any:
+def ov_runner(path: str, threads: int | None = None, precision: str | None = None, batch: int | None = None
+              ) -> Runner:
+    """A segment compiled by OpenVINO for the CPU (`precision`: its inference precision; `batch`: static)."""
     import openvino as ov
 
     core = ov.Core()
@@ -70,12 +83,16 @@ def _ov_runner(path: str, threads: int | None, precision: str | None, batch: int
     return run
 
 
+ENGINES: dict[str, Opener] = {"onnxruntime": ort_runner, "openvino": ov_runner}
+
+
 class Predictor:
     """An exported early-exit network, run segment by segment.
 
     Args:
         folder: The exported folder (``exits.json`` and the segment files).
-        engine: ``onnxruntime`` or ``openvino``.
+        engine: ``onnxruntime`` or ``openvino``, or a function that opens a segment in another runtime
+            (`Opener`: path, threads, precision, static batch -> the segment's runner).
         threads: Intra-op threads per segment (None: the engine's default).
         precision: OpenVINO's inference precision for float layers (``f32``, ``bf16``; None: its default on
             this CPU). Ignored by onnxruntime.
@@ -83,10 +100,11 @@ class Predictor:
             None: any batch.
     """
 
-    def __init__(self, folder: str, engine: str = "onnxruntime", threads: int | None = None,
+    def __init__(self, folder: str, engine: str | Opener = "onnxruntime", threads: int | None = None,
                  precision: str | None = None, batch: int | None = None) -> None:
-        if engine not in ENGINES:
+        if isinstance(engine, str) and engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
+        open_segment = ENGINES[engine] if isinstance(engine, str) else engine
         with open(os.path.join(folder, MANIFEST)) as f:
             manifest = json.load(f)
         if manifest.get("format") != FORMAT:
@@ -97,12 +115,9 @@ class Predictor:
         self.exits = [s["exit"] for s in self.segments[:-1]]
         self.runners = []
         for k, seg in enumerate(self.segments):
-            path = os.path.join(folder, seg["file"])
-            if engine == "onnxruntime":
-                self.runners.append(_ort_runner(path, threads))
-            else:
-                static = batch if batch is not None and (k == 0 or batch == 1) else None
-                self.runners.append(_ov_runner(path, threads, precision, static))
+            # A later segment reads the rows that stay: static only where every batch is one image.
+            static = batch if batch is not None and (k == 0 or batch == 1) else None
+            self.runners.append(open_segment(os.path.join(folder, seg["file"]), threads, precision, static))
 
     def run(self, x: np.ndarray) -> np.ndarray:
         """Logits of each row of `x` (float32 NCHW), from the exit it left at."""

@@ -1,6 +1,10 @@
 """The ONNX engines: ONNX Runtime and OpenVINO, each running the plan as `modelopt export --format onnx`
 writes it (integer weights behind DequantizeLinear, uint8 QDQ around the layers whose inputs the plan
 quantizes: integer kernels there, `modelopt.exporters.onnx`). Both run on the CPU, in float32 elsewhere.
+
+A plan as deployed (`deployed`) is the file `modelopt export` writes, read back into a fresh session with the
+runtime's defaults (OpenVINO: its default precision, as a user's plain `compile_model` gets); a plan with exits
+is the exported folder of segments, run by its own `predict.py` class with this engine's segment runner.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ import re
 import tempfile
 import time
 from abc import abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,11 +22,11 @@ import torch
 
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluation.evaluator import Evaluator
-from modelopt.exporters.exit_predictor import Predictor
-from modelopt.exporters.onnx import onnx_model
-from modelopt.exporters.onnx_exits import ExitSegments, exit_segments
+from modelopt.exporters.exit_predictor import Predictor, Runner, ort_runner, ov_runner
+from modelopt.exporters.onnx import export_onnx, onnx_model
+from modelopt.exporters.onnx_exits import ExitSegments, exit_segments, export_onnx_exits
 from modelopt.exporters.onnx_run import ort_session
-from modelopt.latency.engine import ENGINES, Compiled, Engine, structure_key
+from modelopt.latency.engine import ENGINES, ArrayDeployment, Compiled, Deployment, Engine, structure_key
 from modelopt.latency.measure import Latency, check_protocol, pattern_latency
 from modelopt.plan.plan import Plan
 
@@ -43,6 +48,26 @@ def graph_key(model: Any) -> str:
 
 class _OnnxEngine(Engine):
     """Exports the plan to ONNX, then hands the bytes to `_build`; a plan with exits as segments (`_build_exits`)."""
+
+    # It compiles for the batch it is timed at (static shapes): a plan with exits is timed in a second build.
+    _static_batch = False
+
+    @abstractmethod
+    def _open(self, path: Path) -> Callable[[np.ndarray], np.ndarray]:
+        """The file at `path` in a fresh session with the runtime's defaults: logits of a float32 batch."""
+
+    @abstractmethod
+    def _open_segment(self, path: str, threads: int | None, precision: str | None, batch: int | None) -> Runner:
+        """One segment of an exit folder in this runtime (`exit_predictor.Opener`)."""
+
+    def deployed(self, evaluator: Evaluator, plan: Plan) -> Deployment:
+        """The file `modelopt export --format onnx` writes (a plan with exits: its folder, run by its Predictor),
+        read back into a fresh session; the files may go once it is built."""
+        with tempfile.TemporaryDirectory() as tmp:
+            if evaluator.routes.route(plan) is not None:
+                folder = export_onnx_exits(evaluator, plan, Path(tmp) / "plan").path
+                return ArrayDeployment(Predictor(str(folder), engine=self._open_segment).run)
+            return ArrayDeployment(self._open(export_onnx(evaluator, plan, Path(tmp) / "plan.onnx").path))
 
     def compile(self, evaluator: Evaluator, plan: Plan, spec: LatencySpec, precision: str | None = None) -> Compiled:
         """`precision`: the float layers' precision where the engine has a choice (None: its default)."""
@@ -67,7 +92,7 @@ class _OnnxEngine(Engine):
         """The segments as `predict.py` runs them (written to a folder, read back: what a deployment reads)."""
         with tempfile.TemporaryDirectory() as tmp:
             segments.write(Path(tmp))
-            return _ExitCompiled(self.name, Path(tmp), key, spec, t0, precision,
+            return _ExitCompiled(self, Path(tmp), key, spec, t0, precision,
                                  spec.name("cpu", _PRECISION_NAMES.get(precision or "", "fp32")))
 
 
@@ -75,15 +100,16 @@ class _ExitCompiled(Compiled):
     """A plan with exits, run as its exported folder runs: segment by segment, each sample leaving at its first
     confident exit. Timed on the exit pattern of real images (`pattern_latency`), not one repeated batch."""
 
-    def __init__(self, engine: str, folder: Path, key: str, spec: LatencySpec, t0: float, precision: str | None,
-                 name: str) -> None:
+    def __init__(self, engine: _OnnxEngine, folder: Path, key: str, spec: LatencySpec, t0: float,
+                 precision: str | None, name: str) -> None:
         self.spec, self.key, self.name = spec, key, name
         threads = torch.get_num_threads()
-        self.scoring = Predictor(str(folder), engine=engine, threads=threads, precision=precision)
-        # Timed as deployed at the spec's batch: OpenVINO compiled for it (static shapes), ORT as it is.
-        self.timing = self.scoring if engine == "onnxruntime" and spec.threads == threads else Predictor(
-            str(folder), engine=engine, threads=spec.threads, precision=precision,
-            batch=spec.batch_size if engine == "openvino" else None)
+        self.scoring = Predictor(str(folder), engine=engine._open_segment, threads=threads, precision=precision)
+        # Timed as deployed at the spec's batch: compiled for it where the engine builds static shapes.
+        static = engine._static_batch
+        self.timing = self.scoring if not static and spec.threads == threads else Predictor(
+            str(folder), engine=engine._open_segment, threads=spec.threads, precision=precision,
+            batch=spec.batch_size if static else None)
         self.seconds = time.perf_counter() - t0
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
@@ -117,7 +143,13 @@ def _cannot_build(engine: str, message: str) -> str:
 class OnnxRuntime(_OnnxEngine):
     """ONNX Runtime's CPU provider, every graph optimisation on (QDQ fused into integer kernels)."""
 
-    name = "onnxruntime"
+    def _open(self, path: Path) -> Callable[[np.ndarray], np.ndarray]:
+        session = ort_session(path)  # ORT's default threads, as a user's session has them
+        name = session.get_inputs()[0].name
+        return lambda rows: session.run(None, {name: rows})[0]
+
+    def _open_segment(self, path: str, threads: int | None, precision: str | None, batch: int | None) -> Runner:
+        return ort_runner(path, threads)
 
     def _build(self, data: bytes, key: str, spec: LatencySpec, t0: float, precision: str | None) -> Compiled:
         with tempfile.TemporaryDirectory() as tmp:  # built once here: a plan ORT cannot build fails now
@@ -154,7 +186,14 @@ class _OrtCompiled(Compiled):
 class OpenVino(_OnnxEngine):
     """OpenVINO's CPU plugin (QDQ turned into int8 ops by its low-precision transformations), float32 elsewhere."""
 
-    name = "openvino"
+    _static_batch = True
+
+    def _open(self, path: Path) -> Callable[[np.ndarray], np.ndarray]:
+        compiled = _core().compile_model(str(path), "CPU")  # its default precision, as a plain compile_model runs
+        return lambda rows: compiled(rows)[0]
+
+    def _open_segment(self, path: str, threads: int | None, precision: str | None, batch: int | None) -> Runner:
+        return ov_runner(path, threads, precision, batch)
 
     def precision(self, evaluator: Evaluator) -> str:
         """OpenVINO's default inference precision on this CPU (bf16 where the CPU has bfloat16 instructions)."""
@@ -180,7 +219,7 @@ class OpenVino(_OnnxEngine):
         with tempfile.TemporaryDirectory() as tmp:
             segments.write(Path(tmp))
             name = spec.name("cpu", _PRECISION_NAMES.get(precision or default_precision(), "fp32"))
-            return _ExitCompiled(self.name, Path(tmp), key, spec, t0, precision, name)
+            return _ExitCompiled(self, Path(tmp), key, spec, t0, precision, name)
 
 
 def _core() -> Any:

@@ -1,7 +1,8 @@
 """The ``torch`` engine: the module the plan deploys as (`CompressedStates.deployable`: structurally pruned
 channels physically removed, exits that really return). On the CPU it runs in float32 (weight-only
 quantization is simulated there: dequantized weights, float kernels); on a GPU in half precision, timed
-through a CUDA graph (one launch per batch) where the plan has no data-dependent return.
+through a CUDA graph (one launch per batch) where the plan has no data-dependent return. A plan as deployed is
+that module too, built afresh (`deployed`).
 """
 
 from __future__ import annotations
@@ -9,11 +10,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import nn
 
 from modelopt.evaluation.evaluator import Evaluator
-from modelopt.latency.engine import ENGINES, Compiled, Engine, structure_key
+from modelopt.latency.engine import ENGINES, Compiled, Deployment, Engine, Rows, structure_key
 from modelopt.latency.measure import Latency, batch_of, check_protocol, record, torch_latency
 from modelopt.plan.plan import Plan
 
@@ -26,9 +28,6 @@ __all__ = ["Torch"]
 @ENGINES.register("torch")
 class Torch(Engine):
     """PyTorch eager, on the workload's device: float32 on the CPU, float16 (and CUDA graphs) on CUDA."""
-
-    name = "torch"
-    exported = False  # it runs the deployable module, not an exported file
 
     def device(self, evaluator: Evaluator) -> str:
         return str(evaluator.workload.device)
@@ -51,6 +50,41 @@ class Torch(Engine):
                             str(device))
         return _TorchCompiled(model, key, spec, device, half, routed, time.perf_counter() - t0)
 
+    def deployed(self, evaluator: Evaluator, plan: Plan) -> Deployment:
+        """The plan's deployable module, built afresh, in the precision the engine runs it in on this device."""
+        device = evaluator.workload.device
+        model = evaluator.states.deployable(plan).to(device).eval()
+        half = self.precision(evaluator) == "fp16"
+        return _ModuleDeployment(model.half() if half else model, device, half)
+
+
+class _ModuleDeployment(Deployment):
+    def __init__(self, model: nn.Module, device: torch.device, half: bool) -> None:
+        self.model, self.device, self.half = model, device, half
+
+    def run(self, x: Rows) -> torch.Tensor:
+        return _answers(self.model, x, self.device, self.half, routed=False)[0]
+
+
+def _answers(model: nn.Module, x: Rows, device: torch.device, half: bool, routed: bool
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits (float32, on the CPU) and, for a routed module (early exit), where each sample left
+    (`EarlyExitNet.forward_with_exits`), answered 256 rows at a time."""
+    dtype = torch.float16 if half else torch.float32
+    forward = getattr(model, "forward_with_exits", None) if routed else None
+    logits, exits = [], []
+    with torch.inference_mode():
+        for i in range(0, len(x), 256):
+            rows = x[i : i + 256]
+            batch = (torch.from_numpy(rows) if isinstance(rows, np.ndarray) else rows).to(device, dtype)
+            if forward is None:
+                logits.append(model(batch).float().cpu())
+            else:
+                out, exit_at = forward(batch)
+                logits.append(out.float().cpu())
+                exits.append(exit_at.cpu())
+    return torch.cat(logits), torch.cat(exits) if exits else None
+
 
 class _TorchCompiled(Compiled):
     def __init__(self, model: nn.Module, key: str, spec: LatencySpec, device: torch.device, half: bool,
@@ -63,20 +97,7 @@ class _TorchCompiled(Compiled):
         return self.answers(x)[0]
 
     def answers(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        dtype = torch.float16 if self.half else torch.float32
-        # A routed module (early exit) says where each sample left (`EarlyExitNet.forward_with_exits`).
-        forward = getattr(self.model, "forward_with_exits", None) if self.routed else None
-        logits, exits = [], []
-        with torch.inference_mode():
-            for i in range(0, len(x), 256):
-                batch = x[i : i + 256].to(self.device, dtype)
-                if forward is None:
-                    logits.append(self.model(batch).float().cpu())
-                else:
-                    out, exit_at = forward(batch)
-                    logits.append(out.float().cpu())
-                    exits.append(exit_at.cpu())
-        return torch.cat(logits), torch.cat(exits) if exits else None
+        return _answers(self.model, x, self.device, self.half, self.routed)
 
     def time(self, x: torch.Tensor) -> Latency:
         s = self.spec

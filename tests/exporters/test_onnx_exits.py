@@ -20,9 +20,10 @@ from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters.exit_predictor import Predictor
 from modelopt.exporters.onnx import export_onnx
 from modelopt.exporters.onnx_exits import export_onnx_exits
-from modelopt.latency import LatencySpec
+from modelopt.latency import ENGINES, LatencySpec
 from modelopt.latency.plan import PlanLatency
 from modelopt.plan.space import SearchSpace
+from modelopt.testing.engines import check_engine
 
 pytest.importorskip("onnxruntime")
 
@@ -94,6 +95,16 @@ def test_openvino_runs_the_exported_folder(ev, plan, tmp_path) -> None:
     ov_logits, ov_exits = Predictor(str(folder), engine="openvino", threads=1, precision="f32").run_with_exits(x)
     assert (ov_logits.argmax(1) == ort_logits.argmax(1)).mean() >= 0.97
     assert (ov_exits == ort_exits).mean() >= 0.95
+
+
+@pytest.mark.parametrize("name", ["onnxruntime", "openvino", "torch"])
+def test_an_exit_plan_passes_the_engine_suite(ev, plan, name: str) -> None:
+    """Each engine builds, times and deploys the exit plan (certification's deployed form: for the ONNX engines
+    the exported folder run by its Predictor with the engine's own segment runner; for torch the routed module),
+    each answering as the run scored it."""
+    if name == "openvino":
+        pytest.importorskip("openvino")
+    check_engine(ENGINES.get(name), ev, [plan], ev.workload.split("test").x.part(0, 128))
 
 
 def test_one_file_refuses_exits_and_a_folder_is_not_overwritten_by_accident(ev, plan, tmp_path) -> None:
