@@ -1,0 +1,26 @@
+"""What the CLI prints about a finished run."""
+
+from __future__ import annotations
+
+from modelopt.cli.display import own_pick_text
+from modelopt.evaluation.metrics import Metrics
+from modelopt.objective import Objective
+
+
+def _metrics(**kw) -> Metrics:
+    base = dict(split="val", n_samples=2000, accuracy=0.81, baseline_accuracy=0.82, retention=0.988, agreement=0.9,
+                size_bytes=275_000, float_size_bytes=1_078_888, compression=3.92, bitops=1, macs=1, eval_seconds=1.0)
+    return Metrics(**{**base, **kw})
+
+
+def test_a_latency_runs_own_pick_is_named_by_its_speed_up_not_its_size():
+    """A latency run's line read "trial 2 (3.92x)": the pick's compression, beside plans timed at 2.3-2.4x."""
+    m = _metrics(latency_ms=0.326, float_latency_ms=0.719, latency_backend="onnxruntime/cpu/fp32/b1")
+    line = own_pick_text(Objective("latency"), 2, m, 5, 5)
+    assert "trial 2 (2.21x latency on val)" in line and "3.92" not in line
+    assert "that is the fastest of the 5 finalists confirmed (of 5 tested" in line
+
+
+def test_a_size_runs_own_pick_is_named_by_its_compression():
+    line = own_pick_text(Objective("size"), 7, _metrics(), 3, 6)
+    assert "trial 7 (3.92x size on val)" in line and "the smallest of the 3 finalists confirmed (of 6" in line
