@@ -91,10 +91,7 @@ def print_run(out: Console, result: RunResult) -> None:
         if s.exits is not None:
             out.print(_exits_table(s))
     if test is not None and test.latency_ms is not None and test.float_latency_ms is not None:
-        others = "".join(f"; float {ms:.3f} ms in {name} ({ms / test.latency_ms:.2f}x)"
-                         for name, ms in s.float_latency.items() if name != test.latency_backend)
-        out.print(f"Latency ({test.latency_backend}): {test.latency_ms:.3f} ms vs float {test.float_latency_ms:.3f} ms "
-                  f"({test.float_latency_ms / test.latency_ms:.2f}x){others}")
+        out.print(latency_text(test, s.float_latency), highlight=False)
     sb = result.search_best
     if sb is not None and sb.plan.key != result.best.plan.key:
         out.print(own_pick_text(s.objective, sb.number, sb.scored, confirmation.confirmed,
@@ -106,6 +103,20 @@ def print_run(out: Console, result: RunResult) -> None:
         out.print(f"Preparation: {prep}", highlight=False)
     out.print(f"Pareto front: {len(result.pareto)} plans (re-scored on test) — run folder: [bold]{result.run_dir}[/]")
     out.print(f"Best plan written to {result.run_dir / 'best_plan.yaml'}")
+
+
+def latency_text(test: Metrics, float_latency: dict[str, float]) -> str:
+    """The reported plan's latency line: beside the float model's in the same engine, and in the other engines the
+    run timed the float model in; a plan that runs the float model's kernels says so instead of reading 1.00x."""
+    assert test.latency_ms is not None and test.float_latency_ms is not None
+    others = "".join(f"; float {ms:.3f} ms in {name} ({ms / test.latency_ms:.2f}x)"
+                     for name, ms in float_latency.items() if name != test.latency_backend)
+    if test.latency_ms == test.float_latency_ms:  # the plan's timing is the float model's (`latency.model`)
+        return (f"Latency ({test.latency_backend}): {test.latency_ms:.3f} ms, the float model's: the plan changes no "
+                f"kernel this engine runs (weights stored in fewer bits are dequantized to float; --objective latency "
+                f"searches plans that run integer kernels or less work){others}")
+    return (f"Latency ({test.latency_backend}): {test.latency_ms:.3f} ms vs float {test.float_latency_ms:.3f} ms "
+            f"({test.float_latency_ms / test.latency_ms:.2f}x){others}")
 
 
 # Which finalist a run reports, by its objective's figure (the reported plan is the best confirmed one).

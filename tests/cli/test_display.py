@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from modelopt.cli.display import own_pick_text
+from modelopt.cli.display import latency_text, own_pick_text
 from modelopt.evaluation.metrics import Metrics
 from modelopt.objective import Objective
 
@@ -24,3 +24,13 @@ def test_a_latency_runs_own_pick_is_named_by_its_speed_up_not_its_size():
 def test_a_size_runs_own_pick_is_named_by_its_compression():
     line = own_pick_text(Objective("size"), 7, _metrics(), 3, 6)
     assert "trial 7 (3.92x size on val)" in line and "the smallest of the 3 finalists confirmed (of 6" in line
+
+
+def test_a_plan_timed_as_the_float_model_says_why_instead_of_reading_1_00x():
+    """A size run's line read "torch/cpu/fp32/b1: 2.311 ms vs float 2.311 ms (1.00x)": a weight-only plan builds to the
+    float model's graph in torch and shares its timing."""
+    same = _metrics(latency_ms=2.311, float_latency_ms=2.311, latency_backend="torch/cpu/fp32/b1")
+    line = latency_text(same, {"torch/cpu/fp32/b1": 2.311})
+    assert "1.00x" not in line and "2.311 ms, the float model's: the plan changes no kernel this engine runs" in line
+    faster = _metrics(latency_ms=0.301, float_latency_ms=0.719, latency_backend="onnxruntime/cpu/fp32/b1")
+    assert latency_text(faster, {}) == "Latency (onnxruntime/cpu/fp32/b1): 0.301 ms vs float 0.719 ms (2.39x)"
