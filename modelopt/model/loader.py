@@ -322,8 +322,8 @@ def _from_library(source: str, weights: str | Path | None, allow_pickle: bool) -
 
 def _authors_preprocess(source: str, module: nn.Module, weights_file: str) -> Preprocess:
     """How the authors of a library model's weights read images: for torchvision, the transforms of the weights
-    enum member whose file `weights_file` is (else the enum's default); for timm, its pretrained config (the image
-    size over crop_pct, then the image size)."""
+    enum member whose file `weights_file` is (a file of another name: nothing, said in one line); for timm, its
+    pretrained config (the image size over crop_pct, then the image size)."""
     library, arch = source.split(":", 1)
     if library == "timm":
         cfg = getattr(module, "pretrained_cfg", None) or {}
@@ -338,7 +338,19 @@ def _authors_preprocess(source: str, module: nn.Module, weights_file: str) -> Pr
         enum = torchvision.models.get_model_weights(arch)
     except (ValueError, KeyError):
         return Preprocess()
-    member = next((m for m in enum if m.url.rsplit("/", 1)[-1] == weights_file), None) or enum.DEFAULT
+    member = next((m for m in enum if m.url.rsplit("/", 1)[-1] == weights_file), None)
+    authors = _transforms_preprocess(member or enum.DEFAULT)
+    if member is None:  # a user's own weights (a 10-class fine-tune of 32-pixel images, say): not the authors' reading
+        if authors.active:
+            log.warning("%s: weights file %r is none of torchvision's published files for it: images are read at "
+                        "their own size (pass --resize %s --crop %s to read them as its authors' weights were trained)",
+                        source, weights_file, authors.resize, authors.crop)
+        return Preprocess()
+    return authors
+
+
+def _transforms_preprocess(member: Any) -> Preprocess:
+    """The resize, crop and interpolation of a torchvision weights enum member's transforms."""
     t = member.transforms()
     resizes, crops = getattr(t, "resize_size", None), getattr(t, "crop_size", None)
     if not resizes or not crops:

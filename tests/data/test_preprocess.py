@@ -95,18 +95,18 @@ def test_mean_and_std_replace_the_model_s_own_and_are_recorded(tmp_path):
 
 
 def test_library_weights_are_read_as_their_authors_read_images(tmp_path):
-    """torchvision: the weights enum member whose file the weights are (its transforms), else the enum's default;
-    timm: its pretrained config. Random weights, or the user's own --resize/--crop, keep what is given."""
+    """torchvision: the weights enum member whose file the weights are (its transforms); timm: its pretrained config.
+    Random weights, or the user's own --resize/--crop, keep what is given."""
     import torch
     import torchvision
 
     from modelopt.model.loader import load_model, read_with
 
     state = torchvision.models.mobilenet_v2(num_classes=10).state_dict()
-    for name, resize in (("mobilenet_v2-b0353104.pth", 256), ("mobilenet_v2-7ebf99e0.pth", 232), ("mine.pt", 232)):
+    for name, resize in (("mobilenet_v2-b0353104.pth", 256), ("mobilenet_v2-7ebf99e0.pth", 232)):
         torch.save(state, tmp_path / name)
         assert load_model("torchvision:mobilenet_v2", tmp_path / name).preprocess == Preprocess(resize, 224, "bilinear")
-    loaded = load_model("torchvision:mobilenet_v2", tmp_path / "mine.pt")
+    loaded = load_model("torchvision:mobilenet_v2", tmp_path / "mobilenet_v2-7ebf99e0.pth")
     model, prep = read_with(loaded, Preprocess(crop=32, mean=(0.5, 0.5, 0.5)))
     assert prep == Preprocess(None, 32, mean=(0.5, 0.5, 0.5)) and model.mean == (0.5, 0.5, 0.5)
     assert model.std == loaded.std
@@ -117,6 +117,24 @@ def test_library_weights_are_read_as_their_authors_read_images(tmp_path):
     torch.save(net.state_dict(), tmp_path / "t.pt")
     size, pct = net.pretrained_cfg["input_size"][-1], net.pretrained_cfg["crop_pct"]  # 176 and 0.875
     assert load_model("timm:resnet10t", tmp_path / "t.pt").preprocess == Preprocess(int(size / pct), size, "bicubic")
+
+
+def test_a_weights_file_that_is_not_torchvision_s_keeps_the_data_s_size_and_says_so(tmp_path, caplog):
+    """A user's own 10-class state dict for torchvision:mobilenet_v2 was read "resized to 232, centre-cropped to 224
+    (bilinear), as its weights were trained": every 32-pixel image upsampled seven times, a 14-minute budget-4 run."""
+    import logging
+
+    import torch
+    import torchvision
+
+    from modelopt.model.loader import load_model
+
+    torch.save(torchvision.models.mobilenet_v2(num_classes=10).state_dict(), tmp_path / "mb2.pt")
+    with caplog.at_level(logging.WARNING):
+        assert load_model("torchvision:mobilenet_v2", tmp_path / "mb2.pt").preprocess == Preprocess()
+    said = [r.getMessage() for r in caplog.records if "mb2.pt" in r.getMessage()]
+    assert len(said) == 1 and "none of torchvision's published files" in said[0]
+    assert "their own size" in said[0] and "--resize 232 --crop 224" in said[0]
 
 
 @pytest.mark.parametrize("source", ["npz", "folder", "named"])
