@@ -29,6 +29,7 @@ from modelopt.evaluation.output_sensitivity import output_losses, probe_images
 from modelopt.evaluation.priors import measure_errors
 from modelopt.evaluation.sensitivity import estimate_losses
 from modelopt.knowledge import warm_start
+from modelopt.latency.engine import Engine
 from modelopt.latency.plan import PlanLatency
 from modelopt.model.layers import Layer
 from modelopt.model.loader import load_model, read_with
@@ -92,7 +93,7 @@ def make_evaluator(config: RunConfig, workload: Workload) -> Evaluator:
     the plan they report is checked against the engine at the end (`modelopt.certify.deployed`)."""
     evaluator = Evaluator(workload, make_space(config, workload.layers, workload.model))
     if config.latency is not None and config.objective == Target.LATENCY.value:
-        timer = PlanLatency(evaluator, config.latency)
+        timer = _checked(PlanLatency(evaluator, config.latency))
         if timer.scores:
             evaluator.scorer.engine = timer
     return evaluator
@@ -102,7 +103,17 @@ def make_latency(config: RunConfig, evaluator: Evaluator) -> PlanLatency | None:
     """Where the run measures latency: the engine its plans are scored in, else a new one (None: nowhere)."""
     if isinstance(evaluator.scorer.engine, PlanLatency):
         return evaluator.scorer.engine
-    return None if config.latency is None else PlanLatency(evaluator, config.latency)
+    return None if config.latency is None else _checked(PlanLatency(evaluator, config.latency))
+
+
+def _checked(timer: PlanLatency) -> PlanLatency:
+    """`timer`, whose engine can build the plan a run reports as deployed (`Engine.deployed`): one that cannot is
+    refused before the search, not after it at certification."""
+    if type(timer.engine).deployed is Engine.deployed:
+        name = getattr(timer.engine, "name", type(timer.engine).__name__)
+        raise ConfigError(f"latency engine {name!r} does not build a plan as deployed ({type(timer.engine).__name__}"
+                          f".deployed), so the plan a run reports could not be checked in it; pick another --latency")
+    return timer
 
 
 def make_objective(config: RunConfig, workload: Workload) -> Objective:

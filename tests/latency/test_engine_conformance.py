@@ -126,6 +126,24 @@ def test_an_engine_without_deployed_stops_certification_naming_it(ev, plans) -> 
         deployed_agreement(timer, plans[0])
 
 
+def test_a_run_refuses_an_engine_without_deployed_before_it_searches(ev) -> None:
+    from modelopt.config.build import make_latency
+    from modelopt.config.run_config import RunConfig
+    from modelopt.errors import ConfigError
+
+    class Unchecked(Bare):
+        pass
+
+    ENGINES.register("unchecked")(Unchecked)
+    try:
+        with pytest.raises(ConfigError, match=r"latency engine 'unchecked' does not build a plan as deployed "
+                                              r"\(Unchecked.deployed\)"):
+            make_latency(RunConfig(latency=LatencySpec("unchecked")), ev)
+        assert make_latency(RunConfig(latency=LatencySpec("toy")), ev) is not None
+    finally:
+        ENGINES._items.pop("unchecked", None)
+
+
 # ---- the suite itself must catch broken engines ------------------------------------------------------------
 
 
