@@ -24,7 +24,7 @@ from rich.table import Table
 
 from modelopt import api
 from modelopt.cli import options as opt
-from modelopt.cli.display import fmt_bytes, print_run
+from modelopt.cli.display import fmt_bytes, print_run, split_label
 from modelopt.compressors import COMPRESSORS, compressor_settings
 from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import list_data_sources
@@ -318,12 +318,12 @@ def evaluate(
         m = api.evaluate(model, chosen, data, weights=weights, split=split, device=device, allow_pickle=allow_pickle,
                          compressors=names, unlabeled=unlabeled, run=run_dir, resize=resize, crop=crop,
                          interpolation=interpolation, mean=means, std=stds, **settings)
-        title = f"{run_dir} — {plan or 'best'} on {split} ({m.n_samples} images)"
+        title = f"{run_dir} — {plan or 'best'} on {split_label(split, m.n_samples)}"
     else:
         m = api.evaluate(model, plan, data, weights=weights, split=split, device=device, allow_pickle=allow_pickle,
                          compressors=names, unlabeled=unlabeled, resize=resize, crop=crop,
                          interpolation=interpolation, mean=means, std=stds, **settings)
-        title = f"{model} — {'float' if plan is None else plan} on {split} ({m.n_samples} images)"
+        title = f"{model} — {'float' if plan is None else plan} on {split_label(split, m.n_samples)}"
     table = Table(title=title)
     for col in ("top-1", "float top-1", "retention", "agree", "size", "ratio", "MACs", "bitops"):
         table.add_column(col, justify="right")

@@ -105,6 +105,14 @@ def print_run(out: Console, result: RunResult) -> None:
     out.print(f"Best plan written to {result.run_dir / 'best_plan.yaml'}")
 
 
+def split_label(split: str, n: int) -> str:
+    """A split and its image count as a result's title names them; "all" says which images it is (a user asking
+    for all of a folder's images got val and test, without a word on the calib and confirm images left out)."""
+    if split == Split.ALL:
+        return f"all = val + test ({n} images; the calib and confirm images are not scored)"
+    return f"{split} ({n} images)"
+
+
 def latency_text(test: Metrics, float_latency: dict[str, float]) -> str:
     """The reported plan's latency line: beside the float model's in the same engine, and in the other engines the
     run timed the float model in; a plan that runs the float model's kernels says so instead of reading 1.00x."""

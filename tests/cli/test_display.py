@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from modelopt.cli.display import latency_text, own_pick_text
+from modelopt.cli.display import latency_text, own_pick_text, split_label
 from modelopt.evaluation.metrics import Metrics
 from modelopt.objective import Objective
 
@@ -34,3 +34,9 @@ def test_a_plan_timed_as_the_float_model_says_why_instead_of_reading_1_00x():
     assert "1.00x" not in line and "2.311 ms, the float model's: the plan changes no kernel this engine runs" in line
     faster = _metrics(latency_ms=0.301, float_latency_ms=0.719, latency_backend="onnxruntime/cpu/fp32/b1")
     assert latency_text(faster, {}) == "Latency (onnxruntime/cpu/fp32/b1): 0.301 ms vs float 0.719 ms (2.39x)"
+
+
+def test_split_all_says_it_is_val_and_test():
+    """`evaluate --split all` scored 508 of a folder's 846 images and titled them "all (508 images)"."""
+    assert split_label("all", 508) == "all = val + test (508 images; the calib and confirm images are not scored)"
+    assert split_label("test", 423) == "test (423 images)"
