@@ -163,10 +163,14 @@ class Objective:
         """Meets the floor on the whole split: a plan scored only on a subset never counts."""
         return m.stopped is None and self.meets_floor(m)
 
+    def reduction(self, m: Metrics) -> float:
+        """The reduction factor on the target: the uncompressed model's value over the plan's."""
+        return self.reference(m) / max(self.value(m), 1e-12)
+
     def reward(self, m: Metrics) -> float:
         """What strategies maximise; for a plan scored on a subset, its estimate from that subset."""
         if self.meets_floor(m):
-            return self.reference(m) / max(self.value(m), 1e-12)
+            return self.reduction(m)
         r = self.retention_lower(m)
         return (0.0 if math.isnan(r) else r) - self.min_retention - 1.0
 

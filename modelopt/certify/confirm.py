@@ -233,7 +233,7 @@ def _candidate(trial: Trial, anchor: bool, objective: Objective, n: int, base_ri
         else:
             chance = pass_chance(counts, n, base_right, objective.confidence, objective.min_retention,
                                  shift=0.0 if anchor else SELECTION_SHIFT)
-    reduction = objective.reference(m) / max(objective.value(m), 1e-12)
+    reduction = objective.reduction(m)
     return Candidate(reduction, chance, forced=anchor and chance >= ANCHOR_PASS)
 
 

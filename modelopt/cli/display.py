@@ -135,7 +135,7 @@ _REPORTED = {Target.SIZE: "the smallest", Target.LATENCY: "the fastest", Target.
 def own_pick_text(objective: Objective, number: int, scored: Metrics, confirmed: int, finalists: int) -> str:
     """The line saying the search's own pick on val is not the reported plan, with the pick's reduction on the run's
     objective (a latency run's pick by its speed-up, not its size)."""
-    factor = objective.reference(scored) / max(objective.value(scored), 1e-12)
+    factor = objective.reduction(scored)
     return (f"The search's own pick on val, trial {number} ({factor:.2f}x {objective.target.value} on val), is not "
             f"the reported plan: that is {_REPORTED[objective.target]} of the {confirmed} finalists confirmed "
             f"(of {finalists} tested on the confirm split).")

@@ -27,7 +27,6 @@ import dataclasses
 import io
 import warnings
 import weakref
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,6 @@ import torch
 
 from modelopt._files import save_atomic
 from modelopt.compressors._branches import RemovesBranch
-from modelopt.compressors._packing import Granularity, IntegerWeight, WeightForm
 from modelopt.compressors._routing import ExitTap
 from modelopt.data.split import Split
 from modelopt.errors import ConfigError
@@ -53,6 +51,7 @@ from modelopt.exporters.onnx_qdq import (
     fold_batchnorm,
     tensor_proto,
 )
+from modelopt.exporters.onnx_weights import Weights
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
 
@@ -167,7 +166,7 @@ def onnx_model(
     if layers is None or layers:
         qparams = _activation_qparams(evaluator, plan, graph, exported, layers, _Calibration(calibration, percentile,
                                       calib_samples), quantize_input, copies)
-    weights = _Weights(graph, factors, qparams, widen_int4)
+    weights = Weights(graph, factors, qparams, widen_int4)
     for layer, form in forms.items():
         weights.add(layer, form)
     for name in copies:
@@ -254,95 +253,6 @@ def version_converter_convert(model: Any) -> Any:
     return version_converter.convert_version(model, OPSET)
 
 
-class _Weights:
-    """Integer weights put behind DequantizeLinear nodes (`front`), their initializers in `extra`."""
-
-    def __init__(self, graph: Graph, factors: dict[str, np.ndarray], qparams: dict[str, QParams], widen: bool
-                 ) -> None:
-        self.graph, self.factors, self.qparams, self.widen = graph, factors, qparams, widen
-        self.consumers = graph.consumers()
-        self.inits = dict(graph.inits)
-        self.front: list[Any] = []
-        self.extra: list[Any] = []
-        self.counts: Counter[str] = Counter()
-        self.widened: list[str] = []
-
-    def add(self, layer: str, form: WeightForm) -> None:
-        """A float form stays as its initializer (pruned weights are zeros there)."""
-        q, wname = form.integer, f"{layer}.weight"
-        if q is None:
-            self.counts["float"] += 1
-            return
-        node = self._user(layer, wname)
-        if node.op_type == "Gemm" and self.graph.attr(node, "transB", 0) != 1:
-            raise ConfigError(f"layer {layer!r}: Gemm without transB is not supported by the exporter")
-        int4 = q.bits <= 4 and not self.widen
-        self.counts["int4" if int4 else "int8"] += 1
-        if q.bits != (4 if int4 else 8):
-            self.widened.append(layer)
-        del self.inits[wname]
-        w_scale = _weight_dq(q, self.factors.get(wname), wname, int4, self.front, self.extra)
-        x_in = node.input[0]
-        if (len(node.input) > 2 and node.input[2] and not int4 and x_in in self.qparams
-                and q.granularity is not Granularity.GROUP):
-            self._int32_bias(node, layer, np.float32(self.qparams[x_in].scale) * w_scale)
-
-    def add_copy(self, wname: str) -> None:
-        """A `Subsample` conv's 0/1 weight as int8 codes at scale 1 (exact) where its input is quantized, so it
-        runs as a QLinearConv; float where not."""
-        from onnx import helper
-
-        node = self._user(wname, wname)
-        if node.input[0] not in self.qparams:
-            return
-        source, producer = wname, self.graph.producer()  # torch.onnx merges equal weights behind Identity nodes
-        while source not in self.graph.inits and source in producer and producer[source].op_type == "Identity":
-            source = producer[source].input[0]
-        codes = self.graph.inits[source].astype(np.int8)
-        self.extra += [tensor_proto(f"{wname}_q", codes), tensor_proto(f"{wname}_scale", np.array(1.0, np.float32)),
-                       tensor_proto(f"{wname}_zp", np.array(0, np.int8))]
-        node.input[1] = f"{wname}_int"
-        self.front.append(helper.make_node("DequantizeLinear", [f"{wname}_q", f"{wname}_scale", f"{wname}_zp"],
-                                           [node.input[1]], name=f"{wname}_dq"))
-        if source == wname and len(self.consumers.get(wname, [])) == 1:
-            del self.inits[wname]
-
-    def _user(self, layer: str, wname: str) -> Any:
-        """The Conv, Gemm or MatMul that reads the weight (a Linear on 3-D inputs exports as a Transpose of it,
-        then a MatMul)."""
-        users = self.consumers.get(wname, [])
-        for n in users:
-            if n.op_type in ("Conv", "Gemm", "MatMul"):
-                return n
-        for t in (n for n in users if n.op_type == "Transpose"):
-            for n in self.consumers.get(t.output[0], []):
-                if n.op_type == "MatMul":
-                    return n
-        raise ConfigError(f"layer {layer!r}: its weight feeds no Conv, Gemm or MatMul in the exported graph; it "
-                          "cannot be exported to ONNX")
-
-    def _int32_bias(self, node: Any, layer: str, scale: np.ndarray) -> None:
-        """The bias at scale x_scale * w_scale, as QLinearConv takes it. A bias the exporter merged with an equal
-        one (torchvision's zero-initialised biases: one initializer, Identity nodes for the others) gets a copy
-        of its own, under a new name; the merged one stays for its other readers."""
-        from onnx import helper
-
-        bname, source = node.input[2], node.input[2]
-        producer = self.graph.producer()
-        while source not in self.graph.inits and source in producer and producer[source].op_type == "Identity":
-            source = producer[source].input[0]
-        own = source == bname and sum(bname in n.input for n in self.consumers.get(bname, [])) == 1
-        out = bname if own else f"{layer}.bias_own"
-        node.input[2] = out
-        b_scale = scale.astype(np.float32)
-        b_q = np.round(self.graph.inits[source].astype(np.float64) / b_scale).astype(np.int32)
-        if own:
-            del self.inits[bname]  # the DequantizeLinear writes it now
-        self.extra += [tensor_proto(f"{out}_q", b_q), tensor_proto(f"{out}_scale", b_scale)]
-        self.front.append(helper.make_node("DequantizeLinear", [f"{out}_q", f"{out}_scale"], [out],
-                                           name=f"{out}_dq", axis=0))
-
-
 def _with_qdq(graph: Graph, qparams: dict[str, QParams], front: list[Any], extra: list[Any]) -> list[Any]:
     """The graph's nodes after `front`, each quantized activation followed by its QDQ pair."""
     nodes = list(front)
@@ -360,41 +270,6 @@ def _with_qdq(graph: Graph, qparams: dict[str, QParams], front: list[Any], extra
                 nodes += _qdq(out, qparams[out], extra)
                 renamed[out] = f"{out}_dq"
     return nodes
-
-
-def _weight_dq(qw: IntegerWeight, factor: np.ndarray | None, wname: str, int4: bool, front: list[Any],
-               extra: list[Any]) -> np.ndarray:
-    """Adds the DequantizeLinear (and Reshape) producing `wname`; returns the per-channel scale."""
-    from onnx import helper
-
-    codes = qw.codes.cpu().numpy().astype(np.int8)
-    scales = qw.scales.float().cpu().numpy().astype(np.float64)
-    out_ch = codes.shape[0]
-    fac = np.ones(out_ch) if factor is None else factor.astype(np.float64)
-    attrs: dict[str, Any] = {}
-    if qw.granularity is Granularity.GROUP:
-        codes = codes.reshape(out_ch, -1)
-        scale = scales.reshape(out_ch, -1) * fac[:, None]
-        attrs = {"axis": 1, "block_size": qw.group_size}
-    elif qw.granularity is Granularity.PER_CHANNEL or factor is not None:
-        scale = scales.reshape(-1) * fac if scales.size == out_ch else np.full(out_ch, scales.item()) * fac
-        attrs = {"axis": 0}
-    else:
-        scale = scales.reshape(())
-    scale = scale.astype(np.float32)
-    qname, sname = f"{wname}_q", f"{wname}_scale"
-    extra += [tensor_proto(qname, codes, int4=int4), tensor_proto(sname, scale)]
-    inputs = [qname, sname]
-    if not int4:  # explicit zero points: ORT's QDQ Conv fusion expects them on int8 weights
-        extra.append(tensor_proto(f"{wname}_zp", np.zeros(scale.shape, np.int8)))
-        inputs.append(f"{wname}_zp")
-    dq_out = f"{wname}_2d" if codes.shape != tuple(qw.codes.shape) else wname
-    front.append(helper.make_node("DequantizeLinear", inputs, [dq_out], name=f"{wname}_dq", **attrs))
-    if dq_out != wname:
-        extra.append(tensor_proto(f"{wname}_shape", np.array(qw.codes.shape, np.int64)))
-        front.append(helper.make_node("Reshape", [dq_out, f"{wname}_shape"], [wname], name=f"{wname}_reshape"))
-    per_channel = scale.reshape(out_ch, -1)[:, 0] if scale.ndim else np.full(out_ch, float(scale), np.float32)
-    return per_channel.astype(np.float32)
 
 
 def _qdq(t: str, qp: QParams, extra: list[Any]) -> list[Any]:

@@ -108,7 +108,7 @@ class RunFolder:
 
     def reduction(self, m: Metrics) -> float:
         """The objective's reduction factor (float value / plan value): compression for size."""
-        return self.objective.reference(m) / max(self.objective.value(m), 1e-12)
+        return self.objective.reduction(m)
 
     @cached_property
     def search_best(self) -> Record | None:
