@@ -52,7 +52,7 @@ class NormStats:
             return self._cache[key], 0.0
         calib = self.workload.split(Split.CALIB).x
         images = min(images, max(1, BATCH_BYTES // (4 * calib.shape[1:].numel())))
-        x = calib[:images]
+        x = self.workload.laid_out(calib[:images])
         cost = x.shape[0] / len(self.workload.split(Split.VAL))
         if self._reference is None or self._reference[0] != x.shape[0]:
             self._reference = (x.shape[0], self._moments(x, None))

@@ -154,3 +154,27 @@ def test_a_head_that_cannot_answer_the_labels_is_refused_before_the_images_are_d
         build_workload("cifar10_resnet20", path, device="cpu")
     with pytest.raises(LoadError, match=refused):  # a run folder's settings rebuild it the same way
         modelopt.config.build.load_workload(RunConfig(data=str(path), device="cpu"))
+
+
+def test_a_convolutional_network_runs_channels_last_on_the_cpu_with_the_same_answers(resnet20_workload):
+    wl = resnet20_workload
+    assert wl.channels_last == (wl.device.type == "cpu")
+    x = wl.split("val").x[:64]
+    assert wl.laid_out(x).is_contiguous(memory_format=torch.channels_last) == wl.channels_last
+    assert torch.equal(wl.laid_out(x), x)  # the same values, laid out differently
+    with torch.inference_mode():
+        plain = wl.model(x.contiguous())
+    torch.testing.assert_close(wl.logits(x), plain, rtol=1e-4, atol=1e-4)
+    assert torch.equal(wl.predict(x), plain.argmax(1))
+
+
+def test_a_network_of_linear_layers_is_not_laid_out_channels_last(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "d.npz"
+    np.savez(path, x=rng.integers(0, 255, (40, 8, 8, 3), dtype=np.uint8), y=rng.integers(0, 10, 40))
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.Flatten(), torch.nn.Linear(256, 64),
+                                torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    wl = build_workload(model, path, device="cpu")
+    assert not wl.channels_last  # the conv's 768 MACs against the linears' 17,024
+    x = wl.split("val").x[:4]
+    assert wl.laid_out(x).is_contiguous()
