@@ -61,10 +61,16 @@ class BuiltRun:
 
 def load_workload(config: RunConfig, *, allow_pickle: bool = False) -> Workload:
     """Loads the model and data and puts both, with the float predictions, on the device."""
-    model, prep = read_with(load_model(config.model, config.weights, allow_pickle=allow_pickle), config.preprocess)
+    given = config.preprocess
+    model, prep = read_with(load_model(config.model, config.weights, allow_pickle=allow_pickle), given)
     check_head(model, config.data)  # before the images are decoded
-    return Workload(model, load_data(config.data, seed=config.data_seed, unlabeled=config.unlabeled, preprocess=prep),
-                    device=config.device)
+    wl = Workload(model, load_data(config.data, seed=config.data_seed, unlabeled=config.unlabeled, preprocess=prep),
+                  device=config.device)
+    by = "--resize/--crop" if given.active else "the weights' authors" if prep.active else "as stored"
+    wl.read_as = {"resize": prep.resize, "crop": prep.crop,
+                  "interpolation": prep.interpolation if prep.active else None,
+                  "mean": list(model.mean), "std": list(model.std), "by": by}
+    return wl
 
 
 def compressor_names(config: RunConfig, model: nn.Module | None) -> tuple[str, ...]:
@@ -132,7 +138,7 @@ def resolve(config: RunConfig, workload: Workload, space: SearchSpace) -> RunCon
         config, model=workload.name, data=str(workload.data.source), device=str(workload.device),
         compressors=tuple(space.compressors),
         options={name: c.options() for name, c in space.compressors.items()},
-        fingerprints=workload.fingerprints())
+        fingerprints=workload.fingerprints(), read_as=workload.read_as or config.read_as)
 
 
 def build(config: RunConfig, workload: Workload | None = None, *, allow_pickle: bool = False) -> BuiltRun:

@@ -29,7 +29,7 @@ _FORMS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "data_seed": (_is(int), "an integer"), "budget": (_is(int, float), "a number"), "device": (_is(str), "a device"),
     "min_retention": (_is(int, float), "a number"), "confidence": (_is(int, float), "a number"),
     "count_gains": (_is(bool), "true or false"),
-    "reconstruct": (_is(bool), "true or false"),
+    "reconstruct": (_is(bool), "true or false"), "read_as": (_is(dict), "a record of how images were read"),
     "executor": (_is(str), "an executor name"), "workers": (_is(int), "a positive integer"),
     "ray_address": (_is(str), "a Ray address or null"), "knowledge": (_is(str), "a path or null"),
     "unlabeled": (_is(str), "a path or null"), "resize": (_is(int), "a number of pixels or null"),

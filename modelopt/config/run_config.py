@@ -99,6 +99,9 @@ class RunConfig:
         latency: how latency is measured (`LatencySpec`): for every plan when `objective` is
             latency, else for the best plan and the Pareto front at the end; None measures none.
         fingerprints: content hashes of the model and data a run was searched on (set by `build`).
+        read_as: how its images were read, a record of what was applied, not a setting (set by `build`): the
+            resize, crop, interpolation, mean and std, and `by`, whose they are: "--resize/--crop" (the user's),
+            "the weights' authors" (a published weights file's transforms) or "as stored".
         executor, workers, ray_address: who scores plans (`modelopt.executors`): `local` (in this
             process) or `ray` (one actor per worker, on this machine or the cluster at `ray_address`),
             and how many plans are in flight at once (each worker one; the local executor scores its
@@ -133,6 +136,7 @@ class RunConfig:
     fidelity: Fidelity | None = field(default_factory=Fidelity)
     latency: LatencySpec | None = field(default_factory=lambda: LatencySpec("torch"))
     fingerprints: Mapping[str, str] = field(default_factory=dict)
+    read_as: Mapping[str, Any] | None = None
     executor: str = "local"
     workers: int = 1
     ray_address: str | None = None
@@ -282,7 +286,8 @@ class RunConfig:
             "device": self.device,
             "fidelity": None if self.fidelity is None else self.fidelity.to_dict(),
             "latency": None if self.latency is None else dataclasses.asdict(self.latency),
-            **self.fingerprints, "budget": float(self.budget), "version": __version__,
+            **self.fingerprints, "read_as": None if self.read_as is None else dict(self.read_as),
+            "budget": float(self.budget), "version": __version__,
             "executor": self.executor, "workers": self.workers, "ray_address": self.ray_address,
             "knowledge": self.knowledge, "reconstruct": self.reconstruct,
         }
@@ -360,6 +365,7 @@ def _fields_of(raw: Mapping[str, Any]) -> dict[str, Any]:
         fidelity=None if raw.get("fidelity") is None else Fidelity(**_fidelity_args(raw["fidelity"])),
         latency=None if raw.get("latency") is None else LatencySpec(**raw["latency"]),
         fingerprints={k: raw[k] for k in ("model_sha256", "data_sha256") if isinstance(raw.get(k), str)},
+        read_as=raw["read_as"] if isinstance(raw.get("read_as"), dict) else None,
     )
     values.update({k: v for k, v in _BEFORE.items() if k not in raw})
     return values

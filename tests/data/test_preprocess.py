@@ -3,6 +3,7 @@ run.json; bad sizes are refused in one line before anything loads."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from PIL import Image
 
 import modelopt
+from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import load_data
 from modelopt.data.preprocess import Preprocess
 from modelopt.errors import ConfigError
@@ -185,3 +187,29 @@ def test_a_crop_is_the_size_held_and_a_size_that_fits_is_not_refused(monkeypatch
         Preprocess(resize=4000, crop=64).check_memory(101)
     monkeypatch.setattr(modelopt.data.memory, "available_bytes", lambda: None)  # unknown: nothing refused
     Preprocess(resize=4000).check_memory(10**6)
+
+
+def test_run_json_records_how_the_images_were_read(tmp_path):
+    """What was applied is recorded, not only what was asked: a published weights file's transforms, the user's
+    --resize/--crop, or the images as stored."""
+    import torch
+    import torchvision
+
+    from modelopt.config.build import load_workload
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.integers(0, 256, (40, 8, 8, 3), dtype=np.uint8), y=np.arange(40) % 10)
+    weights = tmp_path / "mobilenet_v2-7ebf99e0.pth"  # the file name of a published torchvision weights file
+    torch.save(torchvision.models.mobilenet_v2(num_classes=10).state_dict(), weights)
+    cfg = RunConfig(model="torchvision:mobilenet_v2", weights=str(weights), data=str(tmp_path / "d.npz"))
+    authors = load_workload(cfg).read_as
+    assert authors["by"] == "the weights' authors"
+    assert (authors["resize"], authors["crop"], authors["interpolation"]) == (232, 224, "bilinear")
+    assert authors["mean"] == pytest.approx([0.485, 0.456, 0.406])
+    users = load_workload(dataclasses.replace(cfg, resize=12, crop=8, mean=(0.5, 0.5, 0.5))).read_as
+    assert users == {"resize": 12, "crop": 8, "interpolation": "bicubic", "mean": [0.5] * 3,
+                     "std": pytest.approx([0.229, 0.224, 0.225]), "by": "--resize/--crop"}
+    stored = load_workload(dataclasses.replace(cfg, weights=None)).read_as
+    assert stored["by"] == "as stored" and stored["resize"] is None and stored["interpolation"] is None
+    raw = json.loads(json.dumps(RunConfig(read_as=authors).to_json()))
+    assert raw["read_as"]["by"] == "the weights' authors" and RunConfig.from_json(raw).read_as == raw["read_as"]
