@@ -1,3 +1,3 @@
-from modelopt.cli.app import main
+from modelopt.cli.entry import main
 
 main()

@@ -98,9 +98,13 @@ def test_no_import_cycle() -> None:
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
+# The command line's entry imports the CLI inside `main` by design: a Ctrl-C while torch imports is caught there.
+DEFERRED_BY_DESIGN = frozenset({"modelopt.cli.entry"})
+
+
 def test_imports_inside_functions_are_optional_dependencies_only() -> None:
     bad = []
-    for m in MODULES:
+    for m in set(MODULES) - DEFERRED_BY_DESIGN:
         for target, line in GRAPH[m][1]:
             root = target.split(".")[0]
             if root in OPTIONAL or (target in MODULES and _needs_optional(target)):
@@ -212,16 +216,11 @@ def test_no_module_imports_upward() -> None:
     assert not up, f"{len(up)} upward imports:\n" + "\n".join(up)
 
 
-# The plugin boundary (issue 24): outside compressors/, code reaches compressors through the package
-# (`modelopt.compressors`: the registry and the contract) and its private contract modules (`_base`, the
-# capabilities `_routing` and `_channels`, `_packing`, `_calibration`, `_registry`, `_inputs`, `_surface`,
-# `_options`), never
-# through a plugin's own module, and never spells a registered compressor's name.
-CONTRACT = frozenset({"modelopt.compressors", "modelopt.compressors._base", "modelopt.compressors._registry",
-                      "modelopt.compressors._inputs", "modelopt.compressors._surface", "modelopt.compressors._packing",
-                      "modelopt.compressors._routing", "modelopt.compressors._channels",
-                      "modelopt.compressors._branches", "modelopt.compressors._calibration",
-                      "modelopt.compressors._options"})
+# The plugin boundary (issues 24 and 45): outside compressors/, code reaches compressors through the package
+# (`modelopt.compressors`: the registry and the plugins' records) and its public contract
+# (`modelopt.compressors.contract`), never through an underscore module (which may move) or a plugin's own module,
+# and never spells a registered compressor's name.
+CONTRACT = frozenset({"modelopt.compressors", "modelopt.compressors.contract"})
 # What the package itself may hand out beyond its contract modules: the registry and the records of the contract.
 # The package re-exports the shipped plugins' classes for users (`modelopt.compressors.Quantize`); the public
 # facade `modelopt/__init__.py` hands `QuantSpec` and `Granularity` on to them, and nothing else imports those.
