@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from modelopt.certify.evidence import check_scores
+from modelopt.compressors import COMPRESSORS
 from modelopt.config.assemble import DEFAULT_BUDGET, build_compressors, default_compressors
 from modelopt.config.build import build
 from modelopt.config.run_config import SETTLED_RESUME_KEYS, RunConfig
@@ -23,8 +24,10 @@ from modelopt.evaluation.evaluator import Evaluator, Metrics
 from modelopt.executors import make_executor
 from modelopt.executors.on_ray import import_ray
 from modelopt.knowledge import read_store, record_run
+from modelopt.model.layers import compressible_modules
 from modelopt.model.loader import LoadedModel, load_model, read_with
 from modelopt.model.workload import Workload, check_head
+from modelopt.plan.file import check_plan_names
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace, read_plan_file
 from modelopt.reconstruct.store import Refits
@@ -162,10 +165,11 @@ def evaluate(
     prep = Preprocess(resize, crop, interpolation or DEFAULT_INTERPOLATION, None if mean is None else tuple(mean),
                       None if std is None else tuple(std))
     settled = RunConfig(compressors=None if compressors is None else tuple(compressors)).replace(**settings)
-    if isinstance(plan, (str, Path)):
-        read_plan_file(plan)
-    wl = build_workload(model, data, weights=weights, device=device, data_seed=data_seed, allow_pickle=allow_pickle,
-                        unlabeled=unlabeled, preprocess=prep)
+    doc = read_plan_file(plan) if isinstance(plan, (str, Path)) else plan if isinstance(plan, Mapping) else None
+    loaded = _model(model, weights, allow_pickle)
+    if doc is not None:  # a typo in a layer or compressor name: one line before the images are decoded
+        check_plan_names(doc, compressible_modules(loaded.module), compressors or COMPRESSORS.names())
+    wl = build_workload(loaded, data, device=device, data_seed=data_seed, unlabeled=unlabeled, preprocess=prep)
     if compressors is None:  # a plan may use any compressor that can handle the model
         compressors = sorted({n for t in ("size", "macs") for n in default_compressors(t, wl.model)})
     space = SearchSpace(wl.layers, build_compressors(compressors, settled.options, model=wl.model))

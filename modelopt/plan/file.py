@@ -13,23 +13,21 @@ Example:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from modelopt._files import write_atomic
-from modelopt.compressors._base import Choice
-from modelopt.compressors._registry import COMPRESSORS
-from modelopt.compressors._routing import Routes
+from modelopt.compressors.contract import COMPRESSORS, Choice, Routes
 from modelopt.errors import ConfigError, LoadError, UnknownNameError
 from modelopt.plan.plan import PLAN_VERSION, Plan, decision_name
 
 if TYPE_CHECKING:
     from modelopt.plan.space import SearchSpace
 
-__all__ = ["dump_plan", "load_plan", "parse_plan", "read_plan_file", "save_plan"]
+__all__ = ["check_plan_names", "dump_plan", "load_plan", "parse_plan", "read_plan_file", "save_plan"]
 
 _TOP_KEYS = ("version", "default", "layers")
 
@@ -83,6 +81,37 @@ def parse_plan(space: SearchSpace, doc: Mapping[str, Any]) -> Plan:
         if cname not in taken:
             raise first
     return space.plan(choices)
+
+
+def check_plan_names(doc: Mapping[str, Any], layers: Iterable[str], compressors: Iterable[str]) -> None:
+    """The layer and compressor names of a plan document, checked against the model's compressible layers and the
+    compressors the run may use, as `parse_plan` checks them, before a space exists (before the data are decoded:
+    a typo in a plan is one line in a second, not after minutes of reading images). Its settings are checked by
+    `parse_plan`.
+
+    Raises:
+        ConfigError: `default` or `layers` is not a mapping.
+        UnknownNameError: a layer or compressor name the model or the run does not have.
+    """
+    if not isinstance(doc, Mapping):
+        return  # `parse_plan` says what a plan must be
+    layers, compressors = set(layers), set(compressors)
+    _names_in(_or_empty(doc.get("default")), compressors, "default")
+    overrides = _or_empty(doc.get("layers"))
+    if not isinstance(overrides, Mapping):
+        raise ConfigError("plan key 'layers' must map layer names to {compressor: settings}")
+    for name, entry in overrides.items():
+        if name not in layers:
+            raise UnknownNameError("layer", name, layers)
+        _names_in(_or_empty(entry), compressors, f"layers.{name}")
+
+
+def _names_in(value: Any, compressors: set[str], where: str) -> None:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"plan key {where!r} must map compressor names to settings, got {value!r}")
+    for cname in value:
+        if cname not in compressors:
+            raise UnknownNameError(f"compressor in plan key {where!r}", cname, compressors)
 
 
 def _top_level_choices(space: SearchSpace, doc: Mapping[str, Any]) -> dict[tuple[str, str], Choice]:

@@ -62,3 +62,21 @@ def test_a_default_applies_where_a_layer_can_take_it():
     only_plain = SearchSpace([plain], [Prune(sparse_images=0, repair_images=0)])
     with pytest.raises(ConfigError, match="kind 'structured' needs a layer"):
         only_plain.parse_plan({"default": {"prune": {"sparsity": 0.25, "kind": "structured"}}})
+
+
+@pytest.mark.parametrize("doc,says", [
+    ({"layers": {"layer1.0.conv9": {"quantize": {"bits": 4}}}}, "unknown layer 'layer1.0.conv9' (did you mean"),
+    ({"default": {"quantise": {"bits": 4}}}, "unknown compressor in plan key 'default' 'quantise' (did you mean"),
+    ({"layers": {"conv1": {"prune ": None}}}, "unknown compressor in plan key 'layers.conv1' 'prune '"),
+    ({"layers": ["conv1"]}, "plan key 'layers' must map layer names"),
+])
+def test_plan_names_are_checked_before_the_data_are_decoded(doc, says, tmp_path):
+    """`evaluate --plan` refused a typo in a plan only after decoding the data (9,154 images by default): the names
+    are checked against the model's layers as soon as it loads; the data here do not even exist."""
+    import modelopt
+
+    with pytest.raises(ConfigError) as err:
+        modelopt.evaluate("cifar10_resnet20", doc, tmp_path / "no-such-data.npz", device="cpu")
+    assert says in str(err.value)
+    plan_file.check_plan_names({"default": {"quantize": {"bits": 4}}, "layers": {"conv1": {"prune": None}}},
+                               ["conv1"], ["quantize", "prune"])  # good names pass
