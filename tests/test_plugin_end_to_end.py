@@ -19,8 +19,7 @@ import torch
 
 import modelopt
 from modelopt.compressors import COMPRESSORS, Cell, Compressor, Options, ReportColumn, SettingKind, option
-from modelopt.compressors._base import Choice, Precision
-from modelopt.compressors._packing import Granularity, IntegerWeight, WeightForm
+from modelopt.compressors.contract import Choice, Granularity, IntegerWeight, Precision, WeightForm
 from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError
 from modelopt.model.layer_inputs import LayerInputs

@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from modelopt.compressors import COMPRESSORS, FIRST_COMPRESSOR, Compressor, Options
-from modelopt.compressors._routing import Routes
+from modelopt.compressors.contract import Routes
 from modelopt.errors import ConfigError
 
 # Full val evaluations a run may spend when the user does not say: 100 keeps the default run (2,000 JPEG val

@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from modelopt.compressors._channels import RemovesChannels
-from modelopt.compressors._inputs import (
+from modelopt.compressors.contract import (
     Calibration,
     InputQParams,
+    RemovesChannels,
     fake_quantized_inputs,
     input_ranges,
     install_input_quantizers,

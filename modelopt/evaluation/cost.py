@@ -30,10 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from modelopt.compressors._base import Choice
-from modelopt.compressors._channels import RemovesChannels
-from modelopt.compressors._packing import Storage
-from modelopt.compressors._routing import Routes
+from modelopt.compressors.contract import Choice, RemovesChannels, Routes, Storage
 from modelopt.model.layers import Layer
 from modelopt.plan.plan import Decision, Plan
 from modelopt.plan.space import SearchSpace

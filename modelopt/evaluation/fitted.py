@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from modelopt.compressors._packing import Granularity, IntegerWeight
+from modelopt.compressors.contract import Granularity, IntegerWeight
 from modelopt.errors import ConfigError
 
 __all__ = ["DROP_LEVEL", "FITTED_VERSION", "Fitted"]

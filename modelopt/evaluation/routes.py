@@ -14,7 +14,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from modelopt.compressors._routing import ExitTap, Route, Routes, Routing
+from modelopt.compressors.contract import ExitTap, Route, Routes, Routing
 from modelopt.errors import ConfigError
 from modelopt.evaluation.prep_costs import OneTimeCosts
 from modelopt.model.images import Images

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import torch
 
-from modelopt.compressors._routing import Route
+from modelopt.compressors.contract import Route
 from modelopt.confidence import PairedCounts
 from modelopt.data.split import Split
 from modelopt.errors import TrialError

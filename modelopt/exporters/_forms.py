@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from modelopt.compressors._base import Choice
-from modelopt.compressors._packing import WeightForm
+from modelopt.compressors.contract import Choice, WeightForm
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.plan.plan import Plan
 

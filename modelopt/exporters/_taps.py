@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import torch
 
-from modelopt.compressors._routing import ExitTap
+from modelopt.compressors.contract import ExitTap
 from modelopt.errors import ConfigError
 
 __all__ = ["tapped"]

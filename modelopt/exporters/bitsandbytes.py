@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from modelopt.compressors._packing import Granularity, IntegerWeight
+from modelopt.compressors.contract import Granularity, IntegerWeight
 from modelopt.data.split import Split
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator

@@ -35,8 +35,7 @@ import numpy as np
 import torch
 
 from modelopt._files import save_atomic
-from modelopt.compressors._branches import RemovesBranch
-from modelopt.compressors._routing import ExitTap
+from modelopt.compressors.contract import ExitTap, RemovesBranch
 from modelopt.data.split import Split
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator

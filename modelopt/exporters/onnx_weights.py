@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from modelopt.compressors._packing import Granularity, IntegerWeight, WeightForm
+from modelopt.compressors.contract import Granularity, IntegerWeight, WeightForm
 from modelopt.errors import ConfigError
 from modelopt.exporters.onnx_qdq import Graph, QParams, tensor_proto
 

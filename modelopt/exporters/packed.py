@@ -6,7 +6,7 @@ The file holds only tensors, ints and strings, so `torch.load(weights_only=True)
   pruned layer only the kept weights' codes;
 - ``scales``: float16, every quantized layer's scales back to back;
 - ``masks``: uint8, which weights each unstructured-pruned layer keeps: a bitmask or a list of
-  positions, whichever is smaller (`modelopt.compressors._packing.encode_mask`);
+  positions, whichever is smaller (`modelopt.compressors.contract.encode_mask`);
 - ``floats``: float32, float layers' weights (only the kept values when pruned), batch norms folded
   to scale and shift per channel, biases and any other float tensor, back to back;
 - ``index``: zlib-compressed JSON naming what lies where (layer, spec, shape, kept values), in storage order,
@@ -37,17 +37,18 @@ from torch import nn
 
 from modelopt._files import save_atomic  # a failed or killed export leaves the old file, never half a zip
 from modelopt.compressors import COMPRESSORS
-from modelopt.compressors._inputs import InputQParams, install_input_quantizers
-from modelopt.compressors._packing import (
+from modelopt.compressors.contract import (
+    InputQParams,
     IntegerWeight,
+    Routes,
     WeightForm,
     decode_mask,
     encode_mask,
+    install_input_quantizers,
     pack_codes,
     sparse_index_bytes,
     unpack_codes,
 )
-from modelopt.compressors._routing import Routes
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters._forms import layer_forms

@@ -31,8 +31,7 @@ import math
 
 import numpy as np
 
-from modelopt.compressors._branches import RemovesBranch
-from modelopt.compressors._routing import Routes
+from modelopt.compressors.contract import RemovesBranch, Routes
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import ChoiceFeatures, SearchSpace
 

@@ -10,7 +10,7 @@ from enum import Enum
 from functools import cached_property
 from typing import Any
 
-from modelopt.compressors._base import Choice
+from modelopt.compressors.contract import Choice
 
 PLAN_VERSION = 1
 

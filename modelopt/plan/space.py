@@ -12,10 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from modelopt.compressors._base import Choice, Compressor
-from modelopt.compressors._branches import RemovesBranch
-from modelopt.compressors._channels import RemovesChannels
-from modelopt.compressors._routing import Routes
+from modelopt.compressors.contract import Choice, Compressor, RemovesBranch, RemovesChannels, Routes
 from modelopt.errors import UnknownNameError
 from modelopt.model.layers import Layer
 from modelopt.plan import file as plan_file

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from modelopt.compressors._packing import (
+from modelopt.compressors.contract import (
     SCALE_DTYPE,
     Granularity,
     IntegerWeight,

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from modelopt.compressors._inputs import install_input_quantizers
+from modelopt.compressors.contract import install_input_quantizers
 from modelopt.data.split import Split
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.fitted import Fitted

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from modelopt.compressors._routing import Routes
+from modelopt.compressors.contract import Routes
 from modelopt.data.split import Split
 from modelopt.evaluation.cost import CostModel
 from modelopt.evaluation.trial import Trial

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 import yaml
 
-from modelopt.compressors._base import Choice, Compressor
+from modelopt.compressors.contract import Choice, Compressor
 from modelopt.model.layers import Layer, LayerKind
 from modelopt.plan.plan import jsonable
 

@@ -99,7 +99,7 @@ def test_evaluation_matches_an_independent_quantized_copy(evaluator):
 @pytest.mark.slow
 def test_uniform_w8a8_keeps_99_percent_at_8x8_bitops(resnet20_workload):
     """Quantized inputs: static ranges calibrated once on the float model, charged to the first plan."""
-    from modelopt.compressors._inputs import (
+    from modelopt.compressors.contract import (
         Calibration,
         InputQParams,
         fake_quantize,
