@@ -35,8 +35,8 @@ from statistics import NormalDist
 
 from modelopt.errors import ConfigError
 
-__all__ = ["DEFAULT_CONFIDENCE", "PairedCounts", "binom_lower", "binom_upper", "check_confidence", "drop_lower",
-           "drop_upper", "most_changed"]
+__all__ = ["DEFAULT_CONFIDENCE", "FLOOR_SLACK", "PairedCounts", "binom_lower", "binom_upper", "check_confidence",
+           "clears", "drop_lower", "drop_upper", "most_changed"]
 
 DEFAULT_CONFIDENCE = 0.95
 _CONTINUITY = 0.5  # half an image: keeps the score bound's miss rate at or under nominal
@@ -155,6 +155,16 @@ def drop_lower(lost: int, gained: int, n: int, confidence: float = DEFAULT_CONFI
     return -drop_upper(gained, lost, n, confidence)
 
 
+# Retention figures are ratios of counts in floating point: a bound that equals the floor to rounding clears it.
+FLOOR_SLACK = 1e-12
+
+
+def clears(value: float, floor: float) -> bool:
+    """Whether a retention (or its bound) `value` meets `floor`, to floating-point rounding: every comparison of
+    a retention with the floor goes through here."""
+    return value >= floor - FLOOR_SLACK
+
+
 def most_changed(n: int, base_right: int, confidence: float, floor: float) -> float:
     """The largest share of `n` images a plan may change (as many fixed as broken) and still be certified
     at `floor`: what a split of that size can tell apart (0 when even a plan that changes nothing fails).
@@ -164,7 +174,7 @@ def most_changed(n: int, base_right: int, confidence: float, floor: float) -> fl
         0.068
     """
     def passes(d: int) -> bool:
-        return PairedCounts(n, base_right, (d + 1) // 2, d // 2).retention_lower(confidence) >= floor - 1e-12
+        return clears(PairedCounts(n, base_right, (d + 1) // 2, d // 2).retention_lower(confidence), floor)
 
     if n <= 0 or not passes(0):
         return 0.0

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
 
-from modelopt.confidence import DEFAULT_CONFIDENCE, PairedCounts, check_confidence
+from modelopt.confidence import DEFAULT_CONFIDENCE, PairedCounts, check_confidence, clears
 from modelopt.data.split import Split
 from modelopt.errors import ConfigError
 from modelopt.evaluation.metrics import Metrics
@@ -149,7 +149,7 @@ class Objective:
         lost = -1
         for k in range(base_right + 1):  # the bound falls as k grows: the last k that passes (as the search judges)
             c = PairedCounts(n, base_right, k, min(round(ratio * k), n - base_right))
-            if self.bounded(c).retention_lower(self.confidence) < self.min_retention - 1e-12:
+            if not clears(self.bounded(c).retention_lower(self.confidence), self.min_retention):
                 break
             lost = k
         return max(lost, 0) / base_right
@@ -157,7 +157,7 @@ class Objective:
     def meets_floor(self, m: Metrics) -> bool:
         """The retention bound at or above the floor, on whatever samples `m` was scored."""
         r = self.retention_lower(m)
-        return not math.isnan(r) and r >= self.min_retention - 1e-12
+        return not math.isnan(r) and clears(r, self.min_retention)
 
     def feasible(self, m: Metrics) -> bool:
         """Meets the floor on the whole split: a plan scored only on a subset never counts."""

@@ -91,3 +91,10 @@ def test_upper_bound_covers_the_true_rate_at_the_stated_level():
     misses = np.mean([binom_upper(int(k), n, delta) < p for k in ks])
     assert misses <= delta  # Clopper-Pearson is conservative
     assert misses > 0.005  # ... but not vacuous
+
+
+def test_a_bound_equal_to_the_floor_to_rounding_clears_it():
+    from modelopt.confidence import FLOOR_SLACK, clears
+
+    assert clears(0.99, 0.99) and clears(0.99 - FLOOR_SLACK / 2, 0.99) and clears(1.0, 0.99)
+    assert not clears(0.99 - 2 * FLOOR_SLACK, 0.99) and not clears(float("nan"), 0.99)

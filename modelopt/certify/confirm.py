@@ -33,7 +33,7 @@ from modelopt.certify.sequence import (
     pass_chance,
     plan_sequence,
 )
-from modelopt.confidence import PairedCounts, binom_upper
+from modelopt.confidence import PairedCounts, binom_upper, clears
 from modelopt.data.split import Split
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.metrics import Metrics
@@ -127,7 +127,7 @@ class Confirmation:
     @property
     def usable(self) -> bool:
         """Whether the confirm split exists and is large enough to confirm a plan at the floor."""
-        return self.split is not None and self.ceiling is not None and self.ceiling >= self.floor - 1e-12
+        return self.split is not None and self.ceiling is not None and clears(self.ceiling, self.floor)
 
 
 def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
@@ -155,7 +155,7 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
     if Split.CONFIRM not in evaluator.workload.splits:
         return Confirmation(None, (), 0, None, None, objective.min_retention)
     ceiling = certifiable_retention(evaluator.workload, Split.CONFIRM, objective.confidence)
-    if ceiling < objective.min_retention - 1e-12:
+    if not clears(ceiling, objective.min_retention):
         return Confirmation(Split.CONFIRM, (), 0, None, ceiling, objective.min_retention)
     data = evaluator.workload.split(Split.CONFIRM)
     n, base_right = len(data), int(data.base_correct.sum())
@@ -180,7 +180,7 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
         if objective.confidence <= 0:
             return objective.meets_floor(scored[i])
         counts = scored[i].counts()
-        return counts is not None and counts.retention_lower(1.0 - level) >= objective.min_retention - 1e-12
+        return counts is not None and clears(counts.retention_lower(1.0 - level), objective.min_retention)
 
     ids = [list(range(len(chains[0]))), list(range(len(chains[0]), len(flat)))]
     verdict = confirm_chains(ids, passes, 1.0 - objective.confidence if objective.confidence > 0 else 1.0,

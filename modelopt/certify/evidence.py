@@ -3,19 +3,25 @@ all, said when the confirm split cannot, and one evidence line a run prints befo
 
 from __future__ import annotations
 
-from modelopt.confidence import PairedCounts, most_changed
+from modelopt.confidence import PairedCounts, clears, most_changed
 from modelopt.data.split import Split
 from modelopt.errors import ConfigError
 from modelopt.model.workload import Workload
 from modelopt.objective import Objective
 
-__all__ = ["certifiable_retention", "check_certifiable", "evidence", "evidence_lines"]
+__all__ = ["can_certify", "certifiable_retention", "check_certifiable", "evidence", "evidence_lines"]
 
 def certifiable_retention(workload: Workload, split: str, confidence: float) -> float:
     """The retention bound of a plan that agrees with the float model on every image of `split`:
     the most that split can certify at `confidence`."""
     data = workload.split(split)
     return PairedCounts(len(data), int(data.base_correct.sum()), 0, 0).retention_lower(confidence)
+
+
+def can_certify(workload: Workload, split: str, confidence: float, floor: float) -> bool:
+    """Whether `split` is large enough to certify `floor` at `confidence` at all: a plan that agrees with the float
+    model on every one of its images is certified there (`certifiable_retention`)."""
+    return clears(certifiable_retention(workload, split, confidence), floor)
 
 
 def check_scores(workload: Workload, split: str) -> None:
@@ -46,9 +52,9 @@ def check_certifiable(workload: Workload, objective: Objective) -> tuple[str, ..
     for split in (Split.VAL, Split.CONFIRM):
         if split not in workload.splits:
             continue
-        ceiling = certifiable_retention(workload, split, conf)
-        if ceiling >= floor - 1e-12:
+        if can_certify(workload, split, conf, floor):
             continue
+        ceiling = certifiable_retention(workload, split, conf)
         n = len(workload.split(split))
         said = (f"the {split} split ({n} images) is too small to certify a {floor:.1%} retention floor: a plan "
                 f"that agrees with the float model on all of them is certified only at {ceiling:.2%} "

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from modelopt.confidence import PairedCounts
+from modelopt.confidence import PairedCounts, clears
 from modelopt.objective import SELECTION_SHIFT
 
 __all__ = ["ANCHOR_PASS", "GATE_SHARE", "SELECTION_SHIFT", "Candidate", "LossShare", "confirm_chains",
@@ -107,7 +107,7 @@ def _largest_net(n: int, base_right: int, disagree: int, confidence: float, floo
     of them change their answer; -inf when none does."""
     def passes(k: int) -> bool:
         lost, gained = (disagree + k) // 2, (disagree - k) // 2
-        return PairedCounts(n, base_right, lost, gained).retention_lower(confidence) >= floor - 1e-12
+        return clears(PairedCounts(n, base_right, lost, gained).retention_lower(confidence), floor)
 
     lo, hi = -disagree, disagree  # net k runs over -D..D in steps of 2 (lost + gained = D)
     if not passes(lo):
@@ -116,7 +116,7 @@ def _largest_net(n: int, base_right: int, disagree: int, confidence: float, floo
         lo, hi = disagree, n
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            ok = PairedCounts(n, base_right, mid, 0).retention_lower(confidence) >= floor - 1e-12
+            ok = clears(PairedCounts(n, base_right, mid, 0).retention_lower(confidence), floor)
             lo, hi = (mid, hi) if ok else (lo, mid)
         return lo / n
     while hi - lo > 2:  # the bound falls as the net loss grows: bisect on the grid of the parity of D

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from modelopt.certify.evidence import certifiable_retention, evidence_lines
+from modelopt.certify.evidence import can_certify, evidence_lines
 from modelopt.compressors import Compressor
 from modelopt.config.assemble import build_compressors, default_compressors
 from modelopt.config.run_config import RunConfig
@@ -128,7 +128,7 @@ def make_objective(config: RunConfig, workload: Workload) -> Objective:
     objective = config.make_objective()
     if Split.CONFIRM not in workload.splits or config.confidence <= 0:
         return objective
-    usable = certifiable_retention(workload, Split.CONFIRM, config.confidence) >= config.min_retention - 1e-12
+    usable = can_certify(workload, Split.CONFIRM, config.confidence, config.min_retention)
     return dataclasses.replace(objective, claim_images=len(workload.split(Split.CONFIRM))) if usable else objective
 
 

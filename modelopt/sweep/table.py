@@ -22,6 +22,7 @@ from typing import Any
 
 from modelopt._files import write_atomic
 from modelopt.certify.certificate import certify
+from modelopt.confidence import clears
 from modelopt.config.build import load_workload, make_evaluator
 from modelopt.config.run_config import RunConfig
 from modelopt.data.split import Split
@@ -232,7 +233,7 @@ def _model_rows(
                 reported_test = c.reported[1] if c.own(b) and c.reported is not None and rec is not None else None
                 test = reported_test if reported_test is not None else scorer.test(model, c.config, rec)
                 n_feasible += rec is not None
-                held = test.retention >= c.objective.min_retention - 1e-12
+                held = clears(test.retention, c.objective.min_retention)
                 n_held += rec is not None and held
                 val_red = 1.0 if rec is None else _reduction(c.objective, rec)
                 val_comp = 1.0 if rec is None else rec.scored.compression
