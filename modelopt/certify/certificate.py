@@ -52,6 +52,12 @@ class Certificate:
     test: dict[str, Metrics] | None = None
 
     @property
+    def confirmed(self) -> bool:
+        """Whether the reported best was confirmed on images that did not select it (False: no plan is reported,
+        or the data could not confirm one and the search's best is reported on its val bound)."""
+        return self.best is not None and self.confirmation.usable
+
+    @property
     def reported(self) -> dict[str, Trial]:
         """The plans whose test figures a run reports, by plan key: the best, the search's, the front, the
         anchors (each once, in that order)."""

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from modelopt._version import __version__
-from modelopt.certify.certificate import certify
+from modelopt.certify.certificate import Certificate, certify
 from modelopt.certify.confirm import Confirmation
 from modelopt.certify.evidence import evidence_lines
 from modelopt.config.run_config import RunConfig
@@ -64,6 +64,9 @@ class RunResult:
     best_confirm: Metrics | None = None  # the best plan's metrics on the confirm split
     search_best: Trial | None = None  # the search's pick on val (a search-time estimate)
     confirmation: Confirmation | None = None
+    # What the run may claim, whole (`modelopt.certify.certify`): the record the summary, the CLI table and the
+    # reports select their figures from; None for a result read back from a run folder.
+    certificate: Certificate | None = None
 
 
 class Runner:
@@ -386,12 +389,11 @@ class Runner:
                              **{k: v.median_ms for k, v in self.latency.float_references().items()}}
         summary = summarize(
             evaluator=self.evaluator, objective=self.objective, config=self.config, run_dir=self.run_dir,
-            budget=self.budget, trials=self.trials, best=best, search_best=search_best, confirmation=confirmation,
-            test=test_metrics, pareto=front, anchors=cert.anchors, search_wall=search_wall,
-            eval_seconds=self.eval_seconds, deployed=cert.deployed, float_latency=float_latency,
+            budget=self.budget, trials=self.trials, certificate=cert, test=test_metrics, search_wall=search_wall,
+            eval_seconds=self.eval_seconds, float_latency=float_latency,
             exits=None if best is None else exit_pattern(self.evaluator, best.plan))
         write_json_atomic(self.run_dir / SUMMARY, summary.to_json())
         confirmed = {t.plan.key: m for t, m in confirmation.finalists}
         return RunResult(self.run_dir, tuple(self.trials), best, best_test, pareto, self.spent, summary,
                          best_confirm=confirmed.get(best.plan.key) if best else None, search_best=search_best,
-                         confirmation=confirmation)
+                         confirmation=confirmation, certificate=cert)

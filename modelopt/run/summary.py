@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from modelopt._version import __version__
-from modelopt.certify.confirm import Confirmation
+from modelopt.certify.certificate import Certificate
 from modelopt.certify.deployed import Deployed
 from modelopt.config.run_config import RunConfig
 from modelopt.data.split import Split
@@ -310,10 +310,8 @@ def read_summary(run_dir: str | Path) -> RunSummary | None:
 
 def summarize(
     *, evaluator: Evaluator, objective: Objective, config: RunConfig, run_dir: Path, budget: float,
-    trials: Sequence[Trial], best: Trial | None, search_best: Trial | None, confirmation: Confirmation,
-    test: Mapping[str, Metrics], pareto: Sequence[Trial], anchors: Sequence[Trial] = (), search_wall: float = 0.0,
-    eval_seconds: float = 0.0, deployed: Deployed | None = None, float_latency: Mapping[str, float] | None = None,
-    exits: ExitPattern | None = None,
+    trials: Sequence[Trial], certificate: Certificate, test: Mapping[str, Metrics], search_wall: float = 0.0,
+    eval_seconds: float = 0.0, float_latency: Mapping[str, float] | None = None, exits: ExitPattern | None = None,
 ) -> RunSummary:
     """The summary of a finished run.
 
@@ -324,17 +322,17 @@ def summarize(
         run_dir: the run folder.
         budget: the run's budget, in full val evaluations.
         trials: every trial of the run.
-        best: the reported plan; search_best: the search's own pick on val.
-        confirmation: what the confirm split said.
-        test: test re-scores by plan key (best, search best, front, anchors).
-        pareto: the val front's trials; anchors: the uniform plans scored.
+        certificate: what the run may claim (`modelopt.certify.certify`): the reported plan and whether it was
+            confirmed, the search's own pick, the front, the anchors, the confirmation and the deployed check.
+        test: test re-scores by plan key (best, search best, front, anchors), with their latency where measured.
         search_wall: wall seconds of the search; eval_seconds: of the evaluations this session.
 
     Example:
-        >>> summarize(evaluator=ev, objective=obj, config=cfg, run_dir=out, budget=50, trials=trials, best=best,
-        ...           search_best=best, confirmation=conf, test=test, pareto=[best]).to_json()
+        >>> summarize(evaluator=ev, objective=obj, config=cfg, run_dir=out, budget=50, trials=trials,
+        ...           certificate=cert, test=cert.test).to_json()
     """
     wl, space = evaluator.workload, evaluator.space
+    best, search_best, confirmation = certificate.best, certificate.search_best, certificate.confirmation
     confirmed = {t.plan.key: m for t, m in confirmation.finalists}
 
     def scores(m: Metrics | None) -> Scores | None:
@@ -363,16 +361,16 @@ def summarize(
         baseline={s: Baseline(wl.baseline_accuracy(s), len(wl.split(s))) for s in splits},
         float_size_bytes=wl.float_size_bytes,
         device=str(wl.device),
-        best=None if best is None else entry(best, confirmed=confirmation.usable),
+        best=None if best is None else entry(best, confirmed=certificate.confirmed),
         search_best=None if search_best is None else entry(search_best),
         confirmation=ConfirmationEntry(confirmation.split, confirmation.usable, confirmation.ceiling,
                                        confirmation.confirmed, finalists),
-        anchors=tuple(entry(t, name=_uniform_name(space, t)) for t in anchors),
-        pareto=tuple(entry(t) for t in pareto),
+        anchors=tuple(entry(t, name=_uniform_name(space, t)) for t in certificate.anchors),
+        pareto=tuple(entry(t) for t in certificate.front),
         preparation=Preparation(dict(evaluator.one_time.seconds), dict(evaluator.one_time.charged)),
         search_wall_seconds=search_wall,
         eval_seconds_this_session=eval_seconds,
-        deployed=deployed,
+        deployed=certificate.deployed,
         float_latency=dict(float_latency or {}),
         exits=exits,
     )
