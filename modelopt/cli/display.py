@@ -41,46 +41,11 @@ def _plan_table(plan: Plan) -> Table:
 
 def print_run(out: Console, result: RunResult) -> None:
     """A finished run as the CLI shows it: the best plan's figures (test first), its layers, the run folder."""
-    s = result.summary
-    conf, floor = s.objective.confidence, s.objective.min_retention
-    confirmation = s.confirmation
     if result.best is None:
-        out.print(f"[yellow]No plan was {'confirmed' if confirmation.split else 'certified'} at the "
-                  f"{floor:.1%} floor in {s.n_trials} trials.[/] Run folder: {result.run_dir}")
-        ceiling = confirmation.ceiling
-        if ceiling is not None and ceiling < floor:
-            out.print(f"The confirm split is too small to certify the floor: a plan that agrees with the float model "
-                      f"on all {s.baseline[Split.CONFIRM].n_samples} of its images is certified only at "
-                      f"{ceiling:.2%} (confidence {conf:g}). Pass more data, or --confidence 0 for point estimates.")
-        if result.search_best is not None:
-            m = result.search_best.scored
-            out.print(f"The search's best on val (a search-time estimate, not confirmed): trial "
-                      f"{result.search_best.number}, {m.compression:.2f}x at {m.retention:.2%} val retention.")
+        _print_none(out, result)
         return
-    val, test, conf_m = result.best.scored, result.best_test, result.best_confirm
-    if s.confirmed:
-        status = "confirmed on images that did not select it"
-    elif confirmation.split is None:
-        status = "certified on val, NOT confirmed (the data have no confirm split)"
-    else:
-        status = "certified on val, NOT confirmed (the confirm split is too small to certify the floor)"
-    table = Table(title=f"Best plan (trial {result.best.number} of {s.n_trials}), {status}; "
-                        f"retention [bounds at confidence {conf:g}]")
-    for col in ("images", "n", "top-1", "retention", f"bounds ({conf:g})", "agree", "÷size"):
-        table.add_column(col, justify="right", no_wrap=True)
-    base = s.baseline[Split.TEST]
-    table.add_row("float (test)", str(base.n_samples), f"{base.accuracy:.2%}", "100.00%", "", "100.00%", "1.00x")
-    rows: tuple[tuple[str, Metrics | None], ...] = (
-        (f"{Split.TEST} (held out)", test), (Split.CONFIRM, conf_m), (f"{Split.VAL} (search estimate)", val))
-    for name, maybe in rows:
-        if maybe is None:
-            continue
-        m = maybe
-        lo, hi = m.retention_bounds(conf)
-        bounds = "" if conf <= 0 else f"[{lo:.1%}, {hi:.1%}]"
-        table.add_row(name, str(m.n_samples), f"{m.accuracy:.2%}", f"{m.retention:.2%}", bounds, f"{m.agreement:.2%}",
-                      f"{m.compression:.2f}x")
-    out.print(table)
+    s, val, test = result.summary, result.best.scored, result.best_test
+    out.print(_best_table(result))
     ref = test or val
     out.print(f"Size {fmt_bytes(ref.size_bytes)} (float {fmt_bytes(ref.float_size_bytes)}); "
               f"{_fewer(ref.float_macs, ref.macs)} fewer MACs, {_fewer(ref.float_bitops, ref.bitops)} fewer bitops",
@@ -94,8 +59,8 @@ def print_run(out: Console, result: RunResult) -> None:
         out.print(latency_text(test, s.float_latency), highlight=False)
     sb = result.search_best
     if sb is not None and sb.plan.key != result.best.plan.key:
-        out.print(own_pick_text(s.objective, sb.number, sb.scored, confirmation.confirmed,
-                                len(confirmation.finalists)), highlight=False)
+        out.print(own_pick_text(s.objective, sb.number, sb.scored, s.confirmation.confirmed,
+                                len(s.confirmation.finalists)), highlight=False)
     if rebuilt := _reconstruction_text(s):
         out.print(rebuilt, highlight=False)
     out.print(_plan_table(result.best.plan))
@@ -103,6 +68,53 @@ def print_run(out: Console, result: RunResult) -> None:
         out.print(f"Preparation: {prep}", highlight=False)
     out.print(f"Pareto front: {len(result.pareto)} plans (re-scored on test) — run folder: [bold]{result.run_dir}[/]")
     out.print(f"Best plan written to {result.run_dir / 'best_plan.yaml'}")
+
+
+def _print_none(out: Console, result: RunResult) -> None:
+    """A run that reports no plan: why (a confirm split too small to certify the floor), and the search's best."""
+    s = result.summary
+    conf, floor, confirmation = s.objective.confidence, s.objective.min_retention, s.confirmation
+    out.print(f"[yellow]No plan was {'confirmed' if confirmation.split else 'certified'} at the "
+              f"{floor:.1%} floor in {s.n_trials} trials.[/] Run folder: {result.run_dir}")
+    ceiling = confirmation.ceiling
+    if ceiling is not None and ceiling < floor:
+        out.print(f"The confirm split is too small to certify the floor: a plan that agrees with the float model "
+                  f"on all {s.baseline[Split.CONFIRM].n_samples} of its images is certified only at "
+                  f"{ceiling:.2%} (confidence {conf:g}). Pass more data, or --confidence 0 for point estimates.")
+    if result.search_best is not None:
+        m = result.search_best.scored
+        out.print(f"The search's best on val (a search-time estimate, not confirmed): trial "
+                  f"{result.search_best.number}, {m.compression:.2f}x at {m.retention:.2%} val retention.")
+
+
+def _best_table(result: RunResult) -> Table:
+    """The reported plan's figures on each split (test first), beside the float model's."""
+    s, best = result.summary, result.best
+    assert best is not None
+    conf = s.objective.confidence
+    if s.confirmed:
+        status = "confirmed on images that did not select it"
+    elif s.confirmation.split is None:
+        status = "certified on val, NOT confirmed (the data have no confirm split)"
+    else:
+        status = "certified on val, NOT confirmed (the confirm split is too small to certify the floor)"
+    table = Table(title=f"Best plan (trial {best.number} of {s.n_trials}), {status}; "
+                        f"retention [bounds at confidence {conf:g}]")
+    for col in ("images", "n", "top-1", "retention", f"bounds ({conf:g})", "agree", "÷size"):
+        table.add_column(col, justify="right", no_wrap=True)
+    base = s.baseline[Split.TEST]
+    table.add_row("float (test)", str(base.n_samples), f"{base.accuracy:.2%}", "100.00%", "", "100.00%", "1.00x")
+    rows: tuple[tuple[str, Metrics | None], ...] = (
+        (f"{Split.TEST} (held out)", result.best_test), (Split.CONFIRM, result.best_confirm),
+        (f"{Split.VAL} (search estimate)", best.scored))
+    for name, m in rows:
+        if m is None:
+            continue
+        lo, hi = m.retention_bounds(conf)
+        bounds = "" if conf <= 0 else f"[{lo:.1%}, {hi:.1%}]"
+        table.add_row(name, str(m.n_samples), f"{m.accuracy:.2%}", f"{m.retention:.2%}", bounds, f"{m.agreement:.2%}",
+                      f"{m.compression:.2f}x")
+    return table
 
 
 def split_label(split: str, n: int) -> str:

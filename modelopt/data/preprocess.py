@@ -44,21 +44,8 @@ class Preprocess:
     def __post_init__(self) -> None:
         for name in ("mean", "std"):
             v = getattr(self, name)
-            if v is None:
-                continue
-            try:
-                values = tuple(float(a) for a in v)
-            except (TypeError, ValueError):
-                values = ()
-            if len(values) != 3 or not all(math.isfinite(a) for a in values) or (
-                    name == "std" and min(values) <= 0):
-                form = "three positive numbers" if name == "std" else "three numbers"
-                raise ConfigError(f"--{name} must be {form}, one per RGB channel, like 0.485,0.456,0.406; got {v!r}")
-            if max(abs(a) for a in values) > 1:  # pixels are scaled to [0, 1] first: a 0-255 figure wrecks every input
-                scaled = ",".join(f"{a / 255:.4g}" for a in values)
-                raise ConfigError(f"--{name} {','.join(f'{a:g}' for a in values)} is on the 0-255 scale; images are "
-                                  f"scaled to [0, 1] before it: give {scaled}")
-            object.__setattr__(self, name, values)
+            if v is not None:
+                object.__setattr__(self, name, _per_channel(name, v))
         for name in ("resize", "crop"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
@@ -149,6 +136,22 @@ class Preprocess:
         parts = ([f"resized to {self.resize}"] if self.resize else []) + (
             [f"centre-cropped to {self.crop}"] if self.crop else [])
         return f"{', '.join(parts)} ({self.interpolation})" if parts else "as they are"
+
+
+def _per_channel(name: str, v: object) -> tuple[float, ...]:
+    """--mean or --std as three finite numbers on the [0, 1] scale (std positive); ConfigError naming the form."""
+    try:
+        values = tuple(float(a) for a in v)  # type: ignore[attr-defined]  # any iterable; else the error below
+    except (TypeError, ValueError):
+        values = ()
+    if len(values) != 3 or not all(math.isfinite(a) for a in values) or (name == "std" and min(values) <= 0):
+        form = "three positive numbers" if name == "std" else "three numbers"
+        raise ConfigError(f"--{name} must be {form}, one per RGB channel, like 0.485,0.456,0.406; got {v!r}")
+    if max(abs(a) for a in values) > 1:  # pixels are scaled to [0, 1] first: a 0-255 figure wrecks every input
+        scaled = ",".join(f"{a / 255:.4g}" for a in values)
+        raise ConfigError(f"--{name} {','.join(f'{a:g}' for a in values)} is on the 0-255 scale; images are "
+                          f"scaled to [0, 1] before it: give {scaled}")
+    return values
 
 
 def _gib(n: int) -> str:

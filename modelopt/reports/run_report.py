@@ -66,7 +66,12 @@ def _trial_counts(run: RunFolder) -> str:
 
 
 def _summary_table(run: RunFolder) -> Table:
-    cfg, s, best = run.config, run.summary, run.best
+    return Table(("", "value"), (*_settings_rows(run), *_float_rows(run), *_best_rows(run)), "ll")
+
+
+def _settings_rows(run: RunFolder) -> list[tuple[str, str]]:
+    """What was run: model, data, strategy, objective, budget and trials."""
+    cfg = run.config
     weights = f" (weights `{Path(cfg['weights']).name}`)" if cfg.get("weights") else ""
     rows: list[tuple[str, str]] = [
         ("model", f"`{cfg.get('model', '?')}`{weights}"),
@@ -82,41 +87,52 @@ def _summary_table(run: RunFolder) -> Table:
     if n_stopped:
         note = "scored on part of val only (multi-fidelity): never feasible, never on the front"
         rows.append(("stopped early", f"{n_stopped} trials {note}"))
+    return rows
+
+
+def _float_rows(run: RunFolder) -> list[tuple[str, str]]:
+    """The float model's top-1 on each split and its size."""
+    rows = []
     m0 = next((r.metrics for r in run.records if r.metrics is not None), None)
-    if s is not None:
-        base = s.baseline
+    if run.summary is not None:
+        base = run.summary.baseline
         rows.append(("float top-1", ", ".join(f"{base[k].accuracy:.2%} {k} ({base[k].n_samples} images)"
                                               for k in (Split.TEST, Split.CONFIRM, Split.VAL) if k in base)))
     elif m0 is not None:
         rows.append(("float top-1", f"{m0.baseline_accuracy:.2%} val ({m0.n_samples} images); test: when the run ends"))
-    rows.append(("float size", _kib(run.float_size_bytes)))
+    return [*rows, ("float size", _kib(run.float_size_bytes))]
+
+
+def _best_rows(run: RunFolder) -> list[tuple[str, str]]:
+    """The reported plan: how it was certified, its figures on each split, beside the uniform plans and the search's
+    own pick."""
+    s, best = run.summary, run.best
     if best is None:
-        rows.append(("best plan", "none above the floor" + ("" if run.done else " yet")))
-    else:
-        m = best.metrics
-        assert m is not None
-        test, conf = run.test_by_key.get(best.plan_key), run.confirm_by_key.get(best.plan_key)
-        status = ("confirmed on the confirm split" if run.confirmed else
-                  "certified on val only (not confirmed)" if run.done else "so far, on val")
-        rows += [
-            ("best plan", f"trial {best.number} (key `{best.plan_key}`), {status}: {plan_mix(best.plan)}"),
-            (f"best {_what(run)}", f"{_fx(run.reduction(test or m))}"),
-            ("best size", f"{_kib(m.size_bytes)} (float {_kib(m.float_size_bytes)})"),
-            ("best retention", "; ".join(f"{_bounded(run, x)} {name}" for name, x in
-                                         ((f"{Split.TEST} (held out)", test), (Split.CONFIRM, conf),
-                                          ("val (search-time estimate)", m)) if x is not None)),
-            ("best agreement", ", ".join(f"{_fpct(x.agreement)} {name}" for name, x in
-                                         ((Split.TEST, test), (Split.CONFIRM, conf), (Split.VAL, m)) if x is not None)),
-        ]
-        sb = run.search_best
-        if s is not None and s.anchors:
-            rows.append(("beside the uniform plans", "; ".join(
-                f"{a.name or 'trial ' + str(a.trial)} {_fx(run.reduction(a.test.metrics))} "
-                f"({_fpct(a.test.metrics.retention)} test)" for a in s.anchors if a.test is not None)))
-        if run.done and sb is not None and sb.plan_key != best.plan_key and sb.metrics is not None:
-            rows.append(("search's own pick", f"trial {sb.number}, {_fx(run.reduction(sb.metrics))} at "
-                                               f"{_bounded(run, sb.metrics)} val: not confirmed"))
-    return Table(("", "value"), tuple(rows), "ll")
+        return [("best plan", "none above the floor" + ("" if run.done else " yet"))]
+    m = best.metrics
+    assert m is not None
+    test, conf = run.test_by_key.get(best.plan_key), run.confirm_by_key.get(best.plan_key)
+    status = ("confirmed on the confirm split" if run.confirmed else
+              "certified on val only (not confirmed)" if run.done else "so far, on val")
+    rows = [
+        ("best plan", f"trial {best.number} (key `{best.plan_key}`), {status}: {plan_mix(best.plan)}"),
+        (f"best {_what(run)}", f"{_fx(run.reduction(test or m))}"),
+        ("best size", f"{_kib(m.size_bytes)} (float {_kib(m.float_size_bytes)})"),
+        ("best retention", "; ".join(f"{_bounded(run, x)} {name}" for name, x in
+                                     ((f"{Split.TEST} (held out)", test), (Split.CONFIRM, conf),
+                                      ("val (search-time estimate)", m)) if x is not None)),
+        ("best agreement", ", ".join(f"{_fpct(x.agreement)} {name}" for name, x in
+                                     ((Split.TEST, test), (Split.CONFIRM, conf), (Split.VAL, m)) if x is not None)),
+    ]
+    sb = run.search_best
+    if s is not None and s.anchors:
+        rows.append(("beside the uniform plans", "; ".join(
+            f"{a.name or 'trial ' + str(a.trial)} {_fx(run.reduction(a.test.metrics))} "
+            f"({_fpct(a.test.metrics.retention)} test)" for a in s.anchors if a.test is not None)))
+    if run.done and sb is not None and sb.plan_key != best.plan_key and sb.metrics is not None:
+        rows.append(("search's own pick", f"trial {sb.number}, {_fx(run.reduction(sb.metrics))} at "
+                                           f"{_bounded(run, sb.metrics)} val: not confirmed"))
+    return rows
 
 
 def _front_table(run: RunFolder, front: Sequence[tuple[Record, Metrics]]) -> Table:

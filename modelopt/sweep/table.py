@@ -205,74 +205,87 @@ def make_table(
     return rows
 
 
+# Each seed's figures at a budget, in the order the table reports them (mean, std and median of each).
+_FIGURES = ("held_compression", "val_reduction", "val_compression", "val_retention", "test_compression",
+            "test_retention")
+
+
+@dataclass(frozen=True)
+class _SeedAt:
+    """One seed of a strategy at one budget: the plan it reports there and that plan's figures, the one record the
+    per-seed rows and the per-strategy rows both select from."""
+
+    seed: _Seed
+    rec: Record | None  # the plan reported at this budget (None: no feasible plan)
+    test: Metrics  # its test figures (the float model's when none)
+    held: bool  # its test retention holds the floor
+
+    @classmethod
+    def at(cls, model: str, c: _Seed, b: float, scorer: _Scorer) -> _SeedAt:
+        rec = scorer.reported(model, c, b)
+        reported_test = c.reported[1] if c.own(b) and c.reported is not None and rec is not None else None
+        test = reported_test if reported_test is not None else scorer.test(model, c.config, rec)
+        return cls(c, rec, test, clears(test.retention, c.objective.min_retention))
+
+    def figures(self) -> dict[str, float]:
+        rec, test = self.rec, self.test
+        return {
+            # What the seed delivers: its reported plan's compression when the plan holds the floor on test, else
+            # nothing (1.00x): a claim that breaks on unseen images compresses nothing.
+            "held_compression": test.compression if self.held else 1.0,
+            "val_reduction": 1.0 if rec is None else _reduction(self.seed.objective, rec),
+            "val_compression": 1.0 if rec is None else rec.scored.compression,
+            "val_retention": 1.0 if rec is None else rec.scored.retention,
+            "test_compression": test.compression,
+            "test_retention": test.retention,
+        }
+
+    def row(self, model: str, strategy: str, b: float, target: float, top: float) -> dict[str, Any]:
+        rec, test = self.rec, self.test
+        return {"model": model, "strategy": strategy, "budget": _num(b), "seed": self.seed.seed,
+                "best_trial": None if rec is None else rec.number, "plan_key": None if rec is None else rec.plan_key,
+                **self.figures(), "test_accuracy": test.accuracy, "size_bytes": test.size_bytes,
+                "budget_to_random_best": self.seed.reaches(target, top) if not math.isnan(target) else math.nan}
+
+
+def _random_target(cells: Mapping[str, list[_Seed]], top: float) -> float:
+    """The median reduction random search's seeds report at the top budget (nan without random search)."""
+    at_top = [c.best_within(top) for c in cells.get("random", []) if c.covered >= top - EPS]
+    if not at_top:
+        return math.nan
+    obj = cells["random"][0].objective
+    return statistics.median([1.0 if r is None else _reduction(obj, r) for r in at_top])
+
+
 def _model_rows(
     model: str, cells: Mapping[str, list[_Seed]], budgets: Sequence[float], scorer: _Scorer,
     seed_rows: list[dict[str, Any]],
 ) -> list[dict[str, Any]]:
     top = budgets[-1]
-    target = math.nan
-    if "random" in cells:
-        at_top = [c.best_within(top) for c in cells["random"] if c.covered >= top - EPS]
-        if at_top:
-            obj = cells["random"][0].objective
-            target = statistics.median([1.0 if r is None else _reduction(obj, r) for r in at_top])
-    medians: dict[tuple[str, float], float] = {}
+    target = _random_target(cells, top)
     rows = []
     for strategy, seeds in cells.items():
-        needed_per_seed = ([c.reaches(target, top) for c in seeds if c.covered >= top - EPS]
-                           if not math.isnan(target) else [])
-        needed = statistics.median(needed_per_seed) if needed_per_seed else math.nan
+        per_seed = [c.reaches(target, top) for c in seeds if c.covered >= top - EPS] if not math.isnan(target) else []
+        needed = statistics.median(per_seed) if per_seed else math.nan
         for b in budgets:
-            vals: dict[str, list[float]] = {k: [] for k in ("held_compression", "val_reduction", "val_compression",
-                                                            "val_retention", "test_compression", "test_retention")}
-            n_feasible = n_held = 0
-            for c in seeds:
-                if c.covered < b - EPS:
-                    continue  # this cell has not run that far yet
-                rec = scorer.reported(model, c, b)
-                reported_test = c.reported[1] if c.own(b) and c.reported is not None and rec is not None else None
-                test = reported_test if reported_test is not None else scorer.test(model, c.config, rec)
-                n_feasible += rec is not None
-                held = clears(test.retention, c.objective.min_retention)
-                n_held += rec is not None and held
-                val_red = 1.0 if rec is None else _reduction(c.objective, rec)
-                val_comp = 1.0 if rec is None else rec.scored.compression
-                val_ret = 1.0 if rec is None else rec.scored.retention
-                # What the seed delivers: its reported plan's compression when the plan holds the floor on
-                # test, else nothing (1.00x): a claim that breaks on unseen images compresses nothing.
-                held_comp = test.compression if held else 1.0
-                for k, v in (("held_compression", held_comp), ("val_reduction", val_red), ("val_compression", val_comp),
-                             ("val_retention", val_ret), ("test_compression", test.compression),
-                             ("test_retention", test.retention)):
-                    vals[k].append(v)
-                seed_rows.append({
-                    "model": model, "strategy": strategy, "budget": _num(b), "seed": c.seed,
-                    "best_trial": None if rec is None else rec.number,
-                    "plan_key": None if rec is None else rec.plan_key,
-                    "held_compression": held_comp,
-                    "val_reduction": val_red, "val_compression": val_comp, "val_retention": val_ret,
-                    "test_compression": test.compression, "test_retention": test.retention,
-                    "test_accuracy": test.accuracy, "size_bytes": test.size_bytes,
-                    "budget_to_random_best": c.reaches(target, top) if not math.isnan(target) else math.nan,
-                })
+            at = [_SeedAt.at(model, c, b, scorer) for c in seeds if c.covered >= b - EPS]  # cells run that far
+            seed_rows.extend(s.row(model, strategy, b, target, top) for s in at)
             row: dict[str, Any] = {"model": model, "model_source": seeds[0].config.model,
                                    "objective": seeds[0].objective.target.value, "strategy": strategy,
-                                   "budget": _num(b),
-                                   "n_seeds": len(vals["val_reduction"]), "n_feasible": n_feasible,
-                                   "n_held": n_held}
-            for k, values in vals.items():
-                mean, std, med = _stats(values)
-                row[f"{k}_mean"], row[f"{k}_std"], row[f"{k}_median"] = mean, std, med
+                                   "budget": _num(b), "n_seeds": len(at),
+                                   "n_feasible": sum(s.rec is not None for s in at),
+                                   "n_held": sum(s.rec is not None and s.held for s in at)}
+            for k in _FIGURES:
+                row[f"{k}_mean"], row[f"{k}_std"], row[f"{k}_median"] = _stats([s.figures()[k] for s in at])
             row["random_best_target"] = target
             row["budget_to_random_best"] = "never" if needed == math.inf else needed
-            # Strategies are compared on what holds on test (docs/sweeps.md: held ×), not on their val estimates.
-            medians[(strategy, b)] = row["held_compression_median"]
             rows.append(row)
+    # Strategies are compared on what holds on test (docs/sweeps.md: held x), not on their val estimates.
+    medians = {(r["strategy"], r["budget"]): r["held_compression_median"] for r in rows}
     for row in rows:
         for other in cells:
             mine, theirs = medians[(row["strategy"], row["budget"])], medians[(other, row["budget"])]
-            lead = math.nan if other == row["strategy"] else (mine / theirs - 1.0) * 100.0
-            row[f"lead_vs_{other}_pct"] = lead
+            row[f"lead_vs_{other}_pct"] = math.nan if other == row["strategy"] else (mine / theirs - 1.0) * 100.0
     return rows
 
 
@@ -387,44 +400,53 @@ def _md_model(
         f"float size {wl.float_size_bytes / 1024:,.1f} KiB. × is compression: float size / plan size.", "",
     ]
     red = target != "size"  # for size the objective's reduction is the compression itself
+    lines += _md_results(rows, target if red else None)
+    if "random" in cells and not math.isnan(rows[0]["random_best_target"]):
+        lines += _md_budget_needed(cells, rows, budgets[-1], "compression" if not red else f"{target} reduction")
+    if len(cells) > 1:
+        lines += _md_leads(rows, list(cells))
+    return "\n".join(lines + anchor_lines([c.run_dir for cs in cells.values() for c in cs]))
+
+
+def _md_results(rows: Sequence[Mapping[str, Any]], reduction: str | None) -> list[str]:
+    """The per-strategy, per-budget table (`reduction`: the objective's target when it is not size)."""
     header = ["strategy", "budget", "seeds (reported, held on test)", "held ×: median", "held ×: mean ± std",
               "test retention: median", "test retention: mean ± std", "test ×: median", "val ×: median (search-time)"]
-    if red:
-        header.append(f"val {target} reduction: median")
+    if reduction:
+        header.append(f"val {reduction} reduction: median")
     body = []
     for r in rows:
         line = [r["strategy"], _fb(r["budget"]), f"{r['n_seeds']} ({r['n_feasible']}, {r['n_held']})",
                 _fx(r["held_compression_median"]), _pm(r["held_compression_mean"], r["held_compression_std"], _fx),
                 _fpct(r["test_retention_median"]), _pm(r["test_retention_mean"], r["test_retention_std"], _fpct),
                 _fx(r["test_compression_median"]), _fx(r["val_compression_median"])]
-        if red:
+        if reduction:
             line.append(_fx(r["val_reduction_median"]))
         body.append(line)
-    lines += _md_table(header, "l" + "r" * (len(header) - 1), body)
+    return _md_table(header, "l" + "r" * (len(header) - 1), body)
 
-    top = budgets[-1]
-    what = "compression" if not red else f"{target} reduction"
-    if "random" in cells and not math.isnan(rows[0]["random_best_target"]):
-        lines += ["", f"**Budget needed to reach random's best**: the median over random's seeds of the best val "
-                  f"{what} at budget {top:g} is {_fx(rows[0]['random_best_target'])}; the budget (cumulative cost) at "
-                  "which each strategy's best-so-far first reaches it, median over seeds.", ""]
-        body = []
-        for strategy, seeds in cells.items():
-            r = next(r for r in rows if r["strategy"] == strategy)
-            per_seed = [c.reaches(r["random_best_target"], top) for c in seeds if c.covered >= top - EPS]
-            body.append([strategy, _fb(r["budget_to_random_best"]),
-                         ", ".join("never" if v == math.inf else f"{v:g}" for v in per_seed)])
-        lines += _md_table(["strategy", "budget needed (median)", "per seed"], "lrl", body)
 
-    others = list(cells)
-    if len(others) > 1:
-        lines += ["", "**Lead in median held compression** (what holds on test; row over column, %: median ratio "
-                  "− 1, × 100).", ""]
-        body = []
-        for r in rows:
-            body.append([r["strategy"], _fb(r["budget"])] + [
-                "–" if o == r["strategy"] or math.isnan(r[f"lead_vs_{o}_pct"]) else f"{r[f'lead_vs_{o}_pct']:+.1f}%"
-                for o in others])
-        lines += _md_table(["strategy", "budget", *(f"vs {o}" for o in others)], "lr" + "r" * len(others), body)
-    return "\n".join(lines + anchor_lines([c.run_dir for cs in cells.values() for c in cs]))
+def _md_budget_needed(cells: Mapping[str, list[_Seed]], rows: Sequence[Mapping[str, Any]], top: float,
+                      what: str) -> list[str]:
+    """The budget at which each strategy first reaches random search's best."""
+    lines = ["", f"**Budget needed to reach random's best**: the median over random's seeds of the best val "
+             f"{what} at budget {top:g} is {_fx(rows[0]['random_best_target'])}; the budget (cumulative cost) at "
+             "which each strategy's best-so-far first reaches it, median over seeds.", ""]
+    body = []
+    for strategy, seeds in cells.items():
+        r = next(r for r in rows if r["strategy"] == strategy)
+        per_seed = [c.reaches(r["random_best_target"], top) for c in seeds if c.covered >= top - EPS]
+        body.append([strategy, _fb(r["budget_to_random_best"]),
+                     ", ".join("never" if v == math.inf else f"{v:g}" for v in per_seed)])
+    return lines + _md_table(["strategy", "budget needed (median)", "per seed"], "lrl", body)
+
+
+def _md_leads(rows: Sequence[Mapping[str, Any]], others: Sequence[str]) -> list[str]:
+    """Each strategy's lead in median held compression over each other, per budget."""
+    lines = ["", "**Lead in median held compression** (what holds on test; row over column, %: median ratio "
+             "− 1, × 100).", ""]
+    body = [[r["strategy"], _fb(r["budget"])] + [
+        "–" if o == r["strategy"] or math.isnan(r[f"lead_vs_{o}_pct"]) else f"{r[f'lead_vs_{o}_pct']:+.1f}%"
+        for o in others] for r in rows]
+    return lines + _md_table(["strategy", "budget", *(f"vs {o}" for o in others)], "lr" + "r" * len(others), body)
 
