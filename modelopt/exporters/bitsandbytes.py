@@ -123,7 +123,8 @@ def bitsandbytes_agreement(
     with wl.state(state):
         qdq = wl.logits(data.x)
     with _quiet(), torch.inference_mode():
-        out = torch.cat([model(data.x[i : i + wl.batch_size]) for i in range(0, data.x.shape[0], wl.batch_size)])
+        out = torch.cat([model(wl.laid_out(data.x[i : i + wl.batch_size]))  # as the simulation ran them
+                         for i in range(0, data.x.shape[0], wl.batch_size)])
     out = out.float()
     pred = out.argmax(dim=1)
     return BitsandbytesAgreement(

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     import onnx
 
 QUANTIZED_OPS = ("Conv", "Gemm", "MatMul", "Add")
+# Activations a quantized op's output passes through before its next reader (ReLU, and ReLU6 exported as Clip(0, 6)):
+# the output is quantized after them, once, where the reader's input is, and ONNX Runtime folds them into the op
+# (its output range lies within theirs). Quantized before them as well, a MobileNetV2 ran a DequantizeLinear, the
+# Clip and a QuantizeLinear in float after every conv: a third of its W8A8 kernel time (`benchmarks/onnx_graph.py`).
+FOLDED_ACTIVATIONS = ("Relu", "Clip")
 # Ops whose output holds (a subset of) the input's values, zeros possibly added: same scale serves.
 PRESERVING_OPS = ("Slice", "Pad", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool", "Identity")
 
@@ -87,15 +92,22 @@ def fold_batchnorm(graph: Graph) -> dict[str, np.ndarray]:
         conv = producer.get(bn.input[0])
         if conv is None or conv.op_type != "Conv" or len(consumers.get(bn.input[0], [])) != 1:
             continue
-        if len(bn.output) != 1 or any(i not in graph.inits for i in bn.input[1:5]) or conv.input[1] not in graph.inits:
+        stats = [_through_identity(i, graph, producer) for i in bn.input[1:5]]
+        if len(bn.output) != 1 or any(i not in graph.inits for i in stats) or conv.input[1] not in graph.inits:
             continue
-        gamma, beta, mean, var = (graph.inits[i].astype(np.float64) for i in bn.input[1:5])
+        gamma, beta, mean, var = (graph.inits[i].astype(np.float64) for i in stats)
         scale = gamma / np.sqrt(var + float(graph.attr(bn, "epsilon", 1e-5)))
         wname = conv.input[1]
         w = graph.inits[wname]
         graph.inits[wname] = (w * scale.reshape(-1, *[1] * (w.ndim - 1))).astype(np.float32)
-        bias = graph.inits[conv.input[2]].astype(np.float64) if len(conv.input) > 2 and conv.input[2] else 0.0
-        bname = conv.input[2] if len(conv.input) > 2 and conv.input[2] else f"{wname.removesuffix('.weight')}.bias"
+        given = conv.input[2] if len(conv.input) > 2 and conv.input[2] else None
+        if given is not None and _through_identity(given, graph, producer) not in graph.inits:
+            continue
+        bias = graph.inits[_through_identity(given, graph, producer)].astype(np.float64) if given else 0.0
+        # The folded bias is this conv's own: a bias torch.onnx shares with other layers (through Identity nodes) is
+        # left to them.
+        own = given is not None and given in graph.inits and len(consumers.get(given, [])) == 1
+        bname = given if own and given else f"{wname.removesuffix('.weight')}.bias" + ("_folded" if given else "")
         graph.inits[bname] = (bias * scale + beta - mean * scale).astype(np.float32)
         if len(conv.input) < 3:
             conv.input.append(bname)
@@ -108,6 +120,14 @@ def fold_batchnorm(graph: Graph) -> dict[str, np.ndarray]:
     used = {i for n in graph.nodes for i in n.input}
     graph.inits = {k: v for k, v in graph.inits.items() if k in used}
     return factors
+
+
+def _through_identity(name: str, graph: Graph, producer: Mapping[str, Any]) -> str:
+    """The initializer behind `name`: torch.onnx keeps one of equal tensors (a fresh network's norms: weight 1,
+    bias 0, mean 0, variance 1) and Identity nodes for the others."""
+    while name not in graph.inits and name in producer and producer[name].op_type == "Identity":
+        name = producer[name].input[0]
+    return name
 
 
 def activation_tensors(graph: Graph, layers: Collection[str] | None = None, copies: Collection[str] = ()
@@ -135,7 +155,7 @@ def activation_tensors(graph: Graph, layers: Collection[str] | None = None, copi
             needed[i] = None
         out = n.output[0]
         users = consumers.get(out, [])
-        if len(users) == 1 and users[0].op_type == "Relu" and out not in graph.outputs:
+        if len(users) == 1 and users[0].op_type in FOLDED_ACTIVATIONS and out not in graph.outputs:
             out = users[0].output[0]
         needed[out] = None
     needed = {t: None for t in needed if t not in graph.outputs}
