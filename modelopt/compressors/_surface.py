@@ -69,6 +69,25 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _list_of(item: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, list) and bool(v) and all(item(x) for x in v)
+
+
+def _is_path(v: Any) -> bool:
+    return isinstance(v, str) and bool(v.strip()) and "\x00" not in v
+
+
+# Whether a value (in its JSON form, lists for the list kinds) has the kind's form.
+_ACCEPTS: dict[SettingKind, Callable[[Any], bool]] = {
+    SettingKind.INTS: _list_of(_is_int),
+    SettingKind.FLOATS: _list_of(_is_number),
+    SettingKind.NAMES: _list_of(lambda x: isinstance(x, str)),
+    SettingKind.BITS: _list_of(lambda x: x is None or _is_int(x)),
+    SettingKind.INT: _is_int,
+    SettingKind.PATH: _is_path,
+}
+
+
 def _bits(text: str) -> int | None:
     return None if text.lower() in ("none", "null", "float") else int(text)
 
@@ -118,15 +137,7 @@ class Setting:
             value = list(value)
         elif self.kind in _LISTS and not isinstance(value, list):
             value = [value]  # one value where a list is expected: a list of one
-        ok = {
-            SettingKind.INTS: lambda v: isinstance(v, list) and bool(v) and all(_is_int(x) for x in v),
-            SettingKind.FLOATS: lambda v: isinstance(v, list) and bool(v) and all(_is_number(x) for x in v),
-            SettingKind.NAMES: lambda v: isinstance(v, list) and bool(v) and all(isinstance(x, str) for x in v),
-            SettingKind.BITS: lambda v: isinstance(v, list) and bool(v) and all(x is None or _is_int(x) for x in v),
-            SettingKind.INT: _is_int,
-            SettingKind.PATH: lambda v: isinstance(v, str) and bool(v.strip()) and "\x00" not in v,
-        }[self.kind]
-        if not ok(value):
+        if not _ACCEPTS[self.kind](value):
             raise ConfigError(f"{where} expects {_FORMS[self.kind]}; got {value!r}")
         return [x.value if isinstance(x, Enum) else x for x in value] if isinstance(value, list) else value
 

@@ -89,37 +89,53 @@ def fold_batchnorm(graph: Graph) -> dict[str, np.ndarray]:
     factors: dict[str, np.ndarray] = {}
     drop = []
     for bn in [n for n in graph.nodes if n.op_type == "BatchNormalization"]:
-        conv = producer.get(bn.input[0])
-        if conv is None or conv.op_type != "Conv" or len(consumers.get(bn.input[0], [])) != 1:
+        conv = _foldable_into(bn, graph, producer, consumers)
+        if conv is None:
             continue
-        stats = [_through_identity(i, graph, producer) for i in bn.input[1:5]]
-        if len(bn.output) != 1 or any(i not in graph.inits for i in stats) or conv.input[1] not in graph.inits:
-            continue
-        gamma, beta, mean, var = (graph.inits[i].astype(np.float64) for i in stats)
-        scale = gamma / np.sqrt(var + float(graph.attr(bn, "epsilon", 1e-5)))
-        wname = conv.input[1]
-        w = graph.inits[wname]
-        graph.inits[wname] = (w * scale.reshape(-1, *[1] * (w.ndim - 1))).astype(np.float32)
-        given = conv.input[2] if len(conv.input) > 2 and conv.input[2] else None
-        if given is not None and _through_identity(given, graph, producer) not in graph.inits:
-            continue
-        bias = graph.inits[_through_identity(given, graph, producer)].astype(np.float64) if given else 0.0
-        # The folded bias is this conv's own: a bias torch.onnx shares with other layers (through Identity nodes) is
-        # left to them.
-        own = given is not None and given in graph.inits and len(consumers.get(given, [])) == 1
-        bname = given if own and given else f"{wname.removesuffix('.weight')}.bias" + ("_folded" if given else "")
-        graph.inits[bname] = (bias * scale + beta - mean * scale).astype(np.float32)
-        if len(conv.input) < 3:
-            conv.input.append(bname)
-        else:
-            conv.input[2] = bname
-        conv.output[0] = bn.output[0]
-        factors[wname] = factors.get(wname, np.ones_like(scale)) * scale
+        scale = _fold(bn, conv, graph, producer, consumers)
+        factors[conv.input[1]] = factors.get(conv.input[1], np.ones_like(scale)) * scale
         drop.append(bn)
     graph.nodes = [n for n in graph.nodes if all(n is not d for d in drop)]
     used = {i for n in graph.nodes for i in n.input}
     graph.inits = {k: v for k, v in graph.inits.items() if k in used}
     return factors
+
+
+def _foldable_into(bn: Any, graph: Graph, producer: Mapping[str, Any], consumers: Mapping[str, list[Any]]) -> Any:
+    """The Conv `bn` folds into: the one producing its input, read by nothing else, with its weight, bias and the
+    norm's statistics held as initializers (through torch.onnx's Identity nodes); None otherwise."""
+    conv = producer.get(bn.input[0])
+    if conv is None or conv.op_type != "Conv" or len(consumers.get(bn.input[0], [])) != 1 or len(bn.output) != 1:
+        return None
+    held = [*bn.input[1:5], *conv.input[2:3]]
+    if conv.input[1] not in graph.inits or any(
+            i and _through_identity(i, graph, producer) not in graph.inits for i in held):
+        return None
+    return conv
+
+
+def _fold(bn: Any, conv: Any, graph: Graph, producer: Mapping[str, Any], consumers: Mapping[str, list[Any]]
+          ) -> np.ndarray:
+    """Folds `bn` into `conv` in place; returns the per-output-channel factor its weight was multiplied by."""
+    gamma, beta, mean, var = (graph.inits[_through_identity(i, graph, producer)].astype(np.float64)
+                              for i in bn.input[1:5])
+    scale = gamma / np.sqrt(var + float(graph.attr(bn, "epsilon", 1e-5)))
+    wname = conv.input[1]
+    w = graph.inits[wname]
+    graph.inits[wname] = (w * scale.reshape(-1, *[1] * (w.ndim - 1))).astype(np.float32)
+    given = conv.input[2] if len(conv.input) > 2 and conv.input[2] else None
+    bias = graph.inits[_through_identity(given, graph, producer)].astype(np.float64) if given else 0.0
+    # The folded bias is this conv's own: a bias torch.onnx shares with other layers (through Identity nodes) is left
+    # to them.
+    own = given is not None and given in graph.inits and len(consumers.get(given, [])) == 1
+    bname = given if own and given else f"{wname.removesuffix('.weight')}.bias" + ("_folded" if given else "")
+    graph.inits[bname] = (bias * scale + beta - mean * scale).astype(np.float32)
+    if len(conv.input) < 3:
+        conv.input.append(bname)
+    else:
+        conv.input[2] = bname
+    conv.output[0] = bn.output[0]
+    return scale
 
 
 def _through_identity(name: str, graph: Graph, producer: Mapping[str, Any]) -> str:

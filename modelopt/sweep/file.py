@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from modelopt._version import __version__
-from modelopt.compressors import COMPRESSORS, SettingKind, compressor_settings
+from modelopt.compressors import COMPRESSORS, Setting, SettingKind, compressor_settings
 from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import list_data_sources
 from modelopt.errors import ConfigError, UnknownNameError
@@ -280,33 +280,9 @@ def _compose(path: Path) -> yaml.Node:
 
 def _settings(f: _File, top: Mapping[str, tuple[yaml.Node, yaml.Node]], base: Path) -> tuple[dict[str, Any], int]:
     """The run settings the file gives, each checked where it is given, and workers_per_cell (1 when absent)."""
-    settings: dict[str, Any] = {}
     given = {key: vnode for key, (_, vnode) in top.items()}
-    if (n := given.get("objective")) is not None:
-        settings["objective"] = objective = f.string(n, "objective", "size")
-        if objective not in (targets := [t.value for t in Target]):
-            raise f.error(n, "objective", f"unknown objective {objective!r}; valid: {', '.join(targets)}")
-    if "min_retention" in given:
-        settings["min_retention"] = float(f.checked(given["min_retention"], "min_retention", _fraction,
-                                                    "expected a fraction of the float accuracy like 0.99"))
-    if "confidence" in given:
-        settings["confidence"] = float(f.checked(given["confidence"], "confidence", lambda v: _fraction(v) and v < 1,
-                                                 "expected a confidence in [0, 1) like 0.95 (0: point estimates)"))
-    if "reconstruct" in given:
-        settings["reconstruct"] = f.checked(given["reconstruct"], "reconstruct", lambda v: isinstance(v, bool),
-                                            "expected true or false (refit the finalists on their own inputs)")
     declared = compressor_settings()
-    for option, (compressor, setting) in declared.items():  # each compressor's own keys, checked by the compressor
-        if (n := given.get(option)) is None:
-            continue
-        try:
-            value = setting.check(f.value(n, option), "this key")
-            if setting.kind is SettingKind.PATH:
-                value = _existing(f, n, option, base, value)
-            COMPRESSORS.get(compressor)(**{option: value})  # the compressor's own check of the value
-        except ConfigError as exc:
-            raise f.error(n, option, str(exc)) from None
-        settings[option] = value
+    settings = {**_search_settings(f, given), **_compressor_values(f, given, base, declared)}
     if "compressors" in given:
         settings["compressors"] = tuple(f.names(given["compressors"], "compressors", "[quantize, prune]",
                                                 COMPRESSORS.names(), "compressor", unique=False))
@@ -322,6 +298,43 @@ def _settings(f: _File, top: Mapping[str, tuple[yaml.Node, yaml.Node]], base: Pa
         key = next((k for k in settings if k in declared and k in str(exc)), next(iter(settings), "(top level)"))
         raise f.error(given.get(key), key, str(exc)) from None
     return settings, workers
+
+
+def _search_settings(f: _File, given: Mapping[str, yaml.Node]) -> dict[str, Any]:
+    """The objective, its floor and confidence, and whether finalists are reconstructed, each checked where given."""
+    settings: dict[str, Any] = {}
+    if (n := given.get("objective")) is not None:
+        settings["objective"] = objective = f.string(n, "objective", "size")
+        if objective not in (targets := [t.value for t in Target]):
+            raise f.error(n, "objective", f"unknown objective {objective!r}; valid: {', '.join(targets)}")
+    if "min_retention" in given:
+        settings["min_retention"] = float(f.checked(given["min_retention"], "min_retention", _fraction,
+                                                    "expected a fraction of the float accuracy like 0.99"))
+    if "confidence" in given:
+        settings["confidence"] = float(f.checked(given["confidence"], "confidence", lambda v: _fraction(v) and v < 1,
+                                                 "expected a confidence in [0, 1) like 0.95 (0: point estimates)"))
+    if "reconstruct" in given:
+        settings["reconstruct"] = f.checked(given["reconstruct"], "reconstruct", lambda v: isinstance(v, bool),
+                                            "expected true or false (refit the finalists on their own inputs)")
+    return settings
+
+
+def _compressor_values(f: _File, given: Mapping[str, yaml.Node], base: Path,
+                       declared: Mapping[str, tuple[str, Setting]]) -> dict[str, Any]:
+    """Each compressor's own keys the file gives, checked by the compressor, a ConfigError mapped to its line."""
+    settings: dict[str, Any] = {}
+    for option, (compressor, setting) in declared.items():
+        if (n := given.get(option)) is None:
+            continue
+        try:
+            value = setting.check(f.value(n, option), "this key")
+            if setting.kind is SettingKind.PATH:
+                value = _existing(f, n, option, base, value)
+            COMPRESSORS.get(compressor)(**{option: value})  # the compressor's own check of the value
+        except ConfigError as exc:
+            raise f.error(n, option, str(exc)) from None
+        settings[option] = value
+    return settings
 
 
 def _existing(f: _File, node: yaml.Node, key: str, base: Path, value: str) -> str:
