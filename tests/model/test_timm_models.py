@@ -48,6 +48,9 @@ def test_a_timm_model_loads_with_its_config_and_a_checkpoint_sizes_its_head(tmp_
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FAMILIES)
 def test_every_compressor_applies_to_a_timm_family(name, few_images):
+    # Random weights, seeded: unseeded, a ConvNeXt's random head answered one class for all 40 val images in some
+    # test orders, and a float model that gets no image right is refused (there is no accuracy to retain).
+    torch.manual_seed(0)
     plan = {"default": {"quantize": {"bits": 8}}}
     m = modelopt.evaluate(f"timm:{name}", plan, str(few_images), split="val", device="cpu",
                           compressors=["quantize", "prune"])
