@@ -109,7 +109,7 @@ def _foldable_into(bn: Any, graph: Graph, producer: Mapping[str, Any], consumers
         return None
     held = [*bn.input[1:5], *conv.input[2:3]]
     if conv.input[1] not in graph.inits or any(
-            i and _through_identity(i, graph, producer) not in graph.inits for i in held):
+            i and initializer_behind(i, graph, producer) not in graph.inits for i in held):
         return None
     return conv
 
@@ -117,14 +117,14 @@ def _foldable_into(bn: Any, graph: Graph, producer: Mapping[str, Any], consumers
 def _fold(bn: Any, conv: Any, graph: Graph, producer: Mapping[str, Any], consumers: Mapping[str, list[Any]]
           ) -> np.ndarray:
     """Folds `bn` into `conv` in place; returns the per-output-channel factor its weight was multiplied by."""
-    gamma, beta, mean, var = (graph.inits[_through_identity(i, graph, producer)].astype(np.float64)
+    gamma, beta, mean, var = (graph.inits[initializer_behind(i, graph, producer)].astype(np.float64)
                               for i in bn.input[1:5])
     scale = gamma / np.sqrt(var + float(graph.attr(bn, "epsilon", 1e-5)))
     wname = conv.input[1]
     w = graph.inits[wname]
     graph.inits[wname] = (w * scale.reshape(-1, *[1] * (w.ndim - 1))).astype(np.float32)
     given = conv.input[2] if len(conv.input) > 2 and conv.input[2] else None
-    bias = graph.inits[_through_identity(given, graph, producer)].astype(np.float64) if given else 0.0
+    bias = graph.inits[initializer_behind(given, graph, producer)].astype(np.float64) if given else 0.0
     # The folded bias is this conv's own: a bias torch.onnx shares with other layers (through Identity nodes) is left
     # to them.
     own = given is not None and given in graph.inits and len(consumers.get(given, [])) == 1
@@ -138,7 +138,7 @@ def _fold(bn: Any, conv: Any, graph: Graph, producer: Mapping[str, Any], consume
     return scale
 
 
-def _through_identity(name: str, graph: Graph, producer: Mapping[str, Any]) -> str:
+def initializer_behind(name: str, graph: Graph, producer: Mapping[str, Any]) -> str:
     """The initializer behind `name`: torch.onnx keeps one of equal tensors (a fresh network's norms: weight 1,
     bias 0, mean 0, variance 1) and Identity nodes for the others."""
     while name not in graph.inits and name in producer and producer[name].op_type == "Identity":

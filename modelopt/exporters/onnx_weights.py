@@ -12,7 +12,7 @@ import numpy as np
 
 from modelopt.compressors.contract import Granularity, IntegerWeight, WeightForm
 from modelopt.errors import ConfigError
-from modelopt.exporters.onnx_qdq import Graph, QParams, tensor_proto
+from modelopt.exporters.onnx_qdq import Graph, QParams, initializer_behind, tensor_proto
 
 __all__ = ["Weights"]
 
@@ -69,11 +69,8 @@ class Weights:
             del self.inits[wname]
 
     def _initializer(self, name: str) -> str:
-        """The initializer behind `name`: torch.onnx keeps one of equal tensors and Identity nodes for the others."""
-        producer = self.graph.producer()
-        while name not in self.graph.inits and name in producer and producer[name].op_type == "Identity":
-            name = producer[name].input[0]
-        return name
+        """The initializer behind `name` (`onnx_qdq.initializer_behind`)."""
+        return initializer_behind(name, self.graph, self.graph.producer())
 
     def _user(self, layer: str, wname: str) -> Any:
         """The Conv, Gemm or MatMul that reads the weight (a Linear on 3-D inputs exports as a Transpose of it,

@@ -275,8 +275,9 @@ def _model_rows(
                                    "budget": _num(b), "n_seeds": len(at),
                                    "n_feasible": sum(s.rec is not None for s in at),
                                    "n_held": sum(s.rec is not None and s.held for s in at)}
+            figures = [s.figures() for s in at]
             for k in _FIGURES:
-                row[f"{k}_mean"], row[f"{k}_std"], row[f"{k}_median"] = _stats([s.figures()[k] for s in at])
+                row[f"{k}_mean"], row[f"{k}_std"], row[f"{k}_median"] = _stats([f[k] for f in figures])
             row["random_best_target"] = target
             row["budget_to_random_best"] = "never" if needed == math.inf else needed
             rows.append(row)
