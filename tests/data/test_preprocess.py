@@ -72,15 +72,15 @@ def test_the_sizes_are_recorded_in_run_json(tmp_path):
     assert RunConfig.read(tmp_path).preprocess == Preprocess(36, 32)
 
 
-def test_mean_and_std_replace_the_model_s_own_and_are_recorded(tmp_path):
+def test_mean_and_std_replace_the_model_s_own_and_are_recorded(tmp_path, small_data):
     """--mean/--std normalise in place of the model's values: its own given explicitly change nothing, others change
     what the model sees; they are checked in one line and recorded in run.json."""
     from modelopt.config.run_config import RunConfig
 
-    plain = modelopt.evaluate("cifar10_resnet20", data="cifar10-exact-sample", split="all", device="cpu")
-    same = modelopt.evaluate("cifar10_resnet20", data="cifar10-exact-sample", split="all", device="cpu",
+    plain = modelopt.evaluate("cifar10_resnet20", data=str(small_data), split="all", device="cpu")
+    same = modelopt.evaluate("cifar10_resnet20", data=str(small_data), split="all", device="cpu",
                              mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
-    raw = modelopt.evaluate("cifar10_resnet20", data="cifar10-exact-sample", split="all", device="cpu",
+    raw = modelopt.evaluate("cifar10_resnet20", data=str(small_data), split="all", device="cpu",
                             mean=(0, 0, 0), std=(1, 1, 1))
     assert same.accuracy == plain.accuracy > 0.9 and raw.accuracy < plain.accuracy - 0.1
     for bad, needle in [({"std": (0.2, 0.0, 0.2)}, "--std must be three positive numbers"),

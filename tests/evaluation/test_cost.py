@@ -9,7 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from modelopt.api import build_workload
 from modelopt.compressors import EarlyExit, Prune, Quantize
 from modelopt.evaluation.cost import CostModel
 from modelopt.evaluation.evaluator import Evaluator
@@ -26,8 +25,8 @@ def _compressors(wl):
 
 
 @pytest.fixture(scope="module")
-def r20():
-    wl = build_workload()
+def r20(small_workload):
+    wl = small_workload  # sizes depend on the layers alone: the 846-image sample's workload, built once a session
     space = SearchSpace(wl.layers, _compressors(wl))
     # The report's side: a space rebuilt from the layer table and the compressors' saved options, as
     # a run folder rebuilds it (run.json, layers.json), and the float size the journal records.

@@ -76,8 +76,8 @@ def test_cli_export(run_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_real_run_exports_and_reloads(tmp_path, resnet20_workload):
-    result = modelopt.optimize(resnet20_workload, budget=2, strategy="random", min_retention=0.0, out=tmp_path / "run",
+def test_a_real_run_exports_and_reloads(tmp_path, small_workload):
+    result = modelopt.optimize(small_workload, budget=2, strategy="random", min_retention=0.0, out=tmp_path / "run",
                                progress=False, reconstruct=False)
     assert result.best is not None
     runner = CliRunner()
@@ -87,7 +87,7 @@ def test_a_real_run_exports_and_reloads(tmp_path, resnet20_workload):
     assert result.best.metrics.size_bytes <= os.path.getsize(path) <= 1.05 * result.best.metrics.size_bytes
     net = modelopt.load(path)
     assert_norms_run_on_cuda(net)
-    x, y = resnet20_workload.split("val").x.tensor(), resnet20_workload.split("val").y
+    x, y = small_workload.split("val").x.tensor(), small_workload.split("val").y
     with torch.inference_mode():
         accuracy = (net(x).argmax(1) == y).float().mean().item()
     if result.best.metrics.n_samples == len(y):  # scored on the whole val split

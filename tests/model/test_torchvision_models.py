@@ -24,9 +24,10 @@ from modelopt.run.journal import read_records
 
 torchvision = pytest.importorskip("torchvision")
 
-# GPTQ and SparseGPT where the layers are small enough for CI's time (grouped and depthwise convolutions included);
-# the two largest round to nearest and prune by magnitude (their second-order solvers' column sweeps were two thirds
-# of these tests' time; tests/compressors checks the solvers).
+# GPTQ, SparseGPT and the repair of pruned channels' readers where the layers are small enough for CI's time (grouped
+# and depthwise convolutions included); the two largest round to nearest, prune by magnitude and leave readers as they
+# are (their second-order solvers' column sweeps and readers' refits were two thirds of these tests' time;
+# tests/compressors and tests/evaluation/test_evaluator_prune.py check the solvers and the repair).
 NEAREST = ("resnet18", "convnext_tiny")
 MODELS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "regnet_x_400mf",
           "shufflenet_v2_x0_5", "convnext_tiny", "vit")
@@ -51,7 +52,6 @@ def few_images(tmp_path_factory, small_data):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("torchvision")
 @pytest.mark.parametrize("name", MODELS)
 def test_a_torchvision_classifier_compresses_exports_and_reloads(name, few_images, tmp_path):
     model = _model(name).eval()
@@ -70,8 +70,8 @@ def test_a_torchvision_classifier_compresses_exports_and_reloads(name, few_image
                                objective="bitops", compressors=compressors, bits=[8, 4], granularity=["per_channel"],
                                activations=[None],
                                rounding=["nearest" if name in NEAREST else "gptq"],
-                               **({"sparse_images": 0} if name in NEAREST else {}), latency=None, progress=False,
-                               report=False, reconstruct=False)
+                               **({"sparse_images": 0, "repair_images": 0} if name in NEAREST else {}),
+                               latency=None, progress=False, report=False, reconstruct=False)
     assert result.trials and all(t.ok for t in result.trials), [t.error for t in result.trials]
     if name == "vit":  # attention's projections are layers too (`modelopt.model.attention`)
         assert any(n.endswith("self_attention.in_proj") for n in compressible_modules(wl.model))
@@ -107,7 +107,6 @@ def _reloads_with_the_scored_logits(ev, plan, name, x, path) -> torch.Tensor:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("torchvision")
 @pytest.mark.parametrize("name", ["mobilenet_v2", "efficientnet_b0"])
 def test_structured_pruning_makes_a_depthwise_network_physically_smaller(name, few_images, tmp_path):
     """Inverted residuals, depthwise convolutions, squeeze-excitation: every checked group pruned by half gives a

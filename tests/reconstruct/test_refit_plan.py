@@ -120,10 +120,10 @@ def test_a_reconstructed_plan_rebuilds_from_its_run_folder_in_a_new_process(smal
     tested = {f["plan_key"]: f for f in summary["confirmation"]["finalists"]}
     assert tested[best["plan_key"]]["composed"] is not None  # the run reconstructed its best before confirming it
     stored = Fitted.load(fitted_path(small_run, best["plan_key"]))
+    # One new process: it must give the stored weights bit for bit and the test figures the run reported (two
+    # processes agreeing with each other adds nothing to that; tests/evaluation/test_rebuild.py varies threads).
     runs = [json.loads(subprocess.run([sys.executable, "-c", REBUILD, str(small_run)], capture_output=True, text=True,
-                                      check=True, cwd=Path(__file__).resolve().parents[2]).stdout.splitlines()[-1])
-            for _ in range(2)]
-    assert runs[0] == runs[1]
+                                      check=True, cwd=Path(__file__).resolve().parents[2]).stdout.splitlines()[-1])]
     assert runs[0]["fitted"] == sorted(stored.weights)
     for name, w in stored.weights.items():
         assert runs[0]["weights"][name] == hashlib.sha256(w.contiguous().numpy().tobytes()).hexdigest()

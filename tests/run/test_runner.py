@@ -25,9 +25,9 @@ def _journal(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_run_writes_journal_best_plan_and_summary(tmp_path, resnet20_workload):
-    result = modelopt.optimize(resnet20_workload, budget=6, out=tmp_path / "run", progress=False, seed=1,
-        reconstruct=False)
+def test_run_writes_journal_best_plan_and_summary(tmp_path, small_workload, small_data):
+    result = modelopt.optimize(small_workload, budget=6, out=tmp_path / "run", progress=False, seed=1,
+                               min_retention=0.9, reconstruct=False)
     records = _journal(tmp_path / "run")
     n = len(records)  # the default compressors prune too: a pruned plan costs more than one evaluation
     assert n >= 2 and [r["number"] for r in records] == list(range(n))
@@ -38,10 +38,10 @@ def test_run_writes_journal_best_plan_and_summary(tmp_path, resnet20_workload):
     assert summary["n_trials"] == n
     if result.best is not None:
         assert (tmp_path / "run" / "best_plan.yaml").exists()
-        assert result.best_test.split == "test" and result.best_test.n_samples == 423
+        assert result.best_test.split == "test" and result.best_test.n_samples == 339
         assert summary["best"]["test"]["retention"] == pytest.approx(result.best_test.retention)
         # The saved plan reloads to the same plan.
-        m = modelopt.evaluate(plan=tmp_path / "run" / "best_plan.yaml", data="cifar10-exact-sample", split="test",
+        m = modelopt.evaluate(plan=tmp_path / "run" / "best_plan.yaml", data=small_data, split="test",
                               reconstruct=False)  # scored as the run (reconstruct off) certified it
         assert m.accuracy == pytest.approx(result.best_test.accuracy)
     assert all(t.metrics.split == "val" for t, _ in result.pareto)
@@ -80,16 +80,17 @@ class _Poison(Compressor):
 
 
 @pytest.mark.slow
-def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path, resnet20_workload):
+def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path, small_workload):
     COMPRESSORS.register("poison")(_Poison)
     try:
-        result = modelopt.optimize(resnet20_workload, budget=12, out=tmp_path / "run", progress=False,
+        result = modelopt.optimize(small_workload, budget=12, out=tmp_path / "run", progress=False, min_retention=0.9,
                                    strategy="random", compressors=("quantize", "poison"), reconstruct=False)
     finally:
         COMPRESSORS._items.pop("poison")
     records = _journal(tmp_path / "run")
     costs = [r["cost"] for r in records]  # failed trials are charged too, so the budget runs out as usual
-    assert sum(costs[:-1]) < 12 <= sum(costs) and len(records) >= 10
+    # (a trial's batch-norm re-estimation on 64 of 169 val images' worth is charged on top of its evaluation)
+    assert sum(costs[:-1]) < 12 <= sum(costs) and len(records) >= 8
     failed = [r for r in records if r["status"] == "failed"]
     assert failed and all("non-finite" in r["error"] for r in failed)
     assert all(r["plan"]["linear/poison"] == "nan" for r in failed)
@@ -100,10 +101,11 @@ def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path, resnet20_wo
 @pytest.mark.slow
 def test_resume_after_sigkill_loses_and_repeats_nothing(tmp_path, small_data, small_workload):
     run_dir = tmp_path / "run"
-    # Without reconstruction, as the uninterrupted run below: refitting the finalists changes no trial.
+    # Without reconstruction, as the uninterrupted run below: refitting the finalists changes no trial. Rounded to
+    # nearest: what survives a kill is the journal and the strategy's state, not GPTQ's passes (three runs pay them).
     cmd = [sys.executable, "-m", "modelopt", "optimize", "--budget", "12", "--compressors", "quantize",
            "--data", str(small_data), "--min-retention", "0.9", "--out", str(run_dir), "--no-progress",
-           "--reconstruct", "off"]
+           "--reconstruct", "off", "--rounding", "nearest"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     journal = run_dir / "trials.jsonl"
@@ -134,25 +136,24 @@ def test_resume_after_sigkill_loses_and_repeats_nothing(tmp_path, small_data, sm
 
     # The resumed run proposes what an uninterrupted run would have (the strategy state survived).
     straight = modelopt.optimize(small_workload, budget=12, compressors=["quantize"], min_retention=0.9,
-                                 out=tmp_path / "straight", progress=False, report=False, reconstruct=False)
+                                 out=tmp_path / "straight", progress=False, report=False, reconstruct=False,
+                                 rounding=["nearest"])
     assert [t.plan.key for t in straight.trials] == [r["plan_key"] for r in records]
 
 
 @pytest.mark.slow
-def test_a_moved_run_folder_resumes_and_other_weights_are_refused(tmp_path, resnet20_workload):
+def test_a_moved_run_folder_resumes_and_other_weights_are_refused(tmp_path, small_workload, small_data):
     import shutil
 
-    modelopt.optimize(resnet20_workload, budget=2, out=tmp_path / "a", progress=False, strategy="random",
-                      compressors=["quantize"], reconstruct=False)
+    small = dict(progress=False, strategy="random", compressors=["quantize"], min_retention=0.9, reconstruct=False)
+    modelopt.optimize(small_workload, budget=2, out=tmp_path / "a", **small)
     shutil.move(tmp_path / "a", tmp_path / "b")
-    result = modelopt.optimize(resnet20_workload, budget=3, out=tmp_path / "b", progress=False, strategy="random",
-                               resume=True, compressors=["quantize"], reconstruct=False)
-    assert len(result.trials) == 3
-    other = modelopt.build_workload("cifar10_resnet20", "cifar10-exact-sample", device="cpu")
+    result = modelopt.optimize(small_workload, budget=4, out=tmp_path / "b", resume=True, **small)
+    assert len(result.trials) == 3  # the run's two trials cost 3.1 units: a third was needed and made
+    other = modelopt.build_workload("cifar10_resnet20", str(small_data), device="cpu")
     other.model.linear.bias.data += 1.0  # different weights, same name and path
     with pytest.raises(ConfigError, match="model_sha256"):
-        modelopt.optimize(other, budget=4, out=tmp_path / "b", progress=False, strategy="random", resume=True,
-                          compressors=["quantize"], reconstruct=False)
+        modelopt.optimize(other, budget=4, out=tmp_path / "b", resume=True, **small)
 
 
 # ---- confidence and confirmation (issue 11) ------------------------------------------------------

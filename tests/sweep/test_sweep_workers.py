@@ -70,7 +70,7 @@ def _start_partial(path: Path, workload: Any) -> bytes:
     partial = load_sweep(path).cell_dir("resnet20", "random", 1)
     modelopt.optimize(workload, strategy="random", budget=1, out=partial, seed=1, bits=[8], device="cpu",
                       granularity=["per_channel"], progress=False, compressors=["quantize"], rounding=["nearest"],
-                          reconstruct=False)
+                      reconstruct=False, min_retention=load_sweep(path).config.min_retention)
     (partial / "summary.json").unlink()  # killed before it finished
     return (partial / "trials.jsonl").read_bytes()
 
@@ -86,14 +86,16 @@ def ray_cluster():
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")  # the test process that runs the other Ray clusters (tests/executors/test_ray.py)
-def test_workers_give_the_serial_journals_and_table_and_resume_a_partial_cell(tmp_path, resnet20_workload,
+def test_workers_give_the_serial_journals_and_table_and_resume_a_partial_cell(tmp_path, small_data, small_workload,
                                                                            ray_cluster):
-    serial, ray_sweep = _write(tmp_path / "serial", MINI), _write(tmp_path / "ray", MINI)
-    _start_partial(serial, resnet20_workload)
-    first_trial = _start_partial(ray_sweep, resnet20_workload)
+    # The 846-image sample (each Ray worker builds its own workload from the file), at a floor its val can certify.
+    small = MINI.replace("cifar10-exact-sample", str(small_data)) + "min_retention: 0.9\n"
+    serial, ray_sweep = _write(tmp_path / "serial", small), _write(tmp_path / "ray", small)
+    _start_partial(serial, small_workload)
+    first_trial = _start_partial(ray_sweep, small_workload)
     assert [c.status for c in load_sweep(ray_sweep).cells()] == ["todo", "partial"]
-    want = run_sweep(serial, progress=False, workloads={"resnet20": resnet20_workload})
-    got = run_sweep(ray_sweep, progress=False, workers=2, workloads={"resnet20": resnet20_workload})  # the table's
+    want = run_sweep(serial, progress=False, workloads={"resnet20": small_workload})
+    got = run_sweep(ray_sweep, progress=False, workers=2, workloads={"resnet20": small_workload})  # the table's
     assert ray_cluster.is_initialized()  # not started by the sweep, so not shut down by it
     assert [(c.strategy, c.seed) for c in got.ran] == [("random", 0), ("random", 1)]
     partial = got.sweep.cell_dir("resnet20", "random", 1) / "trials.jsonl"
