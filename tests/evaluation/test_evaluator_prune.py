@@ -13,12 +13,12 @@ from modelopt.plan.space import SearchSpace
 
 
 @pytest.fixture(scope="module")
-def ev_no_bn(resnet20_workload) -> Evaluator:
+def ev_no_bn(small_workload) -> Evaluator:
     comps = build_compressors(["prune", "quantize"], {"prune": {"bn_samples": 0, "sparse_images": 0,
                                                                 "repair_images": 0},
                                                       "quantize": {"clip_ratios": [1.0], "bits": [8, 4],
                                                                    "rounding": ["nearest"], "norm_images": 0}})
-    return Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, comps))
+    return Evaluator(small_workload, SearchSpace(small_workload.layers, comps))
 
 
 def _blocks(ev: Evaluator) -> list[str]:
@@ -32,11 +32,11 @@ def _structured(ev: Evaluator, sparsity: float = 0.5, quantize: dict | None = No
     return ev.space.parse_plan(doc)
 
 
-def test_every_resnet20_block_has_internal_channels(resnet20_workload):
+def test_every_resnet20_block_has_internal_channels(small_workload):
     """The graph's channel groups that zeroing simulates exactly, on ResNet-20: each block's conv1 outputs (its
     norm's two entries a channel, conv2's columns). The residual stream's group is not offered: option-A
     shortcuts pad it with zeros, which removal does not reproduce."""
-    blocks = [(x.name, x.channel_group, x.channel_floats) for x in resnet20_workload.layers if x.prunable]
+    blocks = [(x.name, x.channel_group, x.channel_floats) for x in small_workload.layers if x.prunable]
     assert len(blocks) == 9
     assert blocks[0] == ("layer1.0.conv1", (("layer1.0.conv1", True), ("layer1.0.conv2", False)), 2)
 
@@ -91,8 +91,8 @@ def test_macs_bitops_and_size_follow_the_kept_channels(ev_no_bn):
     assert m.macs == expected and m.float_macs == wl.macs
 
 
-def test_batch_norm_re_estimation_is_charged_once_and_restored(resnet20_workload):
-    wl = resnet20_workload
+def test_batch_norm_re_estimation_is_charged_once_and_restored(small_workload):
+    wl = small_workload
     options = {"prune": {"bn_samples": 128, "sparse_images": 0, "repair_images": 0},
                "quantize": {"bits": [8, 4], "rounding": ["nearest"], "norm_images": 0}}
     ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize", "prune"], options)))
@@ -116,10 +116,10 @@ def test_batch_norm_re_estimation_is_charged_once_and_restored(resnet20_workload
 
 
 @pytest.mark.parametrize("sparsity", [0.25, 0.5])
-def test_the_readers_of_removed_channels_are_refitted_to_the_float_output(resnet20_workload, sparsity):
+def test_the_readers_of_removed_channels_are_refitted_to_the_float_output(small_workload, sparsity):
     """Each block's conv2 refitted by least squares on its kept input channels (`repair_images`, 256 by default) gives
     logits far nearer the float model's than removal alone, batch norms re-estimated in both."""
-    wl = resnet20_workload
+    wl = small_workload
     x = wl.split("val").x.tensor()
     with torch.inference_mode():
         ref = wl.model(x)

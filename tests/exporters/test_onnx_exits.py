@@ -26,6 +26,8 @@ from modelopt.plan.space import SearchSpace
 from modelopt.testing.engines import check_engine
 
 pytest.importorskip("onnxruntime")
+# One test process for the module: its evaluator's exit heads (fitted on 2,000 images) are fitted once, not in each.
+pytestmark = pytest.mark.xdist_group("onnx_exits")
 
 # A low threshold early in the network and one later, so images leave at both exits and run to the end.
 EXITS = {"early_exit": {"exits": {"layer1.2": 0.8, "layer2.2": 0.9}}}
