@@ -1,4 +1,8 @@
-"""Shared fixtures: the real ResNet-20 workload on the bundled CIFAR-10 sample, built once."""
+"""Shared fixtures: the real ResNet-20 workload on the bundled CIFAR-10 sample, built once.
+
+A test module's costly fixtures (an evaluator whose caches its tests share) are session-scoped, not module-scoped:
+pytest-xdist hands a test process tests of several modules in turn, and pytest tears a module's fixtures down
+whenever the next test is another module's, so a module fixture was rebuilt each time its module came back."""
 
 from __future__ import annotations
 
@@ -32,6 +36,25 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: one test process per core and one more. Many slow tests wait on a subprocess or a
     Ray cluster that uses a core of its own, and the extra process keeps the cores busy meanwhile."""
     return _cores() + 1
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`--dist loadgroup`: the tests of one `xdist_group` go to one test process. pytest-xdist names a test's group
+    in its node id (`...@group`), and xdist 3.8 writes that id to `item._nodeid`, which pytest 9.2 no longer reads
+    (it keeps the id in `item._id`): every group was silently ignored, and the Ray clusters, the shared sweeps and
+    the heads fitted once per group were started, made and fitted in every test process. Here the id is written
+    where this pytest reads it (a no-op where xdist's own write took)."""
+    if not getattr(config.option, "loadgroup", False) or not hasattr(items[0] if items else None, "_id"):
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        suffix = "@" + "_".join(names)
+        if names and not item.nodeid.endswith(suffix):
+            item._id = NodeId.parse(item.nodeid + suffix)
 
 
 @pytest.fixture(scope="session")

@@ -29,10 +29,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch_pruning as tp
 from torch import nn
 
 from modelopt.errors import ConfigError
+from modelopt.model._torch_pruning import tp
 
 __all__ = ["ChannelGroups", "Removal", "zeroed"]
 

@@ -15,7 +15,7 @@ from modelopt.objective import Objective
 from modelopt.plan.space import SearchSpace
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def evaluator(small_workload):
     from modelopt.api import build_compressors
 

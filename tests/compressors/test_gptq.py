@@ -61,7 +61,7 @@ def _output_error(q: torch.Tensor, w: torch.Tensor, h: torch.Tensor) -> float:
     return float(((e @ h) * e).sum())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def gptq_evaluator(small_workload) -> Evaluator:
     comps = build_compressors(["quantize"], {"quantize": {"bits": [4, 3, 2], "granularity": ["per_channel", "group"],
                                                           "rounding": ["gptq", "nearest"], "calib_images": 64,

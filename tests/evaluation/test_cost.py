@@ -24,7 +24,7 @@ def _compressors(wl):
             EarlyExit(**EarlyExit.model_options(wl.model))]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def r20(small_workload):
     wl = small_workload  # sizes depend on the layers alone: the 846-image sample's workload, built once a session
     space = SearchSpace(wl.layers, _compressors(wl))

@@ -18,7 +18,7 @@ from modelopt.plan.space import SearchSpace
 REMOVED = ("layer1.0.conv2", "layer3.1.conv2")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def depth_evaluator(resnet20_workload) -> Evaluator:
     comps = build_compressors(["depth", "quantize"], {"quantize": {"bits": [8], "activations": [None, 8]}})
     return Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, comps))

@@ -12,7 +12,7 @@ from modelopt.evaluation.evaluator import Evaluator
 from modelopt.plan.space import SearchSpace
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def evaluator(resnet20_workload):
     space = SearchSpace(resnet20_workload.layers, [Quantize(bits=(8, 4), granularity=("per_channel", "group"),
                                                             rounding=("nearest",), norm_images=0)])

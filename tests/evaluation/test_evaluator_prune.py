@@ -12,7 +12,7 @@ from modelopt.evaluation.evaluator import Evaluator
 from modelopt.plan.space import SearchSpace
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ev_no_bn(small_workload) -> Evaluator:
     comps = build_compressors(["prune", "quantize"], {"prune": {"bn_samples": 0, "sparse_images": 0,
                                                                 "repair_images": 0},

@@ -34,7 +34,7 @@ def test_fidelity_validates_and_cuts():
         Fidelity(delta=0.7)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def evaluator(resnet20_workload):
     space = SearchSpace(resnet20_workload.layers,
                         [Quantize(bits=(8, 4, 2), granularity=("per_tensor", "per_channel"), rounding=("nearest",),

@@ -20,7 +20,7 @@ from modelopt.search import STRATEGIES
 IMAGES = 64
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def evaluator(small_workload) -> Evaluator:
     comps = build_compressors(["prune", "quantize"], {"quantize": {"bits": [8, 4, 2], "rounding": ["nearest"],
                                                                    "norm_images": 0},
@@ -30,7 +30,7 @@ def evaluator(small_workload) -> Evaluator:
     return ev
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def estimates(evaluator) -> dict[tuple[str, int], float]:
     return output_losses(evaluator, images=IMAGES)
 

@@ -15,7 +15,7 @@ from modelopt.plan.space import SearchSpace
 from modelopt.search import STRATEGIES
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def evaluator(small_workload) -> Evaluator:
     comps = build_compressors(["prune", "quantize"], {"quantize": {"bits": [8, 4, 2], "rounding": ["nearest"],
                                                                    "norm_images": 0},
@@ -23,7 +23,7 @@ def evaluator(small_workload) -> Evaluator:
     return Evaluator(small_workload, SearchSpace(small_workload.layers, comps))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def estimates(evaluator) -> dict[tuple[str, int], float]:
     return estimate_losses(evaluator, images=64)
 

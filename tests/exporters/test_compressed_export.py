@@ -27,7 +27,7 @@ from modelopt.exporters.onnx_run import run_onnx
 from modelopt.plan.space import SearchSpace
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ev(resnet20_workload) -> Evaluator:
     # Few clip ratios and calibration images keep it quick; GPTQ and norm re-estimation as the default run has them.
     comps = build_compressors(["prune", "quantize"], {
@@ -38,7 +38,7 @@ def ev(resnet20_workload) -> Evaluator:
     return Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, comps))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def plan(ev):
     layers = ev.workload.layers
     conv1s = [x.name for x in layers if x.prunable]

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.xdist_group("onnx_exits")
 EXITS = {"early_exit": {"exits": {"layer1.2": 0.8, "layer2.2": 0.9}}}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ev(resnet20_workload) -> Evaluator:
     options = {"quantize": {"bits": [8], "granularity": ["per_channel"], "activations": [None, 8],
                             "rounding": ["nearest"], "norm_images": 0}}
@@ -41,7 +41,7 @@ def ev(resnet20_workload) -> Evaluator:
     return Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize", "early_exit"], options, model=wl.model)))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def plan(ev):
     return ev.space.parse_plan({"default": {"quantize": {"bits": 8, "activations": 8}}, **EXITS})
 

@@ -15,7 +15,7 @@ from modelopt.model.layers import compressible_modules
 from modelopt.plan.space import SearchSpace
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ev(resnet20_workload) -> Evaluator:
     # A short clip search and few calibration images keep it quick; export uses the same options.
     options = {"prune": {"bn_samples": 64, "sparse_images": 0, "repair_images": 0},
@@ -24,7 +24,7 @@ def ev(resnet20_workload) -> Evaluator:
     return Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, comps))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ev_repaired(resnet20_workload) -> Evaluator:
     # SparseGPT's masks and error feedback, readers of removed channels refitted, 2:4 offered.
     options = {"prune": {"bn_samples": 64, "sparse_images": 64, "repair_images": 64,

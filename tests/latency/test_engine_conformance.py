@@ -41,19 +41,19 @@ exec(compile(_recipe(), str(DOCS), "exec"), RECIPE)  # the docs' block, as a use
 TOY: type[Engine] = ENGINES.get("toy")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ev(resnet20_workload) -> Evaluator:
     options = {"quantize": {"bits": [8], "granularity": ["per_channel"], "activations": [None, 8],
                             "rounding": ["nearest"], "norm_images": 0}}
     return Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, build_compressors(["quantize"], options)))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def plans(ev):
     return [ev.space.plan(), ev.space.parse_plan({"default": {"quantize": {"bits": 8, "activations": 8}}})]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def x(ev):
     return ev.workload.split("test").x.part(0, 64)
 

@@ -18,7 +18,7 @@ from modelopt.plan.space import SearchSpace
 ONNX_ENGINES = ("onnxruntime", "openvino")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ev(resnet20_workload) -> Evaluator:
     options = {"quantize": {"bits": [8, 4], "granularity": ["per_channel", "group"], "rounding": ["nearest", "gptq"],
                             "activations": [None, 8], "norm_images": 0}}

@@ -148,7 +148,7 @@ def _csv(path: Path) -> list[dict[str, str]]:
 MINI = GOOD + "bits: [8]\ngranularity: [per_channel]\ncompressors: [quantize]\n"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def mini(tmp_path_factory, resnet20_workload):
     """The sweep run once, after seed 1's cell was started and killed after one trial."""
     import modelopt

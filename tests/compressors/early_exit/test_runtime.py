@@ -20,7 +20,7 @@ from modelopt.evaluation.priors import measure_errors
 from modelopt.plan.space import SearchSpace
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ee(small_workload):
     wl = small_workload
     space = SearchSpace(wl.layers, build_compressors(["quantize", "early_exit"], model=wl.model))
