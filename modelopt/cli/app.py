@@ -25,6 +25,7 @@ from rich.table import Table
 from modelopt import api
 from modelopt.cli import options as opt
 from modelopt.cli.display import fmt_bytes, print_run, split_label
+from modelopt.cli.usage import usage_line
 from modelopt.compressors import COMPRESSORS, compressor_settings
 from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import list_data_sources
@@ -461,5 +462,12 @@ def _one_line_warning(message: Warning | str, category: type[Warning], filename:
 def main() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     warnings.formatwarning = _one_line_warning
-    app(prog_name="modelopt")
-    sys.exit(0)
+    try:  # not standalone: typer's own answer to a usage error is a framed box that does not name the value
+        code = app(prog_name="modelopt", standalone_mode=False)
+    except typer.Abort:  # end of input at a prompt
+        err.print("[yellow]aborted[/]")
+        sys.exit(1)
+    except typer.TyperException as exc:
+        err.print(f"[bold red]error:[/] {escape(usage_line(exc, sys.argv[1:]))}", highlight=False, soft_wrap=True)
+        sys.exit(int(getattr(exc, "exit_code", 2)))
+    sys.exit(code if isinstance(code, int) else 0)
