@@ -281,8 +281,14 @@ def read_run(run_dir: str | Path, *, layers: Sequence[Layer] | None = None, with
     """
     path = Path(run_dir)
     config = read_json(path / CONFIG)
-    if config is None:
-        what = "does not exist" if not path.exists() else f"is not a modelopt run folder (no readable {CONFIG})"
+    if config is None or "model" not in config:
+        # A run.json naming no model (`{}`) is not one `optimize` wrote: it was reported as a run of "?", exit 0.
+        if not path.exists():
+            what = "does not exist"
+        elif config is None:
+            what = f"is not a modelopt run folder (no readable {CONFIG})"
+        else:
+            what = f"is not a modelopt run folder (its {CONFIG} names no model)"
         raise LoadError(f"{str(path)!r} {what}; pass a folder written by `modelopt optimize --out`")
     records = tuple(read_records(path / JOURNAL))
     found = tuple(layers) if layers is not None else _layers_from_file(path / LAYERS) if with_layers else None

@@ -147,3 +147,9 @@ def test_api_and_cli_pick_run_or_sweep_and_refuse_other_folders(tmp_path, copy_r
     assert result.exit_code == 0, result.output
     assert str(run / "report.html") in result.stdout
     assert_one_line_error(CliRunner().invoke(app, ["report", str(tmp_path / "nope")]), "nope", "does not exist")
+    # A run.json that names no model was reported as a run of "?" (exit 0): refused in one line, nothing written.
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "run.json").write_text("{}")
+    assert_one_line_error(CliRunner().invoke(app, ["report", str(tmp_path / "empty")]), "empty",
+                          "is not a modelopt run folder (its run.json names no model)")
+    assert sorted(p.name for p in (tmp_path / "empty").iterdir()) == ["run.json"]
