@@ -24,7 +24,7 @@ def usage_line(exc: typer.TyperException, argv: Sequence[str]) -> str:
     format_message = getattr(exc, "format_message", None)
     message = " ".join(str(format_message() if callable(format_message) else exc).split()).rstrip(".")
     param = getattr(exc, "param", None)
-    value = _given(argv, tuple(getattr(param, "opts", ()))) if type(exc).__name__ == "BadParameter" else None
+    value = _given(argv, tuple(getattr(param, "opts", ()))) if isinstance(exc, typer.BadParameter) else None
     if value is not None:
         message = f"{message}, got {value!r}"
     ctx = getattr(exc, "ctx", None)

@@ -1,8 +1,8 @@
 """torch-pruning, imported without its op counter's `import timm`.
 
 `torch_pruning.utils.op_counter` imports timm, if installed, to count its attention's operations; timm imports
-torchvision's models and torch._dynamo, 4 of the 8 seconds `import modelopt.api` took on a 2-core CPU, paid by every
-command and every Ray worker. modelopt counts its own MACs and uses none of that counter, so timm is hidden while
+torchvision's models and torch._dynamo, about half of `import modelopt.api`'s time, paid by every command, test
+subprocess and Ray worker. modelopt counts its own MACs and uses none of that counter, so timm is hidden while
 torch-pruning loads and is importable as usual afterwards (`timm:` models import it when they are loaded).
 """
 
