@@ -13,6 +13,7 @@ and the per-op share of kernel time from ORT's own profiler, with the Transposes
     python benchmarks/onnx_graph.py                                   # bundled ResNet-20, exact test images
     python benchmarks/onnx_graph.py --data ../shared/data/cifar10/cifar10_jpeg_test.npz --images 1000
     python benchmarks/onnx_graph.py --file "search's plan=runs/r/model-best.onnx"   # a run's export beside them
+    python benchmarks/onnx_graph.py --openvino      # the same files timed in OpenVINO too (default precision and f32)
 
 `--file LABEL=PATH` (repeatable) adds ONNX files of the same model, e.g. what `modelopt export RUN --format onnx`
 wrote for a latency search's plan (with `--skip` its W8A8 removes those blocks' residual branches: the plan
@@ -102,6 +103,32 @@ def _timed(sessions: dict[str, ort.InferenceSession], x: np.ndarray, batch: int,
     return best
 
 
+def _ov_timed(files: dict[str, Path], x: np.ndarray, batch: int, rounds: int) -> tuple[dict[str, float], str]:
+    """The same files in OpenVINO's CPU plugin (1 thread, one stream, a static batch as a deployment compiles it), in
+    its default precision, and the float file in f32 too; best-of-`rounds` mean ms per batch, alternated."""
+    import openvino as ov
+
+    core = ov.Core()
+    default = str(core.get_property("CPU", "INFERENCE_PRECISION_HINT").to_string())
+    config = {"INFERENCE_NUM_THREADS": 1, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+    requests = {}
+    for label, path in {**files, "float, f32": files["float"]}.items():
+        model = core.read_model(str(path))
+        model.reshape({model.inputs[0].get_any_name(): [batch, *x.shape[1:]]})
+        extra = {"INFERENCE_PRECISION_HINT": "f32"} if label == "float, f32" else {}
+        requests[label] = core.compile_model(model, "CPU", {**config, **extra}).create_infer_request()
+    best = dict.fromkeys(requests, float("inf"))
+    starts = list(range(0, len(x) - batch + 1, batch))
+    for _ in range(rounds):
+        for label, request in requests.items():
+            request.infer({0: x[:batch]})
+            t0 = time.perf_counter()
+            for i in starts:
+                request.infer({0: x[i:i + batch]})
+            best[label] = min(best[label], 1e3 * (time.perf_counter() - t0) / len(starts))
+    return best, default
+
+
 def _profile(path: Path, x: np.ndarray, folder: Path) -> dict[str, float]:
     """Share of kernel time per op type over batch-1 runs of the test images (ORT's profiler)."""
     sess = _session(path, str(folder / path.stem))
@@ -126,6 +153,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--file", action="append", default=[], metavar="LABEL=PATH",
                     help="another ONNX file of the model to time beside the others (repeatable)")
+    ap.add_argument("--openvino", action="store_true", help="time the same files in OpenVINO too")
     ap.add_argument("--skip", action="append", default=[], metavar="BLOCK",
                     help="also W8A8 with this block's residual branch removed (repeatable: one file, all removed)")
     args = ap.parse_args()
@@ -168,6 +196,16 @@ def main() -> None:
         print(f"| {k} | {p.stat().st_size / 1024:.0f} | {ms1[k]:.3f} | {ms1['float'] / ms1[k]:.2f}x | {ms64[k]:.2f} "
               f"| {ms64['float'] / ms64[k]:.2f}x | {100 * float((answers[k] == y).sum()) / base:.2f} % "
               f"| {100 * float((answers[k] == answers['float']).mean()):.2f} % | {transposes} |")
+    if args.openvino:
+        import openvino as ov
+
+        (ov1, default), (ov64, _) = _ov_timed(files, x, 1, args.rounds), _ov_timed(files, x, 64, args.rounds)
+        print(f"\nOpenVINO {ov.get_version()}, CPU plugin, 1 thread, one stream, static batch; default precision "
+              f"{default} (the float file also in f32); speed-ups over the float file in the default precision")
+        print("| file | batch 1 ms | speed-up | batch 64 ms | speed-up |\n| --- | ---: | ---: | ---: | ---: |")
+        for k in ov1:
+            print(f"| {k} | {ov1[k]:.3f} | {ov1['float'] / ov1[k]:.2f}x | {ov64[k]:.2f} "
+                  f"| {ov64['float'] / ov64[k]:.2f}x |")
     print("\nShare of kernel time per op (batch 1):")
     for k in [k for k in files if k != "float"]:
         shares = _profile(files[k], x[: min(n, 300)], tmp)

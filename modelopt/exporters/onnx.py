@@ -40,6 +40,7 @@ from modelopt.data.split import Split
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters._forms import layer_forms
+from modelopt.exporters._shift import shift_constants
 from modelopt.exporters._subsample import subsample_shortcuts
 from modelopt.exporters._taps import tapped
 from modelopt.exporters.onnx_qdq import (
@@ -153,7 +154,9 @@ def onnx_model(
 
     gone = evaluator.states.skipped_layers(plan)  # removed branches: not in the graph
     forms = {name: form for name, form in layer_forms(evaluator, plan).items() if name not in gone}
-    traced, taps, copies = _torch_export(evaluator, plan, routed=routed)
+    layers = None if mode == "all" else set(evaluator.states.input_qparams(plan)[0]) if mode == "plan" else set()
+    integer = layers is None or bool(layers)  # some activations quantized
+    traced, taps, copies, shifts = _torch_export(evaluator, plan, routed=routed, shifts=integer)
     exported = version_converter_convert(traced)
     graph = Graph(exported)
     factors = fold_batchnorm(graph)
@@ -161,15 +164,16 @@ def onnx_model(
     if missing:
         raise ConfigError(f"layer {missing[0]!r} has no weight initializer in the exported graph; cannot export it")
     qparams: dict[str, QParams] = {}
-    layers = None if mode == "all" else set(evaluator.states.input_qparams(plan)[0]) if mode == "plan" else set()
-    if layers is None or layers:
+    if integer:
         qparams = _activation_qparams(evaluator, plan, graph, exported, layers, _Calibration(calibration, percentile,
-                                      calib_samples), quantize_input, copies)
+                                      calib_samples), quantize_input, copies, shifts)
     weights = Weights(graph, factors, qparams, widen_int4)
     for layer, form in forms.items():
         weights.add(layer, form)
     for name in copies:
         weights.add_copy(name)
+    for name in shifts:
+        weights.add_shift(name)
     model = _model(graph, exported, _with_qdq(graph, qparams, weights.front, weights.extra), weights.inits,
                    weights.extra)
     onnx.checker.check_model(model)
@@ -213,13 +217,14 @@ _RANGES: weakref.WeakKeyDictionary[Workload, dict[tuple[_Calibration, str], dict
 
 
 def _activation_qparams(evaluator: Evaluator, plan: Plan, graph: Graph, exported: Any, layers: set[str] | None,
-                        calib: _Calibration, quantize_input: bool | None, copies: tuple[str, ...] = ()
+                        calib: _Calibration, quantize_input: bool | None, copies: tuple[str, ...] = (),
+                        shifts: tuple[str, ...] = ()
                         ) -> dict[str, QParams]:
     """uint8 QDQ parameters of the activations to quantize (`layers`: around those; None: every one), from
     their ranges on the calibration images in the float model. The ranges are measured once per workload
     and calibration (the float graph's tensors keep their names in every plan's graph) and cached there.
-    `copies`: the `Subsample` convs, whose outputs take their inputs' parameters."""
-    source = activation_tensors(graph, layers, copies)
+    `copies`: the `Subsample` convs, whose outputs take their inputs' parameters; `shifts`: the `Shift` convs."""
+    source = activation_tensors(graph, layers, copies, shifts)
     # A plan that removes residual branches is calibrated on the float model without them (and repaired): the
     # layers after a removed branch see other ranges than in the float model.
     space = evaluator.space
@@ -228,10 +233,10 @@ def _activation_qparams(evaluator: Evaluator, plan: Plan, graph: Graph, exported
     ranges = _RANGES.setdefault(evaluator.workload, {}).setdefault((calib, reference.key), {})
     missing = set(source.values()) - set(ranges)
     if missing:
-        traced, _, float_copies = _torch_export(evaluator, reference)
+        traced, _, float_copies, float_shifts = _torch_export(evaluator, reference)
         float_graph = Graph(version_converter_convert(traced))
         fold_batchnorm(float_graph)
-        every = set(activation_tensors(float_graph, None, float_copies).values()) | missing
+        every = set(activation_tensors(float_graph, None, float_copies, float_shifts).values()) | missing
         calib_x = evaluator.workload.split(Split.CALIB).x[: calib.samples].cpu().numpy()
         batches = (calib_x[i : i + 128] for i in range(0, len(calib_x), 128))
         known = {t for t in every if any(t in n.output for n in float_graph.nodes) or t in float_graph.inputs}
@@ -294,19 +299,22 @@ def _model(graph: Graph, exported: Any, nodes: list[Any], inits: dict[str, np.nd
     return model
 
 
-def _torch_export(evaluator: Evaluator, plan: Plan, routed: bool = False
-                  ) -> tuple[Any, list[ExitTap], tuple[str, ...]]:
+def _torch_export(evaluator: Evaluator, plan: Plan, routed: bool = False, shifts: bool = True
+                  ) -> tuple[Any, list[ExitTap], tuple[str, ...], tuple[str, ...]]:
     """The plan's engine model (dequantized weights, re-estimated norms, pruned channels and removed branches gone),
     exported as float ONNX (batch size free); `routed`: with its exits' heads and their outputs (and the exits).
-    Its option-A shortcuts are strided 1x1 convs (`_subsample`): the weight names of those come third."""
+    Its option-A shortcuts are strided 1x1 convs (`_subsample`): the weight names of those come third; the sums
+    of removed branches' constants are 1x1 convs with a bias (`_shift`; `shifts` off: float Adds, cheaper where no
+    activation is quantized): their weight names come fourth."""
     model = evaluator.states.engine_model(plan).cpu().float().eval()
     x = evaluator.workload.split(Split.VAL).x[:2].cpu().float()
     copies = tuple(f"{name}.weight" for name in subsample_shortcuts(model, x))
+    shifted = tuple(f"{name}.weight" for name in shift_constants(model)) if shifts else ()
     outputs = ["logits"]
     taps = evaluator.routes.taps(model, plan) if routed else []
     with tapped(model, taps) if taps else contextlib.nullcontext():
         outputs += [f"exit{k}_{what}" for k in range(len(taps)) for what in ("logits", "confidence")]
-        return _traced(model, x[:1], outputs), taps, copies
+        return _traced(model, x[:1], outputs), taps, copies, shifted
 
 
 def _traced(model: torch.nn.Module, x: torch.Tensor, outputs: list[str]) -> Any:

@@ -146,14 +146,16 @@ def initializer_behind(name: str, graph: Graph, producer: Mapping[str, Any]) -> 
     return name
 
 
-def activation_tensors(graph: Graph, layers: Collection[str] | None = None, copies: Collection[str] = ()
-                       ) -> dict[str, str]:
+def activation_tensors(graph: Graph, layers: Collection[str] | None = None, copies: Collection[str] = (),
+                       shifts: Collection[str] = ()) -> dict[str, str]:
     """The activations to quantize, each mapped to the tensor whose range sets its scale.
 
     `layers`: only around these layers' Conv/Gemm/MatMul nodes (found by their weight initializer,
     ``<layer>.weight``), and around an Add whose data inputs are all quantized already (so it runs as an
     integer Add too); None: around every such node. `copies`: weight names of convs that only move values
     (`modelopt.exporters._subsample`): quantized where their input is, their output at the input's scale.
+    `shifts`: weight names of convs that add a removed branch's constant (`modelopt.exporters._shift`): quantized
+    where their input is, as an Add is, their output at its own scale.
     """
     producer, consumers = graph.producer(), graph.consumers()
     needed: dict[str, None] = {}
@@ -165,7 +167,7 @@ def activation_tensors(graph: Graph, layers: Collection[str] | None = None, copi
         if not all(_is_float_activation(i, producer) for i in data_inputs):
             continue
         copy = _copies(n, copies)
-        if layers is not None and not _chosen(n, data_inputs, layers, needed, producer, copy):
+        if layers is not None and not _chosen(n, data_inputs, layers, needed, producer, copy or _copies(n, shifts)):
             continue
         for i in data_inputs:
             needed[i] = None
@@ -196,7 +198,7 @@ def _copies(node: Any, copies: Collection[str]) -> bool:
 def _chosen(node: Any, data_inputs: list[str], layers: Collection[str], needed: Mapping[str, None],
             producer: Mapping[str, Any], copy: bool = False) -> bool:
     """Whether `node` runs integer in a plan whose integer layers are `layers` (nodes come in graph order): a
-    layer's node if the layer is one; an Add, or a `copy` conv, if its data inputs are quantized."""
+    layer's node if the layer is one; an Add, or a `copy` or shift conv, if its data inputs are quantized."""
     if node.op_type != "Add" and not copy:
         return any(w.endswith(".weight") and w[: -len(".weight")] in layers for w in node.input[1:2])
 

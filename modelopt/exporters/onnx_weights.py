@@ -16,6 +16,8 @@ from modelopt.exporters.onnx_qdq import Graph, QParams, initializer_behind, tens
 
 __all__ = ["Weights"]
 
+SHIFT_CODE = 127  # a `Shift` conv's identity weight in int8: its bias then has 1/127 of an input step
+
 
 class Weights:
     """Integer weights put behind DequantizeLinear nodes (`front`), their initializers in `extra`."""
@@ -66,6 +68,33 @@ class Weights:
         self.front.append(helper.make_node("DequantizeLinear", [f"{wname}_q", f"{wname}_scale", f"{wname}_zp"],
                                            [node.input[1]], name=f"{wname}_dq"))
         if source == wname and len(self.consumers.get(wname, [])) == 1:
+            del self.inits[wname]
+
+    def add_shift(self, wname: str) -> None:
+        """A `Shift` conv's identity weight as int8 code 127 at scale 1/127 per channel and its bias (the removed
+        branch's constant) as int32 at the input's scale over 127, where its input is quantized; float where not."""
+        node = self._user(wname, wname)
+        if node.input[0] not in self.qparams or len(node.input) < 3:
+            return
+        channels = self.graph.inits[self._initializer(wname)].shape[0]
+        codes = np.zeros((channels, channels, 1, 1), np.int8)
+        codes[np.arange(channels), np.arange(channels)] = SHIFT_CODE
+        w_scale = np.full(channels, 1.0 / SHIFT_CODE, np.float32)
+        self._dq_weight(wname, codes, w_scale)
+        self._int32_bias(node, wname.removesuffix(".weight"), np.float32(self.qparams[node.input[0]].scale) * w_scale)
+
+    def _dq_weight(self, wname: str, codes: np.ndarray, scale: np.ndarray) -> None:
+        """`wname` as per-channel int8 `codes` at `scale` behind a DequantizeLinear; its initializer dropped where
+        nothing else reads it."""
+        from onnx import helper
+
+        self.extra += [tensor_proto(f"{wname}_q", codes), tensor_proto(f"{wname}_scale", scale),
+                       tensor_proto(f"{wname}_zp", np.zeros(scale.shape, np.int8))]
+        node = self._user(wname, wname)
+        node.input[1] = f"{wname}_int"
+        self.front.append(helper.make_node("DequantizeLinear", [f"{wname}_q", f"{wname}_scale", f"{wname}_zp"],
+                                           [node.input[1]], name=f"{wname}_dq", axis=0))
+        if self._initializer(wname) == wname and len(self.consumers.get(wname, [])) == 1:
             del self.inits[wname]
 
     def _initializer(self, name: str) -> str:

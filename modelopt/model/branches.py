@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
-__all__ = ["Branch", "residual_branches", "skipped_block"]
+__all__ = ["Branch", "BranchMean", "residual_branches", "skipped_block"]
 
 _ADDS = {operator.add, operator.iadd, torch.add}
 
@@ -121,7 +121,7 @@ def residual_branches(blocks: Sequence[tuple[str, nn.Module]], compressible: Map
     return out
 
 
-class _Constant(nn.Module):
+class BranchMean(nn.Module):
     """What the removed branch leaves: its mean per channel."""
 
     def __init__(self, value: torch.Tensor) -> None:
@@ -144,7 +144,7 @@ def skipped_block(block: nn.Module, constant: torch.Tensor) -> nn.Module:
     if traced is None or found is None:
         raise ValueError(f"{type(block).__name__} has no residual branch to remove")
     add, side = found
-    traced.add_submodule("skipped", _Constant(constant))
+    traced.add_submodule("skipped", BranchMean(constant))
     with traced.graph.inserting_before(add):
         const = traced.graph.call_module("skipped")
     args = list(add.args)

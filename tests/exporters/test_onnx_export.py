@@ -218,3 +218,28 @@ def test_relu6_is_quantized_after_the_clip_once_and_folded_into_the_integer_conv
     x = wl.split("val").x[:64]
     agreement = float((run_onnx(info.path, x).argmax(1) == _torch_logits(ev, plan, x).argmax(1)).mean())
     assert agreement >= 0.95, agreement
+
+
+def test_a_removed_branchs_constant_is_added_by_an_integer_conv_not_a_float_add(resnet20_workload, tmp_path):
+    """A removed block computes relu(x + c). Exported as a float Add, ONNX Runtime ran DequantizeLinear, Add and
+    QuantizeLinear in float there; as a 1x1 identity conv with bias c it runs one QLinearConv."""
+    from modelopt.api import build_compressors
+    from modelopt.compressors import QuantSpec
+    from modelopt.compressors.depth import SKIP
+    from modelopt.evaluation.evaluator import Evaluator
+    from modelopt.plan.space import SearchSpace
+
+    ev = Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, build_compressors(
+        ["depth", "quantize"], {"quantize": {"bits": [8], "activations": [None, 8], "rounding": ["nearest"],
+                                             "norm_images": 0}})))
+    w8a8 = ev.space.uniform("quantize", QuantSpec(8).with_activations(8))
+    plan = ev.space.plan({**dict(w8a8.choices), "layer1.0.conv2/depth": SKIP})
+    info = export_onnx(ev, plan, tmp_path / "skip.onnx")
+    ops = fused_op_counts(info.path)
+    # 19 convs less the removed branch's two, the two option-A shortcuts and the shift; 9 residual adds less one
+    assert ops.get("QLinearConv") == 17 + 2 + 1 and "Conv" not in ops, ops
+    assert not {"Add", "DequantizeLinear"} & set(ops) and ops.get("QLinearAdd") == 8, ops
+    assert ops.get("QuantizeLinear") == 1, ops  # the image's
+    x = ev.workload.split("val").x.tensor()
+    agreement = float((run_onnx(info.path, x).argmax(1) == ev.states.logits(plan, x).argmax(1).numpy()).mean())
+    assert agreement >= 0.995, agreement
