@@ -442,12 +442,18 @@ def export_(
     activations: Annotated[str | None, typer.Option(
         help="onnx: which activations are quantized (uint8 QDQ, so ONNX Runtime and OpenVINO run integer kernels): "
              "plan (around the layers whose inputs the plan quantizes; the default), all, or none.")] = None,
+    image_input: Annotated[str | None, typer.Option("--input",
+        help="onnx: what the graph reads: float (the normalised NCHW image; the default) or uint8 (pixels as a "
+             "decoder gives them, batch x height x width x channels at the size the model reads; the graph "
+             "normalises them).")] = None,
 ) -> None:
     """Write a run's plan as a packed checkpoint (reload with modelopt.load) or an ONNX model for ONNX Runtime."""
     _setup_logging(False)
-    given = {k: v for k, v in (("calibration", calibration), ("activations", activations)) if v is not None}
+    given = {k: v for k, v in (("calibration", calibration), ("activations", activations),
+                               ("image_input", image_input)) if v is not None}
     if given and format != "onnx":
-        raise ConfigError(f"--{min(given)} applies only to --format onnx, not {format!r}")
+        flag = {"image_input": "input"}.get(min(given), min(given))
+        raise ConfigError(f"--{flag} applies only to --format onnx, not {format!r}")
     options: dict[str, Any] = dict(given)
     path = do_export(run_dir, plan=plan, format=format, out=out_path, **options)
     out.print(f"Wrote {path} ({fmt_bytes(path.stat().st_size)})", highlight=False, soft_wrap=True)

@@ -40,6 +40,7 @@ from modelopt.data.split import Split
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters._forms import layer_forms
+from modelopt.exporters._image_input import check_image_input, with_uint8_input
 from modelopt.exporters._shift import shift_constants
 from modelopt.exporters._subsample import subsample_shortcuts
 from modelopt.exporters._taps import tapped
@@ -89,6 +90,7 @@ def export_onnx(
     calib_samples: int = 512,
     quantize_input: bool | None = None,
     widen_int4: bool = False,
+    image_input: str = "float",
 ) -> OnnxExport:
     """Writes `plan` applied to the evaluator's model as an ONNX (QDQ) file.
 
@@ -110,6 +112,9 @@ def export_onnx(
             Transposes (ResNet-20 W8A8, 1 thread: 8 instead of 2; `benchmarks/onnx_graph.py`).
         widen_int4: store 2..4-bit codes as int8: a larger file, but per-channel and per-tensor
             layers then fuse into QLinearConv (ONNX Runtime has no int4 convolution kernel).
+        image_input: ``float``, the normalised NCHW image the model reads (input ``input``); ``uint8``, pixels as a
+            decoder gives them (input ``image``, batch x height x width x channels at the size the model reads),
+            normalised in the graph as the workload normalises them (`_image_input`).
 
     Raises:
         ConfigError: a bad option, or a plan with early exits (one line naming the exit: ONNX has
@@ -120,7 +125,8 @@ def export_onnx(
         >>> run_onnx(info.path, x).argmax(1)
     """
     model, info = onnx_model(evaluator, plan, activations=activations, calibration=calibration, percentile=percentile,
-                             calib_samples=calib_samples, quantize_input=quantize_input, widen_int4=widen_int4)
+                             calib_samples=calib_samples, quantize_input=quantize_input, widen_int4=widen_int4,
+                             image_input=image_input)
     import onnx
 
     path = Path(path)
@@ -140,6 +146,7 @@ def onnx_model(
     quantize_input: bool | None = None,
     widen_int4: bool = False,
     routed: bool = False,
+    image_input: str = "float",
 ) -> tuple[Any, OnnxExport]:
     """The ONNX model `export_onnx` writes (an `onnx.ModelProto`) and what it holds (`path`: none yet).
 
@@ -149,7 +156,7 @@ def onnx_model(
     if not routed:
         evaluator.routes.refuse_static(plan, "one ONNX file", "export it with modelopt.export(format='onnx'), "
                                        "which writes a folder of segments that return early")
-    mode = check_options(activations, calibration, calib_samples, percentile)
+    mode = check_options(activations, calibration, calib_samples, percentile, image_input=image_input)
     import onnx
 
     gone = evaluator.states.skipped_layers(plan)  # removed branches: not in the graph
@@ -176,6 +183,8 @@ def onnx_model(
         weights.add_shift(name)
     model = _model(graph, exported, _with_qdq(graph, qparams, weights.front, weights.extra), weights.inits,
                    weights.extra)
+    if image_input == "uint8":
+        model = with_uint8_input(model, evaluator.workload.source.mean, evaluator.workload.source.std)
     onnx.checker.check_model(model)
     counts = weights.counts
     return model, OnnxExport(Path(), OPSET, counts["int8"], counts["int4"], counts["float"], tuple(weights.widened),
@@ -184,10 +193,11 @@ def onnx_model(
 
 
 def check_options(activations: bool | str = "plan", calibration: str = "minmax", calib_samples: int = 512,
-                  percentile: float = 99.99, **_: Any) -> str:
+                  percentile: float = 99.99, image_input: str = "float", **_: Any) -> str:
     """The activations mode (`ACTIVATION_MODES`) of export options checked before anything is built; ConfigError
     naming the bad value and what is right otherwise (the other options are checked where they are used)."""
     _check(calibration, calib_samples, percentile)
+    check_image_input(image_input)
     mode = {True: "all", False: "none"}.get(activations, activations) if isinstance(activations, bool) else activations
     if mode not in ACTIVATION_MODES:
         raise ConfigError(f"unknown activations {activations!r}; valid: {', '.join(ACTIVATION_MODES)}")

@@ -185,7 +185,7 @@ def export(
             ``<run folder>/model-<plan>.pt``, ``.onnx`` or ``model-<plan>/``.
         device: where a workload rebuilt from a run folder lives.
         **options: for ``onnx``: activations, calibration, percentile, calib_samples, quantize_input,
-            widen_int4 (see `modelopt.exporters.onnx.export_onnx`).
+            widen_int4, image_input (see `modelopt.exporters.onnx.export_onnx`).
 
     Returns:
         The path written.
@@ -204,7 +204,8 @@ def export(
     if format == "modelopt" and options:
         raise ConfigError(f"option {min(options)!r} applies only to format 'onnx'")
     if format == "onnx":  # bad values are refused before the run's model and data load
-        valid = ("activations", "calibration", "percentile", "calib_samples", "quantize_input", "widen_int4")
+        valid = ("activations", "calibration", "percentile", "calib_samples", "quantize_input", "widen_int4",
+                 "image_input")
         for key in options:
             if key not in valid:
                 raise ConfigError(f"unknown onnx export option {key!r}; valid: {', '.join(valid)}")
@@ -217,6 +218,9 @@ def export(
         out = src.run_dir / f"model-{src.tag}{'' if routed else FORMATS[format]}"
     if format == "onnx":
         if routed:  # early exits: a folder of segments that return early, with its predict.py
+            if options.get("image_input", "float") != "float":
+                raise ConfigError("image_input 'uint8' is for one-file exports; a plan with early exits is written "
+                                  "as segments whose predict.py reads normalised float images")
             return export_onnx_exits(src.evaluator, src.plan, out, **options).path
         return export_onnx(src.evaluator, src.plan, out, **options).path
     return export_packed(src.evaluator, src.plan, out)

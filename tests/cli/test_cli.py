@@ -71,6 +71,11 @@ def test_missing_plan_file(tmp_path):
     _one_line_error(_run("evaluate", "--plan", tmp_path / "nope.yaml"), "nope.yaml", "does not exist")
 
 
+def test_an_export_input_is_checked_before_the_run_loads(tmp_path):
+    _one_line_error(_run("export", tmp_path, "--input", "uint8"), "--input applies only to --format onnx")
+    _one_line_error(_run("export", tmp_path, "--format", "onnx", "--input", "rgb"), "image_input 'rgb'", "uint8")
+
+
 def test_unknown_model():
     _one_line_error(_run("evaluate", "--model", "cifar10_resnet21"), "unknown model 'cifar10_resnet21'",
                     "cifar10_resnet20")

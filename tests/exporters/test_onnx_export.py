@@ -7,6 +7,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 import onnx
+import torch
 
 from modelopt.errors import ConfigError
 from modelopt.exporters.onnx import export_onnx
@@ -243,3 +244,26 @@ def test_a_removed_branchs_constant_is_added_by_an_integer_conv_not_a_float_add(
     x = ev.workload.split("val").x.tensor()
     agreement = float((run_onnx(info.path, x).argmax(1) == ev.states.logits(plan, x).argmax(1).numpy()).mean())
     assert agreement >= 0.995, agreement
+
+
+def test_a_uint8_image_input_gives_the_float_inputs_answers_without_a_transpose_more(r20_evaluator, r20_plans,
+                                                                                   tmp_path):
+    """`image_input="uint8"`: the graph reads HWC pixels as decoded and normalises them as the workload does, so
+    its logits are the float-input graph's on the normalised images."""
+    import onnxruntime as ort
+
+    from modelopt.data.split import Split
+
+    plan = r20_plans["int8_per_channel"]
+    floats = export_onnx(r20_evaluator, plan, tmp_path / "float_in.onnx", activations="all")
+    pixels = export_onnx(r20_evaluator, plan, tmp_path / "uint8_in.onnx", activations="all", image_input="uint8")
+    raw = r20_evaluator.workload.data.split(Split.VAL).x[:256]  # uint8 NHWC, as the data source holds them
+    assert raw.dtype == torch.uint8 and raw.shape[-1] == 3
+    sess = ort.InferenceSession(str(pixels.path), providers=["CPUExecutionProvider"])
+    assert [(i.name, i.type) for i in sess.get_inputs()] == [("image", "tensor(uint8)")]
+    got = sess.run(None, {"image": raw.numpy()})[0]
+    want = run_onnx(floats.path, r20_evaluator.workload.prepare(raw))
+    np.testing.assert_array_equal(got, want)
+    assert fused_op_counts(pixels.path, level="all").get("Transpose", 0) <= 2
+    with pytest.raises(ConfigError, match="image_input 'rgb'"):
+        export_onnx(r20_evaluator, plan, tmp_path / "x.onnx", image_input="rgb")
