@@ -67,6 +67,11 @@ class Options:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, _plain(getattr(self, f.name)))
+        self.check()
+
+    def check(self) -> None:
+        """Refuses, when the record is built, a value its compressor cannot use: ConfigError naming the field, the
+        value and what is right. Each record checks its own fields (nothing to check here)."""
 
     @classmethod
     def settings(cls) -> tuple[Setting, ...]:

@@ -23,7 +23,7 @@ import torch
 
 from modelopt.compressors._base import Choice, Compressor, Precision
 from modelopt.compressors._calibration import CalibrationNeed
-from modelopt.compressors._inputs import QPARAM_BYTES, Calibration, calibration_method
+from modelopt.compressors._inputs import QPARAM_BYTES, Calibration
 from modelopt.compressors._inputs import activation_bits as _activation_bits
 from modelopt.compressors._packing import (
     SCALE_BYTES,
@@ -40,7 +40,7 @@ from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors._surface import Cell, ReportColumn, enum_member
 from modelopt.compressors.gptq import Rounding, gptq_round
 from modelopt.compressors.quant_spec import ActQuantSpec, QuantSpec
-from modelopt.compressors.quantize_options import CLIP_RATIOS, QuantizeOptions
+from modelopt.compressors.quantize_options import CLIP_RATIOS, SUPPORTED_BITS, QuantizeOptions
 from modelopt.errors import ConfigError
 from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer
@@ -48,7 +48,6 @@ from modelopt.model.layers import Layer
 __all__ = ["ActQuantSpec", "Granularity", "QuantSpec", "Quantize", "QuantizeOptions", "Rounding", "dequantize",
            "parse_rounding", "quantize", "search_scales"]
 
-SUPPORTED_BITS = (2, 3, 4, 5, 6, 7, 8)
 # The clipping search minimises sum |q*s - w|^p, not the squared error: squared error clips the
 # large weights that matter most and loses accuracy at low bit widths. p was chosen on the
 # calibration split (training images), never on val or test: uniform ResNet-20 retention there,
@@ -170,34 +169,43 @@ class Quantize(Compressor):
         ReportColumn("inputs", "Oranges", lambda raw: _activations_cell(raw)),
     )
 
-    def __init__(self, opts: QuantizeOptions | None = None, **changes: Any) -> None:
-        super().__init__(opts, **changes)
-        o = self.opts
-        if not o.clip_ratios or any(not 0 < float(r) <= 1 for r in o.clip_ratios):
-            raise ConfigError(f"quantize: clip_ratios must be fractions in (0, 1], got {o.clip_ratios!r}")
-        self.clip_ratios = tuple(float(r) for r in o.clip_ratios)
-        for b in o.bits:
-            if b not in SUPPORTED_BITS:
-                raise ConfigError(f"quantize: bits {b!r} not offered; valid: {', '.join(map(str, SUPPORTED_BITS))}")
-        self.bits = tuple(dict.fromkeys(int(b) for b in o.bits))
-        self.granularity = tuple(dict.fromkeys(_granularity(g) for g in o.granularity))
-        if o.group_size < 1:
-            raise ConfigError(f"quantize: group_size must be a positive integer, got {o.group_size!r}")
-        self.group_size = int(o.group_size)
-        self.activations = tuple(dict.fromkeys(_activation_bits(a) for a in o.activations))
-        if not self.activations:
-            raise ConfigError("quantize: activations must offer at least one of 8 or null (float)")
-        self.input_calibration = Calibration(calibration_method(o.act_calibration), float(o.act_percentile),
-                                             int(o.act_calibration_images))
-        self.rounding = tuple(dict.fromkeys(_rounding(r) for r in o.rounding))
-        if not self.rounding:
-            raise ConfigError("quantize: rounding must offer at least one of nearest, gptq")
-        if isinstance(o.calib_images, bool) or not isinstance(o.calib_images, int) or o.calib_images < 1:
-            raise ConfigError(f"quantize: calib_images must be a positive integer, got {o.calib_images!r}")
-        self.calib_images = o.calib_images
-        if isinstance(o.norm_images, bool) or not isinstance(o.norm_images, int) or o.norm_images < 0:
-            raise ConfigError(f"quantize: norm_images must be a non-negative integer, got {o.norm_images!r}")
-        self.norm_images = o.norm_images
+    # What the search is offered, read from the record (`QuantizeOptions` checked every value when it was built):
+    # each offer once, in the order given, as the types plans use.
+    @property
+    def bits(self) -> tuple[int, ...]:
+        return tuple(dict.fromkeys(int(b) for b in self.opts.bits))
+
+    @property
+    def granularity(self) -> tuple[Granularity, ...]:
+        return tuple(dict.fromkeys(_granularity(g) for g in self.opts.granularity))
+
+    @property
+    def group_size(self) -> int:
+        return int(self.opts.group_size)
+
+    @property
+    def clip_ratios(self) -> tuple[float, ...]:
+        return tuple(float(r) for r in self.opts.clip_ratios)
+
+    @property
+    def activations(self) -> tuple[int | None, ...]:
+        return tuple(dict.fromkeys(_activation_bits(a) for a in self.opts.activations))
+
+    @property
+    def input_calibration(self) -> Calibration:
+        return self.opts.calibration
+
+    @property
+    def rounding(self) -> tuple[Rounding, ...]:
+        return tuple(dict.fromkeys(_rounding(r) for r in self.opts.rounding))
+
+    @property
+    def calib_images(self) -> int:
+        return int(self.opts.calib_images)
+
+    @property
+    def norm_images(self) -> int:
+        return int(self.opts.norm_images)
 
     def _canonical(self, spec: QuantSpec, layer: Layer) -> QuantSpec:
         # One group covering a whole channel is per-channel quantization: same math, same bytes.

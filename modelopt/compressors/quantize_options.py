@@ -11,15 +11,22 @@ DequantizeLinear whose fan-in the groups do not divide).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
+from modelopt.compressors._inputs import Calibration, activation_bits, calibration_method
 from modelopt.compressors._options import Options, option
-from modelopt.compressors._surface import SettingKind
+from modelopt.compressors._packing import Granularity
+from modelopt.compressors._surface import SettingKind, enum_member
+from modelopt.compressors.gptq import Rounding
+from modelopt.errors import ConfigError
 
-__all__ = ["CLIP_RATIOS", "QuantizeOptions"]
+__all__ = ["CLIP_RATIOS", "SUPPORTED_BITS", "QuantizeOptions"]
+
+SUPPORTED_BITS = (2, 3, 4, 5, 6, 7, 8)
 
 # Clipping ratios searched per scale unit; 1.0 is plain max-scaling.
 CLIP_RATIOS = tuple(float(r) for r in np.linspace(0.30, 1.0, 36))
@@ -59,3 +66,61 @@ class QuantizeOptions(Options):
     act_calibration_images: int = option(256)
     norm_images: int = option(64, SettingKind.INT, "Calibration images batch-norm statistics are re-estimated on "
                               "for plans with a layer at 4 bits or fewer (0: never).")
+
+    def check(self) -> None:
+        for check in _CHECKS:
+            check(self)
+
+    @property
+    def calibration(self) -> Calibration:
+        """How input ranges are measured (`act_calibration`, `act_percentile`, `act_calibration_images`)."""
+        return Calibration(calibration_method(self.act_calibration), float(self.act_percentile),
+                           int(self.act_calibration_images))
+
+
+def _check_clip_ratios(o: QuantizeOptions) -> None:
+    if not o.clip_ratios or any(not 0 < float(r) <= 1 for r in o.clip_ratios):
+        raise ConfigError(f"quantize: clip_ratios must be fractions in (0, 1], got {o.clip_ratios!r}")
+
+
+def _check_bits(o: QuantizeOptions) -> None:
+    for b in o.bits:
+        if isinstance(b, bool) or b not in SUPPORTED_BITS:
+            raise ConfigError(f"quantize: bits {b!r} not offered; valid: {', '.join(map(str, SUPPORTED_BITS))}")
+
+
+def _check_granularity(o: QuantizeOptions) -> None:
+    for g in o.granularity:
+        enum_member(Granularity, g, "granularity", "quantize")
+
+
+def _check_group_size(o: QuantizeOptions) -> None:
+    if isinstance(o.group_size, bool) or not isinstance(o.group_size, (int, float)) or o.group_size < 1:
+        raise ConfigError(f"quantize: group_size must be a positive integer, got {o.group_size!r}")
+
+
+def _check_activations(o: QuantizeOptions) -> None:
+    for a in o.activations:
+        activation_bits(a)
+    if not o.activations:
+        raise ConfigError("quantize: activations must offer at least one of 8 or null (float)")
+
+
+def _check_rounding(o: QuantizeOptions) -> None:
+    for r in o.rounding:
+        enum_member(Rounding, r, "rounding", "quantize")
+    if not o.rounding:
+        raise ConfigError("quantize: rounding must offer at least one of nearest, gptq")
+
+
+def _check_images(o: QuantizeOptions) -> None:
+    if isinstance(o.calib_images, bool) or not isinstance(o.calib_images, int) or o.calib_images < 1:
+        raise ConfigError(f"quantize: calib_images must be a positive integer, got {o.calib_images!r}")
+    if isinstance(o.norm_images, bool) or not isinstance(o.norm_images, int) or o.norm_images < 0:
+        raise ConfigError(f"quantize: norm_images must be a non-negative integer, got {o.norm_images!r}")
+    o.calibration  # noqa: B018 -- builds the calibration, which checks its method, percentile and images
+
+
+_CHECKS: tuple[Callable[[QuantizeOptions], None], ...] = (
+    _check_clip_ratios, _check_bits, _check_granularity, _check_group_size, _check_activations, _check_rounding,
+    _check_images)

@@ -197,20 +197,26 @@ class RunConfig:
         unknown = sorted(set(changes) - fields - set(settings))
         if unknown:
             raise UnknownNameError("setting", unknown[0], sorted(fields | set(settings)))
-        own = {k: v for k, v in changes.items() if k in fields}
-        if "objective" in own and "options" not in own and self.options == default_options(self.objective):
-            own["options"] = default_options(str(own["objective"]))
-        if own.get("executor") is None and ({"workers", "ray_address"} & own.keys()):
-            workers, address = own.get("workers", self.workers), own.get("ray_address", self.ray_address)
-            own["executor"] = "ray" if address is not None or (isinstance(workers, int) and workers > 1) else "local"
-        elif "executor" in own and own["executor"] is None:
-            del own["executor"]
+        own = self._implied({k: v for k, v in changes.items() if k in fields})
         given = {k: v for k, v in changes.items() if k not in fields}
         if given:
             own["options"] = self._with_settings(own.get("options", self.options), own.get("objective", self.objective),
                                                  given, settings)
         out = dataclasses.replace(self, **own)
         out.check_settings_apply(given)
+        return out
+
+    def _implied(self, own: Mapping[str, Any]) -> dict[str, Any]:
+        """`own` (changed fields) with what they imply: a new objective's default options where the options were the
+        old objective's defaults; the executor `workers` or `ray_address` ask for where none is named."""
+        out = dict(own)
+        if "objective" in own and "options" not in own and self.options == default_options(self.objective):
+            out["options"] = default_options(str(own["objective"]))
+        if own.get("executor") is None and ({"workers", "ray_address"} & own.keys()):
+            workers, address = own.get("workers", self.workers), own.get("ray_address", self.ray_address)
+            out["executor"] = "ray" if address is not None or (isinstance(workers, int) and workers > 1) else "local"
+        elif "executor" in own and own["executor"] is None:
+            del out["executor"]
         return out
 
     @staticmethod

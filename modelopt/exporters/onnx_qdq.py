@@ -166,17 +166,19 @@ def activation_tensors(graph: Graph, layers: Collection[str] | None = None, copi
                        if i and i not in graph.inits]
         if not all(_is_float_activation(i, producer) for i in data_inputs):
             continue
-        copy = _copies(n, copies)
-        if layers is not None and not _chosen(n, data_inputs, layers, needed, producer, copy or _copies(n, shifts)):
+        moves = _copies(n, copies) or _copies(n, shifts)
+        if layers is not None and not _chosen(n, data_inputs, layers, needed, producer, moves):
             continue
         for i in data_inputs:
             needed[i] = None
-        out = n.output[0]
-        users = consumers.get(out, [])
-        if len(users) == 1 and users[0].op_type in FOLDED_ACTIVATIONS and out not in graph.outputs:
-            out = users[0].output[0]
-        needed[out] = None
-    needed = {t: None for t in needed if t not in graph.outputs}
+        needed[_quantized_output(n, graph, consumers)] = None
+    return _sources({t: None for t in needed if t not in graph.outputs}, graph, producer, copies)
+
+
+def _sources(needed: Mapping[str, None], graph: Graph, producer: Mapping[str, Any], copies: Collection[str]
+             ) -> dict[str, str]:
+    """Each tensor to quantize mapped to the tensor whose range sets its scale: itself, or what it was moved from
+    (through data-movement ops and `copies` convs) where that is quantized too or is the graph's input."""
     source: dict[str, str] = {}
     for t in needed:
         root = t
@@ -189,6 +191,16 @@ def activation_tensors(graph: Graph, layers: Collection[str] | None = None, copi
         source[t] = root
         source.setdefault(root, root)
     return source
+
+
+def _quantized_output(node: Any, graph: Graph, consumers: Mapping[str, list[Any]]) -> str:
+    """Where `node`'s output is quantized: after the activation it feeds alone (ONNX Runtime folds a Relu or Clip
+    into the integer op), else its output."""
+    out = node.output[0]
+    users = consumers.get(out, [])
+    if len(users) == 1 and users[0].op_type in FOLDED_ACTIVATIONS and out not in graph.outputs:
+        return str(users[0].output[0])
+    return str(out)
 
 
 def _copies(node: Any, copies: Collection[str]) -> bool:

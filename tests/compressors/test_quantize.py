@@ -417,3 +417,28 @@ def test_activation_options_are_recorded_only_when_used():
     assert opts["act_percentile"] == 99.9 and opts["act_calibration_images"] == 128
     with pytest.raises(ConfigError, match="calibration 'mse' not offered; valid: minmax, percentile"):
         Quantize(act_calibration="mse", bits=(8, 4), rounding=("nearest",), norm_images=0)
+
+
+@pytest.mark.parametrize("changes, needle", [
+    ({"bits": (8, 1)}, "bits 1 not offered"),
+    ({"granularity": ("per_row",)}, "'per_row'"),
+    ({"group_size": 0}, "group_size must be a positive integer, got 0"),
+    ({"activations": ()}, "activations must offer at least one"),
+    ({"activations": (4,)}, "activations 4 not offered"),
+    ({"rounding": ("stochastic",)}, "'stochastic'"),
+    ({"clip_ratios": (1.5,)}, "clip_ratios must be fractions in (0, 1]"),
+    ({"calib_images": 0}, "calib_images must be a positive integer"),
+    ({"norm_images": -1}, "norm_images must be a non-negative integer"),
+    ({"act_calibration": "entropy"}, "'entropy'"),
+    ({"act_percentile": 40.0}, "activation percentile must be in (50, 100]"),
+])
+def test_the_options_record_refuses_a_bad_value_when_it_is_built(changes, needle):
+    """The record checks its own fields (a run.json read back, a sweep cell, a keyword): the compressor built on it
+    only reads them."""
+    with pytest.raises(ConfigError) as err:
+        QuantizeOptions(**changes)
+    assert needle in str(err.value)
+    with pytest.raises(ConfigError):
+        QuantizeOptions().replace(**changes)
+    with pytest.raises(ConfigError):
+        Quantize(**changes)

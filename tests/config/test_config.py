@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import modelopt
+import modelopt.api
 from modelopt.config.assemble import default_options
 from modelopt.config.build import build, make_compressors
 from modelopt.config.run_config import CONFIG_FORMAT, RunConfig

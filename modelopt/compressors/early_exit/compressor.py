@@ -33,7 +33,6 @@ How the evaluator runs it (`modelopt.compressors.early_exit.runtime`, `Evaluator
 from __future__ import annotations
 
 import fnmatch
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +44,7 @@ from modelopt.compressors._packing import Storage
 from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors._routing import Routes
 from modelopt.compressors._surface import Cell, ReportColumn
-from modelopt.compressors.early_exit.options import EarlyExitOptions
+from modelopt.compressors.early_exit.options import EarlyExitOptions, threshold_error
 from modelopt.compressors.early_exit.pools import load_exit_images
 from modelopt.compressors.early_exit.routing import ExitRouting, with_exits
 from modelopt.compressors.early_exit.runtime import RuntimeConfig
@@ -64,10 +63,8 @@ class ExitChoice:
     threshold: float
 
     def __post_init__(self) -> None:
-        if not isinstance(self.threshold, (int, float)) or isinstance(self.threshold, bool) or not (
-            0.0 < self.threshold <= 1.0 and math.isfinite(self.threshold)
-        ):
-            raise ConfigError(f"early_exit threshold must be a number in (0, 1]; got {self.threshold!r}")
+        if (why := threshold_error(self.threshold)) is not None:
+            raise ConfigError(why)
 
     def __str__(self) -> str:
         return f"exit@{self.threshold:g}"
@@ -107,27 +104,31 @@ class EarlyExit(Compressor, Routes):
         return {"exits": [layer for layer, _ in ends], "blocks": [block for _, block in ends],
                 "classes": backbone.classes}
 
-    def __init__(self, opts: EarlyExitOptions | None = None, **changes: Any) -> None:
-        super().__init__(opts, **changes)
-        o = self.opts
-        if not o.thresholds:
-            raise ConfigError("early_exit needs at least one threshold")
-        self.thresholds = tuple(sorted({float(t) for t in o.thresholds}))
-        self._choices = tuple(ExitChoice(t) for t in self.thresholds)  # validates each
-        self.exits = ("*",) if o.exits is None else o.exits
-        blocks = o.blocks
-        if blocks is not None and (len(blocks) != len(self.exits) or not all(isinstance(b, str) for b in blocks)):
-            raise ConfigError(f"early_exit: blocks must name one block per exit ({len(self.exits)}); got {blocks!r}")
-        self._block_of = dict(zip(self.exits, blocks, strict=True)) if blocks else {}
-        classes = 10 if o.classes is None else o.classes
-        if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
-            raise ConfigError(f"early_exit: classes must be a positive integer, got {classes!r}")
-        self.classes = classes
-        if o.exit_data is not None and (not isinstance(o.exit_data, str) or not o.exit_data):
-            raise ConfigError(f"early_exit: exit_data must be the path of an .npz of images, got {o.exit_data!r}")
-        if not isinstance(o.exit_images, int) or isinstance(o.exit_images, bool) or o.exit_images < 1:
-            raise ConfigError(f"exit_images must be a positive number of images, got {o.exit_images!r}")
-        self.exit_data, self.exit_images = o.exit_data, o.exit_images
+    # What the search is offered, read from the record (`EarlyExitOptions` checked every value when it was built).
+    @property
+    def thresholds(self) -> tuple[float, ...]:
+        return tuple(sorted({float(t) for t in self.opts.thresholds}))
+
+    @property
+    def exits(self) -> tuple[str, ...]:
+        return self.opts.exit_patterns
+
+    @property
+    def classes(self) -> int:
+        return 10 if self.opts.classes is None else self.opts.classes
+
+    @property
+    def exit_data(self) -> str | None:
+        return self.opts.exit_data
+
+    @property
+    def exit_images(self) -> int:
+        return self.opts.exit_images
+
+    @property
+    def _block_of(self) -> dict[str, str]:
+        blocks = self.opts.blocks
+        return dict(zip(self.exits, blocks, strict=True)) if blocks else {}
 
     def routing(self, workload: Workload, decisions: Sequence[tuple[str, tuple[Choice, ...]]]) -> ExitRouting | None:
         """The heads, exits and priors of plans on `workload`; the heads are also fitted on `exit_images` of
@@ -160,7 +161,7 @@ class EarlyExit(Compressor, Routes):
         return self._block_of.get(layer) or layer.rsplit(".", 1)[0]
 
     def menu(self, layer: Layer) -> tuple[Choice, ...]:
-        return (None, *self._choices) if self._offers(layer) else ()
+        return (None, *(ExitChoice(t) for t in self.thresholds)) if self._offers(layer) else ()
 
     def parse(self, raw: Mapping[str, Any] | None, layer: Layer) -> Choice:
         if raw is None:
@@ -188,27 +189,9 @@ class EarlyExit(Compressor, Routes):
         named by its block (``layer2.1``) or by the block's last layer (``layer2.1.conv2``)."""
         if raw is None:
             return {}
-        if not isinstance(raw, Mapping) or "exits" not in raw or not set(raw) <= {"exits", "threshold"}:
-            raise ConfigError(f"plan key 'early_exit' takes {{exits: [BLOCK, ...], threshold: T}} or "
-                              f"{{exits: {{BLOCK: T, ...}}}}; got {raw!r}")
-        exits, shared = raw["exits"], raw.get("threshold")
-        if isinstance(exits, (Mapping, list, tuple)) and not all(isinstance(name, str) for name in exits):
-            name = next(name for name in exits if not isinstance(name, str))
-            raise ConfigError(f"plan key 'early_exit.exits' names blocks like 'layer2.1'; got {name!r}")
-        if isinstance(exits, Mapping):
-            if shared is not None:
-                raise ConfigError("plan key 'early_exit': give one threshold per exit or a shared 'threshold', "
-                                  "not both")
-            wanted = dict(exits)
-        elif isinstance(exits, (list, tuple)):
-            if shared is None:
-                raise ConfigError("plan key 'early_exit' lists exits but no 'threshold'")
-            wanted = {name: shared for name in exits}
-        else:
-            raise ConfigError(f"plan key 'early_exit.exits' must be a list or a mapping of exits; got {exits!r}")
         offered = {self.block(x.name): x.name for x in layers if self._offers(x)}
         out: dict[str, Choice] = {}
-        for name, t in wanted.items():
+        for name, t in _wanted_exits(raw).items():
             layer = name if name in offered.values() else offered.get(str(name))
             if layer is None:
                 raise ConfigError(f"no candidate exit {name!r}; valid: {', '.join(offered)}")
@@ -235,6 +218,26 @@ class EarlyExit(Compressor, Routes):
     def stored(self, layer: Layer, choice: Choice, inner: Storage) -> Storage:
         """Storage is whatever the layer's other compressors made of it: an exit adds a head, apart."""
         return inner
+
+
+def _wanted_exits(raw: Any) -> dict[str, Any]:
+    """The exits a plan's top-level ``early_exit`` names, each with its threshold (as written)."""
+    if not isinstance(raw, Mapping) or "exits" not in raw or not set(raw) <= {"exits", "threshold"}:
+        raise ConfigError(f"plan key 'early_exit' takes {{exits: [BLOCK, ...], threshold: T}} or "
+                          f"{{exits: {{BLOCK: T, ...}}}}; got {raw!r}")
+    exits, shared = raw["exits"], raw.get("threshold")
+    if isinstance(exits, (Mapping, list, tuple)) and not all(isinstance(name, str) for name in exits):
+        name = next(name for name in exits if not isinstance(name, str))
+        raise ConfigError(f"plan key 'early_exit.exits' names blocks like 'layer2.1'; got {name!r}")
+    if isinstance(exits, Mapping):
+        if shared is not None:
+            raise ConfigError("plan key 'early_exit': give one threshold per exit or a shared 'threshold', not both")
+        return dict(exits)
+    if isinstance(exits, (list, tuple)):
+        if shared is None:
+            raise ConfigError("plan key 'early_exit' lists exits but no 'threshold'")
+        return {name: shared for name in exits}
+    raise ConfigError(f"plan key 'early_exit.exits' must be a list or a mapping of exits; got {exits!r}")
 
 
 def _threshold(choice: Choice) -> float:

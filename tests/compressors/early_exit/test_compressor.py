@@ -97,3 +97,21 @@ def test_top_level_plan_form(r20):
     quant_only = SearchSpace(layers, [Quantize(bits=(8,), rounding=("nearest",), norm_images=0)])
     with pytest.raises(ConfigError, match="needs the 'early_exit' compressor"):
         quant_only.parse_plan({"early_exit": {"exits": ["layer1.2"], "threshold": 0.9}})
+
+
+@pytest.mark.parametrize("changes, needle", [
+    ({"thresholds": ()}, "at least one threshold"),
+    ({"thresholds": ("abc",)}, "threshold must be a number in (0, 1]; got 'abc'"),
+    ({"thresholds": (0.9, 1.5)}, "got 1.5"),
+    ({"exits": ("layer1.2", "layer2.2"), "blocks": ("layer1",)}, "one block per exit (2)"),
+    ({"classes": 0}, "classes must be a positive integer"),
+    ({"exit_data": ""}, "exit_data must be the path"),
+    ({"exit_images": 0}, "exit_images must be a positive number"),
+])
+def test_the_options_record_refuses_a_bad_value_when_it_is_built(changes, needle):
+    from modelopt.compressors.early_exit.options import EarlyExitOptions
+    from modelopt.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        EarlyExitOptions(**changes)
+    assert needle in str(err.value)
