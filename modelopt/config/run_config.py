@@ -344,6 +344,9 @@ def read_config_json(run_dir: str | Path) -> dict[str, Any]:
                         "folder, or its run.json was damaged") from None
     if not isinstance(raw, dict):
         raise LoadError(f"{str(path)!r} holds no run settings; it is not a modelopt run folder")
+    if "model" not in raw:  # `{}`: read as the default settings, a run of the bundled model it never was
+        raise LoadError(f"{str(run_dir)!r} is not a modelopt run folder (its {CONFIG} names no model); pass a folder "
+                        "written by `modelopt optimize --out`")
     fmt = raw.get("format", 0)
     if isinstance(fmt, bool) or not isinstance(fmt, int) or not 0 <= fmt <= CONFIG_FORMAT:
         newer = isinstance(fmt, int) and not isinstance(fmt, bool) and fmt > CONFIG_FORMAT

@@ -310,3 +310,11 @@ def test_a_target_in_a_read_only_folder_is_one_line(monkeypatch, tmp_path):
 def test_an_interpolation_without_a_resize_is_refused_not_ignored(verb):
     _one_line_error(_run(verb, "--interpolation", "bilinear"), "--interpolation bilinear resamples a resize",
                     "--resize")
+
+
+def test_evaluate_and_export_refuse_a_run_json_naming_no_model(tmp_path):
+    """`{}` was read as the default settings and answered "no best_plan.yaml": it is no run folder at all."""
+    (tmp_path / "run.json").write_text("{}")
+    for verb in ("evaluate", "export"):
+        _one_line_error(_run(verb, tmp_path), "is not a modelopt run folder (its run.json names no model)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
