@@ -121,7 +121,7 @@ def test_a_negative_seed_is_refused_before_loading(tmp_path, no_loading, seed):
 
 def _old_run(run: Path, journal: bytes) -> None:
     run.mkdir(parents=True)
-    (run / "run.json").write_text("{}")
+    (run / "run.json").write_text('{"model": "cifar10_resnet20"}')  # a run.json naming no model is no run at all
     (run / "trials.jsonl").write_bytes(journal)
 
 
