@@ -14,6 +14,7 @@ skipped, so exporting a run again after it went on adds only its new trials.
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -65,8 +66,21 @@ def check_storage(storage: str) -> None:
     try:
         optuna.storages.get_storage(storage)
     except Exception as exc:  # noqa: BLE001 -- a bad dialect, a missing driver, an unreachable server, no folder
-        raise ConfigError(f"--storage {storage!r} cannot be opened ({type(exc).__name__}: {str(exc)[:200]}); "
-                          "use a URL like sqlite:///studies.db in an existing folder") from None
+        raise ConfigError(f"--storage {storage!r} cannot be opened ({_why(storage, exc)}); use a URL like "
+                          "sqlite:///studies.db in an existing folder this user can write to") from None
+
+
+def _why(storage: str, exc: Exception) -> str:
+    """What stopped the storage, in words: for SQLite, the folder that is missing or read-only; otherwise the
+    driver's own first line (SQLAlchemy's message goes on with a second line linking its docs)."""
+    if storage.startswith("sqlite:///"):
+        folder = Path(storage.removeprefix("sqlite:///")).expanduser().resolve().parent
+        if not folder.is_dir():
+            return f"folder '{folder}' does not exist"
+        if not os.access(folder, os.W_OK):
+            return f"folder '{folder}' is read-only"
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first[:200]}"
 
 
 def default_study_name(run: RunFolder) -> str:

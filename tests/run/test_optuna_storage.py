@@ -79,3 +79,16 @@ def test_a_bad_storage_is_refused_before_the_run(tmp_path):
     with pytest.raises(ConfigError, match="not a database URL"):
         modelopt.optimize(budget=1, out=tmp_path / "r", progress=False, storage="studies.db", reconstruct=False)
     assert not (tmp_path / "r").exists()
+
+
+def test_a_storage_that_cannot_be_opened_is_one_line_naming_the_folder(tmp_path):
+    """SQLAlchemy's message goes on with a second line linking its docs; the dashboard printed both."""
+    from modelopt.run.optuna_storage import check_storage
+
+    with pytest.raises(ConfigError) as err:
+        check_storage(f"sqlite:///{tmp_path / 'no' / 'such'}/studies.db")
+    assert f"folder '{tmp_path / 'no' / 'such'}' does not exist" in str(err.value)
+    (tmp_path / "studies.db").mkdir()  # a folder where the database file would be: the driver's own error
+    with pytest.raises(ConfigError) as err:
+        check_storage(f"sqlite:///{tmp_path / 'studies.db'}")
+    assert "\n" not in str(err.value) and "Background on this error" not in str(err.value), str(err.value)
