@@ -12,6 +12,7 @@ from modelopt.errors import LoadError
 from modelopt.reports.document import ReportPaths
 from modelopt.reports.run_report import write_report
 from modelopt.reports.sweep_report import is_sweep_folder, write_sweep_report
+from modelopt.run.lock import check_started
 from modelopt.run.run_folder import is_run_folder
 
 __all__ = ["ReportPaths", "report", "write_report", "write_sweep_report"]
@@ -38,6 +39,7 @@ def report(path: str | Path) -> ReportPaths:
         return write_report(folder)
     if is_sweep_folder(folder):
         return write_sweep_report(folder)
+    check_started(folder)  # a run still loading there has no run.json yet: busy, not "neither"
     what = ("does not exist" if not folder.exists()
             else "is neither a run folder (no run.json) nor a sweep folder (no runs/)")
     raise LoadError(f"{str(folder)!r} {what}; pass a folder written by `modelopt optimize` or `modelopt sweep`")

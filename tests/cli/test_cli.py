@@ -258,11 +258,12 @@ def test_evaluate_run_dir_names_the_flags_it_refuses(tmp_path):
 
 def test_evaluate_on_a_run_folder_still_loading_says_it_is_in_use(tmp_path):
     """A run that is loading holds its folder but has written no run.json yet: evaluate and export said "not a
-    modelopt run folder"; they say it is in use, as --resume does."""
+    modelopt run folder", report "neither a run folder nor a sweep folder"; they say it is in use, as --resume
+    does."""
     from modelopt.run.lock import lock_run_folder
 
     with lock_run_folder(tmp_path / "run"):  # held by "another process": flock conflicts across open files
-        for verb in ("evaluate", "export"):
+        for verb in ("evaluate", "export", "report"):
             result = _run(verb, tmp_path / "run")
             _one_line_error(result, f"run folder '{tmp_path / 'run'}' is in use by another modelopt process (pid ",
                             "still loading and has not written its run.json yet")
