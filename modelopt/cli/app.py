@@ -40,6 +40,7 @@ from modelopt.run.lock import check_unlocked
 from modelopt.run.optuna_storage import export_run
 from modelopt.search import STRATEGIES
 from modelopt.sweep import load_sweep, run_sweep
+from modelopt.sweep.run import check_selection
 
 app = typer.Typer(
     name="modelopt",
@@ -384,6 +385,7 @@ def sweep(
     """Run every model × strategy × seed of a sweep file (skipping finished cells), then write its table."""
     _setup_logging(verbose)
     spec = load_sweep(file)
+    check_selection(spec, only or (), workers)
     result = None if dry_run else run_sweep(file, progress=progress, only=only or (), workers=workers,
                                             ray_address=ray_address)
     if result is None:

@@ -142,11 +142,8 @@ def run_sweep(
         >>> result = run_sweep("experiments/smoke.yaml", workers=2)
         >>> print(result.markdown)
     """
-    _check_workers(workers)
     sweep = load_sweep(path)
-    if workers > 1 and sweep.workers_per_cell > 1:
-        raise ConfigError(f"--workers {workers} runs cells at once, but sweep file {str(sweep.path)!r} asks for "
-                          f"workers_per_cell: {sweep.workers_per_cell} (cells in turn); use one of the two")
+    check_selection(sweep, only, workers)
     cells = sweep.cells()
     _check_started(sweep, cells)
     sweep.out.mkdir(parents=True, exist_ok=True)
@@ -169,6 +166,20 @@ def run_sweep(
     _write_sweep_report(sweep.out)
     return SweepResult(sweep, tuple(cells), tuple(ran), tuple(rows), (sweep.out / TABLE_MD).read_text(),
                        sweep.out / TABLE_MD, sweep.out / TABLE_CSV)
+
+
+def check_selection(sweep: Sweep, only: Sequence[str] = (), workers: int = 1) -> None:
+    """Refuses, before any work (and on a dry run), a count of cells at once that cannot run and an `only` pattern
+    that matches no cell of the sweep (it would run nothing, silently)."""
+    _check_workers(workers)
+    if workers > 1 and sweep.workers_per_cell > 1:
+        raise ConfigError(f"--workers {workers} runs cells at once, but sweep file {str(sweep.path)!r} asks for "
+                          f"workers_per_cell: {sweep.workers_per_cell} (cells in turn); use one of the two")
+    names = [_name(c) for c in sweep.cells()]
+    for pattern in only:
+        if not any(fnmatch.fnmatch(name, pattern) for name in names):
+            raise ConfigError(f"--only {pattern!r} matches no cell of sweep {sweep.name!r}; cells are named "
+                              f"model/strategy/seedK: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}")
 
 
 def _check_workers(workers: int) -> None:

@@ -322,6 +322,16 @@ def test_cli_malformed_file_is_one_line_exit_2(tmp_path, text, needles):
         assert_one_line_error(runner.invoke(app, args), *needles)
 
 
+def test_an_only_pattern_matching_no_cell_and_a_bad_workers_are_refused_on_a_dry_run_too(tmp_path):
+    """`--only nosuch` ran nothing and exited 0; a dry run ignored --only and --workers 0."""
+    path = _write(tmp_path, GOOD)
+    for args in (["sweep", str(path), "--only", "nosuch"], ["sweep", str(path), "--dry-run", "--only", "nosuch"]):
+        assert_one_line_error(runner.invoke(app, args), "--only 'nosuch' matches no cell", "resnet20/random/seed0")
+    assert_one_line_error(runner.invoke(app, ["sweep", str(path), "--dry-run", "--workers", "0"]),
+                          "--workers must be a positive number")
+    assert not (tmp_path / "results").exists()
+
+
 @pytest.mark.slow
 def test_only_runs_the_matching_cells_in_the_order_given(tmp_path, resnet20_workload):
     path = _write(tmp_path, MINI.replace("budgets: [2, 3]", "budgets: [1]"))
