@@ -38,6 +38,10 @@ class RoundOptions(Options):
 
     decimals: int = option(1, SettingKind.INT, "Decimals weights are rounded to (1 only).")
 
+    def check(self) -> None:  # the record refuses a bad value however it is built: the plugin only reads it
+        if self.decimals != 1:
+            raise ConfigError(f"round1 rounds to 1 decimal, not {self.decimals!r}")
+
 
 class RoundOneDecimal(Compressor):
     """Rounds every weight of a layer to a multiple of 0.1 (int8 codes, one scale per tensor)."""
@@ -47,12 +51,6 @@ class RoundOneDecimal(Compressor):
     opts: RoundOptions
     report_columns = (ReportColumn("decimals", "Greens", lambda raw: Cell("–", None) if raw is None
                                    else Cell("1 dp", 0.5)),)  # raw: the choice's JSON form, "1dp"
-
-    def __init__(self, opts: RoundOptions | None = None, **changes: Any) -> None:
-        super().__init__(opts, **changes)
-        self.decimals = self.opts.decimals
-        if self.decimals != 1:
-            raise ConfigError(f"round1 rounds to 1 decimal, not {self.decimals!r}")
 
     def menu(self, layer: Layer) -> tuple[Choice, ...]:
         return (None, ON)
