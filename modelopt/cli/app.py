@@ -99,8 +99,8 @@ def _friendly(fn: F) -> F:
             what = "terminated" if isinstance(exc, _Terminated) else "interrupted"
             if fn.__name__ not in _JOURNALED:  # export, evaluate, report: no journal, no --resume
                 verb = fn.__name__.rstrip("_")
-                err.print(f"[yellow]{what}[/]: {verb} did not finish; each file it wrote is whole, one it had not "
-                          "finished is not there (an exported exit folder may lack files); run the same command again")
+                left = _INTERRUPTED_WRITES.get(verb, "it writes nothing")
+                err.print(f"[yellow]{what}[/]: {verb} did not finish; {left}; run the same command again")
             elif getattr(exc, "started", True):
                 err.print(f"[yellow]{what}[/]: finished trials are in the journal; rerun with --resume to continue")
             else:
@@ -459,6 +459,15 @@ def export_(
     options: dict[str, Any] = dict(given)
     path = do_export(run_dir, plan=plan, format=format, out=out_path, **options)
     out.print(f"Wrote {path} ({fmt_bytes(path.stat().st_size)})", highlight=False, soft_wrap=True)
+
+
+# What an interrupted verb that keeps no journal leaves behind (one that writes nothing is not listed).
+_INTERRUPTED_WRITES = {
+    "export": "each file it wrote is whole, one it had not finished is not there (an exported exit folder may lack "
+              "files)",
+    "report": "each file it wrote is whole, one it had not finished is not there",
+    "dashboard": "the trials it added to the storage stay there, and running it again adds only the others",
+}
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,

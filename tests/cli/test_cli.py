@@ -291,6 +291,12 @@ def test_ctrl_c_in_a_verb_without_a_journal_does_not_advise_resume(monkeypatch, 
     result = _run("export", tmp_path)
     assert result.exit_code == 130
     assert "--resume" not in result.output and "export did not finish" in result.output, result.output
+    assert "each file it wrote is whole" in result.output
+    # evaluate writes nothing: its line said "each file it wrote is whole ... an exported exit folder may lack files"
+    monkeypatch.setattr(cli_app.api, "evaluate", interrupted)
+    result = _run("evaluate")
+    assert result.exit_code == 130
+    assert "evaluate did not finish; it writes nothing" in result.output and "file" not in result.output, result.output
 
 
 def test_a_target_in_a_read_only_folder_is_one_line(monkeypatch, tmp_path):
