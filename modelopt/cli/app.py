@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import errno
-import functools
 import json
 import logging
-import os
 import signal
 import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar, cast
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.logging import RichHandler
 from rich.markdown import Markdown
 from rich.markup import escape
@@ -25,13 +21,17 @@ from rich.table import Table
 from modelopt import api
 from modelopt.cli import options as opt
 from modelopt.cli.display import fmt_bytes, print_run, split_label
+from modelopt.cli.errors import err, out
+from modelopt.cli.errors import friendly as _friendly
+from modelopt.cli.errors import on_sigterm as _on_sigterm
+from modelopt.cli.errors import one_line_warning as _one_line_warning
 from modelopt.cli.usage import usage_line
 from modelopt.compressors import COMPRESSORS, compressor_settings
 from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import list_data_sources
 from modelopt.data.preprocess import check_resampling
 from modelopt.data.split import Split
-from modelopt.errors import ConfigError, ModeloptError
+from modelopt.errors import ConfigError
 from modelopt.model.loader import list_models
 from modelopt.reports import report as make_report
 from modelopt.run.export import export as do_export
@@ -49,76 +49,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
-_WIDE = 160  # columns when stdout is not a terminal (see `_fit_width`)
-
-
-def _fit_width() -> None:
-    """Not a terminal (a log file, a pipe, CI): rich would assume 80 columns and cut the result tables' own
-    headers ("retent…"); wide enough for every table instead. COLUMNS, when set, still decides."""
-    if not sys.stdout.isatty() and not os.environ.get("COLUMNS"):
-        out.width = err.width = _WIDE
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-# Where a file cannot be written for reasons of the user's folder (read-only, no permission, full): one line.
-_UNWRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
-# The verbs that keep a journal of finished trials (what Ctrl-C leaves is resumed with --resume).
-_JOURNALED = frozenset({"optimize", "sweep"})
-
-
-def _friendly(fn: F) -> F:
-    """User errors become one line on stderr and exit code 2; bugs keep their traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            # The work is done (or has unwound): a SIGTERM from here on ends the process as the signal does,
-            # silently; raised during interpreter shutdown it printed "Exception ignored ... _Terminated".
-            if signal.getsignal(signal.SIGTERM) is _on_sigterm:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-    @functools.wraps(fn)
-    def friendly(*args: Any, **kwargs: Any) -> Any:
-        _fit_width()
-        try:
-            return wrapper(*args, **kwargs)
-        except ModeloptError as exc:  # escaped: rich would take '[distributed]' or '[random, mcts]' for markup
-            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
-        except OSError as exc:
-            if exc.errno not in _UNWRITABLE or exc.filename is None:
-                raise  # a bug, or a fault that is not the user's folder: its traceback
-            err.print(f"[bold red]error:[/] cannot write {escape(str(exc.filename))!s}: {escape(exc.strerror or '')}; "
-                      "give a folder this user can write to", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
-        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (`_Terminated`) from a scheduler or `kill`
-            what = "terminated" if isinstance(exc, _Terminated) else "interrupted"
-            if fn.__name__ not in _JOURNALED:  # export, evaluate, report: no journal, no --resume
-                verb = fn.__name__.rstrip("_")
-                left = _INTERRUPTED_WRITES.get(verb, "it writes nothing")
-                err.print(f"[yellow]{what}[/]: {verb} did not finish; {left}; run the same command again")
-            elif getattr(exc, "started", True):
-                err.print(f"[yellow]{what}[/]: finished trials are in the journal; rerun with --resume to continue")
-            else:
-                err.print(f"[yellow]{what}[/] while loading, before the run began: nothing was written; run the same "
-                          "command again")
-            raise typer.Exit(143 if isinstance(exc, _Terminated) else 130) from None
-
-    return cast(F, friendly)
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the program is so it unwinds as Ctrl-C does (temporary files removed)."""
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise _Terminated()
-
-
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING,
@@ -459,21 +389,6 @@ def export_(
     options: dict[str, Any] = dict(given)
     path = do_export(run_dir, plan=plan, format=format, out=out_path, **options)
     out.print(f"Wrote {path} ({fmt_bytes(path.stat().st_size)})", highlight=False, soft_wrap=True)
-
-
-# What an interrupted verb that keeps no journal leaves behind (one that writes nothing is not listed).
-_INTERRUPTED_WRITES = {
-    "export": "each file it wrote is whole, one it had not finished is not there (an exported exit folder may lack "
-              "files)",
-    "report": "each file it wrote is whole, one it had not finished is not there",
-    "dashboard": "the trials it added to the storage stay there, and running it again adds only the others",
-}
-
-
-def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                      line: str | None = None) -> str:
-    """A warning as one line on stderr, without the source line Python prints under it."""
-    return f"warning: {' '.join(str(message).split())}\n"
 
 
 def main() -> None:
