@@ -55,20 +55,11 @@ class Weights:
     def add_copy(self, wname: str) -> None:
         """A `Subsample` conv's 0/1 weight as int8 codes at scale 1 (exact) where its input is quantized, so it
         runs as a QLinearConv; float where not."""
-        from onnx import helper
-
         node = self._user(wname, wname)
         if node.input[0] not in self.qparams:
             return
-        source = self._initializer(wname)
-        codes = self.graph.inits[source].astype(np.int8)
-        self.extra += [tensor_proto(f"{wname}_q", codes), tensor_proto(f"{wname}_scale", np.array(1.0, np.float32)),
-                       tensor_proto(f"{wname}_zp", np.array(0, np.int8))]
-        node.input[1] = f"{wname}_int"
-        self.front.append(helper.make_node("DequantizeLinear", [f"{wname}_q", f"{wname}_scale", f"{wname}_zp"],
-                                           [node.input[1]], name=f"{wname}_dq"))
-        if source == wname and len(self.consumers.get(wname, [])) == 1:
-            del self.inits[wname]
+        codes = self.graph.inits[self._initializer(wname)].astype(np.int8)
+        self._dq_weight(wname, codes, np.array(1.0, np.float32))
 
     def add_shift(self, wname: str) -> None:
         """A `Shift` conv's identity weight as int8 code 127 at scale 1/127 per channel and its bias (the removed
@@ -84,16 +75,17 @@ class Weights:
         self._int32_bias(node, wname.removesuffix(".weight"), np.float32(self.qparams[node.input[0]].scale) * w_scale)
 
     def _dq_weight(self, wname: str, codes: np.ndarray, scale: np.ndarray) -> None:
-        """`wname` as per-channel int8 `codes` at `scale` behind a DequantizeLinear; its initializer dropped where
-        nothing else reads it."""
+        """`wname` as int8 `codes` at `scale` (one per output channel, or one for all) behind a DequantizeLinear;
+        its initializer dropped where nothing else reads it."""
         from onnx import helper
 
         self.extra += [tensor_proto(f"{wname}_q", codes), tensor_proto(f"{wname}_scale", scale),
                        tensor_proto(f"{wname}_zp", np.zeros(scale.shape, np.int8))]
         node = self._user(wname, wname)
         node.input[1] = f"{wname}_int"
+        axis: dict[str, Any] = {"axis": 0} if scale.ndim else {}
         self.front.append(helper.make_node("DequantizeLinear", [f"{wname}_q", f"{wname}_scale", f"{wname}_zp"],
-                                           [node.input[1]], name=f"{wname}_dq", axis=0))
+                                           [node.input[1]], name=f"{wname}_dq", **axis))
         if self._initializer(wname) == wname and len(self.consumers.get(wname, [])) == 1:
             del self.inits[wname]
 
