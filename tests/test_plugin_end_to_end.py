@@ -181,7 +181,7 @@ def test_its_flag_reaches_it_from_the_command_line(toy, small_data, tmp_path: Pa
                           "round1 rounds to 1 decimal, not 2")
     result = CliRunner().invoke(app, [*args, "--decimals", "1", "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
-    assert RunConfig.read(tmp_path / "run").options["round1"] == {"decimals": 1, "version": 1}
+    assert RunConfig.read(tmp_path / "run").options["round1"].to_json() == {"decimals": 1, "version": 1}
 
 
 def test_its_sweep_key_reaches_it_from_a_sweep_file(toy, tmp_path: Path) -> None:
@@ -191,7 +191,7 @@ def test_its_sweep_key_reaches_it_from_a_sweep_file(toy, tmp_path: Path) -> None
             "seeds: [0]\ncompressors: [round1]\ndecimals: DECIMALS\n")
     (tmp_path / "good.yaml").write_text(text.replace("DECIMALS", "1"))
     sweep = load_sweep(tmp_path / "good.yaml")
-    assert sweep.settings["decimals"] == 1 and sweep.config.options["round1"] == {"decimals": 1, "version": 1}
+    assert sweep.settings["decimals"] == 1 and sweep.config.options["round1"].to_json() == {"decimals": 1, "version": 1}
     (tmp_path / "bad.yaml").write_text(text.replace("DECIMALS", "2"))
     with pytest.raises(ConfigError, match=r"line 7, key 'decimals': round1 rounds to 1 decimal, not 2"):
         load_sweep(tmp_path / "bad.yaml")

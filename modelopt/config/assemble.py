@@ -17,26 +17,31 @@ from modelopt.errors import ConfigError
 DEFAULT_BUDGET = 100.0
 
 
-def default_options(objective: str = "size") -> dict[str, dict[str, Any]]:
+def default_options(objective: str = "size") -> dict[str, Options]:
     """The tool's compressor options under `objective`, where the user gives none: each registered
-    compressor's record with that objective's defaults (`Options.for_objective`), in its JSON form.
+    compressor's record with that objective's defaults (`Options.for_objective`).
 
     Example:
-        >>> default_options()["quantize"]["bits"]
-        [8, 4, 3]
+        >>> default_options()["quantize"].bits
+        (8, 4, 3)
     """
-    return {name: COMPRESSORS.get(name).record.for_objective(objective).to_json() for name in COMPRESSORS.names()}
+    return {name: COMPRESSORS.get(name).record.for_objective(objective) for name in COMPRESSORS.names()}
 
 
-def options_record(name: str, given: Mapping[str, Any] | None, objective: str = "size") -> Options:
+def options_record(name: str, given: Options | Mapping[str, Any] | None, objective: str = "size") -> Options:
     """Compressor `name`'s options record from what a caller gives: None, the tool's defaults under `objective`;
-    a record with a `version` (run.json's form, `Options.to_json`), read as that version wrote it; a mapping
-    without one, some fields by name over the tool's defaults.
+    a record, as it is; a mapping with a `version` (run.json's form, `Options.to_json`), read as that version
+    wrote it; a mapping without one, some fields by name over the tool's defaults.
 
     Raises:
-        ConfigError: an unknown compressor or field, or a version newer than this modelopt's.
+        ConfigError: an unknown compressor or field, a record of another compressor, or a version newer than
+            this modelopt's.
     """
     record = COMPRESSORS.get(name).record
+    if isinstance(given, Options):
+        if not isinstance(given, record):  # another compressor's record would be read field by field, wrongly
+            raise ConfigError(f"options of {name} must be a {record.__name__}, got a {type(given).__name__}")
+        return given
     if given is not None and "version" in given:
         return record.from_json(given, f"options of {name}")
     return record.for_objective(objective).replace(**(given or {}))
@@ -64,15 +69,15 @@ def default_compressors(objective: str = "size", model: nn.Module | None = None)
 
 
 def build_compressors(
-    names: Sequence[str] | None = None, options: Mapping[str, Mapping[str, Any]] | None = None,
+    names: Sequence[str] | None = None, options: Mapping[str, Options | Mapping[str, Any]] | None = None,
     model: nn.Module | None = None,
 ) -> list[Compressor]:
     """Instantiates compressors by registry name with per-compressor options.
 
     Args:
         names: Registry names; None: the first compressor (quantization) alone.
-        options: Per-compressor options, each as `options_record` reads it (a record in JSON form, or some fields
-            over the tool's defaults); a compressor without an entry gets the tool's defaults.
+        options: Per-compressor options, each as `options_record` reads it (a record, a record in JSON form, or
+            some fields over the tool's defaults); a compressor without an entry gets the tool's defaults.
         model: The model they will compress: options a compressor derives from it
             (`Routes.model_options`, e.g. early exit's candidate exits) fill in the fields its record
             leaves None.

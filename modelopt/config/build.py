@@ -137,7 +137,7 @@ def resolve(config: RunConfig, workload: Workload, space: SearchSpace) -> RunCon
     return dataclasses.replace(
         config, model=workload.name, data=str(workload.data.source), device=str(workload.device),
         compressors=tuple(space.compressors),
-        options={name: c.options() for name, c in space.compressors.items()},
+        options={name: c.opts for name, c in space.compressors.items()},
         fingerprints=workload.fingerprints(), read_as=workload.read_as or config.read_as)
 
 

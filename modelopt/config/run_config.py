@@ -23,7 +23,7 @@ from typing import Any
 
 from modelopt._files import write_json_atomic
 from modelopt._version import __version__
-from modelopt.compressors import COMPRESSORS, FIRST_COMPRESSOR, Setting, compressor_settings
+from modelopt.compressors import COMPRESSORS, FIRST_COMPRESSOR, Options, Setting, compressor_settings
 from modelopt.confidence import DEFAULT_CONFIDENCE
 from modelopt.config.assemble import (
     DEFAULT_BUDGET,
@@ -87,11 +87,12 @@ class RunConfig:
         compressors: registry names contributing decisions; None: every registered one that can
             lower `objective` on the model (`default_compressors`: quantize and prune for size;
             early exit and prune for macs; all three for bitops and latency), resolved by `build`.
-        options: each registered compressor's options record in JSON form (`Compressor.record`, with its
-            `version`); given as a mapping without `version`, some fields over the tool's defaults for the
-            objective, and a compressor not named gets those defaults (`default_options`); None: the tool's
-            defaults for every compressor. Users change them through `replace` by setting name (`bits=[8, 4]`,
-            `exit_data=...`: the fields each record declares as settings).
+        options: each registered compressor's options record (`Compressor.record`). Given as a record, or in
+            JSON form (a mapping with its `version`, as run.json holds it; without one, some fields over the
+            tool's defaults for the objective): built records are held; a compressor not named gets those
+            defaults (`default_options`); None: the tool's defaults for every compressor. Users change them
+            through `replace` by setting name (`bits=[8, 4]`, `exit_data=...`: the fields each record declares
+            as settings).
         device: auto, cpu, cuda or cuda:N (a resolved record names the device it ran on).
         fidelity: multi-fidelity scoring: a plan below the floor beyond doubt on part of val (or
             that cannot beat the best so far) stops there and is charged only that part; None
@@ -131,7 +132,7 @@ class RunConfig:
     std: tuple[float, ...] | None = None
     compressors: tuple[str, ...] | None = None
     # None at construction means the tool's defaults for the objective: `__post_init__` puts them here.
-    options: Mapping[str, Mapping[str, Any]] = None  # type: ignore[assignment]
+    options: Mapping[str, Options] = None  # type: ignore[assignment]
     device: str = "auto"
     fidelity: Fidelity | None = field(default_factory=Fidelity)
     latency: LatencySpec | None = field(default_factory=lambda: LatencySpec("torch"))
@@ -164,7 +165,8 @@ class RunConfig:
             object.__setattr__(self, "compressors", tuple(self.compressors))
         if self.options is None:
             object.__setattr__(self, "options", default_options(self.objective))
-        elif not isinstance(self.options, Mapping) or not all(isinstance(o, Mapping) for o in self.options.values()):
+        elif not isinstance(self.options, Mapping) or not all(isinstance(o, (Options, Mapping))
+                                                              for o in self.options.values()):
             raise ConfigError(f"options must map compressor names to their options, got {self.options!r}")
         if isinstance(self.latency, str):
             object.__setattr__(self, "latency", LatencySpec(self.latency))
@@ -189,8 +191,8 @@ class RunConfig:
                 setting on a run that does not use that compressor.
 
         Example:
-            >>> RunConfig().replace(budget=50, strategy="random", bits=[8, 4]).options["quantize"]["bits"]
-            [8, 4]
+            >>> RunConfig().replace(budget=50, strategy="random", bits=[8, 4]).options["quantize"].bits
+            (8, 4)
         """
         fields = {f.name for f in dataclasses.fields(self)}
         settings = compressor_settings()
@@ -220,13 +222,14 @@ class RunConfig:
         return out
 
     @staticmethod
-    def _with_settings(options: Mapping[str, Mapping[str, Any]], objective: str, given: Mapping[str, Any],
-                       settings: Mapping[str, tuple[str, Setting]]) -> dict[str, dict[str, Any]]:
-        merged = {name: dict(o) for name, o in options.items()}
+    def _with_settings(options: Mapping[str, Options | Mapping[str, Any]], objective: str, given: Mapping[str, Any],
+                       settings: Mapping[str, tuple[str, Setting]]) -> dict[str, Options | Mapping[str, Any]]:
+        """`options` with each setting in `given` changed in its compressor's record (the record checks it)."""
+        merged = dict(options)
         for option, value in given.items():
             compressor, setting = settings[option]
-            base = merged.get(compressor, default_options(objective).get(compressor, {}))
-            merged[compressor] = {**base, option: setting.check(value, option)}
+            base = options_record(compressor, merged.get(compressor), objective)
+            merged[compressor] = base.replace(**{option: setting.check(value, option)})
         return merged
 
     def check_settings_apply(self, given: Mapping[str, Any]) -> None:
@@ -250,18 +253,17 @@ class RunConfig:
         if self.ray_address is not None and self.executor != "ray":
             raise ConfigError(f"ray_address {self.ray_address!r} needs executor 'ray', not {self.executor!r}")
 
-    def _records(self) -> dict[str, dict[str, Any]]:
-        """Every registered compressor's options as a whole record (JSON form, with its version): given ones
-        read by `options_record` (an unknown field refused), the rest the tool's defaults for the objective."""
-        given = {name: options_record(name, o, self.objective).to_json() for name, o in self.options.items()}
+    def _records(self) -> dict[str, Options]:
+        """Every registered compressor's options record: given ones read by `options_record` (a record kept as it
+        is; JSON read, an unknown field refused), the rest the tool's defaults for the objective."""
+        given = {name: options_record(name, o, self.objective) for name, o in self.options.items()}
         return {**default_options(self.objective), **given}
 
     def _check_options(self) -> None:
         """Each compressor's options, checked by building it (they need no model): a bad bit width is refused
         here, before a model loads."""
         for name, options in self.options.items():
-            cls = COMPRESSORS.get(name)
-            cls(cls.record.from_json(options))
+            COMPRESSORS.get(name)(options)
 
     def _check_latency(self) -> None:
         if self.latency is None and self.objective == Target.LATENCY.value:
@@ -281,7 +283,7 @@ class RunConfig:
 
     def to_json(self) -> dict[str, Any]:
         """run.json's form (the key layout of format 0, plus `format` and the tool's `version`)."""
-        comps = None if self.compressors is None else {n: dict(self.options.get(n, {})) for n in self.compressors}
+        comps = None if self.compressors is None else {n: self.options[n].to_json() for n in self.compressors}
         out: dict[str, Any] = {
             "format": CONFIG_FORMAT, "model": self.model, "weights": self.weights, "data": self.data,
             "data_seed": self.data_seed, "strategy": self.strategy, "seed": self.seed, "objective": self.objective,
@@ -298,7 +300,7 @@ class RunConfig:
             "knowledge": self.knowledge, "reconstruct": self.reconstruct,
         }
         if comps is None:
-            out["options"] = {n: dict(o) for n, o in self.options.items()}
+            out["options"] = {n: o.to_json() for n, o in self.options.items()}
         return out
 
     @classmethod
@@ -325,7 +327,8 @@ class RunConfig:
         (`SETTLED_RESUME_KEYS`: what needs no model, checked before one loads)."""
         saved, mine = read_config_json(run_dir), self.to_json()
         if isinstance(saved.get("compressors"), dict):  # records compared, not their JSON: an old one read as it ran
-            saved["compressors"] = _as_records(saved["compressors"], str(run_dir))
+            saved["compressors"] = {n: o.to_json() if isinstance(o, Options) else o
+                                    for n, o in _as_records(saved["compressors"], str(run_dir)).items()}
         for key in keys:
             if key in saved and key in mine and saved[key] != mine[key]:
                 raise ConfigError(f"cannot resume {str(run_dir)!r}: it was run with {key}={saved[key]!r}, "
@@ -380,11 +383,10 @@ def _fields_of(raw: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _as_records(options: Mapping[str, Mapping[str, Any]], where: str) -> dict[str, dict[str, Any]]:
-    """run.json's compressor options as records in JSON form, each read as its version wrote it (a record without
-    one is version 1: `Options.from_json`); a compressor not installed here is left as it is (`RunConfig` names
-    it)."""
-    return {n: COMPRESSORS.get(n).record.from_json(o, f"{where}: options of {n}").to_json() if n in COMPRESSORS
+def _as_records(options: Mapping[str, Mapping[str, Any]], where: str) -> dict[str, Options | dict[str, Any]]:
+    """run.json's compressor options as records, each read as its version wrote it (a record without one is
+    version 1: `Options.from_json`); a compressor not installed here is left as JSON (`RunConfig` names it)."""
+    return {n: COMPRESSORS.get(n).record.from_json(o, f"{where}: options of {n}") if n in COMPRESSORS
             else dict(o) for n, o in options.items()}
 
 

@@ -97,7 +97,8 @@ class Sweep:
         as `settings`, defaults included) and the settings the file gave (`given`)."""
         cfg = self.config
         declared = compressor_settings()
-        used = {o: cfg.options[c][o] for o, (c, _) in declared.items() if o in cfg.options.get(c, {})}
+        records = {c: o.to_json() for c, o in cfg.options.items()}
+        used = {o: records[c][o] for o, (c, _) in declared.items() if c in records}
         return {
             "version": 2, "modelopt": __version__, "path": str(self.path), "name": self.name, "out": str(self.out),
             "models": [vars(m) for m in self.models], "strategies": list(self.strategies), "seeds": list(self.seeds),

@@ -93,8 +93,8 @@ def _check_started(sweep: Sweep, cells: Sequence[Cell]) -> None:
             if name in COMPRESSORS:
                 cls = COMPRESSORS.get(name)
                 # A RunConfig holds every registered compressor's whole record: the fields compare as they are.
-                pairs += [(s.option, cfg.options[name].get(s.option), base.options[name].get(s.option))
-                          for s in cls.record.settings()]
+                ran, asked = cfg.options[name].to_json(), base.options[name].to_json()  # in run.json's form
+                pairs += [(s.option, ran.get(s.option), asked.get(s.option)) for s in cls.record.settings()]
         for key, have, want in pairs:
             if have != want:
                 raise ConfigError(

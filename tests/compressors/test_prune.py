@@ -145,8 +145,8 @@ def test_structured_choices_keep_a_multiple_of_channel_multiple(resnet20_workloa
     offered = {d.layer: sorted(c.sparsity for c in d.choices if c is not None) for d in space.decisions}
     assert "layer1.0.conv1" not in offered  # 16 channels: 12, 8 and 4 are no multiple of 16
     assert offered["layer2.0.conv1"] == [0.5] and offered["layer3.0.conv1"] == [0.25, 0.5, 0.75]
-    assert RunConfig(objective="latency", latency="onnxruntime").options["prune"]["channel_multiple"] == 16
-    assert RunConfig().options["prune"].get("channel_multiple", 1) == 1
+    assert RunConfig(objective="latency", latency="onnxruntime").options["prune"].channel_multiple == 16
+    assert RunConfig().options["prune"].channel_multiple == 1
     with pytest.raises(ConfigError, match="channel_multiple must be an integer >= 1, got 0"):
         build_compressors(["prune"], {"prune": {"channel_multiple": 0}})
 

@@ -10,6 +10,7 @@ import pytest
 
 import modelopt
 import modelopt.api
+from modelopt.compressors import COMPRESSORS
 from modelopt.config.assemble import default_options
 from modelopt.config.build import build, make_compressors
 from modelopt.config.run_config import CONFIG_FORMAT, RunConfig
@@ -23,7 +24,7 @@ def test_defaults_are_the_tool_defaults() -> None:
     cfg = RunConfig()
     assert (cfg.model, cfg.data, cfg.strategy, cfg.seed, cfg.budget) == ("cifar10_resnet20", "cifar10-sample",
                                                                          "mcts", 0, modelopt.api.DEFAULT_BUDGET)
-    assert cfg.options["quantize"]["rounding"] == ["gptq"] and cfg.compressors is None
+    assert cfg.options["quantize"].rounding == ("gptq",) and cfg.compressors is None
 
 
 @pytest.mark.parametrize(("field", "value", "words"), [
@@ -86,6 +87,18 @@ def test_a_format_0_record_reads_as_it_ran(tmp_path: Path) -> None:
     assert quantize.options()["version"] == 2
 
 
+def test_a_run_folder_resumes_as_it_was_written(tmp_path: Path) -> None:
+    """run.json holds each record's JSON as before records were held: read back it compares equal (nothing redone)."""
+    cfg = RunConfig(compressors=("quantize", "prune"), options={"quantize": {"bits": [8]}, "prune": {}})
+    cfg.write(tmp_path)
+    saved = json.loads((tmp_path / CONFIG).read_text())
+    assert saved["compressors"]["quantize"] == {**default_options()["quantize"].to_json(), "bits": [8]}
+    assert RunConfig.read(tmp_path).to_json() == saved == cfg.to_json()
+    RunConfig.read(tmp_path).check_resumes(tmp_path)
+    with pytest.raises(ConfigError, match="compressors="):
+        RunConfig.read(tmp_path).replace(bits=[4]).check_resumes(tmp_path)
+
+
 @pytest.mark.parametrize(("change", "words"), [
     ({"seed": "0"}, "seed"),
     ({"compressors": ["quantize"]}, "compressors"),
@@ -114,7 +127,7 @@ def test_build_returns_the_parts_and_a_resolved_record(small_workload) -> None:
     built = build(cfg, small_workload)
     assert built.workload is small_workload and built.space is built.evaluator.space
     assert built.config.compressors == tuple(built.space.compressors) == ("prune", "quantize")
-    assert built.config.options["quantize"]["bits"] == [8, 4]
+    assert built.config.options["quantize"].bits == (8, 4)
     assert built.config.fingerprints == small_workload.fingerprints()
     assert built.config.device == "cpu" and built.config.data == str(small_workload.data.source)
     (plan,) = built.strategy.ask()
@@ -128,7 +141,7 @@ def test_optimize_takes_a_config_and_refuses_a_setting_beside_it(small_workload,
         modelopt.optimize(cfg, budget=5, out=tmp_path / "refused", reconstruct=False)
     result = modelopt.api.run(cfg, workload=small_workload, out=tmp_path / "run", report=False, progress=False)
     saved = RunConfig.read(result.run_dir)
-    assert saved.options["quantize"]["bits"] == [8] and "group_size" in saved.options["quantize"]  # menus in full
+    assert saved.options["quantize"].to_json() == {**default_options()["quantize"].to_json(), "bits": [8]}  # in full
     ran = dataclasses.replace(cfg, model="cifar10_resnet20", data=str(small_workload.data.source), device="cpu",
                               fingerprints=small_workload.fingerprints())
     assert dataclasses.replace(saved, options=cfg.options) == ran
@@ -139,11 +152,12 @@ def test_replace_is_the_one_override_path() -> None:
     """Fields and compressors' settings by name; a setting merges into its compressor's options."""
     cfg = RunConfig().replace(budget=50, strategy="random", bits=(8, 4), rounding="nearest")
     assert (cfg.budget, cfg.strategy) == (50, "random")
-    assert cfg.options["quantize"]["bits"] == [8, 4] and cfg.options["quantize"]["rounding"] == ["nearest"]
-    assert cfg.options["quantize"]["granularity"] == RunConfig().options["quantize"]["granularity"]  # kept
-    assert RunConfig().replace(objective="bitops").options["quantize"]["activations"] == [None, 8]
-    assert RunConfig().options["quantize"]["activations"] == [None]  # float inputs where they lower nothing
-    assert RunConfig().replace(bits=[4]).replace(objective="bitops").options["quantize"]["bits"] == [4]  # given: kept
+    assert cfg.options["quantize"].bits == (8, 4) and cfg.options["quantize"].rounding == ("nearest",)
+    assert cfg.options["quantize"].granularity == RunConfig().options["quantize"].granularity  # kept
+    assert RunConfig().replace(objective="bitops").options["quantize"].activations == (None, 8)
+    assert RunConfig().options["quantize"].activations == (None,)  # float inputs where they lower nothing
+    assert RunConfig().replace(bits=[4]).replace(objective="bitops").options["quantize"].bits == (4,)  # given: kept
+    assert all(isinstance(o, COMPRESSORS.get(n).record) for n, o in cfg.options.items())  # records, not JSON
 
 
 @pytest.mark.parametrize(("changes", "words"), [
@@ -161,7 +175,7 @@ def test_replace_refuses_in_one_line(changes: dict, words: str) -> None:
 
 def test_a_setting_reaches_its_compressor() -> None:
     cfg = RunConfig(compressors=("early_exit", "quantize")).replace(exit_data="train.npz", exit_images=64)
-    assert cfg.options["early_exit"] == {**default_options()["early_exit"], "exit_data": "train.npz", "exit_images": 64}
+    assert cfg.options["early_exit"] == default_options()["early_exit"].replace(exit_data="train.npz", exit_images=64)
     (early_exit,) = [c for c in make_compressors(cfg) if c.name == "early_exit"]
     assert early_exit.options()["exit_data"] == "train.npz" and early_exit.options()["exit_images"] == 64
 
@@ -172,17 +186,17 @@ def test_a_format_1_record_keeps_its_early_exit_images(tmp_path: Path) -> None:
     raw.update(format=1, exit_data={"path": "train.npz", "images": 500})
     (tmp_path / CONFIG).write_text(json.dumps(raw))
     cfg = RunConfig.read(tmp_path)
-    assert cfg.options["early_exit"] == {**default_options()["early_exit"], "exit_data": "train.npz",
-                                         "exit_images": 500}
+    assert cfg.options["early_exit"] == default_options()["early_exit"].replace(exit_data="train.npz",
+                                                                                exit_images=500)
 
 
 def test_latency_menus_offer_what_an_engine_can_run_fast() -> None:
     options = RunConfig(objective="latency").options
-    assert options["quantize"]["bits"] == [8] and options["quantize"]["granularity"] == ["per_channel"]
-    assert options["quantize"]["activations"] == [None, 8] and options["prune"]["kind"] == ["structured"]
-    assert options["prune"]["channel_multiple"] == 16  # counts integer kernels run fast
-    assert RunConfig().options["prune"]["sparse_images"] == RunConfig().options["prune"]["repair_images"] == 256
-    assert RunConfig().options["quantize"]["bits"] == [8, 4, 3]
+    assert options["quantize"].bits == (8,) and options["quantize"].granularity == ("per_channel",)
+    assert options["quantize"].activations == (None, 8) and options["prune"].kind == ("structured",)
+    assert options["prune"].channel_multiple == 16  # counts integer kernels run fast
+    assert RunConfig().options["prune"].sparse_images == RunConfig().options["prune"].repair_images == 256
+    assert RunConfig().options["quantize"].bits == (8, 4, 3)
 
 
 @pytest.mark.parametrize(("fmt", "says"), [(99, "written by a newer modelopt"), (-1, "changed by hand"),

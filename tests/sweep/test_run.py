@@ -53,9 +53,9 @@ def test_a_good_file_parses_with_defaults_and_paths_resolved_against_its_folder(
     assert sweep.budgets == (2.0, 3.0) and sweep.budget == 3.0 and sweep.seeds == (0, 1)
     cfg = sweep.config  # what the file leaves out is RunConfig's default, as on the command line
     quant = cfg.options["quantize"]
-    assert (cfg.objective, cfg.min_retention, cfg.confidence, quant["bits"], quant["granularity"]) == (
-        "size", 0.99, 0.95, [8, 4, 3], ["per_channel", "group"])
-    assert quant["rounding"] == ["gptq"] and sweep.settings == {"device": "cpu", "reconstruct": False}
+    assert (cfg.objective, cfg.min_retention, cfg.confidence, quant.bits, quant.granularity) == (
+        "size", 0.99, 0.95, (8, 4, 3), ("per_channel", "group"))
+    assert quant.rounding == ("gptq",) and sweep.settings == {"device": "cpu", "reconstruct": False}
     cells = sweep.cells()
     assert [(c.model, c.strategy, c.seed, c.status) for c in cells] == [
         ("resnet20", "random", 0, "todo"), ("resnet20", "random", 1, "todo")]
