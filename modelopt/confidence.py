@@ -44,7 +44,9 @@ _CONTINUITY = 0.5  # half an image: keeps the score bound's miss rate at or unde
 
 def check_confidence(confidence: float) -> float:
     """`confidence` as a float in [0, 1): 0 means point estimates (no bound)."""
-    try:
+    try:  # a bool or a string would pass float() (True is 1, "0.9" is 0.9): neither is a confidence
+        if isinstance(confidence, (bool, str)):
+            raise TypeError
         c = float(confidence)
     except (TypeError, ValueError):
         raise ConfigError(f"confidence must be a number in [0, 1) like 0.95; got {confidence!r}") from None

@@ -89,7 +89,8 @@ class Objective:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target", Target.parse(self.target))
-        if not isinstance(self.min_retention, (int, float)) or not 0.0 <= self.min_retention <= 1.0:
+        if (not isinstance(self.min_retention, (int, float)) or isinstance(self.min_retention, bool)
+                or not 0.0 <= self.min_retention <= 1.0):
             raise ConfigError(f"min_retention must be a fraction in [0, 1] like 0.99 (a compressed model cannot "
                               f"be certified above its float accuracy), got {self.min_retention!r}")
         object.__setattr__(self, "confidence", check_confidence(self.confidence))

@@ -18,7 +18,6 @@ from modelopt.data.dataset import list_data_sources
 from modelopt.errors import ConfigError, UnknownNameError
 from modelopt.model.loader import list_models
 from modelopt.model.workload import resolve_device
-from modelopt.objective import Target
 from modelopt.run.layout import RUNS
 from modelopt.search import STRATEGIES
 from modelopt.sweep.cells import EPS, Cell, cell_status
@@ -59,11 +58,8 @@ class Sweep:
     seeds: tuple[int, ...]
     settings: Mapping[str, Any] = field(default_factory=dict)  # the run settings the file gives
     workers_per_cell: int = 1  # > 1: each cell's evaluations fanned over that many Ray workers
-
-    @property
-    def config(self) -> RunConfig:
-        """The settings every cell starts from: RunConfig's defaults, then the file's (`RunConfig.replace`)."""
-        return RunConfig().replace(**self.settings)
+    # The settings every cell starts from: RunConfig's defaults, then the file's (one `RunConfig.replace`).
+    config: RunConfig = field(default_factory=RunConfig)
 
     @property
     def objective(self) -> str:
@@ -197,10 +193,6 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _fraction(v: Any) -> bool:
-    return _is_number(v) and 0.0 <= v <= 1.0
-
-
 def _is_number(v: Any) -> bool:
     """A finite int or float, not a bool; nor an int too large for a float (a YAML integer of 400 digits)."""
     if not isinstance(v, (int, float)) or isinstance(v, bool):
@@ -250,10 +242,11 @@ def load_sweep(path: str | Path) -> Sweep:
     seeds = [f.checked(n, "seeds", lambda v: _is_int(v) and v >= 0, "expected non-negative integers like [0, 1, 2]")
              for n in k_nodes]
     f.unique(k_nodes, seeds, "seeds")
-    settings, workers = _settings(f, top, base)
+    settings, config, workers = _settings(f, top, base)
     return Sweep(
         path=path.resolve(), name=name, out=out.resolve(), models=tuple(models), strategies=tuple(strategies),
         budgets=tuple(sorted(budgets)), seeds=tuple(seeds), settings=settings, workers_per_cell=workers,
+        config=config,
     )
 
 
@@ -279,63 +272,59 @@ def _compose(path: Path) -> yaml.Node:
     return root
 
 
-def _settings(f: _File, top: Mapping[str, tuple[yaml.Node, yaml.Node]], base: Path) -> tuple[dict[str, Any], int]:
-    """The run settings the file gives, each checked where it is given, and workers_per_cell (1 when absent)."""
+def _settings(f: _File, top: Mapping[str, tuple[yaml.Node, yaml.Node]],
+              base: Path) -> tuple[dict[str, Any], RunConfig, int]:
+    """The run settings the file gives, the config they make (checked once, together, by `RunConfig.replace`; a
+    ConfigError names the line of the key it is about), and workers_per_cell (1 when absent)."""
     given = {key: vnode for key, (_, vnode) in top.items()}
     declared = compressor_settings()
-    settings = {**_search_settings(f, given), **_compressor_values(f, given, base, declared)}
-    if "compressors" in given:
-        settings["compressors"] = tuple(f.names(given["compressors"], "compressors", "[quantize, prune]",
-                                                COMPRESSORS.names(), "compressor", unique=False))
-    if "device" in given:
-        settings["device"] = _device(f, given["device"])
-    workers = 1
-    if (n := given.get("workers_per_cell")) is not None:
-        workers = f.checked(n, "workers_per_cell", lambda v: _is_int(v) and v >= 1,
-                            "expected a positive number of Ray workers per cell like 4")
+    run_keys = {*_RUN_KEYS, *declared}
+    settings = {key: _value(f, key, n, base, declared) for key, n in given.items() if key in run_keys}
     try:
-        RunConfig().replace(**settings)  # what only the settings together say (a setting of an unused compressor)
+        config = RunConfig().replace(**settings)
     except ConfigError as exc:
-        key = next((k for k in settings if k in declared and k in str(exc)), next(iter(settings), "(top level)"))
+        key = _blame(settings, exc, declared)
         raise f.error(given.get(key), key, str(exc)) from None
-    return settings, workers
+    records = {name: o.to_json() for name, o in config.options.items()}  # each setting as its record holds it
+    settings.update({k: records[declared[k][0]][k] for k in settings if k in declared})
+    return settings, config, _workers(f, given.get("workers_per_cell"))
 
 
-def _search_settings(f: _File, given: Mapping[str, yaml.Node]) -> dict[str, Any]:
-    """The objective, its floor and confidence, and whether finalists are reconstructed, each checked where given."""
-    settings: dict[str, Any] = {}
-    if (n := given.get("objective")) is not None:
-        settings["objective"] = objective = f.string(n, "objective", "size")
-        if objective not in (targets := [t.value for t in Target]):
-            raise f.error(n, "objective", f"unknown objective {objective!r}; valid: {', '.join(targets)}")
-    if "min_retention" in given:
-        settings["min_retention"] = float(f.checked(given["min_retention"], "min_retention", _fraction,
-                                                    "expected a fraction of the float accuracy like 0.99"))
-    if "confidence" in given:
-        settings["confidence"] = float(f.checked(given["confidence"], "confidence", lambda v: _fraction(v) and v < 1,
-                                                 "expected a confidence in [0, 1) like 0.95 (0: point estimates)"))
-    if "reconstruct" in given:
-        settings["reconstruct"] = f.checked(given["reconstruct"], "reconstruct", lambda v: isinstance(v, bool),
-                                            "expected true or false (refit the finalists on their own inputs)")
-    return settings
+def _workers(f: _File, node: yaml.Node | None) -> int:
+    """workers_per_cell: Ray workers each cell's evaluations are fanned over (1 when absent)."""
+    if node is None:
+        return 1
+    return int(f.checked(node, "workers_per_cell", lambda v: _is_int(v) and v >= 1,
+                         "expected a positive number of Ray workers per cell like 4"))
 
 
-def _compressor_values(f: _File, given: Mapping[str, yaml.Node], base: Path,
-                       declared: Mapping[str, tuple[str, Setting]]) -> dict[str, Any]:
-    """Each compressor's own keys the file gives, checked by the compressor, a ConfigError mapped to its line."""
-    settings: dict[str, Any] = {}
-    for option, (compressor, setting) in declared.items():
-        if (n := given.get(option)) is None:
-            continue
+def _value(f: _File, key: str, node: yaml.Node, base: Path, declared: Mapping[str, tuple[str, Setting]]) -> Any:
+    """A run setting as the file writes it, for `RunConfig.replace` to check; what only a file says is read here: a
+    list's items (each with its line), a device this machine has, a path relative to the file's folder."""
+    if key == "compressors":
+        return tuple(f.names(node, key, "[quantize, prune]", COMPRESSORS.names(), "compressor", unique=False))
+    if key == "device":
+        return _device(f, node)
+    if key in declared and declared[key][1].kind is SettingKind.PATH:
+        return _existing(f, node, key, base, f.string(node, key, "../data/train.npz"))
+    value = f.value(node, key)
+    # A YAML integer floor (min_retention: 1) is the number it means, saved as a float as the command line saves it.
+    return float(value) if key in ("min_retention", "confidence") and _is_number(value) else value
+
+
+def _blame(settings: Mapping[str, Any], exc: ConfigError, declared: Mapping[str, tuple[str, Setting]]) -> str:
+    """The key a ConfigError from the settings together is about: the first whose value alone is refused alike;
+    else (a refusal only the settings together make, such as a setting of a compressor the run does not use) the
+    first the message names, a compressor's setting before a run field; else the first key."""
+    for key, value in settings.items():
         try:
-            value = setting.check(f.value(n, option), "this key")
-            if setting.kind is SettingKind.PATH:
-                value = _existing(f, n, option, base, value)
-            COMPRESSORS.get(compressor)(**{option: value})  # the compressor's own check of the value
-        except ConfigError as exc:
-            raise f.error(n, option, str(exc)) from None
-        settings[option] = value
-    return settings
+            RunConfig().replace(**{key: value})
+        except ConfigError as alone:
+            if str(alone) == str(exc):
+                return key
+    named = [k for k in settings if re.search(rf"\b{re.escape(k)}\b", str(exc))]
+    named.sort(key=lambda k: k not in declared)
+    return next(iter(named or settings), "(top level)")
 
 
 def _existing(f: _File, node: yaml.Node, key: str, base: Path, value: str) -> str:

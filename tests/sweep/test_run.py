@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import modelopt.sweep.file
 import modelopt.sweep.table
 from modelopt.cli.app import app
 from modelopt.errors import ConfigError
@@ -105,6 +106,38 @@ def test_a_malformed_file_names_the_key_its_line_and_what_is_right(tmp_path, old
     assert f"line {line}" in msg, msg
     for needle in needles:
         assert needle in msg, msg
+
+
+# A bad option value, checked by RunConfig.replace with every other setting: the error names the line of its key.
+BAD_OPTIONS = [
+    ("norm_images: -1\nobjective: size", 11, ["'norm_images'", "non-negative integer", "-1"]),
+    ("objective: size\nsparsity: [0.5, 2.0]\nmin_retention: 0.9", 12, ["'sparsity'", "2.0", "share in (0, 1)"]),
+    ("compressors: [quantize]\nexit_images: 5", 12, ["'exit_images'", "does not use", "add early_exit"]),
+    ("compressors: [early_exit]\nmin_retention: 5\nexit_images: 7", 12, ["'min_retention'", "fraction in [0, 1]"]),
+    ("confidence: '0.9'", 11, ["'confidence'", "'0.9'"]),
+]
+
+
+@pytest.mark.parametrize(("lines", "line", "needles"), BAD_OPTIONS, ids=[b[0].splitlines()[-1] for b in BAD_OPTIONS])
+def test_a_bad_option_value_names_its_line(tmp_path, lines, line, needles):
+    with pytest.raises(ConfigError) as info:
+        load_sweep(_write(tmp_path, GOOD + lines + "\n"))
+    msg = str(info.value)
+    assert "\n" not in msg and f"line {line}, key " in msg, msg
+    for needle in needles:
+        assert needle in msg, msg
+
+
+def test_the_settings_are_checked_once_together(tmp_path, monkeypatch):
+    """One RunConfig.replace checks every setting the file gives (a compressor's value as its record reads it)."""
+    calls = []
+    replace = modelopt.sweep.file.RunConfig.replace
+    monkeypatch.setattr(modelopt.sweep.file.RunConfig, "replace",
+                        lambda self, **kw: calls.append(kw) or replace(self, **kw))
+    sweep = load_sweep(_write(tmp_path, GOOD + "bits: 8\ngranularity: per_channel\nmin_retention: 1\n"))
+    assert len(calls) == 1 and set(calls[0]) == {"device", "reconstruct", "bits", "granularity", "min_retention"}
+    assert sweep.settings["bits"] == [8] and sweep.settings["granularity"] == ["per_channel"]  # as run.json has them
+    assert sweep.config.options["quantize"].bits == (8,) and sweep.config.min_retention == 1.0
 
 
 @pytest.mark.parametrize("text,needle", [
