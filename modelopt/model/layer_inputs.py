@@ -1,7 +1,7 @@
 """Second moments of every layer's inputs in the float model: H = X^T X over calibration images.
 
 A model-level measurement: a compressor that picks codes with the layer's inputs (GPTQ,
-`modelopt.compressors.gptq`) asks for them in its `CalibrationNeed.layer_inputs`, and the evaluator
+`modelopt.compressors.quantize.gptq`) asks for them in its `CalibrationNeed.layer_inputs`, and the evaluator
 measures them once per image count for every layer (`modelopt.evaluation.compressed_state`).
 """
 

@@ -9,8 +9,8 @@ import torch
 from modelopt.api import build_compressors
 from modelopt.compressors import Granularity, Quantize, QuantSpec, Rounding
 from modelopt.compressors._packing import scale_units
-from modelopt.compressors.gptq import DAMPING, gptq_round
-from modelopt.compressors.quantize import _code_range, _per_weight, dequantize, quantize, search_scales
+from modelopt.compressors.quantize.compressor import _code_range, _per_weight, dequantize, quantize, search_scales
+from modelopt.compressors.quantize.gptq import DAMPING, gptq_round
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.model.layer_inputs import LayerInputs, input_columns

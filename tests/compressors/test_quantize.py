@@ -11,14 +11,14 @@ import torch
 from modelopt.compressors import COMPRESSORS, Granularity, Quantize, QuantSpec
 from modelopt.compressors._base import Precision
 from modelopt.compressors._packing import pack_codes, unpack_codes
-from modelopt.compressors.quantize import (
+from modelopt.compressors.quantize.compressor import (
     SUPPORTED_BITS,
     dequantize,
     error_p,
     n_scales,
     quantize,
 )
-from modelopt.compressors.quantize_options import QuantizeOptions
+from modelopt.compressors.quantize.options import QuantizeOptions
 from modelopt.errors import ConfigError
 from modelopt.model.layers import Layer, LayerKind
 

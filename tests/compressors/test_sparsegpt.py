@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modelopt.compressors.gptq import DAMPING
-from modelopt.compressors.sparsegpt import obs_prune
+from modelopt.compressors.prune.sparsegpt import obs_prune
+from modelopt.compressors.quantize.gptq import DAMPING
 from modelopt.model.layer_inputs import LayerInputs
 
 

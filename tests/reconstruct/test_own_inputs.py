@@ -8,8 +8,7 @@ import torch
 from torch import nn
 
 from modelopt.compressors.contract import Granularity, IntegerWeight, code_range
-from modelopt.compressors.quant_spec import QuantSpec
-from modelopt.compressors.quantize import quantize
+from modelopt.compressors.quantize import QuantSpec, quantize
 from modelopt.reconstruct.own_inputs import DAMP, MULTIPLIERS, Grid, Target, refit_layers, rescaled, scale_per_weight
 
 

@@ -38,9 +38,9 @@ from modelopt.compressors._packing import (
 from modelopt.compressors._packing import code_range as _code_range
 from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors._surface import Cell, ReportColumn, enum_member
-from modelopt.compressors.gptq import Rounding, gptq_round
-from modelopt.compressors.quant_spec import ActQuantSpec, QuantSpec
-from modelopt.compressors.quantize_options import CLIP_RATIOS, SUPPORTED_BITS, QuantizeOptions
+from modelopt.compressors.quantize.gptq import Rounding, gptq_round
+from modelopt.compressors.quantize.options import CLIP_RATIOS, SUPPORTED_BITS, QuantizeOptions
+from modelopt.compressors.quantize.spec import ActQuantSpec, QuantSpec
 from modelopt.errors import ConfigError
 from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer

@@ -1,7 +1,7 @@
 """Quantization's options record (`modelopt.compressors.quantize.Quantize` takes it): one default each, the tool's.
 
 Why the defaults, measured on ResNet-20, bundled sample, test split: uniform INT3 per channel keeps 78.6 % of
-the float accuracy rounded to nearest, 100.8 % with GPTQ (`modelopt.compressors.gptq`); INT3 is offered: with
+the float accuracy rounded to nearest, 100.8 % with GPTQ (`modelopt.compressors.quantize.gptq`); INT3 is offered: with
 GPTQ, uniform INT3 per channel keeps 99.8 % of ResNet-56's accuracy on 4,000 JPEG test images, and the plans that
 beat uniform INT4 mix it in; 64 norm images: INT2 group-64 confirm agreement 88.5 -> 94.9 %. For latency only what
 an engine can run faster is offered: 8-bit weights with per-channel scales (weights under 5 bits, and group
@@ -21,7 +21,7 @@ from modelopt.compressors._inputs import Calibration, activation_bits, calibrati
 from modelopt.compressors._options import Options, option
 from modelopt.compressors._packing import Granularity
 from modelopt.compressors._surface import SettingKind, enum_member
-from modelopt.compressors.gptq import Rounding
+from modelopt.compressors.quantize.gptq import Rounding
 from modelopt.errors import ConfigError
 
 __all__ = ["CLIP_RATIOS", "SUPPORTED_BITS", "QuantizeOptions"]

@@ -2,11 +2,10 @@
 
 - ``unstructured``: a share of the layer's weights becomes exactly zero: with ``sparse_images`` (the tool's default),
   the ones whose loss costs the layer's output least, the loss pushed onto the weights kept (SparseGPT,
-  `modelopt.compressors.sparsegpt`); without, the smallest in magnitude. ``2:4`` keeps two of every four consecutive
-  weights of a row, chosen the same way. The packed
-  form stores which weights are kept (the cheaper of a bitmask and an index list) and the kept
-  values (float32, or the quantizer's codes when the layer is also quantized: pruning runs
-  first, so the quantizer's scales are searched on the pruned weight and zeros stay zero).
+  `modelopt.compressors.prune.sparsegpt`); without, the smallest in magnitude. ``2:4`` keeps two of every four
+  consecutive weights of a row, chosen the same way. The packed form stores which weights are kept (the cheaper of a
+  bitmask and an index list) and the kept values (float32, or the quantizer's codes when the layer is also quantized:
+  pruning runs first, so the quantizer's scales are searched on the pruned weight and zeros stay zero).
 - ``structured``: a group root's output channels of smallest L1 (or L2) filter norm go, and with them
   everything the model's graph ties to them (`modelopt.model.channels`: the norm after it, a depthwise
   convolution, the layers reading them, a residual stream's other writers and readers, squeeze-excitation).
@@ -39,8 +38,8 @@ from modelopt.compressors._channels import RemovesChannels
 from modelopt.compressors._packing import Storage, WeightForm
 from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors._surface import Cell, ReportColumn
-from modelopt.compressors.prune_options import PruneOptions
-from modelopt.compressors.sparsegpt import obs_prune
+from modelopt.compressors.prune.options import PruneOptions
+from modelopt.compressors.prune.sparsegpt import obs_prune
 from modelopt.errors import ConfigError
 from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer, LayerKind
@@ -144,7 +143,7 @@ class Prune(Compressor, RemovesChannels):
             output, `output_kept`; L1 where that is not defined), ``l1`` or ``l2`` (filter norms).
         bn_samples: calibration images batch-norm statistics are re-estimated on after pruning (0: off).
         sparse_images: calibration images unstructured and 2:4 pruning choose their mask on and feed the pruned
-            weights' error back with (SparseGPT, `modelopt.compressors.sparsegpt`; 0: magnitude).
+            weights' error back with (SparseGPT, `modelopt.compressors.prune.sparsegpt`; 0: magnitude).
         repair_images: calibration images removed channels' readers are refitted on (0: none).
         channel_multiple: structured choices are offered only where the channels kept are a multiple of it.
 

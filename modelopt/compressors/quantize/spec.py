@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from modelopt.compressors._inputs import activation_bits as _activation_bits
 from modelopt.compressors._packing import Granularity
-from modelopt.compressors.gptq import Rounding
+from modelopt.compressors.quantize.gptq import Rounding
 from modelopt.errors import ConfigError
 
 __all__ = ["ActQuantSpec", "QuantSpec"]

@@ -2,7 +2,7 @@
 layer's output, and their loss pushed onto the weights kept.
 
 Magnitude pruning zeroes the smallest weights and leaves the rest as they were. SparseGPT (Frantar & Alistarh, 2023)
-walks the input columns in blocks of 128 as GPTQ does (`modelopt.compressors.gptq`): each block's mask is chosen by
+walks the input columns in blocks of 128 as GPTQ does (`modelopt.model.gptq_sweep`): each block's mask is chosen by
 the Optimal Brain Surgeon cost w^2 / [H^-1]_jj^2 on the weights as the earlier columns' feedback left them, and after
 each column the error of its pruned weights is spread over the columns not yet fixed through the inverse of the
 layer's input second moments H = X^T X. Kept weights stay float; a quantizer after it (GPTQ) rounds them, keeping the
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from modelopt.compressors.gptq import BLOCK, DAMPING, layer_factor
+from modelopt.model.gptq_sweep import BLOCK, DAMPING, layer_factor
 from modelopt.model.layer_inputs import LayerInputs
 
 __all__ = ["obs_prune"]

@@ -1,0 +1,27 @@
+"""Pruning: unstructured sparsity per layer (any weights, or 2:4), or structured removal of a channel group.
+
+- `compressor.py`: the `prune` plugin (`Prune`): its menu, masks and kept filters, and size accounting.
+- `options.py`: its options record (`PruneOptions`), one default each.
+- `sparsegpt.py`: unstructured masks with error feedback (SparseGPT / OBS) on the layer's calibration inputs.
+
+Example:
+    >>> p = Prune(sparsity=(0.5,), kind=("structured",))
+    >>> n_kept(64, 0.25)
+    48
+"""
+
+from modelopt.compressors.prune.compressor import (
+    Criterion,
+    Prune,
+    PruneKind,
+    PruneSpec,
+    channel_order,
+    kept_filters,
+    magnitude_mask,
+    n_kept,
+    pattern_mask,
+)
+from modelopt.compressors.prune.options import PruneOptions
+
+__all__ = ["Criterion", "Prune", "PruneKind", "PruneOptions", "PruneSpec", "channel_order", "kept_filters",
+           "magnitude_mask", "n_kept", "pattern_mask"]
