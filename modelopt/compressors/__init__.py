@@ -1,8 +1,10 @@
 """Compressor plugins: each offers per-layer choices and applies them.
 
-Outside this package, code reaches compressors through the registry and the contract (`_base`, its
-capabilities `_routing` and `_channels`, `_packing`, `_calibration`, `_surface`, `_inputs`, `_options`), never through
-a plugin's own module.
+Outside this package (tests and docs too), code reaches compressors through the registry and the public contract,
+`modelopt.compressors.contract`, never through the underscore modules that hold the contract (`_base`, its
+capabilities `_routing`, `_channels` and `_branches`, `_packing`, `_calibration`, `_surface`, `_inputs`, `_options`;
+they may move) nor a plugin's own module. Each plugin of more than one idea is a folder: `quantize/`, `prune/`,
+`early_exit/`.
 """
 
 from modelopt.compressors._base import Choice, Compressor

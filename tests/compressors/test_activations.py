@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from modelopt.compressors._inputs import (
+from modelopt.compressors.contract import (
     Calibration,
     InputQParams,
     fake_quantize,

@@ -4,12 +4,13 @@ plugin may override; what one plugin alone needs is a capability of its own, bes
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from modelopt.compressors import COMPRESSORS
-from modelopt.compressors._base import Compressor
-from modelopt.compressors._channels import RemovesChannels
-from modelopt.compressors._routing import Routes
+from modelopt.compressors.contract import Compressor, RemovesChannels, Routes
 
 # What every compressor is: its name and place in a layer's chain, the menu, a choice's hand-written form,
 # apply, the weight's bytes, its part of the stored form for export, and its options for run records.
@@ -42,10 +43,9 @@ def test_capabilities_add_nothing_to_the_contract_and_serve_a_registered_compres
 
 
 def test_a_plugin_is_named_by_registering_it_once() -> None:
-    from modelopt._registry import Registry
-    from modelopt.compressors._registry import _named
+    from modelopt._registry import Registry, named
 
-    registry: Registry[type[Compressor]] = Registry("compressor", None, _named)
+    registry: Registry[type[Compressor]] = Registry("compressor", None, named("compressor"))
 
     class Round(Compressor):  # abstract members are never called here
         pass
@@ -59,3 +59,17 @@ def test_a_plugin_is_named_by_registering_it_once() -> None:
 
     with pytest.raises(ValueError, match="says name = 'round2' but is registered as 'round3'"):
         registry.register("round3")(Misnamed)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_only_the_package_imports_its_underscore_modules() -> None:
+    """Outside modelopt/compressors/, tests, docs and benchmarks import the public contract (`contract.py`, or the
+    package) as a plugin does (issue 45): the underscore modules behind it may move."""
+    private = re.compile(r"modelopt\.compressors(\._|\s+import\s+_)")
+    files = [p for d in ("modelopt", "tests", "docs", "benchmarks") for p in sorted((REPO / d).rglob("*"))
+             if p.suffix in (".py", ".md") and not p.relative_to(REPO).parts[:2] == ("modelopt", "compressors")]
+    bad = [f"{p.relative_to(REPO)}:{i}" for p in [*files, REPO / "README.md"]
+           for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if private.search(line)]
+    assert not bad, "underscore modules of modelopt.compressors imported from outside it:\n" + "\n".join(bad)

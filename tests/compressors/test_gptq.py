@@ -8,7 +8,7 @@ import torch
 
 from modelopt.api import build_compressors
 from modelopt.compressors import Granularity, Quantize, QuantSpec, Rounding
-from modelopt.compressors._packing import scale_units
+from modelopt.compressors.contract import scale_units
 from modelopt.compressors.quantize.compressor import _code_range, _per_weight, dequantize, quantize, search_scales
 from modelopt.compressors.quantize.gptq import DAMPING, gptq_round
 from modelopt.errors import ConfigError

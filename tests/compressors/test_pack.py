@@ -9,9 +9,7 @@ import pytest
 import torch
 
 from modelopt.compressors import COMPRESSORS, Granularity, PruneSpec, QuantSpec
-from modelopt.compressors._base import Compressor
-from modelopt.compressors._channels import RemovesChannels
-from modelopt.compressors._packing import Storage, WeightForm, sparse_index_bytes
+from modelopt.compressors.contract import Compressor, RemovesChannels, Storage, WeightForm, sparse_index_bytes
 from modelopt.testing.compressors import synthetic_layers, synthetic_weight
 
 LAYERS = synthetic_layers()

@@ -17,8 +17,14 @@ from modelopt.compressors import (
     QuantSpec,
     Storage,
 )
-from modelopt.compressors._calibration import CalibrationNeed
-from modelopt.compressors._packing import WeightForm, decode_mask, encode_mask, sparse_encoding, sparse_index_bytes
+from modelopt.compressors.contract import (
+    CalibrationNeed,
+    WeightForm,
+    decode_mask,
+    encode_mask,
+    sparse_encoding,
+    sparse_index_bytes,
+)
 from modelopt.compressors.prune import magnitude_mask, n_kept
 from modelopt.compressors.quantize import quantize
 from modelopt.errors import ConfigError

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from modelopt.compressors import COMPRESSORS, Granularity, Quantize, QuantSpec
-from modelopt.compressors._base import Precision
-from modelopt.compressors._packing import pack_codes, unpack_codes
+from modelopt.compressors.contract import Precision, pack_codes, unpack_codes
 from modelopt.compressors.quantize.compressor import (
     SUPPORTED_BITS,
     dequantize,
