@@ -172,8 +172,9 @@ class RunConfig:
             object.__setattr__(self, "latency", LatencySpec(self.latency))
         for name in [*(self.compressors or ()), *self.options]:
             COMPRESSORS.get(name)
+        # Each record checked its own fields when it was built (`Options.check`): a bad bit width is refused here,
+        # before a model loads, and no compressor is built to find out.
         object.__setattr__(self, "options", self._records())
-        self._check_options()
         self._check_latency()
         self._check_executor()
 
@@ -258,12 +259,6 @@ class RunConfig:
         is; JSON read, an unknown field refused), the rest the tool's defaults for the objective."""
         given = {name: options_record(name, o, self.objective) for name, o in self.options.items()}
         return {**default_options(self.objective), **given}
-
-    def _check_options(self) -> None:
-        """Each compressor's options, checked by building it (they need no model): a bad bit width is refused
-        here, before a model loads."""
-        for name, options in self.options.items():
-            COMPRESSORS.get(name)(options)
 
     def _check_latency(self) -> None:
         if self.latency is None and self.objective == Target.LATENCY.value:

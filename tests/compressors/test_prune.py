@@ -25,7 +25,7 @@ from modelopt.compressors.contract import (
     sparse_encoding,
     sparse_index_bytes,
 )
-from modelopt.compressors.prune import magnitude_mask, n_kept
+from modelopt.compressors.prune import Criterion, PruneOptions, magnitude_mask, n_kept
 from modelopt.compressors.quantize import quantize
 from modelopt.errors import ConfigError
 from modelopt.model.layers import Layer, LayerKind
@@ -235,3 +235,47 @@ def test_the_magnitude_mask_keeps_what_a_stable_descending_sort_keeps_ties_by_po
             want = torch.zeros(flat.numel(), dtype=torch.bool)
             want[torch.argsort(flat, descending=True, stable=True)[: n_kept(flat.numel(), sparsity)]] = True
             assert torch.equal(magnitude_mask(w, sparsity), want.reshape(shape)), (shape, sparsity)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"sparsity": ()}, "prune: sparsity is empty; offer shares in (0, 1) such as 0.25,0.5,0.75"),
+    ({"sparsity": (0.5, 1.5)}, "prune: sparsity 1.5 is not a share in (0, 1); e.g. 0.5 removes half"),
+    ({"sparsity": (True,)}, "prune: sparsity True is not a share in (0, 1); e.g. 0.5 removes half"),
+    ({"kind": ("structured", "channels")}, "prune: kind 'channels' not offered; valid: unstructured, structured, 2:4"),
+    ({"kind": ()}, "prune: kind is empty; valid: unstructured, structured, 2:4"),
+    ({"criterion": "l3"}, "prune: criterion 'l3' not offered; valid: output, l1, l2"),
+    ({"bn_samples": -1}, "prune: bn_samples must be an integer >= 0 (0: no re-estimation), got -1"),
+    ({"repair_images": 1.5}, "prune: repair_images must be an integer >= 0 (0: no repair), got 1.5"),
+    ({"sparse_images": True}, "prune: sparse_images must be an integer >= 0 (0: magnitude), got True"),
+    ({"channel_multiple": 0}, "prune: channel_multiple must be an integer >= 1, got 0"),
+])
+def test_the_options_record_refuses_a_bad_value_when_it_is_built(changes, message, monkeypatch):
+    """The record checks its own fields however it is built (a keyword, `replace`, a run.json read back, a run's
+    options), in one line; no Prune is built to find out (building one here fails the test)."""
+    from modelopt.config.run_config import RunConfig
+
+    def built(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a Prune was built to check its options")
+
+    monkeypatch.setattr(Prune, "__init__", built)
+    for make in (lambda: PruneOptions(**changes), lambda: PruneOptions().replace(**changes),
+                 lambda: PruneOptions.from_json({**PruneOptions().to_json(), **changes}),
+                 lambda: RunConfig(options={"prune": changes})):
+        with pytest.raises(ConfigError) as err:
+            make()
+        assert str(err.value) == message
+    RunConfig(options={"prune": {"channel_multiple": 16}})  # a good one passes, still without building a Prune
+
+
+def test_the_record_offers_each_value_once_as_plans_type_it_and_writes_what_was_given():
+    """`shares`, `kinds` and `ranking` are what Prune offers (each once, in the order given, as enum members); the
+    fields, which run.json writes, keep the values as given."""
+    o = PruneOptions(sparsity=(0.5, 0.25, 0.5), kind=("structured", "2:4", "structured"), criterion="output")
+    assert o.shares == (0.5, 0.25) and o.kinds == (PruneKind.STRUCTURED, PruneKind.SEMI)
+    assert o.ranking is Criterion.OUTPUT
+    assert o.to_json() == {"sparsity": [0.5, 0.25, 0.5], "channel_multiple": 1, "sparse_images": 256,
+                           "repair_images": 256, "kind": ["structured", "2:4", "structured"], "criterion": "output",
+                           "bn_samples": 512, "version": 2}
+    p = Prune(o, sparse_images=0, repair_images=0)
+    assert p.menu(BLOCK) == (None, PruneSpec(0.5, PruneKind.SEMI), PruneSpec(0.5, PruneKind.STRUCTURED),
+                             PruneSpec(0.25, PruneKind.STRUCTURED))

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from modelopt.compressors import EarlyExit, Prune, Quantize
+from modelopt.compressors import EarlyExit, Prune, PruneKind, Quantize
 from modelopt.evaluation.cost import CostModel
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.plan.space import SearchSpace
@@ -59,7 +59,7 @@ def test_report_layer_bytes_sum_to_the_evaluators_size_bytes_for_random_plans(r2
         assert other + sum(per_layer.values()) == ev.plan_cost(plan).size_bytes, plan.key
         kinds |= {(name.rsplit("/", 1)[1], getattr(c, "kind", None)) for name, c in plan.choices if c is not None}
     assert {k for k, _ in kinds} == {"quantize", "prune", "early_exit"}
-    assert ("prune", Prune(sparse_images=0, repair_images=0).kinds[1]) in kinds  # structured pruning among them
+    assert ("prune", PruneKind.STRUCTURED) in kinds  # structured pruning among them
 
 
 def test_layer_map_rows_and_other_bytes_make_the_plan_size(r20):

@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import torch
@@ -38,7 +37,7 @@ from modelopt.compressors._channels import RemovesChannels
 from modelopt.compressors._packing import Storage, WeightForm
 from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors._surface import Cell, ReportColumn
-from modelopt.compressors.prune.options import PruneOptions
+from modelopt.compressors.prune.options import Criterion, PruneKind, PruneOptions, prune_kind, sparsity_share
 from modelopt.compressors.prune.sparsegpt import obs_prune
 from modelopt.errors import ConfigError
 from modelopt.model.layer_inputs import LayerInputs
@@ -48,21 +47,7 @@ from modelopt.model.reconstruct import output_kept
 _MIN_IN_CHANNELS = 4  # convs reading fewer channels (the stem on RGB, depthwise) are left alone
 
 
-class PruneKind(str, Enum):
-    UNSTRUCTURED = "unstructured"
-    STRUCTURED = "structured"
-    SEMI = "2:4"  # two of every four consecutive weights of a row kept (GPU sparse tensor cores); sparsity 0.5
-
-
-_PATTERN = (2, 4)
-
-
-class Criterion(str, Enum):
-    L1 = "l1"
-    L2 = "l2"
-    # The channels whose removal costs their reader's refitted output least (`reconstruct.output_kept`), where a
-    # group has one plain reader and repair is on; L1 elsewhere.
-    OUTPUT = "output"
+_PATTERN = (2, 4)  # what kind 2:4 keeps: two of every four
 
 
 @dataclass(frozen=True)
@@ -130,7 +115,8 @@ class Prune(Compressor, RemovesChannels):
     """Magnitude pruning (unstructured) and internal-channel pruning (structured), per layer.
 
     Takes its options as a record (`PruneOptions`, the tool's defaults when None) or as its fields by keyword,
-    which change that record.
+    which change that record; the record checked every value when it was built, and `Prune` reads it
+    (`self.opts`: `shares`, `kinds` and `ranking` are the offers in the types plans use).
 
     Offered on every conv reading at least 4 channels (not the stem that reads the image) and on
     linear layers; structured choices on the root of a channel group (`Layer.prunable`: the model's graph says
@@ -160,45 +146,29 @@ class Prune(Compressor, RemovesChannels):
 
     reduces = frozenset({"size", "bitops", "macs", "latency"})
 
-    def __init__(self, opts: PruneOptions | None = None, **changes: Any) -> None:
-        super().__init__(opts, **changes)
-        o = self.opts
-        if not o.sparsity:
-            raise ConfigError("prune: sparsity is empty; offer shares in (0, 1) such as 0.25,0.5,0.75")
-        self.sparsity = tuple(dict.fromkeys(_sparsity(s, "prune") for s in o.sparsity))
-        self.kinds = tuple(dict.fromkeys(_kind(k) for k in o.kind))
-        if not self.kinds:
-            raise ConfigError("prune: kind is empty; valid: unstructured, structured, 2:4")
-        try:
-            self.criterion = Criterion(o.criterion)
-        except ValueError:
-            raise ConfigError(f"prune: criterion {o.criterion!r} not offered; valid: output, l1, l2") from None
-        self.bn_samples = _whole("bn_samples", o.bn_samples, 0, " (0: no re-estimation)")
-        self.repair_images = _whole("repair_images", o.repair_images, 0, " (0: no repair)")
-        self.sparse_images = _whole("sparse_images", o.sparse_images, 0, " (0: magnitude)")
-        self.channel_multiple = _whole("channel_multiple", o.channel_multiple, 1)
-
     def calibration(self, choice: Choice) -> CalibrationNeed:
         """Layer inputs: for structured removal, the images the readers of the removed channels are refitted on
         (0: no repair); for unstructured and 2:4, the images their mask and error feedback are computed on (0:
         magnitude). Batch norms: re-estimated on `bn_samples` images after any pruning."""
         if not isinstance(choice, PruneSpec):
             return CalibrationNeed()
-        inputs = self.repair_images if choice.kind is PruneKind.STRUCTURED else self.sparse_images
-        return CalibrationNeed(layer_inputs=inputs, norm_images=self.bn_samples)
+        o = self.opts
+        inputs = o.repair_images if choice.kind is PruneKind.STRUCTURED else o.sparse_images
+        return CalibrationNeed(layer_inputs=inputs, norm_images=o.bn_samples)
 
     def handles(self, layer: Layer) -> bool:
         return layer.kind is LayerKind.LINEAR or layer.in_channels >= _MIN_IN_CHANNELS
 
     def menu(self, layer: Layer) -> tuple[Choice, ...]:
+        o = self.opts
         specs: list[Choice] = [None]
-        if PruneKind.UNSTRUCTURED in self.kinds and self.handles(layer):
-            specs += [PruneSpec(s) for s in self.sparsity]
-        if PruneKind.SEMI in self.kinds and _fits_pattern(layer):
+        if PruneKind.UNSTRUCTURED in o.kinds and self.handles(layer):
+            specs += [PruneSpec(s) for s in o.shares]
+        if PruneKind.SEMI in o.kinds and _fits_pattern(layer):
             specs.append(PruneSpec(0.5, PruneKind.SEMI))
-        if PruneKind.STRUCTURED in self.kinds and layer.prunable:
-            specs += [PruneSpec(s, PruneKind.STRUCTURED) for s in self.sparsity
-                      if n_kept(layer.out_channels, s) % self.channel_multiple == 0]
+        if PruneKind.STRUCTURED in o.kinds and layer.prunable:
+            specs += [PruneSpec(s, PruneKind.STRUCTURED) for s in o.shares
+                      if n_kept(layer.out_channels, s) % o.channel_multiple == 0]
         return tuple(specs) if len(specs) > 1 else ()
 
     def parse(self, raw: Mapping[str, Any] | None, layer: Layer) -> Choice:
@@ -214,7 +184,8 @@ class Prune(Compressor, RemovesChannels):
             raise ConfigError(f"{where}: unknown key {min(unknown)!r}; valid: sparsity, kind")
         if "sparsity" not in raw:
             raise ConfigError(f"{where}: 'sparsity' is required (a share in (0, 1), e.g. 0.5)")
-        spec = PruneSpec(_sparsity(raw["sparsity"], where), _kind(raw.get("kind", PruneKind.UNSTRUCTURED)))
+        share = sparsity_share(raw["sparsity"], where)
+        spec = PruneSpec(share, prune_kind(raw.get("kind", PruneKind.UNSTRUCTURED)))
         if spec.kind is PruneKind.SEMI and spec.sparsity != 0.5:
             raise ConfigError(f"{where}: sparsity {spec.sparsity:g} is not what kind '2:4' prunes: 2:4 keeps two of "
                               "every four weights of a row, which is sparsity 0.5; write sparsity: 0.5, or kind: "
@@ -244,7 +215,7 @@ class Prune(Compressor, RemovesChannels):
         if choice.kind is not PruneKind.STRUCTURED:
             return weight * self._mask(weight, choice).to(weight.dtype)
         out = torch.zeros_like(weight)
-        keep = kept_filters(weight, choice.sparsity, self.criterion)
+        keep = kept_filters(weight, choice.sparsity, self.opts.ranking)
         out[keep] = weight[keep]
         return out
 
@@ -270,9 +241,9 @@ class Prune(Compressor, RemovesChannels):
                       reader: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
         if not isinstance(choice, PruneSpec) or choice.kind is not PruneKind.STRUCTURED:
             return None
-        if self.criterion is Criterion.OUTPUT and reader is not None:
+        if self.opts.ranking is Criterion.OUTPUT and reader is not None:
             return output_kept(reader[0], reader[1], n_kept(weight.shape[0], choice.sparsity)).to(weight.device)
-        return kept_filters(weight, choice.sparsity, self.criterion)
+        return kept_filters(weight, choice.sparsity, self.opts.ranking)
 
     def pack(self, form: WeightForm, choice: Choice, inputs: LayerInputs | None = None) -> WeightForm:
         """Unstructured: the kept-weight mask (export stores the kept values and the mask's encoding).
@@ -308,26 +279,6 @@ def _fits_pattern(layer: Layer) -> bool:
     """2:4 is offered on layers pruning handles whose rows (weight flattened per output channel) split into fours."""
     return (layer.kind is LayerKind.LINEAR or layer.in_channels >= _MIN_IN_CHANNELS) and \
         math.prod(layer.weight_shape[1:]) % _PATTERN[1] == 0
-
-
-def _whole(name: str, value: object, least: int, meaning: str = "") -> int:
-    """`value` when it is an integer >= `least`; ConfigError naming the option otherwise."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise ConfigError(f"prune: {name} must be an integer >= {least}{meaning}, got {value!r}")
-    return value
-
-
-def _sparsity(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:  # no float(): 10**400
-        raise ConfigError(f"{where}: sparsity {value!r} is not a share in (0, 1); e.g. 0.5 removes half")
-    return float(value)
-
-
-def _kind(value: object) -> PruneKind:
-    try:
-        return PruneKind(value)
-    except ValueError:
-        raise ConfigError(f"prune: kind {value!r} not offered; valid: unstructured, structured, 2:4") from None
 
 
 def _prune_cell(raw: Mapping[str, Any] | None) -> Cell:
