@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 # its answers, are those of one call on the whole split.
 _ANSWER_ROWS = 1024
 KEEP_BUILT = 4  # plans kept built: a trial's, and the plans confirmation and the test re-scoring come back to
+# Val images a timing reads, at least 8 batches' worth: the ONNX engines time these (`pattern_latency`), torch its first
+# batch, or these in batches for a plan whose work depends on its input. Only these are prepared: at 224 pixels the
+# whole split, decoded and normalised for every timing, was gigabytes.
+TIMING_IMAGES = 256
 
 
 class PlanLatency:
@@ -102,7 +106,7 @@ class PlanLatency:
             built = self.compiled(plan)
             key = self._graph_of[plan.key] = built.key
             if key not in self._timed:
-                self._timed[key] = built.time(as_tensor(self.evaluator.workload.split(Split.VAL).x))
+                self._timed[key] = built.time(self._timing_rows())
         latency = self._timed[key]
         self.model.observe(plan, latency.median_ms)
         return latency
@@ -111,7 +115,7 @@ class PlanLatency:
         """Times the float model and `plans` once more, back to back, each keeping the faster of its two figures:
         on a shared machine a burst of steal can outlast every round of one measurement (the float model read
         0.86 ms in a run and 0.754-0.766 ms in five later ones), and the figures a run reports are these."""
-        x = as_tensor(self.evaluator.workload.split(Split.VAL).x)
+        x = self._timing_rows()
         for plan in dict.fromkeys([self.evaluator.space.plan(), *plans]):
             first = self.measure(plan)
             again = self.compiled(plan).time(x)
@@ -163,7 +167,7 @@ class PlanLatency:
         for precision in self.engine.float_references():
             built = self.engine.compile(self.evaluator, plan, self.spec, precision)
             if built.key + precision not in self._timed:
-                self._timed[built.key + precision] = built.time(as_tensor(self.evaluator.workload.split(Split.VAL).x))
+                self._timed[built.key + precision] = built.time(self._timing_rows())
             out[built.name] = self._timed[built.key + precision]
         return out
 
@@ -186,6 +190,11 @@ class PlanLatency:
         built = self.compiled(plan)
         self._charged.add(plan.key)
         return built.seconds / self._val_pass_seconds()
+
+    def _timing_rows(self) -> torch.Tensor:
+        """The first val images a timing reads (`TIMING_IMAGES`, or 8 batches when more), prepared."""
+        x = self.evaluator.workload.split(Split.VAL).x
+        return as_tensor(x.part(0, min(len(x), max(TIMING_IMAGES, 8 * self.spec.batch_size))))
 
     def _val_pass_seconds(self) -> float:
         if self._val_seconds is None:
