@@ -120,8 +120,9 @@ class Confirmation:
     floor: float = 0.0
     chances: tuple[float, ...] = ()  # each tested finalist's predicted chance to pass, from val
     verdicts: tuple[bool, ...] = ()  # each tested finalist's: confirmed or not
-    # Each tested finalist's confirm metrics as the search composed it, before it was reconstructed and confirmed
-    # (None: not reconstructed; its `finalists` metrics are then the composed plan's own).
+    # Each tested finalist's confirm metrics as the search composed it, before it was reconstructed and confirmed:
+    # the best's only, when it was reconstructed here (None: another finalist, or not reconstructed; a finalist's
+    # `finalists` metrics are the composed plan's own when it was not reconstructed).
     composed: tuple[Metrics | None, ...] = ()
 
     @property
@@ -146,7 +147,8 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
             in place of a fixed selection shift.
         refit: reconstructs a plan and makes the evaluator run it so (`modelopt.reconstruct.store.Refits`), called
             on each finalist before it is confirmed: what is confirmed is what is then tested and exported. The
-            composed plan is scored on confirm first, for the record only (`Confirmation.composed`).
+            confirmed best, when reconstructed here, is also scored on confirm as composed, for the record only
+            (`Confirmation.composed`).
 
     Example:
         >>> c = confirm_plans(ev, Objective("size", 0.99, 0.95), finalists, anchors)
@@ -168,14 +170,12 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
     chains = _chains(unique, candidates, anchor_keys)
     flat = [t for chain in chains for t in chain]
     scored: dict[int, Metrics] = {}
-    composed_scores: dict[int, Metrics] = {}
+    refitted: set[int] = set()  # reconstructed here (not read back adopted)
 
     def passes(i: int, level: float) -> bool:
         if i not in scored:
-            if refit is not None and evaluator.states.fitted(flat[i].plan) is None:
-                composed = evaluator.scorer.evaluate(flat[i].plan, split=Split.CONFIRM)
-                if refit(flat[i].plan) is not None:
-                    composed_scores[i] = composed
+            if refit is not None and evaluator.states.fitted(flat[i].plan) is None and refit(flat[i].plan) is not None:
+                refitted.add(i)
             scored[i] = evaluator.scorer.evaluate(flat[i].plan, split=Split.CONFIRM)
         if objective.confidence <= 0:
             return objective.meets_floor(scored[i])
@@ -189,9 +189,22 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
     held = [flat[i] for i in tested if verdict[i]]
     best = min(held, key=lambda t: (objective.value(_scored(t)), -objective.retention_lower(_scored(t))),
                default=None)
+    composed = {i: _as_composed(evaluator, flat[i].plan) for i in refitted if best is not None and flat[i] is best}
     return Confirmation(Split.CONFIRM, tuple((flat[i], scored[i]) for i in tested), len(held), best, ceiling,
                         objective.min_retention, tuple(candidates[flat[i].plan.key].chance for i in tested),
-                        tuple(verdict[i] for i in tested), tuple(composed_scores.get(i) for i in tested))
+                        tuple(verdict[i] for i in tested), tuple(composed.get(i) for i in tested))
+
+
+def _as_composed(evaluator: Evaluator, plan: Plan) -> Metrics:
+    """The reconstructed `plan` scored on confirm as the search composed it, its reconstruction adopted again after:
+    for the record only, and for the reported best only (one confirm pass; every finalist's was a fifth of the run)."""
+    fitted = evaluator.states.fitted(plan)
+    assert fitted is not None, "called on a reconstructed plan"
+    evaluator.drop(plan.key)
+    try:
+        return evaluator.scorer.evaluate(plan, split=Split.CONFIRM)
+    finally:
+        evaluator.adopt(fitted)
 
 
 def _chains(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[str]) -> list[list[Trial]]:

@@ -119,6 +119,8 @@ def test_a_reconstructed_plan_rebuilds_from_its_run_folder_in_a_new_process(smal
     best = summary["best"]
     tested = {f["plan_key"]: f for f in summary["confirmation"]["finalists"]}
     assert tested[best["plan_key"]]["composed"] is not None  # the run reconstructed its best before confirming it
+    # (and scored it as composed for the record: the best only, one confirm pass)
+    assert all(f["composed"] is None for key, f in tested.items() if key != best["plan_key"])
     stored = Fitted.load(fitted_path(small_run, best["plan_key"]))
     # One new process: it must give the stored weights bit for bit and the test figures the run reported (two
     # processes agreeing with each other adds nothing to that; tests/evaluation/test_rebuild.py varies threads).
