@@ -102,6 +102,9 @@ class CompressedStates:
         self._skips: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}  # removed blocks -> their float state
         self._means: dict[str, torch.Tensor] | None = None  # every removable branch's mean (`branch_means`)
         self._skipped: dict[str, tuple[Branch, ...]] = {}  # plan key -> the branches it removes
+        # `layer_keys` -> what `exporters._forms.layer_steps` built for it: the stored forms along the layer's chain
+        # (GPTQ's codes again, for every reconstruction's targets and every export, without this).
+        self.forms: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     # ---- removed branches (depth) ---------------------------------------------------------
 
@@ -237,11 +240,13 @@ class CompressedStates:
         weights = self._layer_weights(plan)
         return weights if fitted is None else {**weights, **fitted.weights}
 
-    def _layer_weights(self, plan: Plan) -> dict[str, torch.Tensor]:
-        """The weights the plan's choices give each layer, compressed one layer at a time (cached)."""
-        kept, slices = self.kept_channels(plan), self.kept_slices(plan)
+    def layer_keys(self, plan: Plan) -> dict[str, tuple[Any, ...]]:
+        """Per layer the plan changes, everything its compressed weight depends on (its choices and their
+        compressors' options, the kept slice, the refit that repairs it): the key it is cached under, and its
+        stored form (`exporters._forms.layer_steps`). Layers left float and whole are absent."""
+        slices = self.kept_slices(plan)
         absorbed, skips = self.skip_state(plan), tuple(b.block for b in self.skipped(plan))
-        weights = {}
+        keys = {}
         for layer in self.workload.layers:
             decs = self._layer_decisions[layer.name]
             choices = tuple(plan.get(d.name) for d in decs)
@@ -252,12 +257,19 @@ class CompressedStates:
             repair = self._repair_images(plan) if cols is not None else 0  # the readers' refit, or none
             # A layer refitted for a removed branch before it starts from that refit.
             absorbs = skips if f"{layer.name}.weight" in absorbed else ()
-            key = (layer.name, tuple(self._compressor_keys[d.compressor] for d in decs), choices, shape_key, repair,
-                   *absorbs)
+            keys[layer.name] = (layer.name, tuple(self._compressor_keys[d.compressor] for d in decs), choices,
+                                shape_key, repair, *absorbs)
+        return keys
+
+    def _layer_weights(self, plan: Plan) -> dict[str, torch.Tensor]:
+        """The weights the plan's choices give each layer, compressed one layer at a time (cached)."""
+        kept, slices = self.kept_channels(plan), self.kept_slices(plan)
+        weights = {}
+        for name, key in self.layer_keys(plan).items():
             w = self._tensors.get(key)
             if w is None:
-                self._tensors[key] = w = self._compress(layer.name, plan, kept, (rows, cols)).contiguous()
-            weights[layer.name] = w
+                self._tensors[key] = w = self._compress(name, plan, kept, slices.get(name, (None, None))).contiguous()
+            weights[name] = w
         return weights
 
     def _compress(self, lname: str, plan: Plan, kept: Kept,

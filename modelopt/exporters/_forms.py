@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from modelopt.compressors.contract import Choice, WeightForm
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.plan.plan import Plan
@@ -28,8 +30,27 @@ def layer_steps(evaluator: Evaluator, plan: Plan, layer: str) -> list[Step]:
     channels only, refitted where the plan repairs: `CompressedStates.sliced`), then after each compressor whose
     choice is not None, and last, for a reconstructed plan (`Evaluator.adopt`), the weights it was refitted to
     (same codes' grid, mask and shape; decision "reconstructed")."""
-    own = evaluator.states.kept_channels(plan).get(layer)
     rows, cols = evaluator.states.kept_slices(plan).get(layer, (None, None))
+    key = evaluator.states.layer_keys(plan).get(layer)
+    cached = None if key is None else evaluator.states.forms.get(key)
+    steps = list(cached) if cached is not None else _chain(evaluator, plan, layer, (rows, cols))
+    if key is not None and cached is None:  # the same choices on the same slice give the same forms: built once
+        evaluator.states.forms[key] = tuple(steps)
+    fitted = evaluator.states.fitted(plan)
+    if fitted is not None and layer in fitted.weights:  # reconstructed: the weights the plan was certified with
+        w = fitted.weights[layer]
+        w = w if rows is None else w[rows.to(w.device)]
+        w = w if cols is None else w[:, cols.to(w.device)]
+        last = steps[-1]
+        form = WeightForm(w.to(last.form.weight.dtype), last.form.mask, fitted.integers.get(layer))
+        steps.append(Step("reconstructed", last.choice, form))
+    return steps
+
+
+def _chain(evaluator: Evaluator, plan: Plan, layer: str, kept: tuple[torch.Tensor | None, torch.Tensor | None]
+           ) -> list[Step]:
+    """The layer's forms along its chain of compressors (`layer_steps` before any reconstruction)."""
+    own = evaluator.states.kept_channels(plan).get(layer)
     steps = [Step("", None, WeightForm(evaluator.states.sliced(layer, plan)))]
     space = evaluator.space
     for d in space.decisions:
@@ -39,16 +60,8 @@ def layer_steps(evaluator: Evaluator, plan: Plan, layer: str) -> list[Step]:
             continue
         comp = space.compressors[d.compressor]
         n = comp.calibration(choice).layer_inputs
-        inputs = evaluator.states.layer_inputs(layer, n, (rows, cols)) if n else None
+        inputs = evaluator.states.layer_inputs(layer, n, kept) if n else None
         steps.append(Step(d.name, choice, comp.pack(steps[-1].form, choice, inputs)))
-    fitted = evaluator.states.fitted(plan)
-    if fitted is not None and layer in fitted.weights:  # reconstructed: the weights the plan was certified with
-        w = fitted.weights[layer]
-        w = w if rows is None else w[rows.to(w.device)]
-        w = w if cols is None else w[:, cols.to(w.device)]
-        last = steps[-1]
-        form = WeightForm(w.to(last.form.weight.dtype), last.form.mask, fitted.integers.get(layer))
-        steps.append(Step("reconstructed", last.choice, form))
     return steps
 
 

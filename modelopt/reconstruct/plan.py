@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -82,7 +82,7 @@ def _widest_activation(model: torch.nn.Module, x: torch.Tensor) -> int:
 
 
 def reconstruct(evaluator: Evaluator, plan: Plan, images: int = IMAGES,
-                progress: Callable[[str], None] | None = None) -> Fitted:
+                progress: Callable[[str], None] | None = None, goals: Mapping[str, Target] | None = None) -> Fitted:
     """The plan's layers refitted in forward order on their own compressed inputs (`own_inputs.refit_layers`).
 
     Args:
@@ -90,6 +90,7 @@ def reconstruct(evaluator: Evaluator, plan: Plan, images: int = IMAGES,
         plan: The plan to reconstruct.
         images: Calibration images refitted on (fewer where they would not fit `HELD_BYTES`).
         progress: Told one line per refitted layer.
+        goals: `targets(evaluator, plan)`, when the caller has them already.
 
     Returns:
         The refitted weights (full shape) and stored forms, for `evaluator.adopt`.
@@ -100,7 +101,7 @@ def reconstruct(evaluator: Evaluator, plan: Plan, images: int = IMAGES,
     """
     t0 = time.perf_counter()
     wl, states = evaluator.workload, evaluator.states
-    goals = targets(evaluator, plan)
+    goals = targets(evaluator, plan) if goals is None else goals
     state, _ = states.compressed_state(plan)
     with wl.state(states.skip_state(plan)):  # removed branches: the repaired float model is the reference
         float_model = copy.deepcopy(wl.model)

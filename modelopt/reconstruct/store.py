@@ -94,10 +94,11 @@ class Refits:
         plan has nothing to refit, or its refit changed more held-out answers than the plan as composed)."""
         if self.load(plan):
             return self.evaluator.states.fitted(plan)
-        if not _worth_it(targets(self.evaluator, plan)):
-            return None
         t0 = time.perf_counter()
-        fitted = reconstruct(self.evaluator, plan, self.images)
+        goals = targets(self.evaluator, plan)
+        if not _worth_it(goals):
+            return None
+        fitted = reconstruct(self.evaluator, plan, self.images, goals=goals)
         fitted = self.tried[plan.key] = checked(self.evaluator, plan, fitted)
         seconds = time.perf_counter() - t0
         self.evaluator.one_time.timed("reconstruct", seconds)  # the finalists' refits and checks, added up
