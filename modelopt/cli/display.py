@@ -8,8 +8,9 @@ from rich.table import Table
 
 from modelopt.data.split import Split
 from modelopt.evaluation.metrics import Metrics
-from modelopt.objective import Objective, Target
+from modelopt.objective import Target
 from modelopt.plan.plan import Plan
+from modelopt.run.reported import PlanEntry, Scores
 from modelopt.run.runner import RunResult
 from modelopt.run.summary import Preparation, RunSummary
 
@@ -41,25 +42,15 @@ def _plan_table(plan: Plan) -> Table:
 
 def print_run(out: Console, result: RunResult) -> None:
     """A finished run as the CLI shows it: the best plan's figures (test first), its layers, the run folder."""
-    if result.best is None:
+    s = result.summary
+    if s.best is None or result.best is None:
         _print_none(out, result)
         return
-    s, val, test = result.summary, result.best.scored, result.best_test
-    out.print(_best_table(result))
-    ref = test or val
-    out.print(f"Size {fmt_bytes(ref.size_bytes)} (float {fmt_bytes(ref.float_size_bytes)}); "
-              f"{_fewer(ref.float_macs, ref.macs)} fewer MACs, {_fewer(ref.float_bitops, ref.bitops)} fewer bitops",
-              highlight=False)
-    if test is not None and test.exited is not None:
-        out.print(f"Early exit: {test.exited:.1%} of test and {val.exited:.1%} of val images leave at an exit "
-                  "(MACs and bitops are means over the images)")
-        if s.exits is not None:
-            out.print(_exits_table(s))
-    if test is not None and test.latency_ms is not None and test.float_latency_ms is not None:
-        out.print(latency_text(test, s.float_latency), highlight=False)
-    sb = result.search_best
-    if sb is not None and sb.plan.key != result.best.plan.key:
-        out.print(own_pick_text(s.objective, sb.number, sb.scored, s.confirmation.confirmed,
+    out.print(best_table(s))
+    _print_figures(out, s, s.best)
+    sb = s.search_best
+    if sb is not None and sb.plan_key != s.best.plan_key and sb.val is not None:
+        out.print(own_pick_text(s.objective.target, sb.trial, sb.val, s.confirmation.confirmed,
                                 len(s.confirmation.finalists)), highlight=False)
     if rebuilt := _reconstruction_text(s):
         out.print(rebuilt, highlight=False)
@@ -68,6 +59,26 @@ def print_run(out: Console, result: RunResult) -> None:
         out.print(f"Preparation: {prep}", highlight=False)
     out.print(f"Pareto front: {len(result.pareto)} plans (re-scored on test) — run folder: [bold]{result.run_dir}[/]")
     out.print(f"Best plan written to {result.run_dir / 'best_plan.yaml'}")
+
+
+def _print_figures(out: Console, s: RunSummary, best: PlanEntry) -> None:
+    """The reported plan's size, MACs and bitops, where its images leave (an exit plan), and its latency."""
+    val, test = best.val, best.test
+    ref = test or val  # test's MACs first: with exits they are a mean over the split's images
+    if ref is not None:
+        m = ref.metrics
+        out.print(f"Size {fmt_bytes(m.size_bytes)} (float {fmt_bytes(m.float_size_bytes)}); "
+                  f"{_fewer(m.float_macs, m.macs)} fewer MACs, {_fewer(m.float_bitops, m.bitops)} fewer bitops",
+                  highlight=False)
+    if test is None:
+        return
+    if val is not None and test.metrics.exited is not None:
+        out.print(f"Early exit: {test.metrics.exited:.1%} of test and {val.metrics.exited:.1%} of val images leave "
+                  "at an exit (MACs and bitops are means over the images)")
+        if s.exits is not None:
+            out.print(_exits_table(s))
+    if test.metrics.latency_ms is not None and test.metrics.float_latency_ms is not None:
+        out.print(latency_text(test.metrics, s.float_latency), highlight=False)
 
 
 def _print_none(out: Console, result: RunResult) -> None:
@@ -81,37 +92,41 @@ def _print_none(out: Console, result: RunResult) -> None:
         out.print(f"The confirm split is too small to certify the floor: a plan that agrees with the float model "
                   f"on all {s.baseline[Split.CONFIRM].n_samples} of its images is certified only at "
                   f"{ceiling:.2%} (confidence {conf:g}). Pass more data, or --confidence 0 for point estimates.")
-    if result.search_best is not None:
-        m = result.search_best.scored
+    sb = s.search_best
+    if sb is not None and sb.val is not None:
+        m = sb.val.metrics
         out.print(f"The search's best on val (a search-time estimate, not confirmed): trial "
-                  f"{result.search_best.number}, {m.compression:.2f}x at {m.retention:.2%} val retention.")
+                  f"{sb.trial}, {m.compression:.2f}x at {m.retention:.2%} val retention.")
 
 
-def _best_table(result: RunResult) -> Table:
-    """The reported plan's figures on each split (test first), beside the float model's."""
-    s, best = result.summary, result.best
+def _status(s: RunSummary) -> str:
+    """How the reported plan was certified, as the best table's title says it."""
+    if s.confirmed:
+        return "confirmed on images that did not select it"
+    if s.confirmation.split is None:
+        return "certified on val, NOT confirmed (the data have no confirm split)"
+    return "certified on val, NOT confirmed (the confirm split is too small to certify the floor)"
+
+
+def best_table(s: RunSummary) -> Table:
+    """The reported plan's figures on each split (test first), beside the float model's: columns selected from its
+    record (`s.best`, `modelopt.run.reported.PlanEntry`)."""
+    best = s.best
     assert best is not None
     conf = s.objective.confidence
-    if s.confirmed:
-        status = "confirmed on images that did not select it"
-    elif s.confirmation.split is None:
-        status = "certified on val, NOT confirmed (the data have no confirm split)"
-    else:
-        status = "certified on val, NOT confirmed (the confirm split is too small to certify the floor)"
-    table = Table(title=f"Best plan (trial {best.number} of {s.n_trials}), {status}; "
+    table = Table(title=f"Best plan (trial {best.trial} of {s.n_trials}), {_status(s)}; "
                         f"retention [bounds at confidence {conf:g}]")
     for col in ("images", "n", "top-1", "retention", f"bounds ({conf:g})", "agree", "÷size"):
         table.add_column(col, justify="right", no_wrap=True)
     base = s.baseline[Split.TEST]
     table.add_row("float (test)", str(base.n_samples), f"{base.accuracy:.2%}", "100.00%", "", "100.00%", "1.00x")
-    rows: tuple[tuple[str, Metrics | None], ...] = (
-        (f"{Split.TEST} (held out)", result.best_test), (Split.CONFIRM, result.best_confirm),
-        (f"{Split.VAL} (search estimate)", best.scored))
-    for name, m in rows:
-        if m is None:
+    rows = ((f"{Split.TEST} (held out)", best.test), (Split.CONFIRM, best.confirm),
+            (f"{Split.VAL} (search estimate)", best.val))
+    for name, x in rows:
+        if x is None:
             continue
-        lo, hi = m.retention_bounds(conf)
-        bounds = "" if conf <= 0 else f"[{lo:.1%}, {hi:.1%}]"
+        m = x.metrics
+        bounds = "" if conf <= 0 else f"[{x.retention_lower:.1%}, {x.retention_upper:.1%}]"
         table.add_row(name, str(m.n_samples), f"{m.accuracy:.2%}", f"{m.retention:.2%}", bounds, f"{m.agreement:.2%}",
                       f"{m.compression:.2f}x")
     return table
@@ -144,12 +159,11 @@ _REPORTED = {Target.SIZE: "the smallest", Target.LATENCY: "the fastest", Target.
              Target.BITOPS: "the one with the fewest bitops"}
 
 
-def own_pick_text(objective: Objective, number: int, scored: Metrics, confirmed: int, finalists: int) -> str:
+def own_pick_text(target: Target, number: int, val: Scores, confirmed: int, finalists: int) -> str:
     """The line saying the search's own pick on val is not the reported plan, with the pick's reduction on the run's
-    objective (a latency run's pick by its speed-up, not its size)."""
-    factor = objective.reduction(scored)
-    return (f"The search's own pick on val, trial {number} ({factor:.2f}x {objective.target.value} on val), is not "
-            f"the reported plan: that is {_REPORTED[objective.target]} of the {confirmed} finalists confirmed "
+    objective (a latency run's pick by its speed-up, not its size), as its record holds it."""
+    return (f"The search's own pick on val, trial {number} ({val.reduction:.2f}x {target.value} on val), is not "
+            f"the reported plan: that is {_REPORTED[target]} of the {confirmed} finalists confirmed "
             f"(of {finalists} tested on the confirm split).")
 
 

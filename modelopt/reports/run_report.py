@@ -27,6 +27,7 @@ from modelopt.reports.document import (
 )
 from modelopt.reports.layer_map import layer_map, plan_mix
 from modelopt.run.journal import Record
+from modelopt.run.reported import Scores
 from modelopt.run.run_folder import RunFolder, read_run
 
 __all__ = ["ReportPaths", "run_blocks", "write_report"]
@@ -48,10 +49,11 @@ def _kib(n: float | None) -> str:
     return "–" if n is None else f"{n / 1024:,.1f} KiB"
 
 
-def _bounded(run: RunFolder, m: Metrics) -> str:
-    """Retention and its bounds at the run's confidence: "99.10% [98.2%, 99.9%]"."""
-    lo, hi = m.retention_bounds(run.objective.confidence)
-    return _fpct(m.retention) if lo == hi or math.isnan(lo) else f"{_fpct(m.retention)} [{lo:.1%}, {hi:.1%}]"
+def _bounded(x: Scores) -> str:
+    """Retention and its bounds at the run's confidence, as its record holds them: "99.10% [98.2%, 99.9%]"."""
+    interval = x.interval
+    return _fpct(x.metrics.retention) if interval is None else f"{_fpct(x.metrics.retention)} " \
+        f"[{interval[0]:.1%}, {interval[1]:.1%}]"
 
 
 def _what(run: RunFolder) -> str:
@@ -105,33 +107,41 @@ def _float_rows(run: RunFolder) -> list[tuple[str, str]]:
 
 def _best_rows(run: RunFolder) -> list[tuple[str, str]]:
     """The reported plan: how it was certified, its figures on each split, beside the uniform plans and the search's
-    own pick."""
-    s, best = run.summary, run.best
-    if best is None:
+    own pick; each figure selected from the plan's record (summary.json's, or its journal line's while the run
+    goes on)."""
+    best = run.best
+    val = None if best is None else run.figures(best)
+    if best is None or val is None:
         return [("best plan", "none above the floor" + ("" if run.done else " yet"))]
-    m = best.metrics
-    assert m is not None
-    test, conf = run.test_by_key.get(best.plan_key), run.confirm_by_key.get(best.plan_key)
+    entry = run.entries.get(best.plan_key)
+    test, conf = (None, None) if entry is None else (entry.test, entry.confirm)
     status = ("confirmed on the confirm split" if run.confirmed else
               "certified on val only (not confirmed)" if run.done else "so far, on val")
-    rows = [
+    m = val.metrics
+    named = ((f"{Split.TEST} (held out)", Split.TEST, test), (Split.CONFIRM, Split.CONFIRM, conf),
+             ("val (search-time estimate)", Split.VAL, val))
+    shown = [(long, short, x) for long, short, x in named if x is not None]
+    return [
         ("best plan", f"trial {best.number} (key `{best.plan_key}`), {status}: {plan_mix(best.plan)}"),
-        (f"best {_what(run)}", f"{_fx(run.reduction(test or m))}"),
+        (f"best {_what(run)}", f"{_fx((test or val).reduction)}"),
         ("best size", f"{_kib(m.size_bytes)} (float {_kib(m.float_size_bytes)})"),
-        ("best retention", "; ".join(f"{_bounded(run, x)} {name}" for name, x in
-                                     ((f"{Split.TEST} (held out)", test), (Split.CONFIRM, conf),
-                                      ("val (search-time estimate)", m)) if x is not None)),
-        ("best agreement", ", ".join(f"{_fpct(x.agreement)} {name}" for name, x in
-                                     ((Split.TEST, test), (Split.CONFIRM, conf), (Split.VAL, m)) if x is not None)),
+        ("best retention", "; ".join(f"{_bounded(x)} {long}" for long, _, x in shown)),
+        ("best agreement", ", ".join(f"{_fpct(x.metrics.agreement)} {short}" for _, short, x in shown)),
+        *_beside_rows(run, best),
     ]
-    sb = run.search_best
+
+
+def _beside_rows(run: RunFolder, best: Record) -> list[tuple[str, str]]:
+    """The uniform plans' test figures and the search's own pick, where it is not the reported plan."""
+    s, rows = run.summary, []
     if s is not None and s.anchors:
         rows.append(("beside the uniform plans", "; ".join(
-            f"{a.name or 'trial ' + str(a.trial)} {_fx(run.reduction(a.test.metrics))} "
-            f"({_fpct(a.test.metrics.retention)} test)" for a in s.anchors if a.test is not None)))
-    if run.done and sb is not None and sb.plan_key != best.plan_key and sb.metrics is not None:
-        rows.append(("search's own pick", f"trial {sb.number}, {_fx(run.reduction(sb.metrics))} at "
-                                           f"{_bounded(run, sb.metrics)} val: not confirmed"))
+            f"{a.name or 'trial ' + str(a.trial)} {_fx(a.test.reduction)} ({_fpct(a.test.metrics.retention)} test)"
+            for a in s.anchors if a.test is not None)))
+    sb = None if s is None else s.search_best
+    if sb is not None and sb.plan_key != best.plan_key and sb.val is not None:
+        rows.append(("search's own pick", f"trial {sb.trial}, {_fx(sb.val.reduction)} at {_bounded(sb.val)} val: "
+                                          "not confirmed"))
     return rows
 
 
@@ -141,10 +151,11 @@ def _front_table(run: RunFolder, front: Sequence[tuple[Record, Metrics]]) -> Tab
         front = [front[i] for i in idx]
     rows = []
     for r, m in front:
-        test, conf = run.test_by_key.get(r.plan_key), run.confirm_by_key.get(r.plan_key)
-        rows.append((str(r.number), _kib(m.size_bytes), _fx(run.reduction(m)),
-                     "–" if test is None else _bounded(run, test), "–" if conf is None else _bounded(run, conf),
-                     _bounded(run, m), "yes" if run.objective.feasible(m) else "no", plan_mix(r.plan)))
+        test, conf, val = run.test_scores.get(r.plan_key), run.confirm_scores.get(r.plan_key), run.figures(r)
+        assert val is not None  # a front trial was scored
+        rows.append((str(r.number), _kib(m.size_bytes), _fx(val.reduction),
+                     "–" if test is None else _bounded(test), "–" if conf is None else _bounded(conf),
+                     _bounded(val), "yes" if run.objective.feasible(m) else "no", plan_mix(r.plan)))
     return Table(("trial", "size", _what(run), "test retention", "confirm retention", "val retention (search)",
                   "feasible on val", "plan"), tuple(rows), "rrrrrrll")
 
@@ -158,14 +169,11 @@ def _anchor_table(run: RunFolder) -> Table | None:
     verdicts = {f.plan_key: f.confirmed for f in s.confirmation.finalists}
     rows = []
     for a in s.anchors:
-        m = (a.test or a.confirm or a.val)
-        if m is None:
+        if a.headline is None:
             continue
         held = verdicts.get(a.plan_key)
-        rows.append((a.name or "?", str(a.trial), _fx(run.reduction(m.metrics)),
-                     "–" if a.test is None else _bounded(run, a.test.metrics),
-                     "–" if a.confirm is None else _bounded(run, a.confirm.metrics),
-                     "–" if a.val is None else _bounded(run, a.val.metrics),
+        rows.append((a.name or "?", str(a.trial), _fx(a.headline.reduction),
+                     *("–" if x is None else _bounded(x) for x in (a.test, a.confirm, a.val)),
                      "not tested" if held is None else "yes" if held else "no"))
     return Table(("uniform plan", "trial", _what(run), "test retention", "confirm retention",
                   "val retention (search)", "confirmed"), tuple(rows), "lrrrrrl")
@@ -179,9 +187,10 @@ def _top_table(run: RunFolder) -> Table | None:
     feas.sort(key=lambda rm: (-obj.reward(rm[1]), -rm[1].retention, rm[0].number))
     rows = []
     for rank, (r, m) in enumerate(feas[:TOP_PLANS], 1):
-        test = run.test_by_key.get(r.plan_key)
-        rows.append((str(rank), str(r.number), _fx(run.reduction(m)), _kib(m.size_bytes),
-                     "–" if test is None else _fpct(test.retention), _bounded(run, m), _fpct(m.agreement),
+        test, val = run.test_scores.get(r.plan_key), run.figures(r)
+        assert val is not None  # a feasible trial was scored
+        rows.append((str(rank), str(r.number), _fx(val.reduction), _kib(m.size_bytes),
+                     "–" if test is None else _fpct(test.metrics.retention), _bounded(val), _fpct(m.agreement),
                      plan_mix(r.plan)))
     return Table(("#", "trial", _what(run), "size", "test retention", "val retention (search)", "val agreement",
                   "plan"), tuple(rows), "rrrrrrrl")
@@ -189,8 +198,9 @@ def _top_table(run: RunFolder) -> Table | None:
 
 def _layer_blocks(run: RunFolder, best: Record) -> list[Block]:
     lmap = layer_map(run, best)
-    assert best.metrics is not None
-    title = f"Trial {best.number}: {_fx(run.reduction(best.metrics))} at {_fpct(best.metrics.retention)} val retention"
+    val = run.figures(best)
+    assert val is not None
+    title = f"Trial {best.number}: {_fx(val.reduction)} at {_fpct(val.metrics.retention)} val retention"
     blocks: list[Block] = [Figure("layers", plots.layer_map_png(lmap, title),
                                   "The best plan layer by layer: each compressor's setting per layer"
                                   + (", and each layer's share of the plan's packed size (bar) beside its share of "

@@ -76,7 +76,7 @@ def _model_blocks(model: str, runs: dict[str, list[RunFolder]], budgets: list[fl
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", model)
     rows = []
     for strategy, rs in runs.items():
-        finals = [1.0 if r.best is None or r.best.metrics is None else r.reduction(r.best.metrics) for r in rs]
+        finals = [_final(r) for r in rs]
         rows.append((
             strategy, str(len(rs)), f"{sum(r.done for r in rs)}", f"{statistics.median(r.spent for r in rs):g}",
             f"{statistics.median(finals):.2f}×", f"{min(finals):.2f}× – {max(finals):.2f}×",
@@ -86,6 +86,12 @@ def _model_blocks(model: str, runs: dict[str, list[RunFolder]], budgets: list[fl
                                    f"{model}: best-so-far feasible {what} against budget, per strategy."),
             Table(("strategy", "seeds", "finished", "budget spent (median)", f"best val {what} (median)",
                    "worst – best seed", "seeds with a feasible plan"), tuple(rows), "lrrrrrr")]
+
+
+def _final(run: RunFolder) -> float:
+    """The val reduction of the plan a cell reports (so far), from its record; 1.00x (the float model) for none."""
+    val = None if run.best is None else run.figures(run.best)
+    return 1.0 if val is None or val.reduction is None else val.reduction
 
 
 def write_sweep_report(sweep_dir: str | Path) -> ReportPaths:

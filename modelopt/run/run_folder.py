@@ -39,6 +39,7 @@ from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace
 from modelopt.run.journal import Record, read_json, read_records
 from modelopt.run.layout import CONFIG, JOURNAL, LAYERS
+from modelopt.run.reported import PlanEntry, Scores
 from modelopt.run.summary import RunSummary, read_summary
 from modelopt.zoo import MODELS, ZooEntry
 
@@ -152,20 +153,46 @@ class RunFolder:
         return out
 
     @cached_property
-    def test_by_key(self) -> dict[str, Metrics]:
-        """Test re-scores from summary.json (the best plan and the Pareto plans), by plan key."""
+    def entries(self) -> dict[str, PlanEntry]:
+        """The record of each plan the finished run reports (summary.json: the best, the search's own pick, the
+        front, the anchors), by plan key; empty while the run goes on."""
         if self.summary is None:
             return {}
         s = self.summary
-        return {e.plan_key: e.test.metrics for e in (s.best, s.search_best, *s.pareto)
-                if e is not None and e.test is not None}
+        return {e.plan_key: e for e in (s.best, s.search_best, *s.pareto, *s.anchors) if e is not None}
 
     @cached_property
-    def confirm_by_key(self) -> dict[str, Metrics]:
-        """Confirm-split re-scores from summary.json (the finalists confirmation tested), by plan key."""
+    def test_scores(self) -> dict[str, Scores]:
+        """Test figures from summary.json (the best plan, the search's pick and the Pareto plans), by plan key."""
         if self.summary is None:
             return {}
-        return {f.plan_key: f.confirm.metrics for f in self.summary.confirmation.finalists if f.confirm is not None}
+        s = self.summary
+        return {e.plan_key: e.test for e in (s.best, s.search_best, *s.pareto) if e is not None and e.test is not None}
+
+    @property
+    def test_by_key(self) -> dict[str, Metrics]:
+        """Test re-scores from summary.json (the best plan and the Pareto plans), by plan key."""
+        return {key: x.metrics for key, x in self.test_scores.items()}
+
+    @cached_property
+    def confirm_scores(self) -> dict[str, Scores]:
+        """Confirm-split figures from summary.json (the finalists confirmation tested), by plan key."""
+        if self.summary is None:
+            return {}
+        return {f.plan_key: f.confirm for f in self.summary.confirmation.finalists if f.confirm is not None}
+
+    @property
+    def confirm_by_key(self) -> dict[str, Metrics]:
+        """Confirm-split re-scores from summary.json (the finalists confirmation tested), by plan key."""
+        return {key: x.metrics for key, x in self.confirm_scores.items()}
+
+    def figures(self, record: Record) -> Scores | None:
+        """A trial's val figures: its record's where the run reports the plan (summary.json), else as a record
+        works them out (`Scores.of`, under the run's objective); None for a failed trial."""
+        entry = self.entries.get(record.plan_key)
+        if entry is not None and entry.val is not None:
+            return entry.val
+        return None if record.metrics is None else Scores.of(record.metrics, self.objective)
 
     @cached_property
     def space(self) -> SearchSpace | None:

@@ -36,6 +36,7 @@ from modelopt.run.exit_pattern import exit_pattern
 from modelopt.run.journal import Journal, Record, write_json_atomic
 from modelopt.run.layout import BEST_PLAN, CONFIG, JOURNAL, STATE, STATE_NEXT, SUMMARY
 from modelopt.run.lock import RunLock, lock_run_folder
+from modelopt.run.reported import PlanEntry, reported_plans
 from modelopt.run.summary import RunSummary, summarize
 from modelopt.search._base import Strategy
 
@@ -51,7 +52,9 @@ class RunResult:
 
     `best` is the smallest plan confirmed on the confirm split (the search's best, unconfirmed,
     when the data have no confirm split); `best_test` its held-out test metrics, the headline;
-    `pareto` pairs each front trial (by the val retention bound) with its test metrics.
+    `pareto` pairs each front trial (by the val retention bound) with its test metrics. The figures of
+    each reported plan are its record in `summary` (`summary.best`, `.anchors`, ...: `modelopt.run.reported`);
+    `best_test`, `best_confirm` and `pareto`'s metrics are selected from those records.
     """
 
     run_dir: Path
@@ -373,27 +376,31 @@ class Runner:
         if self.config.reconstruct:
             refit = Refits(self.evaluator, self.run_dir, progress=self.console.print if self.progress else None)
         cert = certify(self.evaluator, self.objective, self.trials, self.latency, refit=refit)
-        best, search_best, front, confirmation = cert.best, cert.search_best, list(cert.front), cert.confirmation
         assert cert.test is not None  # certify scores test unless told not to
-        to_score, test_metrics = cert.reported, dict(cert.test)
+        test_metrics = dict(cert.test)
         if self.latency is not None:  # measured once per distinct plan, for the final set only
-            self.latency.retime([t.plan for t in to_score.values()])
-            test_metrics = {key: self._with_latency(m, to_score[key].plan) for key, m in test_metrics.items()}
-        best_test = test_metrics.get(best.plan.key) if best else None
-        pareto = tuple((t, test_metrics.get(t.plan.key)) for t in front)
-        if best is not None:
-            self.space.save_plan(best.plan, self.run_dir / BEST_PLAN)
+            self.latency.retime([t.plan for t in cert.reported.values()])
+            test_metrics = {key: self._with_latency(m, cert.reported[key].plan) for key, m in test_metrics.items()}
+        plans = reported_plans(cert, self.objective, self.space, test_metrics)  # the one record tables select from
+        if cert.best is not None:
+            self.space.save_plan(cert.best.plan, self.run_dir / BEST_PLAN)
         float_latency = {}
         if self.latency is not None:  # the float model in the engine's default precision first, then the others
             float_latency = {self.latency.name: self.latency.reference().median_ms,
                              **{k: v.median_ms for k, v in self.latency.float_references().items()}}
         summary = summarize(
             evaluator=self.evaluator, objective=self.objective, config=self.config, run_dir=self.run_dir,
-            budget=self.budget, trials=self.trials, certificate=cert, test=test_metrics, search_wall=search_wall,
+            budget=self.budget, trials=self.trials, certificate=cert, plans=plans, search_wall=search_wall,
             eval_seconds=self.eval_seconds, float_latency=float_latency,
-            exits=None if best is None else exit_pattern(self.evaluator, best.plan))
+            exits=None if cert.best is None else exit_pattern(self.evaluator, cert.best.plan))
         write_json_atomic(self.run_dir / SUMMARY, summary.to_json())
-        confirmed = {t.plan.key: m for t, m in confirmation.finalists}
-        return RunResult(self.run_dir, tuple(self.trials), best, best_test, pareto, self.spent, summary,
-                         best_confirm=confirmed.get(best.plan.key) if best else None, search_best=search_best,
-                         confirmation=confirmation, certificate=cert)
+        return RunResult(self.run_dir, tuple(self.trials), cert.best, _metrics(plans.best, Split.TEST),
+                         tuple((t, _metrics(e, Split.TEST)) for t, e in zip(cert.front, plans.pareto, strict=True)),
+                         self.spent, summary, best_confirm=_metrics(plans.best, Split.CONFIRM),
+                         search_best=cert.search_best, confirmation=cert.confirmation, certificate=cert)
+
+
+def _metrics(entry: PlanEntry | None, split: str) -> Metrics | None:
+    """`entry`'s metrics on `split` as the record holds them (None: not scored there, or no plan)."""
+    scores = None if entry is None else entry.on(split)
+    return None if scores is None else scores.metrics

@@ -1,7 +1,8 @@
 """A finished run's summary.json as frozen records: the reported best with its test, confirm and val
 figures, the confirmation, the anchors, the Pareto front, and what the run spent.
 
-`summarize` builds a `RunSummary` from what the runner holds at the end; `RunSummary.to_json` is the
+Each plan's figures are one `PlanEntry` (`modelopt.run.reported`, built once from the run's certificate);
+`summarize` builds a `RunSummary` from those and what the runner holds at the end; `RunSummary.to_json` is the
 file's layout and `RunSummary.from_json` reads it back, older files included (a key they lack takes
 its default). Readers (the CLI, reports, sweeps) use the records' attributes, never the file's keys.
 """
@@ -24,78 +25,16 @@ from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.metrics import Metrics
 from modelopt.evaluation.trial import Trial
 from modelopt.objective import Objective, Target
-from modelopt.plan.space import SearchSpace
 from modelopt.run.exit_pattern import ExitPattern
 from modelopt.run.journal import read_json
 from modelopt.run.layout import SUMMARY
+from modelopt.run.reported import PlanEntry, ReportedPlans, Scores
 
 log = logging.getLogger(__name__)
 
+# PlanEntry and Scores (the record of each reported plan) live in `modelopt.run.reported`; named here too, as before.
 __all__ = ["Baseline", "ConfirmationEntry", "Finalist", "PlanEntry", "Preparation", "RunSummary", "Scores",
            "read_summary", "summarize"]
-
-
-@dataclass(frozen=True)
-class Scores:
-    """A plan's metrics on one split, with its retention bounds at the run's confidence and the bound the
-    objective certifies (None in a file that lacks them)."""
-
-    metrics: Metrics
-    retention_lower: float | None = None
-    retention_upper: float | None = None
-    retention_certified: float | None = None
-
-    @classmethod
-    def of(cls, m: Metrics, objective: Objective) -> Scores:
-        lo, hi = m.retention_bounds(objective.confidence)
-        return cls(m, lo, hi, objective.retention_lower(m))
-
-    def to_json(self) -> dict[str, Any]:
-        return {**self.metrics.to_dict(), "retention_lower": self.retention_lower,
-                "retention_upper": self.retention_upper, "retention_certified": self.retention_certified}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> Scores | None:
-        if not d:
-            return None
-        return cls(Metrics.from_dict(dict(d)), _float(d.get("retention_lower")), _float(d.get("retention_upper")),
-                   _float(d.get("retention_certified")))
-
-
-@dataclass(frozen=True)
-class PlanEntry:
-    """One plan the summary names, with its figures on each split it was scored on.
-
-    `confirmed` is set on the reported best only (whether images that did not select it confirmed it);
-    `name` on an anchor only ("INT4": the uniform plan it is).
-    """
-
-    trial: int
-    plan_key: str
-    plan: dict[str, Any] = field(hash=False)  # the plan file's form (`SearchSpace.dump_plan`)
-    test: Scores | None = None
-    confirm: Scores | None = None
-    val: Scores | None = None
-    confirmed: bool | None = None
-    name: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out = {"trial": self.trial, "plan_key": self.plan_key, "plan": self.plan, Split.TEST: _json(self.test),
-               Split.CONFIRM: _json(self.confirm), Split.VAL: _json(self.val)}
-        if self.confirmed is not None:
-            out["confirmed"] = self.confirmed
-        if self.name is not None:
-            out["name"] = self.name
-        return out
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> PlanEntry | None:
-        if not d:
-            return None
-        confirmed = d.get("confirmed")
-        return cls(int(d["trial"]), str(d["plan_key"]), dict(d.get("plan") or {}), Scores.from_json(d.get(Split.TEST)),
-                   Scores.from_json(d.get(Split.CONFIRM)), Scores.from_json(d.get(Split.VAL)),
-                   None if confirmed is None else bool(confirmed), d.get("name"))
 
 
 @dataclass(frozen=True)
@@ -121,9 +60,9 @@ class Finalist:
                 "composed": _json(self.composed)}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Finalist:
+    def from_json(cls, d: Mapping[str, Any], objective: Objective | None = None) -> Finalist:
         return cls(int(d["trial"]), str(d["plan_key"]), bool(d.get("confirmed", False)), _float(d.get("pass_chance")),
-                   Scores.from_json(d.get(Split.CONFIRM)), Scores.from_json(d.get("composed")))
+                   Scores.from_json(d.get(Split.CONFIRM), objective), Scores.from_json(d.get("composed"), objective))
 
 
 @dataclass(frozen=True)
@@ -149,10 +88,10 @@ class ConfirmationEntry:
                 "finalists": [f.to_json() for f in self.finalists]}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> ConfirmationEntry:
+    def from_json(cls, d: Mapping[str, Any] | None, objective: Objective | None = None) -> ConfirmationEntry:
         d = d or {}
         return cls(d.get("split"), bool(d.get("usable", False)), _float(d.get("ceiling")), int(d.get("confirmed", 0)),
-                   tuple(Finalist.from_json(f) for f in d.get("finalists") or ()))
+                   tuple(Finalist.from_json(f, objective) for f in d.get("finalists") or ()))
 
 
 @dataclass(frozen=True)
@@ -261,13 +200,14 @@ class RunSummary:
             KeyError, TypeError, ValueError, AttributeError, ModeloptError: not a summary (`read_summary`: None).
         """
         o, prep = d.get("objective") or {}, d.get("preparation") or {}
+        objective = Objective(Target.parse(o.get("target") or "size"), float(o.get("min_retention", 0.99)),
+                              float(o.get("confidence") or 0.0), bool(o.get("count_gains", False)),
+                              o.get("claim_images"))
         return cls(
             version=str(d.get("version", "")),
             run_dir=str(d.get("run_dir", "")),
             config=dict(d.get("config") or {}),
-            objective=Objective(Target.parse(o.get("target") or "size"), float(o.get("min_retention", 0.99)),
-                                float(o.get("confidence") or 0.0), bool(o.get("count_gains", False)),
-                                o.get("claim_images")),
+            objective=objective,
             budget=float(d.get("budget", 0.0)),
             budget_used=float(d.get("budget_used", 0.0)),
             n_trials=int(d.get("n_trials", 0)),
@@ -277,11 +217,11 @@ class RunSummary:
                       for split, b in (d.get("baseline") or {}).items()},
             float_size_bytes=int(d.get("float_size_bytes") or 0),
             device=str(d.get("device", "")),
-            best=PlanEntry.from_json(d.get("best")),
-            search_best=PlanEntry.from_json(d.get("search_best")),
-            confirmation=ConfirmationEntry.from_json(d.get("confirmation")),
-            anchors=_entries(d.get("anchors")),
-            pareto=_entries(d.get("pareto")),
+            best=PlanEntry.from_json(d.get("best"), objective),
+            search_best=PlanEntry.from_json(d.get("search_best"), objective),
+            confirmation=ConfirmationEntry.from_json(d.get("confirmation"), objective),
+            anchors=_entries(d.get("anchors"), objective),
+            pareto=_entries(d.get("pareto"), objective),
             preparation=Preparation(dict(prep.get("seconds") or {}), dict(prep.get("charged") or {})),
             search_wall_seconds=float(d.get("search_wall_seconds", 0.0)),
             eval_seconds_this_session=float(d.get("eval_seconds_this_session", 0.0)),
@@ -310,37 +250,32 @@ def read_summary(run_dir: str | Path) -> RunSummary | None:
 
 def summarize(
     *, evaluator: Evaluator, objective: Objective, config: RunConfig, run_dir: Path, budget: float,
-    trials: Sequence[Trial], certificate: Certificate, test: Mapping[str, Metrics], search_wall: float = 0.0,
+    trials: Sequence[Trial], certificate: Certificate, plans: ReportedPlans, search_wall: float = 0.0,
     eval_seconds: float = 0.0, float_latency: Mapping[str, float] | None = None, exits: ExitPattern | None = None,
 ) -> RunSummary:
     """The summary of a finished run.
 
     Args:
-        evaluator: the run's evaluator (its workload's baselines, its space, its one-time costs).
+        evaluator: the run's evaluator (its workload's baselines, its one-time costs).
         objective: the run's objective (the bounds each figure is given with).
         config: the run's settings, saved whole.
         run_dir: the run folder.
         budget: the run's budget, in full val evaluations.
         trials: every trial of the run.
-        certificate: what the run may claim (`modelopt.certify.certify`): the reported plan and whether it was
-            confirmed, the search's own pick, the front, the anchors, the confirmation and the deployed check.
-        test: test re-scores by plan key (best, search best, front, anchors), with their latency where measured.
+        certificate: what the run may claim (`modelopt.certify.certify`): the confirmation and the deployed check.
+        plans: the record of each plan the certificate reports (`modelopt.run.reported.reported_plans`), saved
+            as it is: the best, the search's own pick, the anchors and the front.
         search_wall: wall seconds of the search; eval_seconds: of the evaluations this session.
 
     Example:
+        >>> plans = reported_plans(cert, obj, ev.space, cert.test)
         >>> summarize(evaluator=ev, objective=obj, config=cfg, run_dir=out, budget=50, trials=trials,
-        ...           certificate=cert, test=cert.test).to_json()
+        ...           certificate=cert, plans=plans).to_json()
     """
-    wl, space = evaluator.workload, evaluator.space
-    best, search_best, confirmation = certificate.best, certificate.search_best, certificate.confirmation
-    confirmed = {t.plan.key: m for t, m in confirmation.finalists}
+    wl, confirmation = evaluator.workload, certificate.confirmation
 
     def scores(m: Metrics | None) -> Scores | None:
         return None if m is None else Scores.of(m, objective)
-
-    def entry(t: Trial, **extra: Any) -> PlanEntry:
-        return PlanEntry(t.number, t.plan.key, space.dump_plan(t.plan), scores(test.get(t.plan.key)),
-                         scores(confirmed.get(t.plan.key)), scores(t.metrics), **extra)
 
     finalists = tuple(
         Finalist(t.number, t.plan.key, confirmation.verdicts[i],
@@ -361,12 +296,12 @@ def summarize(
         baseline={s: Baseline(wl.baseline_accuracy(s), len(wl.split(s))) for s in splits},
         float_size_bytes=wl.float_size_bytes,
         device=str(wl.device),
-        best=None if best is None else entry(best, confirmed=certificate.confirmed),
-        search_best=None if search_best is None else entry(search_best),
+        best=plans.best,
+        search_best=plans.search_best,
         confirmation=ConfirmationEntry(confirmation.split, confirmation.usable, confirmation.ceiling,
                                        confirmation.confirmed, finalists),
-        anchors=tuple(entry(t, name=_uniform_name(space, t)) for t in certificate.anchors),
-        pareto=tuple(entry(t) for t in certificate.front),
+        anchors=plans.anchors,
+        pareto=plans.pareto,
         preparation=Preparation(dict(evaluator.one_time.seconds), dict(evaluator.one_time.charged)),
         search_wall_seconds=search_wall,
         eval_seconds_this_session=eval_seconds,
@@ -376,32 +311,12 @@ def summarize(
     )
 
 
-def _uniform_name(space: SearchSpace, trial: Trial) -> str:
-    """"INT4" for a plan whose compressed layers all store 4-bit weights ("W8A8" with 8-bit inputs too),
-    "float" for the uncompressed model."""
-    chosen = [(space.compressors[d.compressor], c) for d in space.decisions
-              if (c := trial.plan.get(d.name)) is not None]
-    if not chosen:
-        return "float"
-    precisions = [comp.precision(c) for comp, c in chosen]
-    bits = {p.weight for p in precisions}
-    acts = {p.activation for p in precisions}
-    if len(bits) == 2 and len(acts) == 1 and 32 in acts:  # a hedge: the narrow width, its sensitive layers wider
-        narrow, wide = sorted(bits)
-        n_wide = sum(p.weight == wide for p in precisions)
-        return f"INT{narrow}, {n_wide} of {len(chosen)} INT{wide}"
-    if len(bits) != 1:
-        return "mixed"
-    width = bits.pop()
-    return f"W{width}A{acts.pop()}" if len(acts) == 1 and 32 not in acts else f"INT{width}"
-
-
 def _json(record: Scores | PlanEntry | None) -> dict[str, Any] | None:
     return None if record is None else record.to_json()
 
 
-def _entries(raw: Sequence[Mapping[str, Any]] | None) -> tuple[PlanEntry, ...]:
-    return tuple(e for e in map(PlanEntry.from_json, raw or ()) if e is not None)
+def _entries(raw: Sequence[Mapping[str, Any]] | None, objective: Objective) -> tuple[PlanEntry, ...]:
+    return tuple(e for e in (PlanEntry.from_json(d, objective) for d in raw or ()) if e is not None)
 
 
 def _float(v: Any) -> float | None:

@@ -7,7 +7,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from modelopt.run.summary import Scores, read_summary
+from modelopt.run.reported import Scores
+from modelopt.run.summary import read_summary
 
 __all__ = ["anchor_lines"]
 

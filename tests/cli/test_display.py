@@ -5,6 +5,7 @@ from __future__ import annotations
 from modelopt.cli.display import latency_text, own_pick_text, split_label
 from modelopt.evaluation.metrics import Metrics
 from modelopt.objective import Objective
+from modelopt.run.reported import Scores
 
 
 def _metrics(**kw) -> Metrics:
@@ -16,13 +17,15 @@ def _metrics(**kw) -> Metrics:
 def test_a_latency_runs_own_pick_is_named_by_its_speed_up_not_its_size():
     """A latency run's line read "trial 2 (3.92x)": the pick's compression, beside plans timed at 2.3-2.4x."""
     m = _metrics(latency_ms=0.326, float_latency_ms=0.719, latency_backend="onnxruntime/cpu/fp32/b1")
-    line = own_pick_text(Objective("latency"), 2, m, 5, 5)
+    latency = Objective("latency")
+    line = own_pick_text(latency.target, 2, Scores.of(m, latency), 5, 5)
     assert "trial 2 (2.21x latency on val)" in line and "3.92" not in line
     assert "that is the fastest of the 5 finalists confirmed (of 5 tested" in line
 
 
 def test_a_size_runs_own_pick_is_named_by_its_compression():
-    line = own_pick_text(Objective("size"), 7, _metrics(), 3, 6)
+    size = Objective("size")
+    line = own_pick_text(size.target, 7, Scores.of(_metrics(), size), 3, 6)
     assert "trial 7 (3.92x size on val)" in line and "the smallest of the 3 finalists confirmed (of 6" in line
 
 
