@@ -115,20 +115,28 @@ def _best_rows(run: RunFolder) -> list[tuple[str, str]]:
         return [("best plan", "none above the floor" + ("" if run.done else " yet"))]
     entry = run.entries.get(best.plan_key)
     test, conf = (None, None) if entry is None else (entry.test, entry.confirm)
-    status = ("confirmed on the confirm split" if run.confirmed else
-              "certified on val only (not confirmed)" if run.done else "so far, on val")
+    shown = _scored_on(((f"{Split.TEST} (held out)", Split.TEST, test), (Split.CONFIRM, Split.CONFIRM, conf),
+                        ("val (search-time estimate)", Split.VAL, val)))
     m = val.metrics
-    named = ((f"{Split.TEST} (held out)", Split.TEST, test), (Split.CONFIRM, Split.CONFIRM, conf),
-             ("val (search-time estimate)", Split.VAL, val))
-    shown = [(long, short, x) for long, short, x in named if x is not None]
     return [
-        ("best plan", f"trial {best.number} (key `{best.plan_key}`), {status}: {plan_mix(best.plan)}"),
+        ("best plan", f"trial {best.number} (key `{best.plan_key}`), {_status(run)}: {plan_mix(best.plan)}"),
         (f"best {_what(run)}", f"{_fx((test or val).reduction)}"),
         ("best size", f"{_kib(m.size_bytes)} (float {_kib(m.float_size_bytes)})"),
         ("best retention", "; ".join(f"{_bounded(x)} {long}" for long, _, x in shown)),
         ("best agreement", ", ".join(f"{_fpct(x.metrics.agreement)} {short}" for _, short, x in shown)),
         *_beside_rows(run, best),
     ]
+
+
+def _scored_on(named: Sequence[tuple[str, str, Scores | None]]) -> list[tuple[str, str, Scores]]:
+    """(long name, short name, figures) of the splits the plan was scored on."""
+    return [(long, short, x) for long, short, x in named if x is not None]
+
+
+def _status(run: RunFolder) -> str:
+    if run.confirmed:
+        return "confirmed on the confirm split"
+    return "certified on val only (not confirmed)" if run.done else "so far, on val"
 
 
 def _beside_rows(run: RunFolder, best: Record) -> list[tuple[str, str]]:
@@ -160,6 +168,9 @@ def _front_table(run: RunFolder, front: Sequence[tuple[Record, Metrics]]) -> Tab
                   "feasible on val", "plan"), tuple(rows), "rrrrrrll")
 
 
+_VERDICT = {None: "not tested", True: "yes", False: "no"}  # a plan's confirmation, as the anchor table says it
+
+
 def _anchor_table(run: RunFolder) -> Table | None:
     """The uniform plans the run scored on the same images (INT8, INT4, INT3, and INT4 with its most sensitive layers
     at INT8), what a search must beat; confirmed or not as confirmation found."""
@@ -171,10 +182,9 @@ def _anchor_table(run: RunFolder) -> Table | None:
     for a in s.anchors:
         if a.headline is None:
             continue
-        held = verdicts.get(a.plan_key)
         rows.append((a.name or "?", str(a.trial), _fx(a.headline.reduction),
                      *("–" if x is None else _bounded(x) for x in (a.test, a.confirm, a.val)),
-                     "not tested" if held is None else "yes" if held else "no"))
+                     _VERDICT[verdicts.get(a.plan_key)]))
     return Table(("uniform plan", "trial", _what(run), "test retention", "confirm retention",
                   "val retention (search)", "confirmed"), tuple(rows), "lrrrrrl")
 

@@ -74,18 +74,19 @@ def _model_blocks(model: str, runs: dict[str, list[RunFolder]], budgets: list[fl
     top_budget = max((r.budget for rs in runs.values() for r in rs), default=0.0)
     marks = budgets if budgets is not None else [top_budget]
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", model)
-    rows = []
-    for strategy, rs in runs.items():
-        finals = [_final(r) for r in rs]
-        rows.append((
-            strategy, str(len(rs)), f"{sum(r.done for r in rs)}", f"{statistics.median(r.spent for r in rs):g}",
-            f"{statistics.median(finals):.2f}×", f"{min(finals):.2f}× – {max(finals):.2f}×",
-            f"{sum(r.best is not None for r in rs)}",
-        ))
+    rows = [_final_row(strategy, rs) for strategy, rs in runs.items()]
     return [Heading(model), Figure(f"sweep_{safe}", plots.sweep_progress_png(model, curves, what, marks),
                                    f"{model}: best-so-far feasible {what} against budget, per strategy."),
             Table(("strategy", "seeds", "finished", "budget spent (median)", f"best val {what} (median)",
                    "worst – best seed", "seeds with a feasible plan"), tuple(rows), "lrrrrrr")]
+
+
+def _final_row(strategy: str, rs: list[RunFolder]) -> tuple[str, ...]:
+    """Where a strategy's seeds ended: how many, finished, budget spent, and the reported plans' val reductions."""
+    finals = [_final(r) for r in rs]
+    return (strategy, str(len(rs)), f"{sum(r.done for r in rs)}", f"{statistics.median(r.spent for r in rs):g}",
+            f"{statistics.median(finals):.2f}×", f"{min(finals):.2f}× – {max(finals):.2f}×",
+            f"{sum(r.best is not None for r in rs)}")
 
 
 def _final(run: RunFolder) -> float:
