@@ -102,10 +102,11 @@ class PlanEntry:
         """The figures a one-line summary states: test's, else confirm's, else val's."""
         return self.test or self.confirm or self.val
 
-    def on(self, split: str) -> Scores | None:
-        """The figures on `split` (test, confirm or val; None: not scored there)."""
+    def metrics_on(self, split: str) -> Metrics | None:
+        """The metrics on `split` (test, confirm or val; None: not scored there)."""
         by_split: dict[str, Scores | None] = {Split.TEST: self.test, Split.CONFIRM: self.confirm, Split.VAL: self.val}
-        return by_split.get(split)
+        scores = by_split.get(split)
+        return None if scores is None else scores.metrics
 
     def to_json(self) -> dict[str, Any]:
         out = {"trial": self.trial, "plan_key": self.plan_key, "plan": self.plan, Split.TEST: _json(self.test),

@@ -36,7 +36,7 @@ from modelopt.run.exit_pattern import exit_pattern
 from modelopt.run.journal import Journal, Record, write_json_atomic
 from modelopt.run.layout import BEST_PLAN, CONFIG, JOURNAL, STATE, STATE_NEXT, SUMMARY
 from modelopt.run.lock import RunLock, lock_run_folder
-from modelopt.run.reported import PlanEntry, reported_plans
+from modelopt.run.reported import reported_plans
 from modelopt.run.summary import RunSummary, summarize
 from modelopt.search._base import Strategy
 
@@ -52,9 +52,8 @@ class RunResult:
 
     `best` is the smallest plan confirmed on the confirm split (the search's best, unconfirmed,
     when the data have no confirm split); `best_test` its held-out test metrics, the headline;
-    `pareto` pairs each front trial (by the val retention bound) with its test metrics. The figures of
-    each reported plan are its record in `summary` (`summary.best`, `.anchors`, ...: `modelopt.run.reported`);
-    `best_test`, `best_confirm` and `pareto`'s metrics are selected from those records.
+    `pareto` pairs each front trial (by the val retention bound) with its test metrics. Each reported plan's
+    figures are its record in `summary` (`summary.best`, ...: `modelopt.run.reported`), selected from here.
     """
 
     run_dir: Path
@@ -394,13 +393,8 @@ class Runner:
             eval_seconds=self.eval_seconds, float_latency=float_latency,
             exits=None if cert.best is None else exit_pattern(self.evaluator, cert.best.plan))
         write_json_atomic(self.run_dir / SUMMARY, summary.to_json())
-        return RunResult(self.run_dir, tuple(self.trials), cert.best, _metrics(plans.best, Split.TEST),
-                         tuple((t, _metrics(e, Split.TEST)) for t, e in zip(cert.front, plans.pareto, strict=True)),
-                         self.spent, summary, best_confirm=_metrics(plans.best, Split.CONFIRM),
-                         search_best=cert.search_best, confirmation=cert.confirmation, certificate=cert)
-
-
-def _metrics(entry: PlanEntry | None, split: str) -> Metrics | None:
-    """`entry`'s metrics on `split` as the record holds them (None: not scored there, or no plan)."""
-    scores = None if entry is None else entry.on(split)
-    return None if scores is None else scores.metrics
+        best = plans.best  # RunResult's metrics are selected from the records
+        test, conf = (None, None) if best is None else (best.metrics_on(Split.TEST), best.metrics_on(Split.CONFIRM))
+        return RunResult(self.run_dir, tuple(self.trials), cert.best, test,
+                         tuple((t, e.metrics_on(Split.TEST)) for t, e in zip(cert.front, plans.pareto, strict=True)),
+                         self.spent, summary, conf, cert.search_best, cert.confirmation, cert)
