@@ -159,28 +159,15 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
     ceiling = certifiable_retention(evaluator.workload, Split.CONFIRM, objective.confidence)
     if not clears(ceiling, objective.min_retention):
         return Confirmation(Split.CONFIRM, (), 0, None, ceiling, objective.min_retention)
-    data = evaluator.workload.split(Split.CONFIRM)
-    n, base_right = len(data), int(data.base_correct.sum())
-    anchor_keys = {t.plan.key for t in anchors}
-    pool = [t for t in [*anchors, *finalists] if t.metrics is not None and t.metrics.stopped is None]
-    unique = list({t.plan.key: t for t in pool}.values())
-    share = LossShare.fit([c for t in population if (c := _full_val(t)) is not None])
-    candidates = {t.plan.key: _candidate(t, t.plan.key in anchor_keys, objective, n, base_right, share)
-                  for t in unique}
-    chains = _chains(unique, candidates, anchor_keys)
+    candidates, chains = _planned(evaluator, objective, finalists, anchors, population)
     flat = [t for chain in chains for t in chain]
     scored: dict[int, Metrics] = {}
     refitted: set[int] = set()  # reconstructed here (not read back adopted)
 
     def passes(i: int, level: float) -> bool:
         if i not in scored:
-            if refit is not None and evaluator.states.fitted(flat[i].plan) is None and refit(flat[i].plan) is not None:
-                refitted.add(i)
-            scored[i] = evaluator.scorer.evaluate(flat[i].plan, split=Split.CONFIRM)
-        if objective.confidence <= 0:
-            return objective.meets_floor(scored[i])
-        counts = scored[i].counts()
-        return counts is not None and clears(counts.retention_lower(1.0 - level), objective.min_retention)
+            scored[i] = _on_confirm(evaluator, flat[i].plan, refit, lambda: refitted.add(i))
+        return _clears(objective, scored[i], level)
 
     ids = [list(range(len(chains[0]))), list(range(len(chains[0]), len(flat)))]
     verdict = confirm_chains(ids, passes, 1.0 - objective.confidence if objective.confidence > 0 else 1.0,
@@ -189,22 +176,57 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
     held = [flat[i] for i in tested if verdict[i]]
     best = min(held, key=lambda t: (objective.value(_scored(t)), -objective.retention_lower(_scored(t))),
                default=None)
-    composed = {i: _as_composed(evaluator, flat[i].plan) for i in refitted if best is not None and flat[i] is best}
+    composed = _best_as_composed(evaluator, [flat[i] for i in tested], {flat[i].plan.key for i in refitted}, best)
     return Confirmation(Split.CONFIRM, tuple((flat[i], scored[i]) for i in tested), len(held), best, ceiling,
                         objective.min_retention, tuple(candidates[flat[i].plan.key].chance for i in tested),
-                        tuple(verdict[i] for i in tested), tuple(composed.get(i) for i in tested))
+                        tuple(verdict[i] for i in tested), composed)
 
 
-def _as_composed(evaluator: Evaluator, plan: Plan) -> Metrics:
-    """The reconstructed `plan` scored on confirm as the search composed it, its reconstruction adopted again after:
-    for the record only, and for the reported best only (one confirm pass; every finalist's was a fifth of the run)."""
-    fitted = evaluator.states.fitted(plan)
-    assert fitted is not None, "called on a reconstructed plan"
-    evaluator.drop(plan.key)
+def _planned(evaluator: Evaluator, objective: Objective, finalists: list[Trial], anchors: Sequence[Trial],
+             population: Sequence[Trial]) -> tuple[dict[str, Candidate], list[list[Trial]]]:
+    """Each finalist as the sequence planner sees it (by plan key), and the two fixed sequences, from val alone."""
+    data = evaluator.workload.split(Split.CONFIRM)
+    n, base_right = len(data), int(data.base_correct.sum())
+    anchor_keys = {t.plan.key for t in anchors}
+    pool = [t for t in [*anchors, *finalists] if t.metrics is not None and t.metrics.stopped is None]
+    unique = list({t.plan.key: t for t in pool}.values())
+    share = LossShare.fit([c for t in population if (c := _full_val(t)) is not None])
+    candidates = {t.plan.key: _candidate(t, t.plan.key in anchor_keys, objective, n, base_right, share)
+                  for t in unique}
+    return candidates, _chains(unique, candidates, anchor_keys)
+
+
+def _on_confirm(evaluator: Evaluator, plan: Plan, refit: Callable[[Plan], object] | None,
+                refitted: Callable[[], None]) -> Metrics:
+    """`plan` scored on confirm, reconstructed first where `refit` is given and it is not yet (`refitted` is told
+    when it is reconstructed here)."""
+    if refit is not None and evaluator.states.fitted(plan) is None and refit(plan) is not None:
+        refitted()
+    return evaluator.scorer.evaluate(plan, split=Split.CONFIRM)
+
+
+def _clears(objective: Objective, m: Metrics, level: float) -> bool:
+    """Whether confirm metrics `m` clear the floor at error rate `level` (point estimates without a confidence)."""
+    if objective.confidence <= 0:
+        return objective.meets_floor(m)
+    counts = m.counts()
+    return counts is not None and clears(counts.retention_lower(1.0 - level), objective.min_retention)
+
+
+def _best_as_composed(evaluator: Evaluator, tested: list[Trial], refitted: set[str], best: Trial | None
+                      ) -> tuple[Metrics | None, ...]:
+    """Per tested finalist, None but for the confirmed best when it was reconstructed here (`refitted`: plan keys):
+    its confirm metrics as the search composed it, its reconstruction adopted again after. For the record only
+    (one confirm pass; every finalist's was a fifth of the default run)."""
+    fitted = None if best is None or best.plan.key not in refitted else evaluator.states.fitted(best.plan)
+    if best is None or fitted is None:
+        return (None,) * len(tested)
+    evaluator.drop(best.plan.key)
     try:
-        return evaluator.scorer.evaluate(plan, split=Split.CONFIRM)
+        composed = evaluator.scorer.evaluate(best.plan, split=Split.CONFIRM)
     finally:
         evaluator.adopt(fitted)
+    return tuple(composed if t is best else None for t in tested)
 
 
 def _chains(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[str]) -> list[list[Trial]]:
