@@ -71,7 +71,7 @@ def _second_moments(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, i
         step = max(1, UNFOLD_BYTES // per_image)
         parts = [_second_moments(module, x[i : i + step]) for i in range(0, x.shape[0], step)]
         return sum((h for h, _ in parts[1:]), parts[0][0]), sum(n for _, n in parts)
-    cols = F.unfold(x, module.kernel_size, module.dilation, module.padding, module.stride)
+    cols = sampled_unfold(module, x, 1)  # F.unfold's columns, gathered (see there)
     if module.groups == 1:
         r = cols.transpose(1, 2).reshape(-1, cols.shape[1])
         return (r.T @ r).double(), r.shape[0]
@@ -101,10 +101,11 @@ def unfolded_bytes(module: nn.Conv2d, x: torch.Tensor) -> int:
 def sampled_unfold(module: nn.Conv2d, x: torch.Tensor, stride: int) -> torch.Tensor:
     """`F.unfold(...)[:, :, ::stride]`: the columns (n, fan_in x groups, positions) at every `stride`-th output
     position of each image in row-major order, gathered without unfolding the rest (an unfold of every position
-    is most of a moment's cost when few are kept)."""
+    is most of a moment's cost when few are kept). Gathered at stride 1 too, bit for bit the same: `F.unfold`'s
+    parallel loop stalls about a second a call at 2 threads whenever another torch process runs beside it (19 ms on
+    a quiet machine); the gather takes 24 ms quiet and 32-64 ms so loaded."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _dims(module)
-    if stride <= 1:
-        return F.unfold(x, (kh, kw), (dh, dw), (ph, pw), (sh, sw))
+    stride = max(1, stride)
     oh, ow = output_size(module, x)
     p = torch.arange(0, oh * ow, stride, device=x.device)
     oy, ox = p // ow, p % ow
