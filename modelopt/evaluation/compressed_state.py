@@ -105,6 +105,7 @@ class CompressedStates:
         # `layer_keys` -> what `exporters._forms.layer_steps` built for it: the stored forms along the layer's chain
         # (GPTQ's codes again, for every reconstruction's targets and every export, without this).
         self.forms: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self._keys: dict[str, dict[str, tuple[Any, ...]]] = {}  # plan key -> `layer_keys`
 
     # ---- removed branches (depth) ---------------------------------------------------------
 
@@ -243,7 +244,10 @@ class CompressedStates:
     def layer_keys(self, plan: Plan) -> dict[str, tuple[Any, ...]]:
         """Per layer the plan changes, everything its compressed weight depends on (its choices and their
         compressors' options, the kept slice, the refit that repairs it): the key it is cached under, and its
-        stored form (`exporters._forms.layer_steps`). Layers left float and whole are absent."""
+        stored form (`exporters._forms.layer_steps`). Layers left float and whole are absent. Kept per plan: every
+        layer's stored form asks for the plan's keys."""
+        if (known := self._keys.get(plan.key)) is not None:
+            return known
         slices = self.kept_slices(plan)
         absorbed, skips = self.skip_state(plan), tuple(b.block for b in self.skipped(plan))
         keys = {}
@@ -259,6 +263,7 @@ class CompressedStates:
             absorbs = skips if f"{layer.name}.weight" in absorbed else ()
             keys[layer.name] = (layer.name, tuple(self._compressor_keys[d.compressor] for d in decs), choices,
                                 shape_key, repair, *absorbs)
+        self._keys[plan.key] = keys
         return keys
 
     def _layer_weights(self, plan: Plan) -> dict[str, torch.Tensor]:
