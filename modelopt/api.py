@@ -160,7 +160,7 @@ def evaluate(
                          interpolation, mean, std, compressors, settings, reconstruct)
         source = resolve(run, "best" if plan is None else plan, device=device)
         check_scores(source.evaluator.workload, split)
-        return source.evaluator.scorer.evaluate(source.plan, split=split)
+        return source.evaluator.evaluate(source.realised, split=split)
     # A bad value: one line, before loading.
     prep = Preprocess(resize, crop, interpolation or DEFAULT_INTERPOLATION, None if mean is None else tuple(mean),
                       None if std is None else tuple(std))
@@ -175,9 +175,10 @@ def evaluate(
     space = SearchSpace(wl.layers, build_compressors(compressors, settled.options, model=wl.model))
     check_scores(wl, split)  # 0 of N right: retention would read nan
     evaluator, chosen = Evaluator(wl, space), resolve_plan(plan, space)
+    fitted = None
     if settled.replace(**({} if reconstruct is None else {"reconstruct": reconstruct})).reconstruct:
-        Refits(evaluator)(chosen)
-    return evaluator.scorer.evaluate(chosen, split=split)
+        fitted = Refits(evaluator)(chosen)
+    return evaluator.evaluate(evaluator.realise(chosen, fitted), split=split)
 
 
 def _check_run_alone(run: str | Path, model: bool, data: bool, *given: object) -> None:

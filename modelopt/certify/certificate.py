@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from modelopt.certify.confirm import Confirmation, confirm_plans, finalists
 from modelopt.certify.deployed import Deployed, check_deployed
 from modelopt.data.split import Split
-from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator, Realised
+from modelopt.evaluation.fitted import Fitted
 from modelopt.evaluation.metrics import Metrics
 from modelopt.evaluation.trial import Trial
 from modelopt.latency.plan import PlanLatency
@@ -57,6 +58,10 @@ class Certificate:
         or the data could not confirm one and the search's best is reported on its val bound)."""
         return self.best is not None and self.confirmation.usable
 
+    def realise(self, evaluator: Evaluator, plan: Plan) -> Realised:
+        """`plan` as the run certified it: with the reconstruction it was confirmed with, else as composed."""
+        return self.confirmation.realise(evaluator, plan)
+
     @property
     def reported(self) -> dict[str, Trial]:
         """The plans whose test figures a run reports, by plan key: the best, the search's, the front, the
@@ -66,7 +71,7 @@ class Certificate:
 
 
 def certify(evaluator: Evaluator, objective: Objective, trials: list[Trial], latency: PlanLatency | None = None,
-            *, test: bool = True, refit: Callable[[Plan], object] | None = None) -> Certificate:
+            *, test: bool = True, refit: Callable[[Plan], Fitted | None] | None = None) -> Certificate:
     """The plan a run of `trials` may report, confirmed, checked as deployed, and scored on test.
 
     Args:
@@ -77,8 +82,8 @@ def certify(evaluator: Evaluator, objective: Objective, trials: list[Trial], lat
             and, where its answers differ, the next confirmed plan is (`check_deployed`). None: not checked.
         test: score the reported plans on the test split (False: choose only, as a sweep table does for the
             budgets below a run's own).
-        refit: reconstructs each finalist before it is confirmed (`modelopt.reconstruct.store.Refits`; None: the
-            plans are confirmed as the search composed them).
+        refit: the reconstruction each finalist runs with, fitted before it is confirmed
+            (`modelopt.reconstruct.store.Refits`; None: the plans are confirmed as the search composed them).
 
     Example:
         >>> cert = certify(ev, Objective("size", 0.99, 0.95), trials)
@@ -92,11 +97,12 @@ def certify(evaluator: Evaluator, objective: Objective, trials: list[Trial], lat
     best = confirmation.best if confirmation.usable else final.search_best
     deployed = None
     if best is not None and latency is not None:  # deployed equals certified, or the next plan is reported
-        best, deployed = check_deployed(latency, _reportable(best, confirmation, objective))
+        best, deployed = check_deployed(latency, _reportable(best, confirmation, objective),
+                                        lambda plan: confirmation.realise(evaluator, plan))
     cert = Certificate(best, final.search_best, final.front, final.anchors, confirmation, deployed)
     if not test:
         return cert
-    return dataclasses.replace(cert, test={key: evaluator.scorer.evaluate(t.plan, split=Split.TEST)
+    return dataclasses.replace(cert, test={key: evaluator.evaluate(cert.realise(evaluator, t.plan), split=Split.TEST)
                                            for key, t in cert.reported.items()})
 
 

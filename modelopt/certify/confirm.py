@@ -35,7 +35,8 @@ from modelopt.certify.sequence import (
 )
 from modelopt.confidence import PairedCounts, binom_upper, clears
 from modelopt.data.split import Split
-from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator, Realised
+from modelopt.evaluation.fitted import Fitted
 from modelopt.evaluation.metrics import Metrics
 from modelopt.evaluation.trial import Trial
 from modelopt.objective import Objective, best_of, pareto_front
@@ -124,6 +125,13 @@ class Confirmation:
     # the best's only, when it was reconstructed here (None: another finalist, or not reconstructed; a finalist's
     # `finalists` metrics are the composed plan's own when it was not reconstructed).
     composed: tuple[Metrics | None, ...] = ()
+    # The reconstruction each tested finalist ran with, by plan key (absent: it ran as composed): every later
+    # score, deployment and export of that plan runs it so (`realise`).
+    fitted: dict[str, Fitted] = dataclasses.field(default_factory=dict)
+
+    def realise(self, evaluator: Evaluator, plan: Plan) -> Realised:
+        """`plan` as it was confirmed: with the reconstruction it ran with here, else as composed."""
+        return evaluator.realise(plan, self.fitted.get(plan.key))
 
     @property
     def usable(self) -> bool:
@@ -133,7 +141,7 @@ class Confirmation:
 
 def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
                   anchors: Sequence[Trial] = (), population: Sequence[Trial] = (),
-                  refit: Callable[[Plan], object] | None = None) -> Confirmation:
+                  refit: Callable[[Plan], Fitted | None] | None = None) -> Confirmation:
     """Re-scores finalists on the confirm split and confirms them in two fixed sequences planned on val.
 
     Args:
@@ -145,10 +153,10 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
         population: every trial of the run; with three or more scored on all of val, each finalist's share
             of broken answers is shrunk toward theirs (`LossShare`) before its chance to pass is predicted,
             in place of a fixed selection shift.
-        refit: reconstructs a plan and makes the evaluator run it so (`modelopt.reconstruct.store.Refits`), called
-            on each finalist before it is confirmed: what is confirmed is what is then tested and exported. The
-            confirmed best, when reconstructed here, is also scored on confirm as composed, for the record only
-            (`Confirmation.composed`).
+        refit: the reconstruction a plan runs with (`modelopt.reconstruct.store.Refits`, fitting it when there is
+            none), called on each finalist before it is confirmed: what is confirmed is what is then tested and
+            exported (`Confirmation.fitted`). The confirmed best, when it runs reconstructed, is also scored on
+            confirm as composed, for the record only (`Confirmation.composed`).
 
     Example:
         >>> c = confirm_plans(ev, Objective("size", 0.99, 0.95), finalists, anchors)
@@ -162,11 +170,11 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
     candidates, chains = _planned(evaluator, objective, finalists, anchors, population)
     flat = [t for chain in chains for t in chain]
     scored: dict[int, Metrics] = {}
-    refitted: set[int] = set()  # reconstructed here (not read back adopted)
+    fitted: dict[str, Fitted] = {}  # plan key -> the reconstruction it was confirmed with
 
     def passes(i: int, level: float) -> bool:
         if i not in scored:
-            scored[i] = _on_confirm(evaluator, flat[i].plan, refit, lambda: refitted.add(i))
+            scored[i] = _on_confirm(evaluator, flat[i].plan, refit, fitted)
         return _clears(objective, scored[i], level)
 
     ids = [list(range(len(chains[0]))), list(range(len(chains[0]), len(flat)))]
@@ -176,10 +184,10 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
     held = [flat[i] for i in tested if verdict[i]]
     best = min(held, key=lambda t: (objective.value(_scored(t)), -objective.retention_lower(_scored(t))),
                default=None)
-    composed = _best_as_composed(evaluator, [flat[i] for i in tested], {flat[i].plan.key for i in refitted}, best)
+    composed = _best_as_composed(evaluator, [flat[i] for i in tested], fitted, best)
     return Confirmation(Split.CONFIRM, tuple((flat[i], scored[i]) for i in tested), len(held), best, ceiling,
                         objective.min_retention, tuple(candidates[flat[i].plan.key].chance for i in tested),
-                        tuple(verdict[i] for i in tested), composed)
+                        tuple(verdict[i] for i in tested), composed, fitted)
 
 
 def _planned(evaluator: Evaluator, objective: Objective, finalists: list[Trial], anchors: Sequence[Trial],
@@ -196,13 +204,13 @@ def _planned(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
     return candidates, _chains(unique, candidates, anchor_keys)
 
 
-def _on_confirm(evaluator: Evaluator, plan: Plan, refit: Callable[[Plan], object] | None,
-                refitted: Callable[[], None]) -> Metrics:
-    """`plan` scored on confirm, reconstructed first where `refit` is given and it is not yet (`refitted` is told
-    when it is reconstructed here)."""
-    if refit is not None and evaluator.states.fitted(plan) is None and refit(plan) is not None:
-        refitted()
-    return evaluator.scorer.evaluate(plan, split=Split.CONFIRM)
+def _on_confirm(evaluator: Evaluator, plan: Plan, refit: Callable[[Plan], Fitted | None] | None,
+                fitted: dict[str, Fitted]) -> Metrics:
+    """`plan` scored on confirm, with the reconstruction `refit` gives it (kept in `fitted`), else as composed."""
+    own = None if refit is None else refit(plan)
+    if own is not None:
+        fitted[plan.key] = own
+    return evaluator.evaluate(evaluator.realise(plan, own), split=Split.CONFIRM)
 
 
 def _clears(objective: Objective, m: Metrics, level: float) -> bool:
@@ -213,19 +221,14 @@ def _clears(objective: Objective, m: Metrics, level: float) -> bool:
     return counts is not None and clears(counts.retention_lower(1.0 - level), objective.min_retention)
 
 
-def _best_as_composed(evaluator: Evaluator, tested: list[Trial], refitted: set[str], best: Trial | None
+def _best_as_composed(evaluator: Evaluator, tested: list[Trial], fitted: dict[str, Fitted], best: Trial | None
                       ) -> tuple[Metrics | None, ...]:
-    """Per tested finalist, None but for the confirmed best when it was reconstructed here (`refitted`: plan keys):
-    its confirm metrics as the search composed it, its reconstruction adopted again after. For the record only
-    (one confirm pass; every finalist's was a fifth of the default run)."""
-    fitted = None if best is None or best.plan.key not in refitted else evaluator.states.fitted(best.plan)
-    if best is None or fitted is None:
+    """Per tested finalist, None but for the confirmed best when it ran reconstructed (`fitted`, by plan key): its
+    confirm metrics as the search composed it. For the record only (one confirm pass; every finalist's was a fifth
+    of the default run)."""
+    if best is None or best.plan.key not in fitted:
         return (None,) * len(tested)
-    evaluator.drop(best.plan.key)
-    try:
-        composed = evaluator.scorer.evaluate(best.plan, split=Split.CONFIRM)
-    finally:
-        evaluator.adopt(fitted)
+    composed = evaluator.evaluate(best.plan, split=Split.CONFIRM)
     return tuple(composed if t is best else None for t in tested)
 
 

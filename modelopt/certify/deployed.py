@@ -8,10 +8,11 @@ the next confirmed plan is checked instead. An engine that cannot build a plan a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from modelopt.data.split import Split
+from modelopt.evaluation.evaluator import Realised
 from modelopt.evaluation.trial import Trial
 from modelopt.latency.plan import PlanLatency
 from modelopt.plan.plan import Plan
@@ -36,7 +37,7 @@ class Deployed:
                 "min_agreement": self.min_agreement, "checked": self.checked}
 
 
-def deployed_agreement(latency: PlanLatency, plan: Plan, split: str = SPLIT) -> float:
+def deployed_agreement(latency: PlanLatency, plan: Plan | Realised, split: str = SPLIT) -> float:
     """The share of `split`'s images on which the plan, built afresh as a user deploys it in the run's engine,
     gives the top-1 the run scored (the engine's, when the run scores in its engine; else the PyTorch
     simulation's).
@@ -45,18 +46,21 @@ def deployed_agreement(latency: PlanLatency, plan: Plan, split: str = SPLIT) -> 
         NotImplementedError: the engine does not build plans as deployed (`Engine.deployed`).
     """
     ev = latency.evaluator
-    scored = ev.scorer.predictions(plan, split)
-    deployed = latency.engine.deployed(ev, plan).run(ev.workload.split(split).x).argmax(1)
+    r = ev.realise(plan)
+    scored = ev.answers(r, split)[0]
+    deployed = latency.engine.deployed(ev, r).run(ev.workload.split(split).x).argmax(1)
     return float((scored.cpu() == deployed.cpu()).double().mean())
 
 
-def check_deployed(latency: PlanLatency, candidates: Sequence[Trial]) -> tuple[Trial | None, Deployed]:
+def check_deployed(latency: PlanLatency, candidates: Sequence[Trial], realise: Callable[[Plan], Realised] | None = None
+                   ) -> tuple[Trial | None, Deployed]:
     """The first of `candidates` (the run's best, then the other confirmed plans, best first) whose deployed
-    answers agree with its certified ones on at least `min_agreement` of the test images."""
+    answers agree with its certified ones on at least `min_agreement` of the test images; `realise`: each plan
+    as it was certified (None: as composed)."""
     floor = latency.spec.min_agreement
     agreement: float | None = None
     for i, trial in enumerate(candidates):
-        agreement = deployed_agreement(latency, trial.plan)
+        agreement = deployed_agreement(latency, trial.plan if realise is None else realise(trial.plan))
         if agreement >= floor:
             return trial, Deployed(latency.name, SPLIT, agreement, floor, i + 1)
     return None, Deployed(latency.name, SPLIT, agreement, floor, len(candidates))

@@ -101,14 +101,14 @@ def make_evaluator(config: RunConfig, workload: Workload) -> Evaluator:
     if config.latency is not None and config.objective == Target.LATENCY.value:
         timer = _checked(PlanLatency(evaluator, config.latency))
         if timer.scores:
-            evaluator.scorer.engine = timer
+            evaluator.score_in(timer)
     return evaluator
 
 
 def make_latency(config: RunConfig, evaluator: Evaluator) -> PlanLatency | None:
     """Where the run measures latency: the engine its plans are scored in, else a new one (None: nowhere)."""
-    if isinstance(evaluator.scorer.engine, PlanLatency):
-        return evaluator.scorer.engine
+    if isinstance(evaluator.engine, PlanLatency):
+        return evaluator.engine
     return None if config.latency is None else _checked(PlanLatency(evaluator, config.latency))
 
 

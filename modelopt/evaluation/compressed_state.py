@@ -1,21 +1,17 @@
-"""The tensors a plan swaps into the resident model, built once and cached.
+"""What a plan runs with on the resident model: its `Realised` record, the state it swaps in, the module it deploys as.
 
-`CompressedStates` applies each layer's compressor chain to its weight (cached per layer and
-choices, on the workload, so runs that share it share them), slices structured pruning's removed
-channels out first and scatters the result back, zeroes the removed channels' norms, re-estimates
-batch-norm statistics (`modelopt.evaluation.norm_stats`), calibrates activation ranges, and charges every
-one-time preparation to the first plan that needs it (`modelopt.evaluation.prep_costs`). It also builds the
-module a plan deploys as (`physical_model`, `deployable`). Scoring lives in `modelopt.evaluation.scorer`,
-cost accounting in `modelopt.evaluation.cost`.
+`CompressedStates` builds a plan's `Realised` record from the plan and its refit (`realise`; each layer's weight from
+`modelopt.evaluation.layer_weights`), and what running one takes: the tensors swapped in (the weights, the removed
+channels' norms zeroed, batch-norm statistics re-estimated: `modelopt.evaluation.norm_stats`, cached by the record's
+key), activation ranges calibrated, and every one-time preparation charged to the first plan that needs it
+(`modelopt.evaluation.prep_costs`). It also builds the module a record deploys as (`physical_model`, `deployable`).
+Scoring lives in `modelopt.evaluation.scorer`, cost accounting in `modelopt.evaluation.cost`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import time
-from dataclasses import replace
-from typing import Any
 
 import torch
 from torch import nn
@@ -23,43 +19,30 @@ from torch import nn
 from modelopt.compressors.contract import (
     Calibration,
     InputQParams,
-    RemovesChannels,
     fake_quantized_inputs,
     input_ranges,
     install_input_quantizers,
 )
 from modelopt.data.split import Split
 from modelopt.evaluation.fitted import Fitted
+from modelopt.evaluation.forms import Steps
+from modelopt.evaluation.layer_weights import SKIP_IMAGES, LayerWeights
 from modelopt.evaluation.norm_stats import NormStats
 from modelopt.evaluation.prep_costs import OneTimeCosts
+from modelopt.evaluation.realised import Realised
 from modelopt.evaluation.routes import PlanRoutes
-from modelopt.model.branches import Branch, skipped_block
-from modelopt.model.channels import Removal, zeroed
-from modelopt.model.layer_inputs import LayerInputs, input_columns, input_hessians
+from modelopt.model.branches import skipped_block
+from modelopt.model.channels import zeroed
 from modelopt.model.layers import compressible_modules
-from modelopt.model.reconstruct import refit_reader
-from modelopt.model.skip_repair import branch_means, skip_state
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace
 
-__all__ = ["CompressedStates", "Kept", "Slices"]
-
-Kept = dict[str, tuple[str, torch.Tensor]]  # {root layer: (decision, ascending kept output channels)}
-Slices = dict[str, tuple[torch.Tensor | None, torch.Tensor | None]]  # {layer: (kept rows, kept columns)}
-
-# Calibration images a removed branch's mean and the next block's refit are measured on (`skip_repair`; more buy
-# little: docs/compressors.md, depth).
-SKIP_IMAGES = 512
-
-
-def _kept(n: int, removed: set[int]) -> torch.Tensor | None:
-    """The ascending indices of `n` that `removed` leaves (None: all of them)."""
-    return None if not removed else torch.tensor(sorted(set(range(n)) - removed), dtype=torch.long)
+__all__ = ["CompressedStates"]
 
 
 class CompressedStates:
-    """Builds what a plan runs with on the workload's model.
+    """Realises plans on the workload's model and builds what they run with.
 
     Args:
         workload: The resident model, its original weights and splits.
@@ -70,347 +53,113 @@ class CompressedStates:
     Example:
         >>> one_time = OneTimeCosts()
         >>> states = CompressedStates(wl, space, one_time, PlanRoutes(wl, space, one_time))
-        >>> state, cost = states.compressed_state(plan)
-        >>> with wl.state(state), states.activation_quant(plan):
-        ...     logits = wl.logits(x)                 # or, the same: states.logits(plan, x)
+        >>> r = states.realise(plan)
+        >>> state, cost = states.compressed_state(r)
+        >>> with wl.state(state), states.activation_quant(r):
+        ...     logits = wl.logits(x)                 # or, the same: states.logits(r, x)
     """
 
     def __init__(self, workload: Workload, space: SearchSpace, one_time: OneTimeCosts, routes: PlanRoutes) -> None:
         self.workload, self.space, self.one_time, self.routes = workload, space, one_time, routes
-        # Compressed tensors live on the workload, so runs that share it (a sweep) share them too.
-        self._tensors: dict[tuple[Any, ...], torch.Tensor] = workload.tensor_cache
-        # Cached tensors are keyed by each compressor's name and options, so runs that share a
-        # workload with differently configured compressors never read each other's tensors.
-        self._compressor_keys = {
-            name: (name, repr(sorted(c.options().items()))) for name, c in space.compressors.items()
-        }
-        self._layer_decisions = {
-            layer.name: [d for d in space.decisions if d.layer == layer.name] for layer in workload.layers
-        }
-        # The roots of the channel groups structured pruning may remove from (`modelopt.model.channels`).
-        self._layers = {layer.name: layer for layer in workload.layers}
-        self._roots = [x.name for x in workload.layers if x.prunable]
-        self._kept: dict[tuple[Any, ...], torch.Tensor | None] = {}
+        self.layers = LayerWeights(workload, space, one_time)
         # Modules whose removed channels are zeroed by name (norms, biases), besides the compressed weights.
         self._zeroable = {n for n, m in workload.model.named_modules() if list(m.parameters(recurse=False))}
-        self._removals: dict[tuple[str, tuple[int, ...]], tuple[Removal, ...]] = {}
         # (calibration, removed blocks) -> every layer's input range (activation quantization)
         self._input_ranges: dict[tuple[Calibration, str], dict[str, tuple[float, float]]] = {}
-        self.norm_stats = NormStats(workload, one_time)  # batch norms re-estimated per plan
+        self.norm_stats = NormStats(workload, one_time)  # batch norms re-estimated per realised plan
         self._pre_passes: dict[str, float] = {}  # a strategy's passes before any plan (add_pre_pass)
-        self._fitted: dict[str, Fitted] = {}  # plan key -> its reconstructed weights (`adopt`)
-        self._skips: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}  # removed blocks -> their float state
-        self._means: dict[str, torch.Tensor] | None = None  # every removable branch's mean (`branch_means`)
-        self._skipped: dict[str, tuple[Branch, ...]] = {}  # plan key -> the branches it removes
-        # `layer_keys` -> what `exporters._forms.layer_steps` built for it: the stored forms along the layer's chain
-        # (GPTQ's codes again, for every reconstruction's targets and every export, without this).
-        self.forms: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-        self._keys: dict[str, dict[str, tuple[Any, ...]]] = {}  # plan key -> `layer_keys`
 
-    # ---- removed branches (depth) ---------------------------------------------------------
+    # ---- the record -----------------------------------------------------------------------
 
-    def skipped(self, plan: Plan) -> tuple[Branch, ...]:
-        """The residual branches the plan removes (`SearchSpace.removed_branches`), in model order (kept per plan:
-        every layer's weights ask)."""
-        if plan.key not in self._skipped:
-            self._skipped[plan.key] = tuple(self.workload.branches[end] for end in self.space.removed_branches(plan))
-        return self._skipped[plan.key]
+    def realise(self, target: Plan | Realised, fitted: Fitted | None = None) -> Realised:
+        """The plan as it runs: as composed, or with its refit `fitted` (`modelopt.reconstruct`) in place of the
+        weights its cached per-layer compression gives. A `Realised` is returned as it is (`fitted` must be None)."""
+        if isinstance(target, Realised):
+            if fitted is not None and fitted is not target.fitted:
+                raise ValueError(f"plan {target.plan.key} is realised already; realise its plan with the refit")
+            return target
+        plan, lw = target, self.layers
+        if fitted is not None and fitted.plan_key != plan.key:
+            raise ValueError(f"the refit of plan {fitted.plan_key} does not belong to plan {plan.key}")
+        weights = lw.weights(plan)
+        refit = {} if fitted is None else {n: w.to(self.workload.original[n].device, self.workload.original[n].dtype)
+                                           for n, w in fitted.weights.items()}
+        run_fitted = None if fitted is None else Fitted(fitted.plan_key, refit, fitted.integers, fitted.errors,
+                                                         fitted.images, fitted.seconds, fitted.held_out)
+        return Realised(
+            plan=plan, fitted=fitted, kept=lw.kept_channels(plan), slices=lw.kept_slices(plan),
+            removals=lw.removals(plan), skipped=lw.skipped(plan), route=self.routes.route(plan),
+            layer_keys=lw.layer_keys(plan), weights={**weights, **refit}, reference=lw.skip_state(plan),
+            steps=Steps([x.name for x in self.workload.layers], lambda layer: lw.steps(plan, layer, run_fitted)))
 
-    def skipped_layers(self, plan: Plan) -> frozenset[str]:
-        """The compressible layers on the branches the plan removes: no engine runs them."""
-        return frozenset(name for b in self.skipped(plan) for name in b.layers)
-
-    def _skip_key(self, plan: Plan) -> str:
-        """The removed blocks as one-time preparations name them ("" for none)."""
-        return ",".join(b.block for b in self.skipped(plan))
-
-    def skip_state(self, plan: Plan) -> dict[str, torch.Tensor]:
-        """The float tensors of the model with the plan's branches removed and repaired (`skip_repair.skip_state`;
-        cached per set of removed blocks, charged once each as three passes over its images)."""
-        skips = self.skipped(plan)
-        if not skips:
-            return {}
-        key = tuple(b.block for b in skips)
-        if key not in self._skips:
-            if self._means is None:
-                self._means = branch_means(self.workload, tuple(self.workload.branches.values()), SKIP_IMAGES)
-            self._skips[key] = skip_state(self.workload, skips, SKIP_IMAGES, self._means)
-        return self._skips[key]
+    def compressed_weights(self, target: Plan | Realised) -> dict[str, torch.Tensor]:
+        """The weights the plan runs with, full shape (structurally pruned channels are zero)."""
+        return dict(self.realise(target).weights)
 
     def _skip_cost(self, plan: Plan) -> float:
-        skips = self.skipped(plan)
-        if not skips:
+        if not self.layers.skipped(plan):
             return 0.0
         images = min(SKIP_IMAGES, len(self.workload.split(Split.CALIB)))
-        return self.one_time.charge(f"skip:{self._skip_key(plan)}", 3 * images / len(self.workload.split(Split.VAL)))
-
-    def float_weight(self, lname: str, plan: Plan) -> torch.Tensor:
-        """`lname`'s weight before compression under `plan`: the float one, or the refit that stands in for a
-        removed branch before it (`skip_state`)."""
-        own = self.skip_state(plan).get(f"{lname}.weight")
-        return self.workload.original[lname] if own is None else own
-
-    # ---- weights --------------------------------------------------------------------------
-
-    def kept_channels(self, plan: Plan) -> Kept:
-        """{root layer: (decision, ascending kept output channels)} for the plan's structured pruning."""
-        out = {}
-        for lname in self._roots:
-            for d in self._layer_decisions[lname]:
-                c = plan.get(d.name)
-                if c is None:
-                    continue
-                key = (lname, self._compressor_keys[d.compressor], c)
-                if key not in self._kept:
-                    self._kept[key] = self._select(lname, d.compressor, c)
-                idx = self._kept[key]
-                if idx is not None:
-                    out[lname] = (d.name, idx)
-        return out
-
-    def _select(self, root: str, compressor: str, choice: Any) -> torch.Tensor | None:
-        """The output channels of `root` a structured choice keeps (`RemovesChannels.kept_channels`), told the
-        group's one plain reader when the choice asks for layer inputs (its readers are then refitted)."""
-        comp = self.space.compressors[compressor]
-        if not isinstance(comp, RemovesChannels):
-            return None
-        reader = self._reader(root, comp.calibration(choice).layer_inputs)
-        return comp.kept_channels(self.workload.original[root], choice, reader)
-
-    def _reader(self, root: str, images: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(weight, input second moments) of the one layer reading `root`'s group, when it has exactly one, not
-        grouped, and `root` is the group's only writer; None otherwise or without images."""
-        group = self._layers[root].channel_group
-        readers = [m for m, out in group if not out]
-        writers = [m for m, out in group if out]
-        if not images or len(readers) != 1 or writers != [root] or readers[0] not in self._layers:
-            return None
-        inputs = self.layer_inputs(readers[0], images)
-        if inputs is None or inputs.groups > 1:
-            return None
-        return self.workload.original[readers[0]], inputs.hessian
-
-    def removals(self, plan: Plan) -> tuple[Removal, ...]:
-        """What the plan's structured pruning removes, module by module (each root's group, its channels mapped
-        onto every member: `ChannelGroups.removals`)."""
-        out: list[Removal] = []
-        for root, (_, idx) in self.kept_channels(plan).items():
-            removed = tuple(sorted(set(range(self._layers[root].out_channels)) - set(idx.tolist())))
-            key = (root, removed)
-            if key not in self._removals:
-                assert self.workload.channels is not None, "a prunable layer comes from the workload's groups"
-                self._removals[key] = self.workload.channels.removals(root, removed)
-            out += self._removals[key]
-        return tuple(out)
-
-    def kept_slices(self, plan: Plan) -> Slices:
-        """Per layer the plan's structured pruning shrinks: (kept rows, kept columns) of its weight, ascending
-        (None: all of them)."""
-        gone: dict[str, tuple[set[int], set[int]]] = {}
-        for r in self.removals(plan):
-            module = self.workload.modules.get(r.module)
-            if module is None:
-                continue  # a norm: zeroed in `compressed_state`
-            along_rows = r.out or (isinstance(module, nn.Conv2d) and module.groups > 1)
-            gone.setdefault(r.module, (set(), set()))[0 if along_rows else 1].update(r.idxs)
-        out: Slices = {}
-        for name, (rows, cols) in gone.items():
-            shape = self.workload.original[name].shape
-            out[name] = (_kept(shape[0], rows), _kept(shape[1], cols))
-        return out
-
-    def adopt(self, fitted: Fitted) -> None:
-        """From now on the plan `fitted.plan_key` runs with the reconstructed weights (`modelopt.reconstruct`).
-        Call it through `Evaluator.adopt`, which also forgets the plan's cached scores."""
-        self._fitted[fitted.plan_key] = replace(fitted, weights={
-            n: w.to(self.workload.original[n].device, self.workload.original[n].dtype)
-            for n, w in fitted.weights.items()})
-
-    def drop(self, plan_key: str) -> None:
-        """The plan runs as composed again (`Evaluator.drop`)."""
-        self._fitted.pop(plan_key, None)
-
-    def fitted(self, plan: Plan) -> Fitted | None:
-        """The plan's reconstructed weights, when it was reconstructed (`adopt`)."""
-        return self._fitted.get(plan.key)
-
-    def compressed_weights(self, plan: Plan) -> dict[str, torch.Tensor]:
-        """The weights the plan runs with, full shape (structurally pruned channels are zero); a reconstructed
-        plan's own (`adopt`) where it has them."""
-        fitted = self._fitted.get(plan.key)
-        weights = self._layer_weights(plan)
-        return weights if fitted is None else {**weights, **fitted.weights}
-
-    def layer_keys(self, plan: Plan) -> dict[str, tuple[Any, ...]]:
-        """Per layer the plan changes, everything its compressed weight depends on (its choices and their
-        compressors' options, the kept slice, the refit that repairs it): the key it is cached under, and its
-        stored form (`exporters._forms.layer_steps`). Layers left float and whole are absent. Kept per plan: every
-        layer's stored form asks for the plan's keys."""
-        if (known := self._keys.get(plan.key)) is not None:
-            return known
-        slices = self.kept_slices(plan)
-        absorbed, skips = self.skip_state(plan), tuple(b.block for b in self.skipped(plan))
-        keys = {}
-        for layer in self.workload.layers:
-            decs = self._layer_decisions[layer.name]
-            choices = tuple(plan.get(d.name) for d in decs)
-            rows, cols = slices.get(layer.name, (None, None))
-            if all(c is None for c in choices) and rows is None and cols is None:
-                continue
-            shape_key = tuple(None if t is None else tuple(t.tolist()) for t in (rows, cols))
-            repair = self._repair_images(plan) if cols is not None else 0  # the readers' refit, or none
-            # A layer refitted for a removed branch before it starts from that refit.
-            absorbs = skips if f"{layer.name}.weight" in absorbed else ()
-            keys[layer.name] = (layer.name, tuple(self._compressor_keys[d.compressor] for d in decs), choices,
-                                shape_key, repair, *absorbs)
-        self._keys[plan.key] = keys
-        return keys
-
-    def _layer_weights(self, plan: Plan) -> dict[str, torch.Tensor]:
-        """The weights the plan's choices give each layer, compressed one layer at a time (cached)."""
-        kept, slices = self.kept_channels(plan), self.kept_slices(plan)
-        weights = {}
-        for name, key in self.layer_keys(plan).items():
-            w = self._tensors.get(key)
-            if w is None:
-                self._tensors[key] = w = self._compress(name, plan, kept, slices.get(name, (None, None))).contiguous()
-            weights[name] = w
-        return weights
-
-    def _compress(self, lname: str, plan: Plan, kept: Kept,
-                  kept_slice: tuple[torch.Tensor | None, torch.Tensor | None]) -> torch.Tensor:
-        # The chain runs on the physically kept slice, so it computes exactly what the smaller
-        # model holds (group boundaries, per-tensor scales, magnitude ranks), then is scattered back.
-        orig = self.workload.original[lname]
-        own = kept.get(lname)
-        keep_rows, keep_cols = kept_slice
-        rows = torch.arange(orig.shape[0], device=orig.device) if keep_rows is None else keep_rows.to(orig.device)
-        cols = torch.arange(orig.shape[1], device=orig.device) if keep_cols is None else keep_cols.to(orig.device)
-        sliced = keep_rows is not None or keep_cols is not None
-        w = self.sliced(lname, plan) if sliced else self.float_weight(lname, plan)
-        for d in self._layer_decisions[lname]:
-            c = plan.get(d.name)
-            if c is None or (own is not None and d.name == own[0]):  # slicing already applied that one
-                continue
-            comp = self.space.compressors[d.compressor]
-            if n := comp.calibration(c).layer_inputs:
-                w = comp.apply_calibrated(w, c, self.layer_inputs(lname, n, kept_slice))
-            else:
-                w = comp.apply(w, c)
-        if not sliced:
-            return w
-        full = torch.zeros_like(orig)
-        full[rows[:, None], cols[None, :]] = w
-        return full
-
-    def _repair_images(self, plan: Plan) -> int:
-        """Calibration images the readers of the plan's removed channels are refitted on: what its structured
-        choices ask for (`CalibrationNeed.layer_inputs`; 0: none, no repair)."""
-        compressors = self.space.compressors
-        return max((compressors[self.space.decision(name).compressor].calibration(plan.get(name)).layer_inputs
-                    for name, _ in self.kept_channels(plan).values()), default=0)
-
-    def sliced(self, lname: str, plan: Plan) -> torch.Tensor:
-        """`lname`'s float weight at the shape the plan stores: its kept rows and columns, refitted on the kept
-        columns when the plan removed some of its inputs and repairs (`reconstruct.refit_reader`; a grouped conv,
-        whose groups read their own channels, is only sliced); a layer standing in for a removed branch before it,
-        its refit (`float_weight`). Every compressor's chain starts here."""
-        orig = self.float_weight(lname, plan)
-        keep_rows, keep_cols = self.kept_slices(plan).get(lname, (None, None))
-        w = orig if keep_rows is None else orig[keep_rows.to(orig.device)]
-        if keep_cols is None:
-            return w
-        cols = keep_cols.to(orig.device)
-        inputs = self.layer_inputs(lname, images) if (images := self._repair_images(plan)) else None
-        if inputs is None or inputs.groups > 1:
-            return w[:, cols]
-        return refit_reader(w, inputs.hessian, input_columns(cols, orig[0, 0].numel())).reshape(
-            w.shape[0], len(cols), *orig.shape[2:])
-
-    def layer_inputs(self, lname: str, images: int,
-                     kept: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)) -> LayerInputs | None:
-        """Second moments of `lname`'s inputs in the float model over the first `images` calib images
-        (a grouped conv's per group; None for a layer they are not measured on); `kept`: the (rows, columns)
-        of the weight structured pruning keeps (None: all), whose inputs alone are returned. Measured
-        once per image count for every layer (`gptq.input_hessians`), shared by runs on the workload;
-        charged by `input_cost`.
-        """
-        x = self.workload.split(Split.CALIB).x.part(0, images)  # prepared batch by batch as the pass reads them
-        cache = self.workload.input_cache
-        if x.shape[0] not in cache:
-            t0 = time.perf_counter()
-            with self.workload.weights(self.workload.original):
-                cache[x.shape[0]] = input_hessians(self.workload.model, self.workload.modules, x,
-                                                   self.workload.batch_size)
-            self.one_time.timed(f"layer_inputs:{x.shape[0]}", time.perf_counter() - t0)
-        inputs = cache[x.shape[0]].get(lname)
-        rows, cols = kept
-        if inputs is None:
-            return None
-        if rows is not None and inputs.groups > 1:  # a grouped conv keeps the groups its kept rows are in
-            per_group = self.workload.original[lname].shape[0] // inputs.groups
-            groups = torch.unique(rows // per_group)
-            if groups.numel() * per_group != rows.numel():
-                return None  # a partial group: no second moments fit it (nearest rounding)
-            inputs = inputs.select_groups(groups)
-        if cols is not None:
-            inputs = inputs.select(input_columns(cols, self.workload.original[lname][0, 0].numel()))
-        return inputs
+        key = f"skip:{self.layers.skip_key(plan)}"
+        return self.one_time.charge(key, 3 * images / len(self.workload.split(Split.VAL)))
 
     # ---- the state a plan swaps in --------------------------------------------------------
 
-    def compressed_state(self, plan: Plan) -> tuple[dict[str, torch.Tensor], float]:
+    def compressed_state(self, target: Plan | Realised) -> tuple[dict[str, torch.Tensor], float]:
         """Every tensor the plan changes, by state_dict name, and the budget spent preparing them.
 
         Weights; for structured pruning, the norm's scale and shift zeroed on removed channels
         (so the ReLU after it outputs exactly 0 there); after any pruning, every batch norm's
-        statistics re-estimated on calibration images (cached by plan key). The budget includes
-        calibrating activation ranges (`input_qparams`) the first time a plan needs them: that runs
-        the float model, so it happens here, before the plan's tensors are swapped in.
+        statistics re-estimated on calibration images (cached by the record's key: a reconstructed plan has its
+        own). The budget includes calibrating activation ranges (`input_qparams`) the first time a plan needs them:
+        that runs the float model, so it happens here, before the plan's tensors are swapped in.
         """
-        state = {f"{name}.weight": w for name, w in self.compressed_weights(plan).items()}
-        state.update({k: t for k, t in self.skip_state(plan).items() if k not in state})
-        if removals := self.removals(plan):  # the removed channels' norms and biases, zeroed in the float model
-            zero = zeroed(self.workload.model, removals)
+        r = self.realise(target)
+        plan = r.plan
+        state = {f"{name}.weight": w for name, w in r.weights.items()}
+        state.update({k: t for k, t in r.reference.items() if k not in state})
+        if r.removals:  # the removed channels' norms and biases, zeroed in the float model
+            zero = zeroed(self.workload.model, r.removals)
             state.update({k: t for k, t in zero.items() if k not in state and k.rsplit(".", 1)[0] in self._zeroable})
-        key = plan.key if plan.key not in self._fitted else f"{plan.key}+fitted"  # its own statistics
-        stats, cost = self.norm_stats.recalibrated(key, self._norm_images(plan), state)
+        stats, cost = self.norm_stats.recalibrated(r.key, self._norm_images(plan), state)
         pre = sum(self.one_time.charge(k, c) for k, c in self._pre_passes.items())
-        return {**state, **stats}, (cost + self.input_qparams(plan)[1] + self.input_cost(plan) + pre
+        return {**state, **stats}, (cost + self.input_qparams(r)[1] + self.input_cost(plan) + pre
                                     + self._skip_cost(plan))
 
-    def activation_quant(self, plan: Plan) -> contextlib.AbstractContextManager[None]:
+    def activation_quant(self, target: Plan | Realised) -> contextlib.AbstractContextManager[None]:
         """Within the block, the plan's activation-quantized layers see their inputs quantize-dequantized.
 
         Ranges are static (as a deployed integer model has them): calibrated on the float model,
         once per `Calibration` (`input_qparams`), and shared by every plan. Enter it inside
         `workload.state(...)` of `compressed_state(plan)`'s tensors, which calibrated them first.
         """
-        qparams, _ = self.input_qparams(plan)
+        qparams, _ = self.input_qparams(target)
         return fake_quantized_inputs(self.workload.modules, qparams) if qparams else contextlib.nullcontext()
 
-    def logits(self, plan: Plan, x: torch.Tensor) -> torch.Tensor:
+    def logits(self, target: Plan | Realised, x: torch.Tensor) -> torch.Tensor:
         """The plan's logits on `x` as scored (compressed weights, quantized activations; no exits):
         what an exported model must reproduce."""
-        state, _ = self.compressed_state(plan)
-        with torch.inference_mode(), self.workload.state(state), self.activation_quant(plan):
+        r = self.realise(target)
+        state, _ = self.compressed_state(r)
+        with torch.inference_mode(), self.workload.state(state), self.activation_quant(r):
             return self.workload.logits(x)
 
-    def input_qparams(self, plan: Plan) -> tuple[dict[str, InputQParams], float]:
+    def input_qparams(self, target: Plan | Realised) -> tuple[dict[str, InputQParams], float]:
         """Per activation-quantized layer of the plan, its input's quantization; and the budget
         calibrating cost now: images / len(val) the first time a `Calibration` is needed, else 0.
 
         One pass of the float model over the calib split's first `Calibration.images` images
         measures every layer's input range; call it while the float model is resident.
         """
-        bits = self._input_bits(plan)
+        r = self.realise(target)
+        bits = self._input_bits(r.plan)
         cost = 0.0
         # Removed branches change what the layers after them see: their ranges are measured on that model.
-        skips = self._skip_key(plan) if bits else ""
+        skips = self.layers.skip_key(r.plan) if bits else ""
         for calib in {c for _, c in bits.values()}:
             x = self.workload.split(Split.CALIB).x.part(0, calib.images)
             if (calib, skips) not in self._input_ranges:
-                with self.workload.state(self.skip_state(plan)):
+                with self.workload.state(r.reference):
                     self._input_ranges[calib, skips] = input_ranges(self.workload.model, self.workload.modules, x,
                                                                     calib, self.workload.batch_size)
             key = f"input_ranges:{calib}" + (f"+{skips}" if skips else "")
@@ -420,11 +169,11 @@ class CompressedStates:
     def _input_bits(self, plan: Plan) -> dict[str, tuple[int, Calibration]]:
         """{layer: (input bits, how its range is measured)} for the plan's activation-quantized layers."""
         bits: dict[str, tuple[int, Calibration]] = {}
-        gone = self.skipped_layers(plan)  # a removed branch's layers see nothing
+        gone = {name for b in self.layers.skipped(plan) for name in b.layers}  # a removed branch's layers see nothing
         for layer in self.workload.layers:
             if layer.name in gone:
                 continue
-            for d in self._layer_decisions[layer.name]:
+            for d in self.layers.decisions(layer.name):
                 comp, c = self.space.compressors[d.compressor], plan.get(d.name)
                 b = comp.precision(c).activation
                 if b < 32 and (layer.name not in bits or b < bits[layer.name][0]):
@@ -464,7 +213,7 @@ class CompressedStates:
     def mark_paid(self, plan: Plan) -> None:
         """Records the one-time preparations `plan` needed as paid (a resumed run, for the trials
         its journal holds): what the killed process charged is not charged again."""
-        skips = self._skip_key(plan)
+        skips = self.layers.skip_key(plan)
         keys = {f"input_ranges:{c}" + (f"+{skips}" if skips else "") for _, c in self._input_bits(plan).values()}
         keys |= {f"layer_inputs:{n}" for n in self._input_images(plan)} | set(self._pre_passes)
         if n := self._norm_images(plan):
@@ -475,23 +224,24 @@ class CompressedStates:
 
     # ---- the deployable module ------------------------------------------------------------
 
-    def physical_model(self, plan: Plan) -> nn.Module:
+    def physical_model(self, target: Plan | Realised) -> nn.Module:
         """A copy of the model holding the plan's weights, with structurally pruned channels
         physically removed (smaller Conv2d/BatchNorm2d): same outputs as the evaluated model."""
-        state, _ = self.compressed_state(plan)
+        r = self.realise(target)
+        state, _ = self.compressed_state(r)
         with self.workload.state(state):
             model = copy.deepcopy(self.workload.model)
-        removals = self.removals(plan)
-        if not removals:
+        if not r.removals:
             return model
         assert self.workload.channels is not None, "removals come from the workload's channel groups"
-        return self.workload.channels.remove(model, removals)
+        return self.workload.channels.remove(model, r.removals)
 
-    def engine_model(self, plan: Plan) -> nn.Module:
+    def engine_model(self, target: Plan | Realised) -> nn.Module:
         """`physical_model` with the blocks whose branches the plan removes rebuilt without them
         (`branches.skipped_block`): what engines run (ONNX export, the torch engine)."""
-        model = self.physical_model(plan)
-        for b in self.skipped(plan):
+        r = self.realise(target)
+        model = self.physical_model(r)
+        for b in r.skipped:
             parent, _, child = b.block.rpartition(".")
             owner = model.get_submodule(parent) if parent else model
             block = owner.get_submodule(child)
@@ -499,12 +249,13 @@ class CompressedStates:
             setattr(owner, child, skipped_block(block, end.get_parameter("bias").detach()))
         return model
 
-    def deployable(self, plan: Plan) -> nn.Module:
+    def deployable(self, target: Plan | Realised) -> nn.Module:
         """The module the plan deploys as: `engine_model`, its quantized inputs quantized as scored (the
         hooks `modelopt.load` puts back), routed as the plan routes (an early-exit network that really returns
         at the first confident exit): what the torch engine runs and times."""
-        model = self.engine_model(plan)
-        qparams, _ = self.input_qparams(plan)
+        r = self.realise(target)
+        model = self.engine_model(r)
+        qparams, _ = self.input_qparams(r)
         if qparams:
             install_input_quantizers(compressible_modules(model), qparams)
-        return self.routes.deployable(model, plan)
+        return self.routes.deployable(model, r.plan)

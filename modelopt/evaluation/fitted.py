@@ -1,13 +1,15 @@
-"""A plan's reconstructed weights (`modelopt.reconstruct`), as the evaluator adopts them and a run folder keeps them.
+"""A plan's reconstructed weights (`modelopt.reconstruct`), as a plan runs with them and a run folder keeps them.
 
-Once adopted (`Evaluator.adopt`), a plan scores, deploys and exports with these weights in place of the ones its
-cached per-layer compression gives (`CompressedStates.compressed_weights`, `exporters._forms.layer_steps`), so
-what confirmation and test score is what export writes. Saved as plain tensors (read back with
+A plan realised with its refit (`Evaluator.realise(plan, fitted)`) scores, deploys and exports with these weights in
+place of the ones its cached per-layer compression gives (`Realised.weights`, `Realised.steps`), so what
+confirmation and test score is what export writes. Saved as plain tensors (read back with
 `torch.load(weights_only=True)`), so that export, `evaluate RUN_DIR` and `--resume` do not fit again.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
 import pickle
 from dataclasses import dataclass
@@ -64,6 +66,19 @@ class Fitted:
         _, composed, refit, discordant = self.held_out
         worse = (discordant + refit - composed) // 2  # images only the refit changes
         return refit <= composed or _sign_tail(worse, discordant) >= DROP_LEVEL
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """What the refit holds, hashed (its weights, codes and scales): two records with the same digest run the
+        plan alike, so caches key on it (`Realised.key`)."""
+        h = hashlib.sha256(self.plan_key.encode())
+        tensors = [(f"w:{n}", w) for n, w in self.weights.items()]
+        tensors += [(f"{part}:{n}", t) for n, i in self.integers.items()
+                    for part, t in (("c", i.codes), ("s", i.scales))]
+        for name, t in sorted(tensors, key=lambda nt: nt[0]):
+            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+            h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()[:16]
 
     def save(self, path: Path) -> None:
         """Writes the record as plain tensors and numbers (atomically: a killed write leaves no file)."""

@@ -35,7 +35,7 @@ def measure_errors(evaluator: Evaluator) -> None:
     for d in space.decisions:
         layer = d.layer
         w = workload.original[layer].float()
-        inputs = states.layer_inputs(layer, images) if images else None
+        inputs = states.layers.layer_inputs(layer, images) if images else None
         h = None if inputs is None else inputs.hessian.to(w.device, torch.float32)
 
         def energy(e: torch.Tensor, h: torch.Tensor | None = h) -> float:

@@ -1,8 +1,9 @@
 """Scoring a plan: forward passes over a split (whole, or in stages that stop early) into `Metrics`.
 
 The scorer swaps a plan's tensors in (`modelopt.evaluation.compressed_state`), runs the split, lets early
-routing decides where each sample leaves (`modelopt.evaluation.routes`: early exit), and prices the plan with
-the one cost accounting (`modelopt.evaluation.cost`). Results are cached by (plan key, split, samples).
+routing decide where each sample leaves (`modelopt.evaluation.routes`: early exit), and prices the plan with
+the one cost accounting (`modelopt.evaluation.cost`). It scores a `Realised` record, or a plan as composed;
+results are cached by (the record's key, split, samples), so a plan scores the same whatever ran before it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from modelopt.evaluation.compressed_state import CompressedStates
 from modelopt.evaluation.cost import PlanCost
 from modelopt.evaluation.fidelity import Fidelity, best_case, max_correct
 from modelopt.evaluation.metrics import Metrics
+from modelopt.evaluation.realised import Realised
 from modelopt.evaluation.routes import PlanRoutes
 from modelopt.model.images import Images
 from modelopt.model.workload import SplitData, Workload
@@ -38,14 +40,11 @@ class Engine(Protocol):
     """An engine the run's plans are scored in instead of the PyTorch simulation (`Scorer.engine`; the run's
     latency engine when its answers can differ from the simulation: `modelopt.latency.plan.PlanLatency`)."""
 
-    def answers(self, plan: Plan, x: Images) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The engine's logits for `plan` on `x` and, for a plan with exits, the exit each sample left at."""
+    def answers(self, realised: Realised, x: Images) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The engine's logits for the plan on `x` and, for a plan with exits, the exit each sample left at."""
 
-    def cost(self, plan: Plan) -> float:
-        """Budget building `plan` for the engine costs now (0 once built)."""
-
-    def forget(self, plan_key: str) -> None:
-        """Drops what was built for the plan (its weights changed)."""
+    def cost(self, realised: Realised) -> float:
+        """Budget building the plan for the engine costs now (0 once built)."""
 
 
 class Scorer:
@@ -59,7 +58,7 @@ class Scorer:
 
     Example:
         >>> scorer = Scorer(wl, states, routes, evaluator.plan_cost)      # as `Evaluator` wires it
-        >>> scorer.evaluate(plan, "val", n=500).retention
+        >>> scorer.evaluate(plan, "val", n=500).retention         # or a `Realised` record
     """
 
     def __init__(self, workload: Workload, states: CompressedStates, routes: PlanRoutes,
@@ -90,15 +89,9 @@ class Scorer:
             return metrics  # everything it charged is this run's first: the worker's sum stands as it is
         return dataclasses.replace(metrics, prep_cost=metrics.prep_cost - sum(charges.values()) + sum(paid))
 
-    def forget(self, plan_key: str) -> None:
-        """Drops the plan's cached scores (its weights changed: `Evaluator.adopt`)."""
-        for key in [k for k in self._results if k[0] == plan_key]:
-            del self._results[key]
-        if self.engine is not None:
-            self.engine.forget(plan_key)
-
-    def evaluate(self, plan: Plan, split: str = Split.VAL, n: int | None = None) -> Metrics:
-        """Scores `plan` on the first `n` samples of `split` (all when None).
+    def evaluate(self, plan: Plan | Realised, split: str = Split.VAL, n: int | None = None) -> Metrics:
+        """Scores `plan` (a plan as composed, or a `Realised` record) on the first `n` samples of `split` (all
+        when None).
 
         Raises:
             TrialError: when the compressed model yields non-finite outputs.
@@ -109,28 +102,28 @@ class Scorer:
         if key in self._results:
             return self._results[key]
         t0 = time.perf_counter()
-        policy, state, prep = self._prepare(plan)
-        with self._resident(plan, state):
-            pred = self._predict(plan, data.x.part(0, n), policy)
-        metrics = self._metrics(plan, split, pred, time.perf_counter() - t0, prep_cost=prep, policy=policy)
+        r, policy, state, prep = self._prepare(plan)
+        with self._resident(r, state):
+            pred = self._predict(r, data.x.part(0, n), policy)
+        metrics = self._metrics(r.plan, split, pred, time.perf_counter() - t0, prep_cost=prep, policy=policy)
         self._results[key] = metrics
         return metrics
 
-    def predictions(self, plan: Plan, split: str) -> torch.Tensor:
+    def predictions(self, plan: Plan | Realised, split: str) -> torch.Tensor:
         """The plan's top-1 on every image of `split`, as it is scored (exits, engine and all)."""
         return self.answers(plan, split)[0]
 
-    def answers(self, plan: Plan, split: str) -> Predictions:
+    def answers(self, plan: Plan | Realised, split: str) -> Predictions:
         """The plan's top-1 on every image of `split` and, with exits, where each left, as it is scored."""
         return self.answers_on(plan, self.workload.split(split).x)
 
-    def answers_on(self, plan: Plan, x: Images) -> Predictions:
+    def answers_on(self, plan: Plan | Realised, x: Images) -> Predictions:
         """`answers` on images `x` of no split (unlabeled ones)."""
-        policy, state, _ = self._prepare(plan)
-        with self._resident(plan, state):
-            return self._predict(plan, x, policy)
+        r, policy, state, _ = self._prepare(plan)
+        with self._resident(r, state):
+            return self._predict(r, x, policy)
 
-    def evaluate_staged(self, plan: Plan, min_retention: float, fidelity: Fidelity, *, finish: bool = True,
+    def evaluate_staged(self, plan: Plan | Realised, min_retention: float, fidelity: Fidelity, *, finish: bool = True,
                         confidence: float = 0.0, count_gains: bool = True, claim_images: int | None = None) -> Metrics:
         """Scores `plan` on the val split in stages, stopping once the rest cannot matter.
 
@@ -148,53 +141,54 @@ class Scorer:
             return self._results[full]
         t0 = time.perf_counter()
         preds: list[Predictions] = []
-        policy, state, prep = self._prepare(plan)
-        with self._resident(plan, state):
+        r, policy, state, prep = self._prepare(plan)
+        with self._resident(r, state):
             start = 0
             for stop in fidelity.cuts(len(data)):
-                preds.append(self._predict(plan, data.x.part(start, stop), policy))
+                preds.append(self._predict(r, data.x.part(start, stop), policy))
                 start = stop
                 if stop == len(data):
                     break
                 stopped = "dominated" if not finish else _hopeless(
                     data, _joined(preds)[0], min_retention, fidelity.delta, confidence, count_gains, claim_images)
                 if stopped is not None:
-                    return self._metrics(plan, Split.VAL, _joined(preds), time.perf_counter() - t0, stopped=stopped,
+                    return self._metrics(r.plan, Split.VAL, _joined(preds), time.perf_counter() - t0, stopped=stopped,
                                          prep_cost=prep, policy=policy)
-        metrics = self._metrics(plan, Split.VAL, _joined(preds), time.perf_counter() - t0, prep_cost=prep,
+        metrics = self._metrics(r.plan, Split.VAL, _joined(preds), time.perf_counter() - t0, prep_cost=prep,
                                 policy=policy)
         self._results[full] = metrics
         return metrics
 
-    def _prepare(self, plan: Plan) -> tuple[Route | None, dict[str, torch.Tensor], float]:
-        """The plan's route, the tensors it swaps in, and the budget its preparation cost (a routing
+    def _prepare(self, plan: Plan | Realised) -> tuple[Realised, Route | None, dict[str, torch.Tensor], float]:
+        """The plan realised, its route, the tensors it swaps in, and the budget its preparation cost (a routing
         prepares on the float model, e.g. exit heads are fitted there, so before the swap)."""
-        policy, prep = self.routes.setup(plan)
-        state, cost = self.states.compressed_state(plan)
+        policy, prep = self.routes.setup(plan.plan if isinstance(plan, Realised) else plan)
+        r = self.states.realise(plan)
+        state, cost = self.states.compressed_state(r)
         if self.engine is not None:
-            cost += self.engine.cost(plan)
-        return policy, state, prep + cost
+            cost += self.engine.cost(r)
+        return r, policy, state, prep + cost
 
-    def _resident(self, plan: Plan, state: dict[str, torch.Tensor]) -> contextlib.AbstractContextManager[object]:
+    def _resident(self, r: Realised, state: dict[str, torch.Tensor]) -> contextlib.AbstractContextManager[object]:
         """The plan's tensors swapped into the model (and its inputs quantized) while the simulation predicts;
         nothing to swap when an engine scores it."""
         if self.engine is not None:
             return contextlib.nullcontext()
         stack = contextlib.ExitStack()
         stack.enter_context(self.workload.state(state))
-        stack.enter_context(self.states.activation_quant(plan))
+        stack.enter_context(self.states.activation_quant(r))
         return stack
 
-    def _predict(self, plan: Plan, x: Images, policy: Route | None) -> Predictions:
+    def _predict(self, r: Realised, x: Images, policy: Route | None) -> Predictions:
         """Predictions for `x` and, with a route, the exit each sample left at (the engine's, when one scores)."""
         if self.engine is not None:
-            logits, exit_at = self.engine.answers(plan, x)
+            logits, exit_at = self.engine.answers(r, x)
             return logits.argmax(dim=1), exit_at if policy is not None else None
         if policy is not None:
             return self.routes.predict(policy, x)
         logits = self.workload.logits(x)
         if not torch.isfinite(logits).all():
-            raise TrialError(f"plan {plan.key} gives non-finite outputs")
+            raise TrialError(f"plan {r.plan.key} gives non-finite outputs")
         return logits.argmax(dim=1), None
 
     def _metrics(self, plan: Plan, split: str, predictions: Predictions, seconds: float, stopped: str | None = None,

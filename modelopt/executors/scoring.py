@@ -25,9 +25,9 @@ def score(evaluator: Evaluator, objective: Objective, fidelity: Fidelity | None,
     out_of_memory = False
     try:
         if fidelity is None:
-            metrics = evaluator.scorer.evaluate(job.plan, split=Split.VAL)
+            metrics = evaluator.evaluate(job.plan, split=Split.VAL)
         else:
-            metrics = evaluator.scorer.evaluate_staged(job.plan, objective.min_retention, fidelity, finish=job.finish,
+            metrics = evaluator.evaluate_staged(job.plan, objective.min_retention, fidelity, finish=job.finish,
                                                 confidence=objective.confidence, count_gains=objective.count_gains,
                                                 claim_images=objective.claim_images)
         return Scored(metrics, time.perf_counter() - t0)

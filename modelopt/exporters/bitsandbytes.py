@@ -36,8 +36,7 @@ from torch import nn
 from modelopt.compressors.contract import Granularity, IntegerWeight
 from modelopt.data.split import Split
 from modelopt.errors import ConfigError
-from modelopt.evaluation.evaluator import Evaluator
-from modelopt.exporters._forms import layer_steps
+from modelopt.evaluation.evaluator import Evaluator, Realised
 from modelopt.model.layers import LayerKind
 from modelopt.plan.plan import Plan
 
@@ -84,7 +83,7 @@ class BitsandbytesAgreement:
     bnb_version: str
 
 
-def to_bitsandbytes(evaluator: Evaluator, plan: Plan, *, quant_type: str = "nf4") -> nn.Module:
+def to_bitsandbytes(evaluator: Evaluator, plan: Plan | Realised, *, quant_type: str = "nf4") -> nn.Module:
     """A copy of the workload's model running the plan's INT8/INT4 Linear layers in bitsandbytes.
 
     Args:
@@ -108,7 +107,7 @@ def to_bitsandbytes(evaluator: Evaluator, plan: Plan, *, quant_type: str = "nf4"
 
 
 def bitsandbytes_agreement(
-    evaluator: Evaluator, plan: Plan, split: str = Split.VAL, *, quant_type: str = "nf4"
+    evaluator: Evaluator, plan: Plan | Realised, split: str = Split.VAL, *, quant_type: str = "nf4"
 ) -> BitsandbytesAgreement:
     """Runs `to_bitsandbytes(evaluator, plan)` on `split` and compares it with the QDQ evaluation.
 
@@ -116,10 +115,11 @@ def bitsandbytes_agreement(
         >>> a = bitsandbytes_agreement(ev, plan_int8)
         >>> a.agreement, a.max_abs_logit_diff
     """
-    model, converted = _convert(evaluator, plan, quant_type)
+    r = evaluator.realise(plan)
+    model, converted = _convert(evaluator, r, quant_type)
     wl = evaluator.workload
     data = wl.split(split)
-    state, _ = evaluator.states.compressed_state(plan)
+    state = evaluator.state(r)
     with wl.state(state):
         qdq = wl.logits(data.x)
     with _quiet(), torch.inference_mode():
@@ -132,7 +132,7 @@ def bitsandbytes_agreement(
         n_samples=int(data.x.shape[0]),
         device=str(wl.device),
         bnb_accuracy=float((pred == data.y).float().mean()),
-        qdq_accuracy=evaluator.scorer.evaluate(plan, split).accuracy,
+        qdq_accuracy=evaluator.evaluate(r, split).accuracy,
         agreement=float((pred == qdq.argmax(dim=1)).float().mean()),
         max_abs_logit_diff=float((out - qdq).abs().max()),
         converted=converted,
@@ -163,19 +163,21 @@ def _check_device(bnb: ModuleType, device: torch.device) -> None:
         )
 
 
-def _convert(evaluator: Evaluator, plan: Plan, quant_type: str) -> tuple[nn.Module, tuple[LinearConversion, ...]]:
+def _convert(evaluator: Evaluator, plan: Plan | Realised, quant_type: str
+             ) -> tuple[nn.Module, tuple[LinearConversion, ...]]:
     bnb = _bnb()
     if quant_type not in QUANT_TYPES:
         raise ConfigError(f"bitsandbytes quant_type {quant_type!r} not offered; valid: {', '.join(QUANT_TYPES)}")
     device = evaluator.workload.device
     _check_device(bnb, device)
-    model = evaluator.states.physical_model(plan)
+    r = evaluator.realise(plan)
+    model = evaluator.physical_model(r)
     modules = dict(model.named_modules())
     converted = []
     for layer in evaluator.workload.layers:
         if layer.kind is not LayerKind.LINEAR:
             continue
-        steps = layer_steps(evaluator, plan, layer.name)
+        steps = r.steps[layer.name]
         # The integer form and the weight it was encoded from (after any pruning): what was scored.
         first = next((i for i, step in enumerate(steps) if step.form.integer is not None), None)
         integer = steps[-1].form.integer

@@ -2,7 +2,7 @@
 
 The graph is the plan's physical model (`Evaluator.physical_model`): structurally pruned blocks
 as smaller convolutions, re-estimated batch norms, unstructured sparsity as zeros. Each layer's
-stored form comes from its compressors (`Compressor.pack`, `modelopt.exporters._forms`); an integer
+stored form comes from its compressors (`Compressor.pack`, `modelopt.evaluation.forms`); an integer
 form keeps the plan's own codes and float16 scales (never re-quantized): INT5..INT8 as int8
 initializers, INT2..INT4 as ONNX's packed int4 type (opset 21; 2 and 3 bits are widened to 4,
 and 5..7 to 8, ONNX having no narrower type ONNX Runtime runs). Group scales use opset 21's
@@ -38,8 +38,7 @@ from modelopt._files import save_atomic
 from modelopt.compressors.contract import ExitTap, RemovesBranch
 from modelopt.data.split import Split
 from modelopt.errors import ConfigError
-from modelopt.evaluation.evaluator import Evaluator
-from modelopt.exporters._forms import layer_forms
+from modelopt.evaluation.evaluator import Evaluator, Realised
 from modelopt.exporters._image_input import check_image_input, with_uint8_input
 from modelopt.exporters._shift import shift_constants
 from modelopt.exporters._subsample import subsample_shortcuts
@@ -81,7 +80,7 @@ class OnnxExport:
 
 def export_onnx(
     evaluator: Evaluator,
-    plan: Plan,
+    plan: Plan | Realised,
     path: str | Path,
     *,
     activations: bool | str = "plan",
@@ -96,7 +95,8 @@ def export_onnx(
 
     Args:
         evaluator: the evaluator that scored the plan.
-        plan: the plan to export: any compressors' choices but early exits (a graph has no
+        plan: the plan to export, as composed or a `Realised` record (`Evaluator.realise`: a reconstructed plan
+            is written with its refitted weights): any compressors' choices but early exits (a graph has no
             data-dependent return; export those with `export_packed`).
         path: the .onnx file to write.
         activations: which activations get a uint8 QDQ pair (calibrated), so ONNX Runtime runs integer
@@ -137,7 +137,7 @@ def export_onnx(
 
 def onnx_model(
     evaluator: Evaluator,
-    plan: Plan,
+    plan: Plan | Realised,
     *,
     activations: bool | str = "plan",
     calibration: str = "minmax",
@@ -153,17 +153,19 @@ def onnx_model(
     With `routed`, a plan that routes samples (early exit) is exported whole, with each exit's head and two
     more outputs per exit, ``exit{k}_logits`` and ``exit{k}_confidence`` (`modelopt.exporters.onnx_exits` cuts
     it into segments that return early); without, such a plan is refused."""
+    r = evaluator.realise(plan)
+    plan = r.plan
     if not routed:
         evaluator.routes.refuse_static(plan, "one ONNX file", "export it with modelopt.export(format='onnx'), "
                                        "which writes a folder of segments that return early")
     mode = check_options(activations, calibration, calib_samples, percentile, image_input=image_input)
     import onnx
 
-    gone = evaluator.states.skipped_layers(plan)  # removed branches: not in the graph
-    forms = {name: form for name, form in layer_forms(evaluator, plan).items() if name not in gone}
-    layers = None if mode == "all" else set(evaluator.states.input_qparams(plan)[0]) if mode == "plan" else set()
+    gone = r.skipped_layers  # removed branches: not in the graph
+    forms = {name: form for name, form in r.forms.items() if name not in gone}
+    layers = None if mode == "all" else set(evaluator.input_qparams(r)) if mode == "plan" else set()
     integer = layers is None or bool(layers)  # some activations quantized
-    traced, taps, copies, shifts = _torch_export(evaluator, plan, routed=routed, shifts=integer)
+    traced, taps, copies, shifts = _torch_export(evaluator, r, routed=routed, shifts=integer)
     exported = version_converter_convert(traced)
     graph = Graph(exported)
     factors = fold_batchnorm(graph)
@@ -243,7 +245,7 @@ def _activation_qparams(evaluator: Evaluator, plan: Plan, graph: Graph, exported
     ranges = _RANGES.setdefault(evaluator.workload, {}).setdefault((calib, reference.key), {})
     missing = set(source.values()) - set(ranges)
     if missing:
-        traced, _, float_copies, float_shifts = _torch_export(evaluator, reference)
+        traced, _, float_copies, float_shifts = _torch_export(evaluator, evaluator.realise(reference))
         float_graph = Graph(version_converter_convert(traced))
         fold_batchnorm(float_graph)
         every = set(activation_tensors(float_graph, None, float_copies, float_shifts).values()) | missing
@@ -309,19 +311,19 @@ def _model(graph: Graph, exported: Any, nodes: list[Any], inits: dict[str, np.nd
     return model
 
 
-def _torch_export(evaluator: Evaluator, plan: Plan, routed: bool = False, shifts: bool = True
+def _torch_export(evaluator: Evaluator, r: Realised, routed: bool = False, shifts: bool = True
                   ) -> tuple[Any, list[ExitTap], tuple[str, ...], tuple[str, ...]]:
     """The plan's engine model (dequantized weights, re-estimated norms, pruned channels and removed branches gone),
     exported as float ONNX (batch size free); `routed`: with its exits' heads and their outputs (and the exits).
     Its option-A shortcuts are strided 1x1 convs (`_subsample`): the weight names of those come third; the sums
     of removed branches' constants are 1x1 convs with a bias (`_shift`; `shifts` off: float Adds, cheaper where no
     activation is quantized): their weight names come fourth."""
-    model = evaluator.states.engine_model(plan).cpu().float().eval()
+    model = evaluator.engine_model(r).cpu().float().eval()
     x = evaluator.workload.split(Split.VAL).x[:2].cpu().float()
     copies = tuple(f"{name}.weight" for name in subsample_shortcuts(model, x))
     shifted = tuple(f"{name}.weight" for name in shift_constants(model)) if shifts else ()
     outputs = ["logits"]
-    taps = evaluator.routes.taps(model, plan) if routed else []
+    taps = evaluator.routes.taps(model, r.plan) if routed else []
     with tapped(model, taps) if taps else contextlib.nullcontext():
         outputs += [f"exit{k}_{what}" for k in range(len(taps)) for what in ("logits", "confidence")]
         return _traced(model, x[:1], outputs), taps, copies, shifted

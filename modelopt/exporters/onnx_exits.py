@@ -31,7 +31,7 @@ from typing import Any
 
 from modelopt.data.split import Split
 from modelopt.errors import ConfigError
-from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator, Realised
 from modelopt.exporters import exit_predictor
 from modelopt.exporters.onnx import IR_VERSION, OnnxExport, onnx_model
 from modelopt.plan.plan import Plan
@@ -59,7 +59,7 @@ class ExitSegments:
         shutil.copyfile(exit_predictor.__file__, folder / PREDICT)
 
 
-def exit_segments(evaluator: Evaluator, plan: Plan, **options: Any) -> ExitSegments:
+def exit_segments(evaluator: Evaluator, plan: Plan | Realised, **options: Any) -> ExitSegments:
     """`plan` (which routes samples) exported and cut into segments at its exits.
 
     Args:
@@ -73,8 +73,7 @@ def exit_segments(evaluator: Evaluator, plan: Plan, **options: Any) -> ExitSegme
     import onnx
     from onnx.utils import Extractor
 
-    route = evaluator.routes.route(plan)
-    if route is None:
+    if evaluator.realise(plan).route is None:
         raise ConfigError("this plan has no early exit; export it as one ONNX file")
     whole, info = onnx_model(evaluator, plan, routed=True, **options)
     heads = [o.name for o in whole.graph.output if o.name.startswith("exit") and o.name.endswith("_logits")]
@@ -94,7 +93,7 @@ def exit_segments(evaluator: Evaluator, plan: Plan, **options: Any) -> ExitSegme
     return ExitSegments(tuple(models), manifest, info)
 
 
-def export_onnx_exits(evaluator: Evaluator, plan: Plan, folder: str | Path, **options: Any) -> OnnxExport:
+def export_onnx_exits(evaluator: Evaluator, plan: Plan | Realised, folder: str | Path, **options: Any) -> OnnxExport:
     """Writes `plan` (with early exits) as a folder: one ONNX file per segment, ``exits.json``, ``predict.py``.
 
     A folder already there is replaced only when it holds an earlier export (its ``exits.json``) or nothing;

@@ -50,8 +50,7 @@ from modelopt.compressors.contract import (
     unpack_codes,
 )
 from modelopt.errors import ConfigError, LoadError
-from modelopt.evaluation.evaluator import Evaluator
-from modelopt.exporters._forms import layer_forms
+from modelopt.evaluation.evaluator import Evaluator, Realised
 from modelopt.exporters._rebuild import architecture
 from modelopt.model.attention import unfuse_attention
 from modelopt.model.channels import ChannelGroups  # rebuilds the smaller groups the index names
@@ -124,7 +123,7 @@ class _Sections:
         return out
 
 
-def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
+def export_packed(evaluator: Evaluator, plan: Plan | Realised, path: str | Path) -> Path:
     """Writes `plan` applied to the evaluator's model as a packed checkpoint.
 
     Each layer's weight is stored in the form its compressors give it (`Compressor.pack`):
@@ -132,8 +131,9 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
 
     Args:
         evaluator: the evaluator that scored the plan (its workload holds the model).
-        plan: the plan to export (routed, e.g. with early exits, `load` returns the module its compressor
-            rebuilds: an `EarlyExitNet` that stops at the first confident exit).
+        plan: the plan to export, as composed or a `Realised` record (`Evaluator.realise`: a reconstructed plan
+            is written with its refitted weights; routed, e.g. with early exits, `load` returns the module its
+            compressor rebuilds: an `EarlyExitNet` that stops at the first confident exit).
         path: the file to write.
 
     Returns:
@@ -145,10 +145,11 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
     """
     # The model as the plan runs it: compressed weights, norms (re-estimated statistics) and
     # structurally pruned blocks at their smaller size.
-    model = evaluator.states.physical_model(plan)
-    forms = layer_forms(evaluator, plan)
-    out = _Sections({"q": [], "f": [],
-                     "c": [[n, int(idx.numel())] for n, (_, idx) in evaluator.states.kept_channels(plan).items()]})
+    r = evaluator.realise(plan)
+    plan = r.plan
+    model = evaluator.physical_model(r)
+    forms = r.forms
+    out = _Sections({"q": [], "f": [], "c": [[n, int(idx.numel())] for n, (_, idx) in r.kept.items()]})
     for name, layer_form in forms.items():
         if layer_form.integer is not None:
             out.integer(name, layer_form)
@@ -161,8 +162,8 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
             form: WeightForm | None = forms.get(mname) if pname == "weight" and layers.get(mname) is mod else None
             if t is not None and (form is None or form.integer is None):
                 out.tensor(f"{mname}.{pname}" if mname else pname, t, form)
-    _add_inputs(out, evaluator, plan)
-    _add_route(out, evaluator, plan)
+    _add_inputs(out, evaluator, r)
+    _add_route(out, evaluator, r)
     wl = evaluator.workload
     meta = {"name": wl.source.name, "mean": list(wl.source.mean), "std": list(wl.source.std),
             "input_size": None if wl.source.input_size is None else list(wl.source.input_size),
@@ -182,20 +183,19 @@ def export_packed(evaluator: Evaluator, plan: Plan, path: str | Path) -> Path:
     return path
 
 
-def _add_inputs(out: _Sections, evaluator: Evaluator, plan: Plan) -> None:
+def _add_inputs(out: _Sections, evaluator: Evaluator, r: Realised) -> None:
     """Quantized inputs: bits and zero point in the index, the float32 scale after the other floats
     (the `QPARAM_BYTES` size accounting counts); `load` puts the same fake quantization back."""
-    qparams, _ = evaluator.states.input_qparams(plan)
+    qparams = evaluator.input_qparams(r)
     if qparams:
         out.index["a"] = [[name, qp.bits, qp.zero_point] for name, qp in qparams.items()]
         out.floats.append(torch.tensor([qp.scale for qp in qparams.values()], dtype=torch.float32))
 
 
-def _add_route(out: _Sections, evaluator: Evaluator, plan: Plan) -> None:
+def _add_route(out: _Sections, evaluator: Evaluator, r: Realised) -> None:
     """A routed plan (early exit): what its routing stores (`Routing.pack`: index entries under its compressor's
     `packed_key`, float32 tensors after those above); `load` asks the compressor to rebuild it (`unpack`)."""
-    routes = evaluator.routes
-    route = routes.route(plan)
+    routes, route = evaluator.routes, r.route
     if route is None or routes.routing is None or routes.owner is None:
         return
     owner = evaluator.space.compressors[routes.owner]

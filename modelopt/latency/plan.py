@@ -23,7 +23,7 @@ import torch
 
 from modelopt.data.split import Split
 from modelopt.errors import ConfigError, TrialError
-from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator, Realised
 from modelopt.latency.engine import ENGINES, Compiled
 from modelopt.latency.measure import Latency
 from modelopt.latency.model import LatencyModel, routes
@@ -72,15 +72,9 @@ class PlanLatency:
     def name(self) -> str:
         return self.spec.name(self.device, self.engine.precision(self.evaluator))
 
-    def forget(self, plan_key: str) -> None:
-        """Drops the plan's built graph and its timing (its weights changed: `Evaluator.adopt`)."""
-        self._built.pop(plan_key, None)
-        graph = self._graph_of.pop(plan_key, None)
-        if graph is not None and graph not in self._graph_of.values():
-            self._timed.pop(graph, None)
-
-    def compiled(self, plan: Plan) -> Compiled:
-        """The plan as the engine runs it (built on first use; the last `KEEP_BUILT` plans are kept).
+    def compiled(self, plan: Plan | Realised) -> Compiled:
+        """The plan as the engine runs it (a plan as composed, or a `Realised` record; built on first use, kept by
+        the record's key: the last `KEEP_BUILT` are kept).
 
         Raises:
             ConfigError: the engine cannot build it (one line naming the layer and the engine's limit).
@@ -88,7 +82,7 @@ class PlanLatency:
         if plan.key in self._built:
             self._built.move_to_end(plan.key)
             return self._built[plan.key]
-        built = self.engine.compile(self.evaluator, plan, self.spec)
+        built = self.engine.compile(self.evaluator, self.evaluator.realise(plan), self.spec)
         self.build_seconds += built.seconds
         self._built[plan.key] = built
         while len(self._built) > KEEP_BUILT:
@@ -99,7 +93,7 @@ class PlanLatency:
         """The uncompressed model's latency, measured the same way."""
         return self.measure(self.evaluator.space.plan())
 
-    def measure(self, plan: Plan) -> Latency:
+    def measure(self, plan: Plan | Realised) -> Latency:
         """The plan's median batch latency (plans that build to the same graph share one measurement)."""
         key = self._graph_of.get(plan.key)
         if key is None or key not in self._timed:  # a plan timed before is not built again to find its graph
@@ -108,15 +102,15 @@ class PlanLatency:
             if key not in self._timed:
                 self._timed[key] = built.time(self._timing_rows())
         latency = self._timed[key]
-        self.model.observe(plan, latency.median_ms)
+        self.model.observe(_plan(plan), latency.median_ms)
         return latency
 
-    def retime(self, plans: list[Plan]) -> None:
+    def retime(self, plans: list[Plan | Realised]) -> None:
         """Times the float model and `plans` once more, back to back, each keeping the faster of its two figures:
         on a shared machine a burst of steal can outlast every round of one measurement (the float model read
         0.86 ms in a run and 0.754-0.766 ms in five later ones), and the figures a run reports are these."""
         x = self._timing_rows()
-        for plan in dict.fromkeys([self.evaluator.space.plan(), *plans]):
+        for plan in {p.key: p for p in [self.evaluator.space.plan(), *plans]}.values():
             first = self.measure(plan)
             again = self.compiled(plan).time(x)
             if again.median_ms < first.median_ms:
@@ -139,7 +133,7 @@ class PlanLatency:
         if with_exit is not None:
             try:
                 self.measure(with_exit)
-                self.evaluator.states.add_pre_pass("exit_latency", self.cost(with_exit))
+                self.evaluator.add_pre_pass("exit_latency", self.cost(with_exit))
             except (ConfigError, TrialError) as exc:
                 log.info("latency priors: %s", exc)
         self.model.apply()
@@ -165,13 +159,13 @@ class PlanLatency:
         plan = self.evaluator.space.plan()
         out = {}
         for precision in self.engine.float_references():
-            built = self.engine.compile(self.evaluator, plan, self.spec, precision)
+            built = self.engine.compile(self.evaluator, self.evaluator.realise(plan), self.spec, precision)
             if built.key + precision not in self._timed:
                 self._timed[built.key + precision] = built.time(self._timing_rows())
             out[built.name] = self._timed[built.key + precision]
         return out
 
-    def answers(self, plan: Plan, x: torch.Tensor | Images) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def answers(self, plan: Plan | Realised, x: torch.Tensor | Images) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The engine's logits for `plan` on `x` and, with exits, where each sample left; TrialError when the
         logits are not finite."""
         built = self.compiled(plan)
@@ -179,10 +173,10 @@ class PlanLatency:
         out = torch.cat([p[0] for p in parts])
         exit_at = None if parts[0][1] is None else torch.cat([p[1] for p in parts if p[1] is not None])
         if not torch.isfinite(out).all():
-            raise TrialError(f"plan {plan.key} gives non-finite outputs in {self.engine.name}")
+            raise TrialError(f"plan {_plan(plan).key} gives non-finite outputs in {self.engine.name}")
         return out, exit_at
 
-    def cost(self, plan: Plan) -> float:
+    def cost(self, plan: Plan | Realised) -> float:
         """Budget building `plan` costs now, in full val evaluations: its seconds over the seconds the engine
         takes to score the float model on val (measured once); 0 after the first time."""
         if plan.key in self._charged:
@@ -203,3 +197,7 @@ class PlanLatency:
             reference.run(as_tensor(self.evaluator.workload.split(Split.VAL).x))
             self._val_seconds = max(time.perf_counter() - t0, 1e-3)
         return self._val_seconds
+
+
+def _plan(plan: Plan | Realised) -> Plan:
+    return plan.plan if isinstance(plan, Realised) else plan

@@ -4,7 +4,7 @@ The search composes plans from weights compressed one layer at a time on the flo
 SparseGPT, the least-squares refit), cached per (layer, choice); the plans that go to confirmation are then
 refitted here, once each, on what their own compressed layers feed each layer (OBC's split: a per-layer
 database to compose from, reconstruction of the chosen plan; `own_inputs.py`). Each layer keeps the code range,
-the mask and the kept channels the plan stores (`modelopt.exporters._forms`), so its bytes do not change.
+the mask and the kept channels the plan stores (`Realised.forms`), so its bytes do not change.
 Calibration images only, never labels.
 """
 
@@ -18,9 +18,8 @@ import torch
 
 from modelopt.compressors.contract import install_input_quantizers
 from modelopt.data.split import Split
-from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator, Realised
 from modelopt.evaluation.fitted import Fitted
-from modelopt.exporters._forms import layer_steps
 from modelopt.model.layers import compressible_modules
 from modelopt.plan.plan import Plan
 from modelopt.reconstruct.own_inputs import Grid, Target, refit_layers
@@ -35,21 +34,22 @@ IMAGES = 512
 HELD_BYTES = 1 << 30
 
 
-def targets(evaluator: Evaluator, plan: Plan) -> dict[str, Target]:
-    """Per layer the plan compresses, what `own_inputs.refit_layers` refits it to, from the forms it stores."""
-    slices = evaluator.states.kept_slices(plan)
-    gone = evaluator.states.skipped_layers(plan)  # a removed branch's layers reach nothing
+def targets(evaluator: Evaluator, plan: Plan | Realised) -> dict[str, Target]:
+    """Per layer the plan compresses, what `own_inputs.refit_layers` refits it to, from the forms it stores (as
+    composed)."""
+    r = evaluator.realise(plan)
+    gone = r.skipped_layers  # a removed branch's layers reach nothing
     out: dict[str, Target] = {}
     for layer in evaluator.workload.layers:
         if layer.name in gone:
             continue
-        final = layer_steps(evaluator, plan, layer.name)[-1].form
-        rows, cols = slices.get(layer.name, (None, None))
+        final = r.steps[layer.name][-1].form
+        rows, cols = r.slices.get(layer.name, (None, None))
         if final.integer is None and final.mask is None and rows is None and cols is None:
             continue  # float and whole: the float layer itself
         grid = None if final.integer is None else Grid(final.integer)
         keep = None if final.mask is None else final.mask.bool()
-        out[layer.name] = Target(evaluator.states.float_weight(layer.name, plan), rows, cols, keep, grid)
+        out[layer.name] = Target(r.float_weight(layer.name, evaluator.workload.original), rows, cols, keep, grid)
     return out
 
 
@@ -93,21 +93,23 @@ def reconstruct(evaluator: Evaluator, plan: Plan, images: int = IMAGES,
         goals: `targets(evaluator, plan)`, when the caller has them already.
 
     Returns:
-        The refitted weights (full shape) and stored forms, for `evaluator.adopt`.
+        The refitted weights (full shape) and stored forms: `evaluator.realise(plan, fitted)` runs the plan so.
 
     Example:
-        >>> fitted = reconstruct(ev, ev.space.parse_plan({"default": {"quantize": {"bits": 3}}}))
-        >>> ev.adopt(fitted)        # what the plan now scores and exports with
+        >>> plan = ev.space.parse_plan({"default": {"quantize": {"bits": 3}}})
+        >>> fitted = reconstruct(ev, plan)
+        >>> ev.evaluate(ev.realise(plan, fitted), split="confirm")   # what the plan scores and exports as
     """
     t0 = time.perf_counter()
-    wl, states = evaluator.workload, evaluator.states
-    goals = targets(evaluator, plan) if goals is None else goals
-    state, _ = states.compressed_state(plan)
-    with wl.state(states.skip_state(plan)):  # removed branches: the repaired float model is the reference
+    wl = evaluator.workload
+    r = evaluator.realise(plan)
+    goals = targets(evaluator, r) if goals is None else goals
+    state = evaluator.state(r)
+    with wl.state(r.reference):  # removed branches: the repaired float model is the reference
         float_model = copy.deepcopy(wl.model)
     with wl.state(state):
         model = copy.deepcopy(wl.model)
-    qparams, _ = states.input_qparams(plan)
+    qparams = evaluator.input_qparams(r)
     if qparams:  # the layers after an activation-quantized one see its quantized input
         install_input_quantizers(compressible_modules(model), qparams)
     x = calibration_images(evaluator, images)

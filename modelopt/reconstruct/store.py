@@ -1,9 +1,9 @@
-"""A run's reconstructions: each plan refitted once, kept in the run folder, adopted by every verb that reads it.
+"""A run's reconstructions: each plan refitted once, kept in the run folder, read by every verb that runs it.
 
-`Refits(evaluator, folder)(plan)` makes the evaluator score, deploy and export `plan` with its reconstructed
-weights: from the evaluator's memory, else from `folder/<RECONSTRUCTED>/<plan key's digest>.pt`, else fitted now
-(`reconstruct`) and written there before it is adopted, so that a killed run resumes, and export and
-`evaluate RUN_DIR` read, what was certified without fitting again.
+`Refits(evaluator, folder)(plan)` is the refit `plan` runs with (`Evaluator.realise(plan, fitted)`): from memory,
+else from `folder/<RECONSTRUCTED>/<plan key's digest>.pt`, else fitted now (`reconstruct`) and written there, so that
+a killed run resumes, and export and `evaluate RUN_DIR` read, what was certified without fitting again.
+`Refits.realise(plan)` is the plan as the run certified it: with its refit where it was chosen, else as composed.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from modelopt.data.split import Split
-from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator, Realised
 from modelopt.evaluation.fitted import Fitted
 from modelopt.plan.plan import Plan
 from modelopt.reconstruct.own_inputs import Target
@@ -62,8 +62,8 @@ class Refits:
 
     Example:
         >>> refit = Refits(ev, Path("runs/r20"))
-        >>> refit(plan)                      # fitted, written, adopted; a second call reads nothing
-        >>> ev.scorer.evaluate(plan, split="confirm")
+        >>> fitted = refit(plan)                   # fitted, checked, written; a second call reads nothing
+        >>> ev.evaluate(refit.realise(plan), split="confirm")
     """
 
     def __init__(self, evaluator: Evaluator, folder: Path | None = None, images: int = IMAGES,
@@ -72,28 +72,35 @@ class Refits:
         self.tried: dict[str, Fitted] = {}  # plan key -> its refit as fitted or read here, chosen or not
 
     def stored(self, plan: Plan) -> bool:
-        """Whether the plan's reconstruction is adopted, or kept in the folder."""
-        if self.evaluator.states.fitted(plan) is not None:
+        """Whether the plan's reconstruction is known here, or kept in the folder."""
+        if plan.key in self.tried:
             return True
         return self.folder is not None and fitted_path(self.folder, plan.key).is_file()
 
-    def load(self, plan: Plan) -> bool:
-        """Adopts the plan's kept reconstruction where it was chosen (`Fitted.chosen`; else the plan runs as
-        composed); False when there is none."""
-        if self.evaluator.states.fitted(plan) is not None:
-            return True
+    def load(self, plan: Plan) -> Fitted | None:
+        """The plan's kept reconstruction, chosen or not (`Fitted.chosen`), from memory or the folder; None when
+        there is none."""
+        if plan.key in self.tried:
+            return self.tried[plan.key]
         if self.folder is None or not (path := fitted_path(self.folder, plan.key)).is_file():
-            return False
+            return None
         fitted = self.tried[plan.key] = Fitted.load(path, self.evaluator.workload.device)
-        if fitted.chosen:
-            self.evaluator.adopt(fitted)
-        return True
+        return fitted
+
+    def chosen(self, plan: Plan) -> Fitted | None:
+        """The kept reconstruction the plan runs with (None: none is kept, or it was not chosen: as composed)."""
+        fitted = self.load(plan)
+        return fitted if fitted is not None and fitted.chosen else None
+
+    def realise(self, plan: Plan) -> Realised:
+        """The plan as the run runs it: with its kept, chosen reconstruction, else as composed (nothing is fitted)."""
+        return self.evaluator.realise(plan, self.chosen(plan))
 
     def __call__(self, plan: Plan) -> Fitted | None:
-        """Adopts the plan's reconstruction, fitting, checking and keeping it first when there is none (None: the
-        plan has nothing to refit, or its refit changed more held-out answers than the plan as composed)."""
-        if self.load(plan):
-            return self.evaluator.states.fitted(plan)
+        """The reconstruction the plan runs with, fitting, checking and keeping it first when there is none (None:
+        the plan has nothing to refit, or its refit changed more held-out answers than the plan as composed)."""
+        if self.stored(plan):
+            return self.chosen(plan)
         t0 = time.perf_counter()
         goals = targets(self.evaluator, plan)
         if not _worth_it(goals):
@@ -111,8 +118,8 @@ class Refits:
 
 
 def checked(evaluator: Evaluator, plan: Plan, fitted: Fitted) -> Fitted:
-    """`fitted` with its held-out check (`Fitted.held_out`), adopted where it is chosen (`Fitted.chosen`), else
-    the plan left as composed.
+    """`fitted` with its held-out check (`Fitted.held_out`), which says whether the plan runs with it
+    (`Fitted.chosen`) or as composed.
 
     The check counts answers changed against the float model on up to `HELD_OUT` calibration images after those
     the refit read (GPTQ's and the other per-layer fits read the first ones too), which no search scored: neither
@@ -120,17 +127,9 @@ def checked(evaluator: Evaluator, plan: Plan, fitted: Fitted) -> Fitted:
     """
     calib = evaluator.workload.split(Split.CALIB).x
     if len(calib) - fitted.images < MIN_HELD_OUT:
-        evaluator.adopt(fitted)
         return fitted
     x = calib.part(fitted.images, min(len(calib), fitted.images + HELD_OUT))
     float_top1 = evaluator.workload.predict(x)
-    evaluator.drop(plan.key)
-    composed = evaluator.scorer.answers_on(plan, x)[0] != float_top1
-    evaluator.adopt(fitted)
-    refit = evaluator.scorer.answers_on(plan, x)[0] != float_top1
-    out = replace(fitted, held_out=(len(x), int(composed.sum()), int(refit.sum()), int((composed != refit).sum())))
-    if out.chosen:
-        evaluator.adopt(out)
-    else:
-        evaluator.drop(plan.key)
-    return out
+    composed = evaluator.answers_on(plan, x)[0] != float_top1
+    refit = evaluator.answers_on(evaluator.realise(plan, fitted), x)[0] != float_top1
+    return replace(fitted, held_out=(len(x), int(composed.sum()), int(refit.sum()), int((composed != refit).sum())))

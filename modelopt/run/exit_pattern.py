@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from modelopt.data.split import Split
-from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator, Realised
 from modelopt.plan.plan import Plan
 
 __all__ = ["ExitPattern", "ExitRow", "exit_pattern"]
@@ -53,7 +53,7 @@ class ExitPattern:
         return cls(str(d["split"]), int(d["images"]), _rows(d["float"]), _rows(d["plan"]))
 
 
-def exit_pattern(evaluator: Evaluator, plan: Plan, split: str = Split.TEST) -> ExitPattern | None:
+def exit_pattern(evaluator: Evaluator, plan: Plan | Realised, split: str = Split.TEST) -> ExitPattern | None:
     """The exit pattern of `plan` and of the float model under the same exits on `split`; None without exits.
 
     Example:
@@ -61,15 +61,15 @@ def exit_pattern(evaluator: Evaluator, plan: Plan, split: str = Split.TEST) -> E
         >>> [(r.exit, round(r.share, 3)) for r in p.plan]
         [('layer2.2', 0.165), ('end', 0.835)]
     """
-    routes = evaluator.routes
-    if routes.route(plan) is None:
+    routes, r = evaluator.routes, evaluator.realise(plan)
+    if r.route is None:
         return None
-    names = [t.name for t in routes.taps(evaluator.workload.model, plan)]
-    exits_only = evaluator.space.plan({n: plan.get(n) for n in routes.decisions})
+    names = [t.name for t in routes.taps(evaluator.workload.model, r.plan)]
+    exits_only = evaluator.space.plan({n: r.plan.get(n) for n in routes.decisions})
     y = evaluator.workload.split(split).y
     rows = {}
-    for which, p in (("float", exits_only), ("plan", plan)):
-        pred, exit_at = evaluator.scorer.answers(p, split)
+    for which, p in (("float", exits_only), ("plan", r)):
+        pred, exit_at = evaluator.answers(p, split)
         assert exit_at is not None, "a routed plan's answers say where each image left"
         rows[which] = _pattern(pred.cpu(), exit_at.cpu(), y.cpu(), names)
     return ExitPattern(split, len(y), rows["float"], rows["plan"])

@@ -18,7 +18,7 @@ from modelopt.config.assemble import build_compressors
 from modelopt.config.build import load_workload, make_evaluator
 from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError, LoadError
-from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.evaluator import Evaluator, Realised
 from modelopt.evaluation.trial import TrialStatus
 from modelopt.exporters.onnx import check_options, export_onnx
 from modelopt.exporters.onnx_exits import export_onnx_exits
@@ -38,12 +38,17 @@ PlanRef = str | int | Path | Plan | Mapping[str, Any]
 
 @dataclass(frozen=True)
 class ExportSource:
-    """An evaluator, the plan to export and a short tag naming it (``best``, ``trial12``, a file stem)."""
+    """An evaluator, the plan to export as it runs (as the run certified it: reconstructed where it was) and a short
+    tag naming it (``best``, ``trial12``, a file stem)."""
 
     evaluator: Evaluator
-    plan: Plan
+    realised: Realised
     tag: str
     run_dir: Path | None = None
+
+    @property
+    def plan(self) -> Plan:
+        return self.realised.plan
 
 
 def resolve(source: str | Path | Workload | Evaluator, plan: PlanRef = "best", *, device: str = "cpu") -> ExportSource:
@@ -69,9 +74,9 @@ def resolve(source: str | Path | Workload | Evaluator, plan: PlanRef = "best", *
             f"cannot export from a {type(source).__name__}; pass a run folder, a Workload or an Evaluator"
         )
     resolved, tag = _plan(plan, evaluator.space, run_dir)
-    if run_dir is not None:  # the plan as the run certified it: its reconstruction, when the run made one
-        Refits(evaluator, run_dir).load(resolved)
-    return ExportSource(evaluator, resolved, tag, run_dir)
+    # The plan as the run certified it: with its reconstruction, when the run made one and chose it.
+    realised = evaluator.realise(resolved) if run_dir is None else Refits(evaluator, run_dir).realise(resolved)
+    return ExportSource(evaluator, realised, tag, run_dir)
 
 
 # The last run folder's evaluator, kept so exporting several plans of one run (or both formats)
@@ -211,7 +216,7 @@ def export(
                 raise ConfigError(f"unknown onnx export option {key!r}; valid: {', '.join(valid)}")
         check_options(**options)
     src = resolve(source, plan, device=device)
-    routed = format == "onnx" and src.evaluator.routes.route(src.plan) is not None
+    routed = format == "onnx" and src.realised.route is not None
     if out is None:
         if src.run_dir is None:
             raise ConfigError("pass out=PATH (--out) when exporting from a workload rather than a run folder")
@@ -221,6 +226,6 @@ def export(
             if options.get("image_input", "float") != "float":
                 raise ConfigError("image_input 'uint8' is for one-file exports; a plan with early exits is written "
                                   "as segments whose predict.py reads normalised float images")
-            return export_onnx_exits(src.evaluator, src.plan, out, **options).path
-        return export_onnx(src.evaluator, src.plan, out, **options).path
-    return export_packed(src.evaluator, src.plan, out)
+            return export_onnx_exits(src.evaluator, src.realised, out, **options).path
+        return export_onnx(src.evaluator, src.realised, out, **options).path
+    return export_packed(src.evaluator, src.realised, out)

@@ -10,20 +10,17 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from modelopt._version import __version__
-from modelopt.certify.certificate import Certificate, certify
-from modelopt.certify.confirm import Confirmation
 from modelopt.certify.evidence import evidence_lines
 from modelopt.config.run_config import RunConfig
 from modelopt.data.split import Split
 from modelopt.errors import ConfigError, ModeloptError
-from modelopt.evaluation.evaluator import Evaluator, Metrics
+from modelopt.evaluation.evaluator import Evaluator, Metrics, Realised
 from modelopt.evaluation.fidelity import Fidelity
 from modelopt.evaluation.trial import Trial, TrialStatus
 from modelopt.executors import Executor, Job, LocalExecutor, Scored
@@ -31,44 +28,16 @@ from modelopt.executors.scoring import failure_text, free_cuda_memory
 from modelopt.latency.plan import PlanLatency
 from modelopt.objective import Objective, Target, best_of
 from modelopt.plan.plan import Plan
-from modelopt.reconstruct.store import Refits
-from modelopt.run.exit_pattern import exit_pattern
+from modelopt.run.finish import Ending, RunResult, finish
 from modelopt.run.journal import Journal, Record, write_json_atomic
-from modelopt.run.layout import BEST_PLAN, CONFIG, JOURNAL, STATE, STATE_NEXT, SUMMARY
+from modelopt.run.layout import CONFIG, JOURNAL, STATE, STATE_NEXT
 from modelopt.run.lock import RunLock, lock_run_folder
-from modelopt.run.reported import reported_plans
-from modelopt.run.summary import RunSummary, summarize
-from modelopt.search._base import Strategy
+from modelopt.search import Strategy
 
 __all__ = ["MAX_IDLE_ASKS", "RunResult", "Runner", "free_cuda_memory"]
 
 MAX_IDLE_ASKS = 2000  # consecutive already-seen plans before the space counts as exhausted
 REFIT_EVERY = 10  # latency measurements between refits of the strategies' latency priors
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """What a finished run found.
-
-    `best` is the smallest plan confirmed on the confirm split (the search's best, unconfirmed,
-    when the data have no confirm split); `best_test` its held-out test metrics, the headline;
-    `pareto` pairs each front trial (by the val retention bound) with its test metrics. Each reported plan's
-    figures are its record in `summary` (`summary.best`, ...: `modelopt.run.reported`), selected from here.
-    """
-
-    run_dir: Path
-    trials: tuple[Trial, ...]
-    best: Trial | None
-    best_test: Metrics | None
-    pareto: tuple[tuple[Trial, Metrics | None], ...]
-    budget_used: float
-    summary: RunSummary
-    best_confirm: Metrics | None = None  # the best plan's metrics on the confirm split
-    search_best: Trial | None = None  # the search's pick on val (a search-time estimate)
-    confirmation: Confirmation | None = None
-    # What the run may claim, whole (`modelopt.certify.certify`): the record the summary, the CLI table and the
-    # reports select their figures from; None for a result read back from a run folder.
-    certificate: Certificate | None = None
 
 
 class Runner:
@@ -157,7 +126,7 @@ class Runner:
             self._check_same_run(cfg_path)
             self.trials = [record.trial(self.space) for record in self.journal.records()]
             for trial in self.trials:  # what the killed process charged once is not charged again
-                self.evaluator.states.mark_paid(trial.plan)
+                self.evaluator.mark_paid(trial.plan)
             self._restore_strategy()
         write_json_atomic(cfg_path, {**self.config.to_json(), "budget": self.budget})
 
@@ -232,7 +201,7 @@ class Runner:
         return trial(status=TrialStatus.COMPLETE, metrics=metrics, reward=reward, cost=cost,
                      feasible=self.objective.feasible(metrics), seconds=seconds)
 
-    def _with_latency(self, metrics: Metrics, plan: Plan) -> Metrics:
+    def _with_latency(self, metrics: Metrics, plan: Plan | Realised) -> Metrics:
         assert self.latency is not None
         out = dataclasses.replace(metrics, latency_ms=self.latency.measure(plan).median_ms,
                                   latency_backend=self.latency.name,
@@ -368,33 +337,9 @@ class Runner:
         """Under multi-fidelity, whether to score `plan` to the end even once it cannot beat the best."""
         return self.fidelity is None or not (self.fidelity.dominated and self._cannot_improve(plan))
 
-    # ---- the end: re-score on test, write the run folder ----------------------------------
+    # ---- the end: certify, time, write the run folder (`modelopt.run.finish`) ----------------
 
     def _finish(self, search_wall: float) -> RunResult:
-        refit = None
-        if self.config.reconstruct:
-            refit = Refits(self.evaluator, self.run_dir, progress=self.console.print if self.progress else None)
-        cert = certify(self.evaluator, self.objective, self.trials, self.latency, refit=refit)
-        assert cert.test is not None  # certify scores test unless told not to
-        test_metrics = dict(cert.test)
-        if self.latency is not None:  # measured once per distinct plan, for the final set only
-            self.latency.retime([t.plan for t in cert.reported.values()])
-            test_metrics = {key: self._with_latency(m, cert.reported[key].plan) for key, m in test_metrics.items()}
-        plans = reported_plans(cert, self.objective, self.space, test_metrics)  # the one record tables select from
-        if cert.best is not None:
-            self.space.save_plan(cert.best.plan, self.run_dir / BEST_PLAN)
-        float_latency = {}
-        if self.latency is not None:  # the float model in the engine's default precision first, then the others
-            float_latency = {self.latency.name: self.latency.reference().median_ms,
-                             **{k: v.median_ms for k, v in self.latency.float_references().items()}}
-        summary = summarize(
-            evaluator=self.evaluator, objective=self.objective, config=self.config, run_dir=self.run_dir,
-            budget=self.budget, trials=self.trials, certificate=cert, plans=plans, search_wall=search_wall,
-            eval_seconds=self.eval_seconds, float_latency=float_latency,
-            exits=None if cert.best is None else exit_pattern(self.evaluator, cert.best.plan))
-        write_json_atomic(self.run_dir / SUMMARY, summary.to_json())
-        best = plans.best  # RunResult's metrics are selected from the records
-        test, conf = (None, None) if best is None else (best.metrics_on(Split.TEST), best.metrics_on(Split.CONFIRM))
-        return RunResult(self.run_dir, tuple(self.trials), cert.best, test,
-                         tuple((t, e.metrics_on(Split.TEST)) for t, e in zip(cert.front, plans.pareto, strict=True)),
-                         self.spent, summary, conf, cert.search_best, cert.confirmation, cert)
+        return finish(Ending(self.evaluator, self.objective, self.config, self.run_dir, self.budget, self.spent,
+                             self.eval_seconds, self.latency, self.console if self.progress else None,
+                             self._with_latency), self.trials, search_wall)

@@ -22,19 +22,18 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from modelopt.evaluation.cost import CostModel
 from modelopt.evaluation.trial import Trial
 from modelopt.objective import Objective, Target
-from modelopt.plan.plan import Decision, Plan
+from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace
 from modelopt.search._base import Strategy
 from modelopt.search._registry import STRATEGIES
-from modelopt.search.mckp import solve_mckp
+from modelopt.search.knapsack_options import LayerOptions
 
 STATE_VERSION = 1
 _MIN_L = 1e-6  # loss budgets below this are zero: one image in a million
@@ -73,12 +72,10 @@ class KnapsackSearch(Strategy):
         self.rng = np.random.default_rng(seed)
         decisions = space.decisions
         self._index = {d.name: i for i, d in enumerate(decisions)}
-        self._costs = CostModel(space)
         # The sensitivity schedule: by decision, then choice.
         self._sens = [(i, j) for i, d in enumerate(decisions) for j, c in enumerate(d.choices) if c is not None]
-        self._groups = self._build_groups()
+        self.options = LayerOptions(space, objective, self.bins)  # costs, losses, the DP
         self._next_sens = 0
-        self._loss: dict[tuple[int, int], float] = {}  # inf: the single-choice plan failed
         self._seen: set[str] = set()
         self._order: list[str] = []  # _seen in insertion order, for state_dict
         self._known: dict[str, bool] = {}  # plan key -> feasible (failed counts as infeasible)
@@ -86,8 +83,6 @@ class KnapsackSearch(Strategy):
         self.lo: float | None = None  # largest L whose DP plan was feasible
         self.hi: float | None = None  # smallest L whose DP plan was infeasible
         self._best: tuple[float, str, list[int]] | None = None  # reward, key, choice indices
-        self._memo: dict[float, tuple[int, ...]] = {}  # L -> DP picks; both caches die with new losses
-        self._olosses: list[np.ndarray] | None = None
 
     @property
     def loss_estimator(self) -> str | None:
@@ -99,91 +94,17 @@ class KnapsackSearch(Strategy):
         choices without an estimate keep theirs. Call before `load_state_dict` (a resumed run)."""
         for (name, j), v in estimates.items():
             if name in self._index:
-                self._loss[(self._index[name], j)] = float(v)
-        self._sens = [(i, j) for i, j in self._sens if (i, j) not in self._loss]
-        self._forget()
-
-    # ---- the model of the objective --------------------------------------------------------
+                self.options.loss[(self._index[name], j)] = float(v)
+        self._sens = [(i, j) for i, j in self._sens if (i, j) not in self.options.loss]
+        self.options.forget()
 
     def costs_changed(self) -> None:
         if self.objective.target is Target.LATENCY:
-            self._groups = self._build_groups()
-            self._forget()
-
-    def _build_groups(self) -> list[tuple[list[int], list[tuple[int, ...]], np.ndarray]]:
-        """Per layer: decision indices, option combinations, option costs."""
-        by_key: dict[str, list[int]] = {}
-        for i, d in enumerate(self.space.decisions):
-            by_key.setdefault(d.layer, []).append(i)
-        groups = []
-        for idx in by_key.values():
-            decs = [self.space.decisions[i] for i in idx]
-            options = list(itertools.product(*(range(len(d.choices)) for d in decs)))
-            costs = np.array([self._cost(decs, opt) for opt in options], dtype=float)
-            groups.append((idx, options, costs))
-        return groups
-
-    def _cost(self, decs: list[Decision], opt: tuple[int, ...]) -> float:
-        # Priced by the one cost accounting (modelopt.evaluation.cost), the layer alone: what its option
-        # stores (the whole chain: pruned then quantized) and runs (structured pruning's MACs).
-        choices = {d.name: d.choices[j] for d, j in zip(decs, opt, strict=True)}
-        if self.objective.target is Target.LATENCY:  # the latency model's estimates (modelopt.latency.model)
-            est = [self.space.features[d.name][j].latency for d, j in zip(decs, opt, strict=True)]
-            if all(math.isfinite(e) for e in est):
-                return float(sum(est))
-        cost = self._costs.choice_cost(self.space.layers[decs[0].layer], choices)
-        if self.objective.target is Target.BITOPS:
-            return float(cost.bitops)
-        if self.objective.target is Target.MACS:
-            return float(cost.macs)
-        return float(cost.bytes)
-
-    def _option_losses(self) -> list[np.ndarray]:
-        """Per group, each option's loss: the sum of its choices' (unmeasured counts as infinite)."""
-        if self._olosses is not None:
-            return self._olosses
-        out = []
-        for idx, options, _ in self._groups:
-            per = [[0.0 if self.space.decisions[i].choices[j] is None else self._loss.get((i, j), math.inf)
-                    for j in range(len(self.space.decisions[i].choices))] for i in idx]
-            out.append(np.array([sum(per[k][j] for k, j in enumerate(opt)) for opt in options], dtype=float))
-        self._olosses = out
-        return out
-
-    def _forget(self) -> None:
-        self._memo.clear()
-        self._olosses = None
-
-    def _top(self, losses: list[np.ndarray]) -> float:
-        """Above this L every measured option fits: a larger L changes nothing."""
-        return sum(float(ls[np.isfinite(ls)].max(initial=0.0)) for ls in losses)
-
-    def _floor(self) -> float:
-        """The smallest positive measured loss: below it only loss-free options fit."""
-        pos = [v for v in self._loss.values() if 0.0 < v < math.inf]
-        return min(pos) if pos else 1e-4
+            self.options.costs_changed()
 
     def solve(self, L: float) -> Plan:
-        """The knapsack plan for loss budget `L` under the sensitivities measured so far.
-
-        One `solve_mckp` per L (memoised until a loss changes), mapped back to decisions;
-        `_knapsack_plans` searches over L, it does not solve the knapsack a second way."""
-        picks = self._memo.get(L)
-        if picks is None:
-            losses = self._option_losses()
-            picks = tuple(solve_mckp(losses, [g[2] for g in self._groups], L, self.bins))
-            self._memo[L] = picks
-        return self._plan_of(self._indices(picks))
-
-    def _indices(self, picks: Sequence[int]) -> list[int]:
-        idx = [0] * len(self.space.decisions)
-        for (dec_idx, options, _), o in zip(self._groups, picks, strict=True):
-            for i, j in zip(dec_idx, options[o], strict=True):
-                idx[i] = j
-        return idx
-
-    def _plan_of(self, idx: Sequence[int]) -> Plan:
-        return self.space.plan({d.name: d.choices[j] for d, j in zip(self.space.decisions, idx, strict=True)})
+        """The knapsack plan for loss budget `L` under the sensitivities measured so far (`LayerOptions.solve`)."""
+        return self.options.solve(L)
 
     # ---- ask -------------------------------------------------------------------------------
 
@@ -237,9 +158,10 @@ class KnapsackSearch(Strategy):
         """Loss budgets to try next, best first: m << level of them (fewer once bracketed tight)."""
         k = m << level
         lo, hi = self.lo, self.hi
-        top = self._top(self._option_losses())
+        top = self.options.top()
         if hi is None:
-            out = self._opening(k) if lo is None else [max(lo, self._floor()) / SHRINK**i for i in range(1, k + 1)]
+            out = self._opening(k) if lo is None else [max(lo, self.options.floor()) / SHRINK**i
+                                                       for i in range(1, k + 1)]
         elif lo is None:
             if hi < _MIN_L:
                 return []  # even the least lossy plans failed: nothing left to solve for
@@ -256,7 +178,7 @@ class KnapsackSearch(Strategy):
 
     def _opening(self, k: int) -> list[float]:
         """Before any bracket: the floor's loss, then alternately below and above it."""
-        base = max(0.0, 1.0 - self.objective.min_retention) or self._floor()
+        base = max(0.0, 1.0 - self.objective.min_retention) or self.options.floor()
         out = [base]
         for i in itertools.count(1):
             if len(out) >= k:
@@ -280,17 +202,17 @@ class KnapsackSearch(Strategy):
         """A seeded random neighbour (one or two decisions changed) of the best feasible plan."""
         decisions = self.space.decisions
         base = self._best[2] if self._best is not None else [0] * len(decisions)
-        plan = self._plan_of(base)
+        plan = self.options.plan_of(base)
         for _ in range(200):
             idx = list(base)
             for _ in range(1 + int(self.rng.integers(2))):
                 i = int(self.rng.integers(len(decisions)))
                 # Choices whose sensitivity trial failed would most likely fail again.
                 others = [j for j in range(len(decisions[i].choices))
-                          if j != idx[i] and self._loss.get((i, j)) != math.inf]
+                          if j != idx[i] and self.options.loss.get((i, j)) != math.inf]
                 if others:
                     idx[i] = others[int(self.rng.integers(len(others)))]
-            plan = self._plan_of(idx)
+            plan = self.options.plan_of(idx)
             if plan.key not in self._seen:
                 return plan
         return plan  # the neighbourhood is exhausted (a tiny space): repeat rather than stall
@@ -317,8 +239,8 @@ class KnapsackSearch(Strategy):
                 ok = trial.ok and m is not None and not math.isnan(m.retention)
                 # The drop as the floor judges it (broken answers only, by default).
                 drop = 1.0 - self.objective.point_retention(m) if ok else math.inf  # type: ignore[arg-type]
-                self._loss[(i, choices.index(active[0][1]))] = max(0.0, drop)
-                self._forget()
+                self.options.loss[(i, choices.index(active[0][1]))] = max(0.0, drop)
+                self.options.forget()
         if key in self._L_of:
             self._update_bounds(self._L_of[key], feasible)
         if feasible and trial.reward is not None:
@@ -340,7 +262,7 @@ class KnapsackSearch(Strategy):
             "phase": self.phase,
             "next_sensitivity": self._next_sens,
             # [decision index, choice index, loss]; loss null: the trial failed (never picked)
-            "losses": [[i, j, None if v == math.inf else v] for (i, j), v in sorted(self._loss.items())],
+            "losses": [[i, j, None if v == math.inf else v] for (i, j), v in sorted(self.options.loss.items())],
             "seen": list(self._order),
             "known": dict(self._known),
             "L_of": dict(self._L_of),
@@ -352,7 +274,7 @@ class KnapsackSearch(Strategy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._next_sens = int(state["next_sensitivity"])
-        self._loss = {(int(i), int(j)): math.inf if v is None else float(v) for i, j, v in state["losses"]}
+        self.options.loss = {(int(i), int(j)): math.inf if v is None else float(v) for i, j, v in state["losses"]}
         self._order = list(state["seen"])
         self._seen = set(self._order)
         self._known = {k: bool(v) for k, v in state["known"].items()}
@@ -362,7 +284,7 @@ class KnapsackSearch(Strategy):
         best = state["best"]
         self._best = None if best is None else (float(best[0]), str(best[1]), [int(j) for j in best[2]])
         self.rng.bit_generator.state = state["rng"]
-        self._forget()
+        self.options.forget()
 
 
 @STRATEGIES.register("knapsack_measured")

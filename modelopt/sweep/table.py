@@ -66,7 +66,7 @@ class _Scorer:
     def test(self, model: str, config: RunConfig, rec: Record | None) -> Metrics:
         ev = self.evaluator(model, config)
         plan: Plan = ev.space.plan() if rec is None else ev.space.plan_from_flat(rec.plan)
-        return ev.scorer.evaluate(plan, split=Split.TEST)
+        return ev.evaluate(plan, split=Split.TEST)
 
     def reported(self, model: str, cell: SeedTrace, budget: float) -> Record | None:
         """What the run reported, at its own budget (its summary.json); below it, what the run stopped at `budget`

@@ -63,7 +63,7 @@ def check_compiled(engine: Engine, evaluator: Evaluator, plan: Plan, x: Images, 
     finite milliseconds at the spec's batch and threads. Returns the built plan's top-1 (the run's scored
     answers where the engine scores plans)."""
     spec = timing_spec(engine)
-    built = engine.compile(evaluator, plan, spec)
+    built = engine.compile(evaluator, evaluator.realise(plan), spec)
     where = _where(engine, plan)
     expected = spec.name(engine.device(evaluator), engine.precision(evaluator))
     assert built.name == expected, f"{where}: its figure is named {built.name!r}, not {expected!r}"
@@ -71,7 +71,7 @@ def check_compiled(engine: Engine, evaluator: Evaluator, plan: Plan, x: Images, 
     assert built.seconds >= 0, f"{where}: building took {built.seconds} s"
     logits = built.answers(as_tensor(x))[0]
     _check_logits(logits, len(x), f"{where}: compile(...).answers")
-    got = _agreement(logits.argmax(1), evaluator.scorer.answers_on(plan, x)[0])
+    got = _agreement(logits.argmax(1), evaluator.answers_on(plan, x)[0])
     assert got >= floor, f"{where}: built, it gives the simulated top-1 on {got:.1%} of images (< {floor:.0%})"
     latency = built.time(as_tensor(x))
     assert math.isfinite(latency.median_ms) and latency.median_ms > 0, f"{where}: timed at {latency.median_ms} ms"
@@ -91,13 +91,13 @@ def check_deployed(engine: Engine, evaluator: Evaluator, plan: Plan, x: Images, 
             the simulation's, exits and all.
     """
     where = _where(engine, plan)
-    deployment = engine.deployed(evaluator, plan)
+    deployment = engine.deployed(evaluator, evaluator.realise(plan))
     assert isinstance(deployment, Deployment), (
         f"{where}: deployed(...) returned {type(deployment).__name__}, not a Deployment")
     logits = deployment.run(x)
     _check_logits(logits, len(x), f"{where}: deployed(...).run")
     if scored is None:
-        scored = evaluator.scorer.answers_on(plan, x)[0]
+        scored = evaluator.answers_on(plan, x)[0]
     got = _agreement(logits.argmax(1), scored)
     assert got >= floor, f"{where}: deployed, it gives the scored top-1 on {got:.1%} of images (< {floor:.0%})"
     tensor = as_tensor(x)

@@ -11,7 +11,7 @@ from modelopt.evaluation.trial import Trial, TrialStatus
 from modelopt.objective import Objective, Target
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace
-from modelopt.search._base import Strategy
+from modelopt.search import Strategy
 
 
 def synthetic_metrics(plan: Plan, space: SearchSpace, score: Callable[[Plan], tuple[float, int]]) -> Metrics:

@@ -74,7 +74,7 @@ def test_lower_output_error_than_nearest_on_every_real_layer(gptq_evaluator, spe
     wl = gptq_evaluator.workload
     comp = gptq_evaluator.space.compressors["quantize"]
     for name, w in wl.original.items():
-        inputs = gptq_evaluator.states.layer_inputs(name, 64)
+        inputs = gptq_evaluator.states.layers.layer_inputs(name, 64)
         assert inputs is not None and inputs.rows > 0
         near = comp.apply_calibrated(w, spec, inputs)
         calibrated = comp.apply_calibrated(w, spec.with_rounding(Rounding.GPTQ), inputs)
@@ -88,7 +88,7 @@ def test_pruned_zeros_stay_zero_and_scales_are_nearest_ones(gptq_evaluator):
     w = wl.original[name].clone()
     w[w.abs() < w.abs().median()] = 0.0  # half the weights pruned
     spec = QuantSpec(3, rounding=Rounding.GPTQ)
-    inputs = gptq_evaluator.states.layer_inputs(name, 64)
+    inputs = gptq_evaluator.states.layers.layer_inputs(name, 64)
     codes, scales = quantize(w, spec, inputs=inputs)
     assert torch.all(codes[w == 0] == 0)
     assert torch.equal(scales, quantize(w, QuantSpec(3))[1])  # GPTQ changes codes, never what a scale costs

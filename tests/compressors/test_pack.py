@@ -37,7 +37,7 @@ def test_pack_decodes_to_apply_in_the_counted_bytes(name, layer):
     w = synthetic_weight(layer)
     for choice in comp.menu(layer):
         if isinstance(comp, RemovesChannels) and comp.kept_channels(w, choice) is not None:
-            continue  # removed channels: export slices them off before the chain runs (export/_forms.py)
+            continue  # removed channels: export slices them off before the chain runs (evaluation/layer_weights.py)
         form = comp.pack(WeightForm(w), choice)
         want = comp.apply(w, choice)
         assert torch.equal(_decoded(form), want), (name, layer.name, choice)

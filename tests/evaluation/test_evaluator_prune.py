@@ -64,7 +64,7 @@ def test_physical_model_equals_the_simulated_one(ev_no_bn, quantize):
     with torch.inference_mode():
         physical = small(x)
     torch.testing.assert_close(physical, simulated, rtol=1e-4, atol=1e-4)
-    kept = ev.states.kept_channels(plan)["layer1.0.conv1"][1]
+    kept = ev.realise(plan).kept["layer1.0.conv1"][1]
     dropped = sorted(set(range(16)) - set(kept.tolist()))
     assert torch.all(acts["bn"][:, dropped] == 0)
     # Swapping restored everything: the resident model holds its original tensors again.
@@ -133,7 +133,7 @@ def test_the_readers_of_removed_channels_are_refitted_to_the_float_output(small_
             errors[repair] = float(((wl.model(x) - ref) ** 2).mean() / (ref**2).mean())
         if repair:  # the removed columns stay zero: the physical model still drops them
             w = ev.states.compressed_weights(plan)["layer1.0.conv2"]
-            kept = ev.states.kept_channels(plan)["layer1.0.conv1"][1]
+            kept = ev.realise(plan).kept["layer1.0.conv1"][1]
             dropped = sorted(set(range(16)) - set(kept.tolist()))
             assert torch.all(w[:, dropped] == 0) and not torch.equal(w[:, kept], wl.original["layer1.0.conv2"][:, kept])
     print(f"\n{sparsity:.0%} of every block's channels: relative logit error {errors[False]:.4f} removed, "

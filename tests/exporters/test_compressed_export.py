@@ -21,7 +21,6 @@ from modelopt.compressors import ExitChoice
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters import export_packed, load
-from modelopt.exporters._forms import layer_forms
 from modelopt.exporters.onnx import export_onnx
 from modelopt.exporters.onnx_run import run_onnx
 from modelopt.plan.space import SearchSpace
@@ -75,9 +74,9 @@ def test_onnx_has_smaller_convs_the_plans_codes_and_agrees_with_the_evaluator(ev
     model = onnx.load(info.path)
     onnx.checker.check_model(model, full_check=True)
     inits = _initializers(model)
-    kept = {name: int(idx.numel()) for name, (_, idx) in ev.states.kept_channels(plan).items()}
+    kept = {name: int(idx.numel()) for name, (_, idx) in ev.realise(plan).kept.items()}
     assert len(kept) == 2 and all(k < 64 for k in kept.values())
-    forms = layer_forms(ev, plan)
+    forms = ev.realise(plan).forms
     for layer in ev.workload.layers:
         form = forms[layer.name]
         stored = inits.get(f"{layer.name}.weight_q", inits.get(f"{layer.name}.weight"))

@@ -19,7 +19,6 @@ from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.fitted import Fitted
 from modelopt.exporters import export_packed, load
-from modelopt.exporters._forms import layer_forms
 from modelopt.plan.space import SearchSpace
 from modelopt.reconstruct import reconstruct
 from modelopt.reconstruct.store import HELD_OUT, MIN_HELD_OUT, Refits, checked, fitted_path
@@ -53,14 +52,15 @@ def test_reconstruction_brings_the_plan_closer_to_the_float_model_at_the_same_by
     ev = _evaluator(small_workload)
     plan = _int3(ev, sparse)
     before, size = _logit_error(ev, plan), ev.plan_cost(plan).size_bytes
-    masks = {n: f.mask for n, f in layer_forms(ev, plan).items() if f.mask is not None}
+    masks = {n: f.mask for n, f in ev.realise(plan).forms.items() if f.mask is not None}
     assert bool(masks) == sparse
     fitted = reconstruct(ev, plan, images=128)
-    ev.adopt(fitted)
+    refitted = ev.realise(plan, fitted)
     assert fitted.weights and fitted.images == 128
-    assert _logit_error(ev, plan) < 0.9 * before
+    assert _logit_error(ev, refitted) < 0.9 * before
+    assert _logit_error(ev, plan) == before  # the plan as composed is another record: unchanged
     assert ev.plan_cost(plan).size_bytes == size
-    weights = ev.states.compressed_weights(plan)
+    weights = refitted.weights
     for name, kept in masks.items():  # a pruned weight stays pruned: the stored mask is the plan's
         assert not weights[name][~kept.bool()].any()
 
@@ -68,26 +68,27 @@ def test_reconstruction_brings_the_plan_closer_to_the_float_model_at_the_same_by
 def test_the_export_writes_the_reconstructed_weights_bit_for_bit(small_workload, tmp_path):
     ev = _evaluator(small_workload)
     plan = _int3(ev)
-    ev.adopt(reconstruct(ev, plan, images=64))
-    net = load(export_packed(ev, plan, tmp_path / "m.pt"))
+    refitted = ev.realise(plan, reconstruct(ev, plan, images=64))
+    net = load(export_packed(ev, refitted, tmp_path / "m.pt"))
     x = small_workload.split(Split.TEST).x[:64]
     with torch.inference_mode():
-        got, want = net(x), ev.states.logits(plan, x)
+        got, want = net(x), ev.states.logits(refitted, x)
     assert torch.equal(got.argmax(1), want.argmax(1))
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)  # norms folded on load: float rounding only
 
 
-def test_a_run_folder_keeps_a_reconstruction_that_a_new_evaluator_adopts_without_fitting(small_workload, tmp_path):
+def test_a_run_folder_keeps_a_reconstruction_that_a_new_evaluator_reads_without_fitting(small_workload, tmp_path):
     ev = _evaluator(small_workload)
     plan = _int3(ev)
     fitted = Refits(ev, tmp_path, images=64)(plan)
     assert fitted is not None and fitted_path(tmp_path, plan.key).is_file()
     again = _evaluator(small_workload)
-    assert Refits(again, tmp_path).load(plan)
+    read = Refits(again, tmp_path).realise(plan)
+    assert read.fitted is not None and read.key == ev.realise(plan, fitted).key  # the same refit, by digest
     assert "reconstruct" not in again.one_time.seconds  # read, not fitted
-    for name, w in ev.states.compressed_weights(plan).items():
-        assert torch.equal(again.states.compressed_weights(plan)[name], w)
-    a, b = again.scorer.evaluate(plan, split=Split.TEST), ev.scorer.evaluate(plan, split=Split.TEST)
+    for name, w in ev.realise(plan, fitted).weights.items():
+        assert torch.equal(read.weights[name], w)
+    a, b = again.evaluate(read, split=Split.TEST), ev.evaluate(ev.realise(plan, fitted), split=Split.TEST)
     assert (a.lost, a.gained, a.agreement, a.accuracy) == (b.lost, b.gained, b.agreement, b.accuracy)
 
 
@@ -103,9 +104,9 @@ import hashlib, json, sys, torch
 from modelopt.data.split import Split
 from modelopt.run.export import resolve
 src = resolve(sys.argv[1], "best", device="cpu")
-weights = src.evaluator.states.compressed_weights(src.plan)
-m = src.evaluator.scorer.evaluate(src.plan, split=Split.TEST)
-fitted = src.evaluator.states.fitted(src.plan)
+weights = src.realised.weights
+m = src.evaluator.evaluate(src.realised, split=Split.TEST)
+fitted = src.realised.fitted
 print(json.dumps({"weights": {k: hashlib.sha256(v.contiguous().numpy().tobytes()).hexdigest()
                               for k, v in sorted(weights.items())},
                   "fitted": sorted(fitted.weights) if fitted else [],
@@ -141,16 +142,14 @@ def _damaged(fitted: Fitted) -> Fitted:
 def test_a_refit_that_changes_more_held_out_answers_is_dropped_and_the_plan_runs_as_composed(resnet20_workload):
     ev = _evaluator(resnet20_workload)
     plan = _int3(ev)
-    composed = ev.scorer.evaluate(plan, split=Split.TEST)
+    composed = ev.evaluate(plan, split=Split.TEST)
     good = checked(ev, plan, reconstruct(ev, plan, images=128))
     n, before, after, discordant = good.held_out
     assert n == min(HELD_OUT, len(resnet20_workload.split(Split.CALIB).x) - 128) >= MIN_HELD_OUT
     assert discordant >= abs(after - before)
-    assert (ev.states.fitted(plan) is not None) == good.chosen
     bad = checked(ev, plan, _damaged(good))
     assert bad.held_out[1] == before and bad.held_out[2] > before + 100 and not bad.chosen
-    assert ev.states.fitted(plan) is None  # as composed again, scored as it was
-    again = ev.scorer.evaluate(plan, split=Split.TEST)
+    again = ev.evaluate(plan, split=Split.TEST)  # as composed, scored as it was
     assert (again.lost, again.gained, again.agreement) == (composed.lost, composed.gained, composed.agreement)
 
 
@@ -162,8 +161,8 @@ def test_a_dropped_refit_is_kept_in_the_run_folder_and_read_as_dropped(resnet20_
     assert Fitted.load(fitted_path(tmp_path, plan.key)).held_out == bad.held_out
     again = _evaluator(resnet20_workload)
     refits = Refits(again, tmp_path)
-    assert refits(plan) is None and refits.stored(plan)  # not refitted again, not adopted
-    assert again.states.fitted(plan) is None and "reconstruct" not in again.one_time.seconds
+    assert refits(plan) is None and refits.stored(plan)  # not refitted again, not chosen
+    assert refits.realise(plan).fitted is None and "reconstruct" not in again.one_time.seconds
     assert not refits.tried[plan.key].chosen
 
 

@@ -237,7 +237,7 @@ def _option_costs(target):
                                  Prune(sparsity=(0.5,), kind=("unstructured", "structured"), sparse_images=0,
                                        repair_images=0)])
     ks = KnapsackSearch(space, Objective(target, 0.99), seed=0)
-    idx, options, costs = next(g for g in ks._groups if space.decisions[g[0][0]].layer == "b.conv1")
+    idx, options, costs = next(g for g in ks.options._groups if space.decisions[g[0][0]].layer == "b.conv1")
     decs = [space.decisions[i] for i in idx]
     assert [d.compressor for d in decs] == ["prune", "quantize"]  # chain order: prune first
     return {tuple(d.choices[j] for d, j in zip(decs, opt, strict=True)): c
