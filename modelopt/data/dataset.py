@@ -44,8 +44,7 @@ SPLIT_NAMES = tuple(Split)
 DEFAULT_VAL_FRACTION = 0.2
 DEFAULT_CONFIRM_FRACTION = 0.2
 # With unlabeled images for calibration every labeled image is evidence: val 20 %, confirm 50 % (the claim is
-# certified there alone: on 10,000 JPEG CIFAR-10 images 5,000 certify 99 % for a plan changing up to 11 % of the
-# answers, 3,500 up to 7.9 %), test 30 % (3,000: +-0.6 points at 99 %).
+# certified there alone), test 30 % (what each certifies and measures: docs/models-and-data.md#measured).
 UNLABELED_FRACTIONS = (0.0, 0.20, 0.50)
 UNLABELED_IMAGES = 2000  # calibration images kept from `unlabeled` (GPTQ reads 256, batch norms 512)
 MIN_UNLABELED = 256  # GPTQ's second moments and the one-pass sensitivities read this many

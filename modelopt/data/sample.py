@@ -25,8 +25,8 @@ __all__ = ["SAMPLE_PATH"]
 
 SAMPLE_PATH = Path(__file__).resolve().parents[1] / "zoo" / "assets" / "cifar10_sample.npz"
 SAMPLE_VAL_FRACTION = 0.4  # cifar10-exact-sample's test images: val 423 / test 423 (it confirms on its own images)
-# cifar10-sample's 9,154 JPEG images: val 2,000 (the search's, fast enough for a 3-minute run), confirm 7,154
-# (the claim's: 99 % is certified for a plan changing up to 16 % of answers with no net loss, 4 % on 2,000).
+# cifar10-sample's 9,154 JPEG images: val 2,000 (the search's, few enough for a run of minutes), confirm 7,154
+# (the claim's, certifying larger changes than val could: docs/certification.md#feasible-means-certified).
 SAMPLE_VAL_SHARE = 2000 / 9154
 
 
@@ -74,7 +74,7 @@ def _cifar10_exact_sample(
         n_calib = min(len(cy), round(max_samples * calib_fraction))
         c_keep = _subset(len(cy), n_calib, seed)
         t_keep = _subset(len(ty), min(len(ty), max_samples - n_calib), seed)
-    # 846 images are too few to also confirm 99 % (212 cap a perfect plan at 98.2 %): by default the sample's
+    # 846 images are too few to also confirm a 99 % floor (docs/models-and-data.md#measured): by default the sample's
     # 1,000 confirmation images confirm; another confirm_fraction cuts confirm from the test images.
     own_confirm = confirm_fraction == DEFAULT_CONFIRM_FRACTION
     confirm_fraction = 0.0 if own_confirm else confirm_fraction
