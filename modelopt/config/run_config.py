@@ -1,9 +1,9 @@
 """`RunConfig`: one typed, versioned record of a run's settings.
 
-It validates itself (one clear error per bad field) and reads and writes a run folder's `run.json`
-(files from before it had a format number still load: `modelopt.config.run_json`). It is data: `modelopt.config.build` turns it
-into a run's parts. `modelopt.optimize`, the CLI, resume, export, reports and sweeps all start a run,
-or rebuild one, through it.
+It validates itself (one clear error per bad field) and reads and writes a run folder's `run.json` (files from
+before it had a format number still load: `modelopt.config.run_json`). It is data: `modelopt.config.build` turns it
+into a run's parts. `modelopt.optimize`, the CLI, resume, export, reports and sweeps all start a run, or rebuild
+one, through it.
 
 Example:
     >>> cfg = RunConfig(budget=50, seed=1)
