@@ -81,7 +81,7 @@ def write_json_atomic(path: str | Path, obj: Any, *, durable: bool = True) -> No
         ValueError: `obj` holds a NaN or an infinity (JSON has neither); nothing is written.
         StorageError: the file could not be written.
     """
-    # One dumps + write: json.dump streams small chunks and costs ~10x more (search overhead).
+    # One dumps + write: json.dump streams small chunks and costs many times more (docs/runs-and-plans.md#run-folders).
     text = json.dumps(obj, indent=None if not durable else 1, separators=None if durable else (",", ":"),
                       allow_nan=False)
     write_atomic(path, text, durable=durable)

@@ -79,7 +79,7 @@ def small_data(tmp_path_factory) -> Path:
     """The bundled sample's 846 CIFAR-10 test images as an .npz (split 20/40/40 % calib/val/test): fast trials."""
     import numpy as np
 
-    from modelopt.data.dataset import SAMPLE_PATH
+    from modelopt.data.sample import SAMPLE_PATH
 
     path = tmp_path_factory.mktemp("small_data") / "cifar10_846.npz"
     with np.load(SAMPLE_PATH) as f:

@@ -128,3 +128,15 @@ def test_docstrings_point_at_files_the_repository_has() -> None:
             named.add("DESIGN.md")
         missing += [f"{source.relative_to(ROOT)}: {name}" for name in sorted(named) if not (ROOT / name).is_file()]
     assert not missing, "modelopt/ points at files the repository does not have:\n" + "\n".join(missing)
+
+
+def test_docstrings_point_at_headings_the_docs_have() -> None:
+    """Code says where a measured figure lives (`docs/search.md#measured`): the heading must be there, or the
+    pointer sends a reader nowhere once a page is reorganised."""
+    broken = []
+    for source in sorted(PACKAGE.rglob("*.py")):
+        text = source.read_text(encoding="utf-8")
+        for page, anchor in sorted(set(re.findall(r"\b(docs/[\w.-]+\.md)#([\w-]+)", text))):
+            if not (ROOT / page).is_file() or anchor not in _anchors(ROOT / page):
+                broken.append(f"{source.relative_to(ROOT)}: {page}#{anchor}")
+    assert not broken, "modelopt/ points at headings the docs do not have:\n" + "\n".join(broken)

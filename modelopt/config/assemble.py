@@ -12,8 +12,8 @@ from modelopt.compressors import COMPRESSORS, FIRST_COMPRESSOR, Compressor, Opti
 from modelopt.compressors.contract import Routes
 from modelopt.errors import ConfigError
 
-# Full val evaluations a run may spend when the user does not say: 100 keeps the default run (2,000 JPEG val
-# images, 7,154 to confirm) under three minutes on 2 CPU cores; more budget can still pay (--budget).
+# Full val evaluations a run may spend when the user does not say: 100 keeps the default run to minutes on 2 CPU
+# cores (its time: docs/results.md#the-default-run-three-seeds); more budget can still pay (--budget).
 DEFAULT_BUDGET = 100.0
 
 

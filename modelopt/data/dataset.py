@@ -32,7 +32,6 @@ from modelopt.data.readers import (
     _read_npz,
     _subset,
     class_folders,
-    decode_jpegs,
     read_unlabeled,
 )
 from modelopt.data.split import Split, check_split
@@ -42,19 +41,13 @@ __all__ = ["SPLIT_NAMES", "Dataset", "SplitArrays", "list_data_sources", "load_d
 
 
 SPLIT_NAMES = tuple(Split)
-SAMPLE_PATH = Path(__file__).resolve().parents[1] / "zoo" / "assets" / "cifar10_sample.npz"
 DEFAULT_VAL_FRACTION = 0.2
 DEFAULT_CONFIRM_FRACTION = 0.2
 # With unlabeled images for calibration every labeled image is evidence: val 20 %, confirm 50 % (the claim is
-# certified there alone: on 10,000 JPEG CIFAR-10 images 5,000 certify 99 % for a plan changing up to 11 % of the
-# answers, 3,500 up to 7.9 %), test 30 % (3,000: +-0.6 points at 99 %).
+# certified there alone), test 30 % (what each certifies and measures: docs/models-and-data.md#measured).
 UNLABELED_FRACTIONS = (0.0, 0.20, 0.50)
 UNLABELED_IMAGES = 2000  # calibration images kept from `unlabeled` (GPTQ reads 256, batch norms 512)
 MIN_UNLABELED = 256  # GPTQ's second moments and the one-pass sensitivities read this many
-SAMPLE_VAL_FRACTION = 0.4  # cifar10-exact-sample's test images: val 423 / test 423 (it confirms on its own images)
-# cifar10-sample's 9,154 JPEG images: val 2,000 (the search's, fast enough for a 3-minute run), confirm 7,154
-# (the claim's: 99 % is certified for a plan changing up to 16 % of answers with no net loss, 4 % on 2,000).
-SAMPLE_VAL_SHARE = 2000 / 9154
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: tensors have no truth value; identity hash is what caches want
@@ -311,74 +304,6 @@ def _load_path(source: str | Path, max_samples: int | None, opts: _SplitOptions,
     )
 
 
-@SOURCES.register("cifar10-sample")
-def _cifar10_sample(
-    *, seed: int, calib_fraction: float, val_fraction: float, confirm_fraction: float, max_samples: int | None
-) -> Dataset:
-    """The default run's data (`modelopt.zoo.make_sample`): val / confirm from 9,154 JPEG test images (2,000 /
-    7,154, or val_fraction : confirm_fraction), test the 846 exact test images, calib 1,000 training ones."""
-    with np.load(SAMPLE_PATH) as f:
-        cx, tx, ty = (torch.from_numpy(f[k]) for k in ("calib_x", "test_x", "test_y"))
-        jx = torch.from_numpy(decode_jpegs(f["jpeg"], f["jpeg_offsets"], repr(str(SAMPLE_PATH))))
-        jy = torch.from_numpy(f["jpeg_y"])
-    c_keep, j_keep, t_keep = np.arange(len(cx)), np.arange(len(jy)), np.arange(len(ty))
-    if max_samples is not None:  # the same share of each pool
-        share = min(1.0, max_samples / (len(cx) + len(jy) + len(ty)))
-        c_keep, j_keep, t_keep = (_subset(n, max(1, round(n * share)), seed) for n in (len(cx), len(jy), len(ty)))
-    defaults = (val_fraction, confirm_fraction) == (DEFAULT_VAL_FRACTION, DEFAULT_CONFIRM_FRACTION)
-    val_share = SAMPLE_VAL_SHARE if defaults else val_fraction / (val_fraction + confirm_fraction)
-    n_val = round(len(j_keep) * val_share)
-    _check_counts("cifar10-sample", len(j_keep) + len(t_keep), len(c_keep), n_val, len(t_keep), calib_fraction)
-    perm = j_keep[_permutation(len(j_keep), seed)]
-    v, f_, c, t = (torch.from_numpy(i) for i in (perm[:n_val], perm[n_val:], c_keep, t_keep))
-    unlabeled = torch.full((len(c),), -1, dtype=torch.int64)  # training images the model learned: no labels used
-    return Dataset(
-        source="cifar10-sample", calib=SplitArrays(Split.CALIB, cx[c], unlabeled, c),
-        val=SplitArrays(Split.VAL, jx[v], jy[v], v),
-        test=SplitArrays(Split.TEST, tx[t], ty[t], t), preprocessed=False, num_classes=10, seed=seed,
-        confirm=SplitArrays(Split.CONFIRM, jx[f_], jy[f_], f_) if len(f_) else None,
-    )
-
-
-@SOURCES.register("cifar10-exact-sample")
-def _cifar10_exact_sample(
-    *, seed: int, calib_fraction: float, val_fraction: float, confirm_fraction: float, max_samples: int | None
-) -> Dataset:
-    """Exact pixels only, small and fast (the sample before it held JPEG images): 846 test images cut val / test,
-    confirm and calib 1,000 training images each. 423 val images certify 99 % for plans that break ~nothing."""
-    with np.load(SAMPLE_PATH) as f:
-        cx, cy, tx, ty = (torch.from_numpy(f[k]) for k in ("calib_x", "calib_y", "test_x", "test_y"))
-        fx, fy = (torch.from_numpy(f[k]) for k in ("confirm_x", "confirm_y"))
-    c_keep = np.arange(len(cy))
-    t_keep = np.arange(len(ty))
-    if max_samples is not None:
-        n_calib = min(len(cy), round(max_samples * calib_fraction))
-        c_keep = _subset(len(cy), n_calib, seed)
-        t_keep = _subset(len(ty), min(len(ty), max_samples - n_calib), seed)
-    # 846 images are too few to also confirm 99 % (212 cap a perfect plan at 98.2 %): by default the sample's
-    # 1,000 confirmation images confirm; another confirm_fraction cuts confirm from the test images.
-    own_confirm = confirm_fraction == DEFAULT_CONFIRM_FRACTION
-    confirm_fraction = 0.0 if own_confirm else confirm_fraction
-    val_fraction = SAMPLE_VAL_FRACTION if val_fraction == DEFAULT_VAL_FRACTION else val_fraction
-    n_val = round(len(t_keep) * val_fraction / (1.0 - calib_fraction))
-    n_conf = round(len(t_keep) * confirm_fraction / (1.0 - calib_fraction))
-    _check_counts("cifar10-exact-sample", len(t_keep), len(c_keep), n_val, len(t_keep) - n_val - n_conf,
-                  calib_fraction)
-    perm = t_keep[_permutation(len(t_keep), seed)]
-    v, f, t, c = (torch.from_numpy(i) for i in (perm[:n_val], perm[n_val : n_val + n_conf], perm[n_val + n_conf :],
-                                                c_keep))
-    return Dataset(
-        source="cifar10-exact-sample",
-        calib=SplitArrays(Split.CALIB, cx[c], cy[c], c),
-        val=SplitArrays(Split.VAL, tx[v], ty[v], v),
-        test=SplitArrays(Split.TEST, tx[t], ty[t], t),
-        preprocessed=False,
-        num_classes=int(max(cy.max(), ty.max())) + 1,
-        seed=seed,
-        confirm=SplitArrays(Split.CONFIRM, fx, fy, torch.arange(len(fy))) if own_confirm else
-        SplitArrays(Split.CONFIRM, tx[f], ty[f], f) if n_conf > 0 else None,
-    )
-
 
 def _check_options(seed: int, calib_fraction: float, val_fraction: float, confirm_fraction: float,
                    max_samples: int | None) -> None:
@@ -399,7 +324,7 @@ def _check_options(seed: int, calib_fraction: float, val_fraction: float, confir
         raise ConfigError(f"max_samples must be a positive integer or None; got {max_samples!r}")
 
 
-def _check_counts(source: str, n: int, n_calib: int, n_val: int, n_test: int, calib_fraction: float) -> None:
+def check_counts(source: str, n: int, n_calib: int, n_val: int, n_test: int, calib_fraction: float) -> None:
     if n_val < 1 or n_test < 1 or (calib_fraction > 0 and n_calib < 1):
         raise ConfigError(
             f"too few samples in data source {source!r}: {n} give calib={n_calib}, val={n_val}, "
@@ -422,7 +347,7 @@ def _split_pool(
 ) -> Dataset:
     n = len(y)
     n_calib, n_val, n_conf = round(n * calib_fraction), round(n * val_fraction), round(n * confirm_fraction)
-    _check_counts(source, n, n_calib, n_val, n - n_calib - n_val - n_conf, calib_fraction)
+    check_counts(source, n, n_calib, n_val, n - n_calib - n_val - n_conf, calib_fraction)
     order = _permutation(n, seed)
     perm = torch.from_numpy(order)
     a, b, c = n_calib, n_calib + n_val, n_calib + n_val + n_conf

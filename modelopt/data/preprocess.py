@@ -26,7 +26,7 @@ __all__ = ["DEFAULT_INTERPOLATION", "INTERPOLATIONS", "Preprocess"]
 INTERPOLATIONS = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR,
                   "lanczos": Image.Resampling.LANCZOS, "box": Image.Resampling.BOX, "nearest": Image.Resampling.NEAREST}
 # Bicubic by default: a 64-pixel CIFAR-10 folder brought back to 32 pixels kept the bundled ResNet-20's exact-pixel
-# accuracy with it (91-93 % against 92 %) and lost 5 points with bilinear, whose antialiasing blurs.
+# accuracy with it and lost points with bilinear, whose antialiasing blurs (measured: docs/models-and-data.md#measured).
 DEFAULT_INTERPOLATION = "bicubic"
 
 

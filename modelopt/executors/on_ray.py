@@ -142,7 +142,7 @@ START_TRIES = 3  # Ray gives a starting node 30 s to register (fixed in its code
 
 
 def _init(ray: Any, **kwargs: Any) -> None:
-    """`ray.init`, tried again when a local node timed out while starting (seen at load 6-12 on 2 cores)."""
+    """`ray.init`, tried again when a local node timed out while starting (seen on a loaded machine: docs/search.md)."""
     for attempt in range(START_TRIES):
         try:
             ray.init(**kwargs)

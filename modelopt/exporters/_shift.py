@@ -1,12 +1,12 @@
 """A removed residual branch's constant as the bias of a 1x1 identity convolution, so engines add it on integers.
 
-A block whose branch a plan removes computes ``shortcut(x) + c`` (`modelopt.model.branches.skipped_block`), `c`
-the branch's mean per channel. Exported as written, that is an Add of a float constant: ONNX Runtime cannot fuse a
-float initializer into an integer Add, so it runs DequantizeLinear, Add and QuantizeLinear in float (7 % of the
-kernel time of a W8A8 ResNet-20 with one block removed, `benchmarks/onnx_graph.py`). The same sum is a 1x1
-convolution with identity weights and bias `c`; with the weight as int8 code 127 at scale 1/127 per channel, the
-bias is an int32 at a 127th of the input's step, so the integer conv adds `c` to within 1/254 of an input step
-before it rounds to its output's grid (where the Add rounded once too), and ORT runs one QLinearConv.
+A block whose branch a plan removes computes ``shortcut(x) + c`` (`modelopt.model.branches.skipped_block`), `c` the
+branch's mean per channel. Exported as written, that is an Add of a float constant: ONNX Runtime cannot fuse a float
+initializer into an integer Add, so it runs DequantizeLinear, Add and QuantizeLinear in float (a share of the kernel
+time worth removing: docs/export-and-latency.md#removing-blocks, `benchmarks/onnx_graph.py`). The same sum is a 1x1
+convolution with identity weights and bias `c`; with the weight as int8 code 127 at scale 1/127 per channel, the bias
+is an int32 at a 127th of the input's step, so the integer conv adds `c` to within 1/254 of an input step before it
+rounds to its output's grid (where the Add rounded once too), and ORT runs one QLinearConv.
 """
 
 from __future__ import annotations

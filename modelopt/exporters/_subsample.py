@@ -1,11 +1,11 @@
 """Option-A shortcuts (``F.pad(x[:, :, ::2, ::2], channels)``) as one strided 1x1 convolution for engines.
 
-Exported as written, an option-A shortcut is two Slices and a Pad; ONNX Runtime runs the Slices on uint8 but
-the Pad in float between a DequantizeLinear and a QuantizeLinear: five ops, 7 % of a W8A8 ResNet-20's kernel
-time (`benchmarks/onnx_graph.py`). The same map is a 1x1 convolution of stride 2 whose weight holds a 1 where
-output channel ``c + front`` reads input channel ``c`` and zeros elsewhere; with integer codes 1 at scale 1 and
-the output quantized at the input's scale and zero point it runs as one QLinearConv and returns the input's
-codes exactly.
+Exported as written, an option-A shortcut is two Slices and a Pad; ONNX Runtime runs the Slices on uint8 but the Pad
+in float between a DequantizeLinear and a QuantizeLinear: five ops, a share of the kernel time worth removing
+(measured: docs/export-and-latency.md#export, `benchmarks/onnx_graph.py`). The same map is a 1x1 convolution of
+stride 2 whose weight holds a 1 where output channel ``c + front`` reads input channel ``c`` and zeros elsewhere;
+with integer codes 1 at scale 1 and the output quantized at the input's scale and zero point it runs as one
+QLinearConv and returns the input's codes exactly.
 
 Shortcuts are found by what they compute, not by their class: a leaf module with no parameters whose output,
 on a real batch, equals the input subsampled by 2 with zero channels around it.

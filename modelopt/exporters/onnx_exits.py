@@ -9,9 +9,8 @@ the plan quantizes the boundary (the next layer runs integer kernels), the segme
 the cut adds no quantize/dequantize pair.
 
 Why segments and not ONNX's own control flow (`If` on the confidence, one file): in ONNX Runtime a subgraph
-under `If` loses the cross-node optimisations of the main graph, and measured on the float ResNet-20 (fp32,
-batch 1, one thread) the samples that stay cost 0.60-0.69 ms against 0.44 ms for the plain model, where two
-chained files cost 0.44 ms (the issue that asked for this export records the figures). The folder's
+under `If` loses the cross-node optimisations of the main graph: the samples that stay cost more than in the plain
+model, where chained files cost what it costs (measured: docs/export-and-latency.md#export). The folder's
 ``predict.py`` (`modelopt.exporters.exit_predictor`) runs it with onnxruntime or openvino and numpy alone.
 
 Example:

@@ -102,8 +102,8 @@ def sampled_unfold(module: nn.Conv2d, x: torch.Tensor, stride: int) -> torch.Ten
     """`F.unfold(...)[:, :, ::stride]`: the columns (n, fan_in x groups, positions) at every `stride`-th output
     position of each image in row-major order, gathered without unfolding the rest (an unfold of every position
     is most of a moment's cost when few are kept). Gathered at stride 1 too, bit for bit the same: `F.unfold`'s
-    parallel loop stalls about a second a call at 2 threads whenever another torch process runs beside it (19 ms on
-    a quiet machine); the gather takes 24 ms quiet and 32-64 ms so loaded."""
+    parallel loop stalls whenever another torch process runs beside it, the gather hardly slows (measured:
+    docs/models-and-data.md#measured)."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _dims(module)
     stride = max(1, stride)
     oh, ow = output_size(module, x)

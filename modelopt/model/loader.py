@@ -1,7 +1,6 @@
 """Model sources: the zoo, torchvision, `package.module:factory`, saved files, live modules.
 
-Weight files are read with `torch.load(..., weights_only=True)` unless the caller
-opts into unpickling, because a pickled module can run arbitrary code on load.
+Weight files are read by `modelopt.model.checkpoint` (safely, unless the caller opts into unpickling).
 """
 
 from __future__ import annotations
@@ -10,9 +9,7 @@ import dataclasses
 import importlib
 import inspect
 import logging
-import pickle
 import re
-import warnings
 from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -20,24 +17,28 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from modelopt.data.preprocess import INTERPOLATIONS, Preprocess
 from modelopt.errors import LoadError, UnknownNameError
 from modelopt.model.attention import unfuse_attention
+from modelopt.model.checkpoint import (
+    WEIGHT_SUFFIXES,
+    apply_weights,
+    first_line,
+    load_weights,
+    read_checkpoint,
+    state_dict_of,
+)
 from modelopt.zoo import MODELS, ZooEntry, asset
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "LoadedModel", "list_models", "load_model", "load_weights"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "LoadedModel", "list_models", "load_model"]
 
 log = logging.getLogger(__name__)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-_WEIGHT_SUFFIXES = {".pt", ".pth", ".th", ".ckpt", ".bin", ".tar"}
-_NESTED_KEYS = ("state_dict", "model_state_dict", "model")  # where training scripts nest the weights
-_PREFIXES = ("module.", "_orig_mod.")  # DataParallel / torch.compile wrappers
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
@@ -148,39 +149,8 @@ def load_model(
     else:
         return _from_zoo(source, weights, allow_pickle)
     if weights is not None:
-        _apply_weights(loaded.module, load_weights(weights, allow_pickle=allow_pickle), weights, loaded.name)
+        apply_weights(loaded.module, load_weights(weights, allow_pickle=allow_pickle), weights, loaded.name)
     return _ready(loaded)
-
-
-def load_weights(path: str | Path, *, allow_pickle: bool = False) -> dict[str, Tensor]:
-    """Reads a checkpoint file into a flat state dict.
-
-    Args:
-        path: A file saved by `torch.save`: a state dict, a dict nesting one under
-            ``state_dict``/``model_state_dict``/``model``, or (with ``allow_pickle``) a module.
-        allow_pickle: Allow unpickling arbitrary objects. Only for trusted files.
-
-    Returns:
-        Parameter and buffer tensors by name, with a ``module.``/``_orig_mod.`` prefix removed.
-
-    Raises:
-        LoadError: The file is missing, unreadable, pickled without ``allow_pickle``, or holds no tensors.
-
-    Example:
-        >>> sd = load_weights("resnet20-12fca82f.th")  # doctest: +SKIP
-        >>> sd["linear.weight"].shape  # doctest: +SKIP
-        torch.Size([10, 64])
-    """
-    obj = _read(Path(path), allow_pickle)
-    if isinstance(obj, nn.Module):
-        return dict(obj.state_dict())
-    state = _state_dict_of(obj)
-    if state is None:
-        raise LoadError(
-            f"{str(path)!r} holds no weights ({type(obj).__name__}); expected a state dict or a dict "
-            f"with one under {'/'.join(_NESTED_KEYS)}"
-        )
-    return state
 
 
 def _looks_like_path(source: str) -> bool:
@@ -189,76 +159,7 @@ def _looks_like_path(source: str) -> bool:
         return True
     if _FACTORY.match(source) or source.startswith("torchvision:"):
         return False
-    return "/" in source or "\\" in source or p.suffix in _WEIGHT_SUFFIXES
-
-
-def _read(path: Path, allow_pickle: bool) -> Any:
-    if not path.is_file():
-        raise LoadError(f"no such model or weights file: {str(path)!r}")
-    if not _torch_save_format(path):  # random bytes, text: torch's own message would advise unpickling
-        raise LoadError(f"cannot read {str(path)!r} as a PyTorch checkpoint: it is neither a torch.save zip "
-                        "archive nor a pickle (a truncated download, or another kind of file?)")
-    try:
-        with warnings.catch_warnings():  # torch's pickle-protocol warning and its source line: not the user's
-            warnings.simplefilter("ignore")
-            return torch.load(path, map_location="cpu", weights_only=not allow_pickle)
-    except pickle.UnpicklingError as exc:
-        text = str(exc)
-        found = re.search(r"GLOBAL ([\w.]+)", text)
-        if allow_pickle or not (found or "Unsupported operand" in text):
-            raise LoadError(f"cannot read {str(path)!r} as a PyTorch checkpoint: it is damaged or not one "
-                            f"({_first_line(exc)})") from None
-        # The safe loader read a valid pickle and refused what it asks for: say what, not "damaged".
-        what = (f"a pickled reference to {found.group(1)}" if found else
-                "pickled Python objects beyond tensors (a whole nn.Module, or code)")
-        raise LoadError(
-            f"{str(path)!r} holds {what}, which the safe loader (weights_only=True) refused: unpickling it can "
-            "run arbitrary code; pass --allow-pickle (allow_pickle=True) only for a file you trust"
-        ) from None
-    except Exception as exc:  # torch raises many kinds for corrupt files or missing classes
-        raise LoadError(f"cannot read {str(path)!r} as a PyTorch checkpoint: {_first_line(exc)}") from exc
-
-
-def _state_dict_of(obj: Any) -> dict[str, Tensor] | None:
-    if not isinstance(obj, Mapping):
-        return None
-    for key in _NESTED_KEYS:
-        inner = obj.get(key)
-        if isinstance(inner, nn.Module):
-            inner = inner.state_dict()
-        if isinstance(inner, Mapping) and any(isinstance(v, Tensor) for v in inner.values()):
-            obj = inner
-            break
-    state = {str(k): v for k, v in obj.items() if isinstance(v, Tensor)}
-    if not state:
-        return None
-    for prefix in _PREFIXES:
-        if all(k.startswith(prefix) for k in state):
-            state = {k[len(prefix) :]: v for k, v in state.items()}
-    return state
-
-
-def _apply_weights(module: nn.Module, state: dict[str, Tensor], path: str | Path, name: str) -> None:
-    expected = module.state_dict()
-    # BatchNorm fills in num_batches_tracked when old checkpoints lack it.
-    missing = [k for k in expected if k not in state and not k.endswith("num_batches_tracked")]
-    unexpected = [k for k in state if k not in expected]
-    shapes = [
-        f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
-    ]
-    problems = [
-        f"{label} {_few(items)}"
-        for label, items in [("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)]
-        if items
-    ]
-    if problems:
-        raise LoadError(
-            f"weights {str(path)!r} do not fit model {name!r}: {'; '.join(problems)}; "
-            "pass the architecture these weights were saved from"
-        )
-    module.load_state_dict(state, strict=True)
+    return "/" in source or "\\" in source or p.suffix in WEIGHT_SUFFIXES
 
 
 def _from_zoo(name: str, weights: str | Path | None, allow_pickle: bool) -> LoadedModel:
@@ -274,7 +175,7 @@ def _from_zoo(name: str, weights: str | Path | None, allow_pickle: bool) -> Load
                     f"{{'state_dict': ...}} checkpoint ({entry.description})"
                 )
             weights = stack.enter_context(resources.as_file(asset(entry.weights)))
-        _apply_weights(module, load_weights(weights, allow_pickle=allow_pickle), weights, name)
+        apply_weights(module, load_weights(weights, allow_pickle=allow_pickle), weights, name)
     return _ready(LoadedModel(module, name, entry.mean, entry.std, entry.input_size, entry.num_classes))
 
 
@@ -311,7 +212,7 @@ def _from_library(source: str, weights: str | Path | None, allow_pickle: bool) -
         classes = _head_size(module, state)
         if classes is not None and classes != _head_size(module, module.state_dict()):
             module = _build_library_model(source, classes)
-        _apply_weights(module, state, weights, source)
+        apply_weights(module, state, weights, source)
     cfg = getattr(module, "pretrained_cfg", None) or {}
     mean = tuple(float(v) for v in cfg.get("mean", IMAGENET_MEAN))
     std = tuple(float(v) for v in cfg.get("std", IMAGENET_STD))
@@ -380,7 +281,7 @@ def _from_factory(source: str) -> LoadedModel:
         raise LoadError(f"importing {module_name!r} for model source {source!r} called exit({exc.code!r})") from None
     except ImportError as exc:
         raise LoadError(
-            f"cannot import {module_name!r} for model source {source!r}: {_first_line(exc)}; "
+            f"cannot import {module_name!r} for model source {source!r}: {first_line(exc)}; "
             "check that it is installed or on PYTHONPATH"
         ) from exc
     for part in attr.split("."):
@@ -400,17 +301,17 @@ def _from_factory(source: str) -> LoadedModel:
     except SystemExit as exc:  # exit() inside a factory: without this the run ended at once, exit 0, silent
         raise LoadError(f"factory {source!r} called exit({exc.code!r}) instead of returning an nn.Module") from None
     except Exception as exc:  # the user's factory failed: one line names it (the cause is chained)
-        raise LoadError(f"factory {source!r} raised {_first_line(exc)}") from exc
+        raise LoadError(f"factory {source!r} raised {first_line(exc)}") from exc
     if not isinstance(module, nn.Module):
         raise LoadError(f"factory {source!r} returned a {type(module).__name__}, not an nn.Module")
     return LoadedModel(module, source, IMAGENET_MEAN, IMAGENET_STD, None, None)
 
 
 def _from_file(path: Path, allow_pickle: bool) -> LoadedModel:
-    obj = _read(path, allow_pickle)
+    obj = read_checkpoint(path, allow_pickle)
     if isinstance(obj, nn.Module):
         return LoadedModel(obj, str(path), IMAGENET_MEAN, IMAGENET_STD, None, None)
-    if _state_dict_of(obj) is not None:
+    if state_dict_of(obj) is not None:
         raise LoadError(
             f"{str(path)!r} holds a state dict without an architecture; pass --model ARCH --weights FILE "
             "(load_model(ARCH, weights=FILE))"
@@ -423,23 +324,3 @@ def _ready(loaded: LoadedModel) -> LoadedModel:
     loaded.module.to("cpu").float().eval()
     unfuse_attention(loaded.module)
     return loaded
-
-
-def _few(items: list[str], n: int = 3) -> str:
-    more = f" (+{len(items) - n} more)" if len(items) > n else ""
-    return ", ".join(items[:n]) + more
-
-
-def _torch_save_format(path: Path) -> bool:
-    """Whether the file starts as torch.save writes: a zip archive, or a pickle (protocol 2-5)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(2)
-    except OSError as exc:
-        raise LoadError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
-    return head == b"PK" or (len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__

@@ -26,8 +26,8 @@ __all__ = ["ANCHOR_BITS", "HEDGE_BYTES", "ChoiceFeatures", "SearchSpace", "read_
 # falls back one step, not to INT8.
 HEDGE_BYTES = (0.15, 0.35)
 
-# Widths of the uniform anchor plans scored beside every search (besides INT8): the no-search answers
-# a search must beat (uniform INT4 with GPTQ holds 99.5-101 % on every model and data tried here).
+# Widths of the uniform anchor plans scored beside every search (besides INT8): the no-search answers a search must
+# beat (uniform INT4 with GPTQ holds the floor on every model and data tried here: docs/results.md, its GPTQ table).
 ANCHOR_BITS = (4, 3)
 
 

@@ -26,7 +26,8 @@ import torch
 
 from modelopt._files import write_atomic
 from modelopt.config.build import make_space
-from modelopt.config.run_config import RunConfig, objective_from_json
+from modelopt.config.run_config import RunConfig
+from modelopt.config.run_json import objective_from_json
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluation.cost import CostModel
 from modelopt.evaluation.metrics import Metrics

@@ -14,9 +14,8 @@ The power is chosen from the trials (`POWERS`, the best fit of the drops themsel
 `POWER_TRIALS` of them; sqrt before). How losses add up depends on the data: on clean CIFAR images a
 model is sure of most answers, noise must pass a margin before it flips one, and sqrt(drop) adds up
 (see `modelopt.search.mcts`); on JPEG images many answers sit near a boundary and flip as soon as any
-layer is perturbed, so the flips grow with the noise's standard deviation and drop^2 adds up (default
-run, ResNet-20, 2,000 JPEG val images: any one layer at INT3 breaks 6-27 answers, all 20 break 61;
-20 x 15^2 = 61^2 within a fifth, where sqrt additivity predicts ten times too many).
+layer is perturbed, so the flips grow with the noise's standard deviation and drop^2 adds up (measured:
+docs/search.md#measured).
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ DROP_REF = 0.01  # the drop at which each power's noise is NOISE_SIGMA carried t
 LAYER_REL = 1.0  # prior std of a decision's sensitivity, relative to the global kappa
 PRIOR_REL = 0.3  # prior std of a per-(decision, choice) residual, relative to kappa_d x error
 PRIOR_FLOOR = 1e-3  # ... plus this absolute floor, in sqrt(drop) units
-KAPPA0 = 0.5  # sqrt(drop) per unit of relative weight error before any data (ResNet-20: 0.4-0.8)
+KAPPA0 = 0.5  # sqrt(drop) per unit of relative weight error before any data (mid-range of docs/search.md#measured)
 # With measured output estimates (`rescale_to_estimates`): a decision's sensitivity stays within about a quarter
 # of the global one (what the probes leave in doubt within a layer), and a residual's prior std is its prior's
 # share alone (an absolute floor above an INT4 choice's own prior made Thompson draws pick INT8 or pruning at
@@ -194,7 +193,7 @@ class LossModel:
         """Posterior draws with the posterior's mean and spread, but multiplicative (lognormal): a choice
         priced as ruinous stays costly in every draw. Gaussian draws clipped at 0 let one draw in a few hundred
         price any choice at nothing, and a knapsack over dozens of choices finds that draw in most rollouts
-        (channel pruning at 75 % on a large layer, retention 72-77 %)."""
+        (docs/search.md#measured)."""
         mean = np.maximum(self.kd_mean[self._col_dec] * self._err_flat + self.beta_mean, 0.0)
         std = np.sqrt((self.kd_std[self._col_dec] * self._err_flat) ** 2 + self.beta_std**2)
         sigma = np.sqrt(np.log1p((std / np.maximum(mean, 1e-30)) ** 2))

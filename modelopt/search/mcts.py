@@ -1,33 +1,28 @@
 """Monte Carlo Tree Search over per-layer decisions, with priors, RAVE and model-based rollouts.
 
-A node is a partial plan: the first d decisions (in impact order, largest layers
-first) fixed. Each `ask` walks the tree by PUCT (value + prior-weighted
-exploration), expands one new child, and completes the plan with a *rollout*
+A node is a partial plan: the first d decisions (in impact order, largest layers first) fixed. Each `ask` walks the
+tree by PUCT (value + prior-weighted exploration), expands one new child, and completes the plan with a *rollout*
 that solves a knapsack under a learned additive model of accuracy loss:
 
     retention drop(plan) ** power ~= sum over decisions of delta[d, choice]
 
-Quantization noise adds up across layers roughly as variance. Where accuracy falls with the square
-of the total noise (clean images: ResNet-20, a linear model needs a 7x larger slope for uniform INT3
-than INT4, the square-root one under 2x) the power is 1/2; where it falls with the noise itself
-(JPEG images, many answers near a boundary) it is 2; the loss model picks it from the trials. The
-cost side is bytes priced with the layer's other decisions at the INT4 anchor. `delta` is fitted by
-ridge regression on every trial so far, shrunk toward a prior (kappa x the choice's error, kappa fitted
-too). The error is, when the budget affords the probes, the KL of the answers the choice causes
-(`modelopt.evaluation.output_sensitivity`: one label-free probe per layer; layers' gains span 50x), else its
-relative output error. Rollouts draw delta from its posterior
-(Thompson sampling): they explore where the model is unsure and exploit where it is sure, spending
-evaluations only on accuracy. Model: `search/loss_model.py`; rollout: `search/rollout.py` (knapsack DP:
-`search/mckp.py`).
+Quantization noise adds up across layers roughly as variance. Where accuracy falls with the square of the total
+noise (clean images: one square-root slope fits uniform INT4 and INT3, a linear one does not) the power is 1/2;
+where it falls with the noise itself (JPEG images, many answers near a boundary) it is 2; the loss model picks it
+from the trials (measured: docs/search.md#measured). The cost side is bytes priced with the layer's other decisions
+at the INT4 anchor. `delta` is fitted by ridge regression on every trial so far, shrunk toward a prior (kappa x the
+choice's error, kappa fitted too). The error is, when the budget affords the probes, the KL of the answers the
+choice causes (`modelopt.evaluation.output_sensitivity`: one label-free probe per layer; layers' gains differ
+widely), else its relative output error. Rollouts draw delta from its posterior (Thompson sampling): they explore
+where the model is unsure and exploit where it is sure, spending evaluations only on accuracy. Model:
+`search/loss_model.py`; rollout: `search/rollout.py` (knapsack DP: `search/mckp.py`).
 
-A trial's raw value is 1 + log(reduction) when feasible, below 1 by how far it
-misses the floor when infeasible, 0 when it failed. For UCB, values are normalised
-to [0, 1] between the median and the best raw value seen so far, so that the
-differences that matter (8.5x against 9x) are not lost in the gap between feasible
-and infeasible plans. A node's value mixes the mean and the best found below it.
-Statistics are also shared across the tree per (decision, choice) (RAVE),
-a transposition table by plan key means no plan is paid twice, and virtual loss
-lets `ask(n)` return n different plans for parallel evaluation.
+A trial's raw value is 1 + log(reduction) when feasible, below 1 by how far it misses the floor when infeasible, 0
+when it failed. For UCB, values are normalised to [0, 1] between the median and the best raw value seen so far, so
+that the differences that matter (8.5x against 9x) are not lost in the gap between feasible and infeasible plans. A
+node's value mixes the mean and the best found below it. Statistics are also shared across the tree per (decision,
+choice) (RAVE), a transposition table by plan key means no plan is paid twice, and virtual loss lets `ask(n)` return
+n different plans for parallel evaluation.
 """
 
 from __future__ import annotations
@@ -56,9 +51,9 @@ RAVE_K = 60.0  # visits at which a node's own value and the shared (RAVE) value 
 MAX_ROLLOUT_TRIES = 16
 PRIOR_ROLLOUTS = 12  # rollouts whose choices at a node form its children's prior
 PRIOR_MIX = 0.75  # share of the rollout policy in a prior (the rest: data-free saving vs loss)
-# The rollouts aim at no less than this share of the drop the floor allows, however many plans miss it:
-# when every plan that changes anything breaks some answers (JPEG images: any layer at INT3 breaks 6-27
-# of 2,000), aiming lower only yields plans that leave layers in float.
+# The rollouts aim at no less than this share of the drop the floor allows, however many plans miss it: when
+# every plan that changes anything breaks some answers (JPEG images, docs/search.md#measured), aiming lower only
+# yields plans that leave layers in float.
 MIN_MARGIN = 0.4
 
 @STRATEGIES.register("mcts")
@@ -78,21 +73,14 @@ class MCTS(Strategy):
         self.decisions = space.decisions
         self.n_dec = len(self.decisions)
         feats = [space.features[d.name] for d in self.decisions]
-        self.cost = [np.array([self._cost_of(f) for f in fs], dtype=float) for fs in feats]
-        if objective.target is Target.SIZE:  # priced around the INT4 anchor: pruning saves quantized bytes
-            center = (*space.anchors(), space.plan())[min(1, len(space.anchors()) - 1)]  # INT4, else INT8, else none
-            self.cost = [np.array(c, dtype=float) for c in CostModel(space).marginal_bytes(center)]
+        self._price()
         self.exits = [i for i, d in enumerate(self.decisions) if isinstance(space.compressors[d.compressor], Routes)]
         self.error = [np.nan_to_num(np.array([f.error for f in fs], dtype=float), nan=1.0, posinf=1.0) for fs in feats]
         # Impact order: decisions whose choices move the cost most come first (largest layers).
         spread = [c.max() - c.min() for c in self.cost]
         self.order = sorted(range(self.n_dec), key=lambda i: (-spread[i], i))
-        width = max(len(d.choices) for d in self.decisions)
         self.estimated = False  # whether `error` holds output estimates (use_loss_estimates)
         self.model = self._loss_model()
-        self._costmat = np.full((self.n_dec, width), np.inf)  # padding is never affordable
-        for i in range(self.n_dec):
-            self._costmat[i, : len(self.cost[i])] = self.cost[i]
         self.tree: dict[tuple[int, ...], Node] = {(): Node()}
         self.amaf_n = [np.zeros(len(d.choices)) for d in self.decisions]
         self.amaf_w = [np.zeros(len(d.choices)) for d in self.decisions]
@@ -115,7 +103,7 @@ class MCTS(Strategy):
 
     def use_loss_estimates(self, estimates: Mapping[tuple[str, int], float]) -> None:
         """Takes each choice's estimated KL of the answers {(decision, choice index): nats} as the error its
-        loss model's prior scales (per-layer gains span 50x where the weight's own error cannot tell layers
+        loss model's prior scales (per-layer gains differ widely where the weight's own error cannot tell layers
         apart), rescaled so the median layer keeps the scale of its relative error (the loss model's kappa
         prior is in those units); choices without an estimate keep their error. Call before the first `ask`
         and before `load_state_dict` (a resumed run)."""
@@ -129,10 +117,18 @@ class MCTS(Strategy):
 
     def costs_changed(self) -> None:
         """Prices the choices again (the decisions' order in the tree stays as it was)."""
-        if self.objective.target is not Target.LATENCY:
-            return
+        if self.objective.target is Target.LATENCY:
+            self._price()
+
+    def _price(self) -> None:
+        """Each choice's cost (`cost`; `_costmat`, decisions x widest menu, padded with costs never affordable)."""
         self.cost = [np.array([self._cost_of(f) for f in self.space.features[d.name]], dtype=float)
                      for d in self.decisions]
+        if self.objective.target is Target.SIZE:  # priced around the INT4 anchor: pruning saves quantized bytes
+            anchors = self.space.anchors()
+            center = (*anchors, self.space.plan())[min(1, len(anchors) - 1)]  # INT4, else INT8, else none
+            self.cost = [np.array(c, dtype=float) for c in CostModel(self.space).marginal_bytes(center)]
+        self._costmat = np.full((self.n_dec, max(len(d.choices) for d in self.decisions)), np.inf)
         for i in range(self.n_dec):
             self._costmat[i, : len(self.cost[i])] = self.cost[i]
 
@@ -182,11 +178,10 @@ class MCTS(Strategy):
     def use_prior_trials(self, idx: np.ndarray, rel_loss: np.ndarray, weight: np.ndarray) -> None:
         """Warm start (`modelopt.knowledge.warm_start`): pseudo-trials only the loss model sees.
 
-        Row t is a plan (choice indices in space order) whose sqrt(drop) earlier runs put at
-        `rel_loss[t]` x kappa, kappa this run's own fitted scale, worth `weight[t]` trials. They
-        shape the loss model's prior, hence rollouts and node priors; they are not trials: no
-        budget, no tree or RAVE statistics, not seen. Saved with the state, so a resumed run keeps
-        the priors it started with. Call before the first `ask`."""
+        Row t is a plan (choice indices in space order) whose sqrt(drop) earlier runs put at `rel_loss[t]` x kappa,
+        kappa this run's own fitted scale, worth `weight[t]` trials. They shape the loss model's prior, hence rollouts
+        and node priors; they are not trials: no budget, no tree or RAVE statistics, not seen. Saved with the state,
+        so a resumed run keeps the priors it started with. Call before the first `ask`."""
         self.prior_trials = (np.asarray(idx, dtype=int).reshape(-1, self.n_dec), np.asarray(rel_loss, dtype=float),
                              np.asarray(weight, dtype=float))
         for node in self.tree.values():
@@ -207,15 +202,14 @@ class MCTS(Strategy):
     def _priors(self, path: tuple[int, ...]) -> np.ndarray:
         """Mostly what the model-based rollout would choose here; partly data-free saving vs loss.
 
-        Stored on the node and refreshed as the number of trials doubles (saved with the tree,
-        so a restored search sees the same priors)."""
+        Stored on the node and refreshed as the number of trials doubles (saved with the tree, so a restored search
+        sees the same priors)."""
         node = self.tree[path]
         n = len(self.records)
         if node.prior is not None and n < max(2 * node.prior_at, node.prior_at + 4):
             return np.asarray(node.prior)
         i = self.order[len(path)]
-        # A private generator keyed by (seed, history, node): priors never shift the search's own
-        # random stream.
+        # A private generator keyed by (seed, history, node): priors never shift the search's own random stream.
         rng = np.random.default_rng([self.seed, n, *path])
         counts = np.bincount(self._rollouts(path, rng, PRIOR_ROLLOUTS)[:, i], minlength=len(self.decisions[i].choices))
         prior = PRIOR_MIX * counts / counts.sum() + (1 - PRIOR_MIX) * self._static_prior(i)
@@ -259,10 +253,9 @@ class MCTS(Strategy):
                 child = self.tree.get((*path, j))
                 n_child = 0 if child is None else child.n + child.virtual
                 amaf_n = self.amaf_n[i][j]
-                # A choice never tried anywhere starts at the lowest value (AlphaZero's first-play value):
-                # the prior alone draws the search to it. Starting at the parent's value made every untried
-                # choice look as good as the best line so far, and the tree tried channel pruning at 75 % on
-                # a large layer (retention 72-77 %) although every rollout priced it as ruinous.
+                # A choice never tried anywhere starts at the lowest value (AlphaZero's first-play value): the
+                # prior alone draws the search to it. At the parent's value every untried choice looked as good
+                # as the best line so far, and the tree tried what every rollout priced as ruinous (docs/search.md).
                 q_amaf = norm_value(self.amaf_w[i][j] / amaf_n, lo, hi) if amaf_n else 0.0
                 if child is None or n_child == 0:
                     q = q_amaf
@@ -309,8 +302,7 @@ class MCTS(Strategy):
     def _neighbour(self, path: tuple[int, ...], idx: list[int]) -> tuple[tuple[int, ...], Plan]:
         """A plan not yet seen near the rollouts' own (which all came back known): one decision after `path`
         changed at random, then two, ... . A uniformly random plan instead (what this did before) turns on
-        half of every menu at once: with exits and pruning offered, 5-8 exits and 6-9 pruned layers, every one
-        of 23 such trials of a latency search infeasible (retention 33-83 %)."""
+        half of every menu at once, never feasible with exits and pruning offered (docs/search.md#measured)."""
         rest = self.order[len(path):] or self.order
         for tries in range(4 * MAX_ROLLOUT_TRIES):
             new = list(idx)

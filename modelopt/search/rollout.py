@@ -17,8 +17,8 @@ __all__ = ["DP_BINS", "MAX_EXITS", "cap_exits", "complete"]
 
 DP_BINS = 160
 # Exits a rollout may turn on. An image leaves at one exit only, but the additive cost and loss models price each
-# exit as if it alone were on: a rollout on ResNet-56 turned on 19-26 of its 27 exits, every plan infeasible (val
-# retention 0.88-0.94), and with all of them always on together no trial could tell their losses apart.
+# exit as if it alone were on: rollouts turned on most exits, every plan infeasible (docs/search.md#measured), and
+# with all of them always on together no trial could tell their losses apart.
 MAX_EXITS = 2
 
 

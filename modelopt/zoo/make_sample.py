@@ -4,17 +4,17 @@ Run once by a maintainer (`python -m modelopt.zoo.make_sample [DATA_DIR]`); the 
 only reads the result.
 
 The default run's evidence (`cifar10-sample`): the 9,154 JPEG-re-encoded CIFAR-10 test images (`jpeg*`)
-for the search (val) and the claim (confirm), and the 846 exact-pixel test images for the held-out
-test. A 99 % floor at 95 % confidence needs thousands of images: on 423 clean images only a plan
-that breaks none of the float model's answers is certified, which caps the default near INT8. JPEG
-images disagree about 2.2 times as often as clean ones under compression, so they are the harsher
-evidence; none of them is one of the 846 exact test images (each of those is found among the 10,000
-JPEG images by its nearest pixels, at under a fifth of the next-nearest distance, and left out).
+for the search (val) and the claim (confirm), and the 846 exact-pixel test images for the held-out test.
+A 99 % floor at 95 % confidence needs thousands of images: on 423 clean images only a plan that breaks
+none of the float model's answers is certified, which caps the default near INT8. JPEG images disagree
+more often than clean ones under compression (measured: docs/models-and-data.md#measured), so they are
+the harsher evidence; none of them is one of the 846 exact test images (each of those is found among the
+10,000 JPEG images by its nearest pixels, at under a fifth of the next-nearest distance, and left out).
 
 The 846 exact test images are all the unseen clean images there are, too few to also confirm a
-99 % floor (a confirm split of 212 would cap even a perfect plan at 98.2 % at 95 % confidence).
+99 % floor (a confirm split cut from them would cap even a perfect plan below it: docs/models-and-data.md#measured).
 So the sample confirms on 1,000 further training images the search never scores. The model was
-fitted on them and is right on 99.8 % of them, so a plan can hardly gain there: retention on
+fitted on them and is right on nearly all of them, so a plan can hardly gain there: retention on
 them is its agreement with the float model, a stricter test than retention on test images,
 where lucky gains offset losses.
 """
@@ -34,7 +34,7 @@ PER_BATCH_STORED = 932  # cifar10_exact_train.npz holds this many images of each
 PER_BATCH_KEPT = 200  # 5 batches x 200 = 1,000 calibration images
 PER_BATCH_CONFIRM = 200  # the next 200 of each batch: 1,000 confirmation images
 NUM_BATCHES = 5
-JPEG_IMAGES = 9154  # every JPEG test image that is not one of the 846 exact ones: about 8.4 MB
+JPEG_IMAGES = 9154  # every JPEG test image that is not one of the 846 exact ones: most of the file's bytes
 JPEG_SEED = 0
 
 

@@ -12,7 +12,8 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
 
-from modelopt.data.dataset import SAMPLE_PATH, SPLIT_NAMES, Dataset, list_data_sources, load_data
+from modelopt.data.dataset import SPLIT_NAMES, Dataset, list_data_sources, load_data
+from modelopt.data.sample import SAMPLE_PATH
 from modelopt.errors import ConfigError, LoadError, ModeloptError, UnknownNameError
 
 CIFAR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "cifar10"

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from modelopt.errors import LoadError, ModeloptError, UnknownNameError
-from modelopt.model.loader import IMAGENET_MEAN, LoadedModel, list_models, load_model, load_weights
+from modelopt.model.checkpoint import load_weights
+from modelopt.model.loader import IMAGENET_MEAN, LoadedModel, list_models, load_model
 from modelopt.zoo.cifar_resnet import resnet20, resnet32
 
 SHARED_R20 = Path(__file__).resolve().parents[2] / ".." / "shared" / "models" / "cifar10" / "resnet20-12fca82f.th"

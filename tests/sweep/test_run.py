@@ -395,9 +395,9 @@ def test_compressors_key_is_checked_by_name_and_against_started_cells(tmp_path, 
 def test_a_cell_out_of_cuda_memory_frees_the_cache_and_the_grid_goes_on(tmp_path, resnet20_workload, monkeypatch):
     import torch
 
-    from modelopt.sweep import run as sweep_run
+    from modelopt.sweep import cell_run
 
-    real = sweep_run.optimize
+    real = cell_run.optimize
     calls: list[str] = []
 
     def optimize(wl, **kw):
@@ -406,7 +406,7 @@ def test_a_cell_out_of_cuda_memory_frees_the_cache_and_the_grid_goes_on(tmp_path
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(wl, **kw)
 
-    monkeypatch.setattr(sweep_run, "optimize", optimize)  # each cell runs through the API
+    monkeypatch.setattr(cell_run, "optimize", optimize)  # each cell runs through the API
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
     path = _write(tmp_path, MINI.replace("budgets: [2, 3]", "budgets: [1]"))
     result = run_sweep(path, progress=False, workloads={"resnet20": resnet20_workload})

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from modelopt.cli.app import app
 from modelopt.errors import ConfigError
-from modelopt.sweep import load_sweep, run_sweep
+from modelopt.sweep import cell_run, load_sweep, on_ray, run_sweep
 from modelopt.sweep import run as sweep_run
 from modelopt.testing.cli import assert_one_line_error
 
@@ -117,11 +117,11 @@ def test_workers_per_cell_is_read_and_passed_to_each_run_in_turn(tmp_path, monke
         calls.append(kw)
         raise RuntimeError("no run in this test")  # a failed cell: said, and the grid goes on
 
-    monkeypatch.setattr(sweep_run, "optimize", optimize)
+    monkeypatch.setattr(cell_run, "optimize", optimize)
     monkeypatch.setattr(sweep_run, "make_table", lambda *a, **k: [])
     monkeypatch.setattr(sweep_run, "_write_sweep_report", lambda out: None)
     clusters: list[tuple[int, str | None]] = []  # one for every cell's evaluations, not one per run
-    monkeypatch.setattr(sweep_run, "_start_ray", lambda ray, cpus, address: clusters.append((cpus, address)))
+    monkeypatch.setattr(on_ray, "start_ray", lambda ray, cpus, address: clusters.append((cpus, address)))
     (path.parent / "results").mkdir()
     (path.parent / "results" / "table.md").write_text("")
     result = run_sweep(path, progress=False, workloads={"resnet20": object()}, ray_address="ray://head:10001")

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from modelopt.data.dataset import SAMPLE_PATH
+from modelopt.data.sample import SAMPLE_PATH
 from modelopt.zoo.make_sample import build
 
 CIFAR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "cifar10"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from modelopt.data.dataset import SAMPLE_PATH
+from modelopt.data.sample import SAMPLE_PATH
 from modelopt.model.loader import load_model
 
 MODELS = Path(__file__).resolve().parents[2] / "models"

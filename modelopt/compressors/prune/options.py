@@ -52,8 +52,8 @@ class PruneOptions(Options):
 
     sparsity: tuple[float, ...] = option(DEFAULT_SPARSITY, SettingKind.FLOATS, "Shares of weights (unstructured) "
                                          "or channels (structured) pruning offers per layer, e.g. 0.25,0.5,0.75.")
-    # Measured in ONNX Runtime (ResNet-20, W8A8, batch 1): a 16-channel stage cut to 12, 8 or 4 channels ran slower
-    # than whole (0.394 / 0.382 / 0.373 against 0.355 ms); 32 -> 16 and 64 -> 48 / 32 / 16 faster.
+    # In ONNX Runtime's integer kernels a stage cut below 16 channels ran slower than whole, cuts to multiples of 16
+    # faster (measured: docs/compressors.md#measured).
     channel_multiple: int = option(1, SettingKind.INT, "Structured choices keep a multiple of this many channels "
                                    "(default 1: any; 16 for --objective latency, what integer kernels run fast).",
                                    {"latency": 16})

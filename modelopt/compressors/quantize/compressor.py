@@ -48,11 +48,9 @@ from modelopt.model.layers import Layer
 __all__ = ["ActQuantSpec", "Granularity", "QuantSpec", "Quantize", "QuantizeOptions", "Rounding", "dequantize",
            "parse_rounding", "quantize", "search_scales"]
 
-# The clipping search minimises sum |q*s - w|^p, not the squared error: squared error clips the
-# large weights that matter most and loses accuracy at low bit widths. p was chosen on the
-# calibration split (training images), never on val or test: uniform ResNet-20 retention there,
-# p = 2 / 3 / 6: INT4 per-channel 98.0 / 98.6 / 98.4 %, INT4 group 98.1 / 99.3 / 99.5 %,
-# INT3 group 67.8 / 88.0 / 90.4 %, INT2 group 9.8 / 15.1 / 37.3 %.
+# The clipping search minimises sum |q*s - w|^p, not the squared error: squared error clips the large weights that
+# matter most and loses accuracy at low bit widths. p was chosen on the calibration split (training images), never
+# on val or test, the larger p the fewer the bits (measured: docs/compressors.md#measured).
 ERROR_P_DEFAULT = 3.0
 ERROR_P_LOW_BITS = 6.0  # for 2 and 3 bits
 NORM_BITS = 4  # a plan with a layer at this many bits or fewer may re-estimate batch norms (norm_images)
@@ -149,9 +147,8 @@ class Quantize(Compressor):
             without `rounding` takes the first offered.
         calib_images: calibration images GPTQ's input second moments are measured on.
         norm_images: calibration images batch-norm statistics are re-estimated on for a plan with
-            a layer at `NORM_BITS` or fewer (0: never). Measured on ResNet-20 (bundled sample,
-            GPTQ, 64 images): confirm-split agreement INT4 99.7 -> 99.9 %, INT3 99.1 -> 99.4 %,
-            INT2 group-64 88.5 -> 94.9 %. Charged per plan like pruning's re-estimation.
+            a layer at `NORM_BITS` or fewer (0: never); it lifts agreement most at the fewest bits
+            (measured: docs/compressors.md#measured). Charged per plan like pruning's re-estimation.
 
     Example:
         >>> q = Quantize(bits=(8, 4), granularity=("per_channel", "group"))

@@ -1,11 +1,10 @@
 """Quantization's options record (`modelopt.compressors.quantize.Quantize` takes it): one default each, the tool's.
 
-Why the defaults, measured on ResNet-20, bundled sample, test split: uniform INT3 per channel keeps 78.6 % of
-the float accuracy rounded to nearest, 100.8 % with GPTQ (`modelopt.compressors.quantize.gptq`); INT3 is offered: with
-GPTQ, uniform INT3 per channel keeps 99.8 % of ResNet-56's accuracy on 4,000 JPEG test images, and the plans that
-beat uniform INT4 mix it in; 64 norm images: INT2 group-64 confirm agreement 88.5 -> 94.9 %. For latency only what
-an engine can run faster is offered: 8-bit weights with per-channel scales (weights under 5 bits, and group
-scales, are dequantized to float on every call in ONNX Runtime and OpenVINO, which builds no group-wise
+Why the defaults: GPTQ (`modelopt.compressors.quantize.gptq`) keeps uniform INT3 near the float accuracy where
+rounding to nearest does not, so INT3 is offered and the plans that beat uniform INT4 mix it in; batch norms
+re-estimated on 64 images recover most of what the lowest widths lose (measured: docs/compressors.md#measured). For
+latency only what an engine can run faster is offered: 8-bit weights with per-channel scales (weights under 5 bits,
+and group scales, are dequantized to float on every call in ONNX Runtime and OpenVINO, which builds no group-wise
 DequantizeLinear whose fan-in the groups do not divide).
 """
 
