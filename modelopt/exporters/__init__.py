@@ -10,7 +10,8 @@ from modelopt.exporters.bitsandbytes import (  # bitsandbytes itself is imported
     bitsandbytes_agreement,
     to_bitsandbytes,
 )
-from modelopt.exporters.packed import export_packed, load
+from modelopt.exporters.packed import export_packed
+from modelopt.exporters.packed_load import load
 
 __all__ = [
     "BitsandbytesAgreement",

@@ -114,7 +114,7 @@ def test_default_compressors_follow_the_objective(small_workload):
 
 
 def test_an_exit_plan_exports_and_loads_as_the_module_that_stops_early(ee, small_workload, tmp_path):
-    from modelopt.exporters.packed import export_packed, load
+    from modelopt.exporters import export_packed, load
 
     q = {d.name: QuantSpec(8) for d in ee.space.decisions if d.compressor == "quantize"}
     plan = ee.space.plan({**q, **_exits(ee, PLAN)})
