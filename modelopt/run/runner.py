@@ -261,8 +261,9 @@ class Runner:
             self._score_anchors(seen, update)
             self._search(seen, update)
         self.executor.close()  # the workers' memory is free before the final re-scoring
-        search_wall = time.perf_counter() - t_start
-        return self._finish(search_wall)
+        end = Ending(self.evaluator, self.objective, self.config, self.run_dir, self.budget, self.spent,
+                     self.eval_seconds, self.latency, self.console if self.progress else None, self._with_latency)
+        return finish(end, self.trials, time.perf_counter() - t_start)  # certify, time, write (`run.finish`)
 
     def _score_anchors(self, seen: dict[str, Trial], update: Callable[[], None]) -> None:
         """The first trials are the anchors (`SearchSpace.anchors`: uniform INT8, INT4, INT3), scored
@@ -336,10 +337,3 @@ class Runner:
     def _worth_finishing(self, plan: Plan) -> bool:
         """Under multi-fidelity, whether to score `plan` to the end even once it cannot beat the best."""
         return self.fidelity is None or not (self.fidelity.dominated and self._cannot_improve(plan))
-
-    # ---- the end: certify, time, write the run folder (`modelopt.run.finish`) ----------------
-
-    def _finish(self, search_wall: float) -> RunResult:
-        return finish(Ending(self.evaluator, self.objective, self.config, self.run_dir, self.budget, self.spent,
-                             self.eval_seconds, self.latency, self.console if self.progress else None,
-                             self._with_latency), self.trials, search_wall)

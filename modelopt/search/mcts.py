@@ -35,7 +35,6 @@ import numpy as np
 
 from modelopt.compressors.contract import Routes
 from modelopt.data.split import Split
-from modelopt.evaluation.cost import CostModel
 from modelopt.evaluation.trial import Trial
 from modelopt.objective import Objective, Target
 from modelopt.plan.plan import Plan
@@ -43,8 +42,8 @@ from modelopt.plan.space import SearchSpace
 from modelopt.search._base import Strategy
 from modelopt.search._registry import STRATEGIES
 from modelopt.search.loss_model import LossModel, loss_model_for, rescale_to_estimates
-from modelopt.search.mcts_tree import Node, Record, norm_value
-from modelopt.search.rollout import cap_exits, complete
+from modelopt.search.mcts_tree import Node, Record, Tree, norm_value, trial_value, trial_weight
+from modelopt.search.rollout import cap_exits, choice_costs, complete
 
 C_PUCT = 0.5
 RAVE_K = 60.0  # visits at which a node's own value and the shared (RAVE) value weigh the same
@@ -81,9 +80,7 @@ class MCTS(Strategy):
         self.order = sorted(range(self.n_dec), key=lambda i: (-spread[i], i))
         self.estimated = False  # whether `error` holds output estimates (use_loss_estimates)
         self.model = self._loss_model()
-        self.tree: dict[tuple[int, ...], Node] = {(): Node()}
-        self.amaf_n = [np.zeros(len(d.choices)) for d in self.decisions]
-        self.amaf_w = [np.zeros(len(d.choices)) for d in self.decisions]
+        self.tree = Tree([len(d.choices) for d in self.decisions])
         self.records: list[Record] = []
         self.seen: dict[str, float] = {}  # transposition table: plan key -> value
         self.pending: dict[str, list[tuple[int, ...]]] = {}  # plan key -> tree paths awaiting tell
@@ -121,43 +118,8 @@ class MCTS(Strategy):
             self._price()
 
     def _price(self) -> None:
-        """Each choice's cost (`cost`; `_costmat`, decisions x widest menu, padded with costs never affordable)."""
-        self.cost = [np.array([self._cost_of(f) for f in self.space.features[d.name]], dtype=float)
-                     for d in self.decisions]
-        if self.objective.target is Target.SIZE:  # priced around the INT4 anchor: pruning saves quantized bytes
-            anchors = self.space.anchors()
-            center = (*anchors, self.space.plan())[min(1, len(anchors) - 1)]  # INT4, else INT8, else none
-            self.cost = [np.array(c, dtype=float) for c in CostModel(self.space).marginal_bytes(center)]
-        self._costmat = np.full((self.n_dec, max(len(d.choices) for d in self.decisions)), np.inf)
-        for i in range(self.n_dec):
-            self._costmat[i, : len(self.cost[i])] = self.cost[i]
-
-    def _cost_of(self, f: Any) -> float:
-        if self.objective.target is Target.LATENCY and math.isfinite(f.latency):
-            return float(f.latency)  # the latency model's estimate (modelopt.latency.model)
-        if self.objective.target is Target.BITOPS:
-            return float(f.macs * f.bits * f.act_bits)
-        if self.objective.target is Target.MACS:
-            return float(f.macs)
-        return float(f.bytes)
-
-    # ---- values ---------------------------------------------------------------------------
-
-    def _value(self, trial: Trial) -> float:
-        if trial.reward is None or trial.metrics is None:
-            return 0.0
-        if trial.meets_floor:
-            return 1.0 + math.log(max(trial.reward, 1.0))
-        ratio = max(0.0, min(self.objective.point_retention(trial.metrics) / max(self.objective.min_retention, 1e-9),
-                             1.0))
-        return 0.99 * ratio**8
-
-    def _weight(self, trial: Trial) -> float:
-        """The share of the val split a trial was scored on (1 unless multi-fidelity stopped it)."""
-        m = trial.metrics
-        if m is None or m.stopped is None or trial.cost <= 0:
-            return 1.0
-        return float(min(max(trial.cost, 0.05), 1.0))
+        """Each choice's cost (`cost`; `_costmat`, decisions x widest menu: `rollout.choice_costs`)."""
+        self.cost, self._costmat = choice_costs(self.space, self.objective)
 
     # ---- the learned loss model -----------------------------------------------------------
 
@@ -252,11 +214,11 @@ class MCTS(Strategy):
             for j in range(len(prior)):
                 child = self.tree.get((*path, j))
                 n_child = 0 if child is None else child.n + child.virtual
-                amaf_n = self.amaf_n[i][j]
+                amaf_n = self.tree.amaf_n[i][j]
                 # A choice never tried anywhere starts at the lowest value (AlphaZero's first-play value): the
                 # prior alone draws the search to it. At the parent's value every untried choice looked as good
                 # as the best line so far, and the tree tried what every rollout priced as ruinous (docs/search.md).
-                q_amaf = norm_value(self.amaf_w[i][j] / amaf_n, lo, hi) if amaf_n else 0.0
+                q_amaf = norm_value(self.tree.amaf_w[i][j] / amaf_n, lo, hi) if amaf_n else 0.0
                 if child is None or n_child == 0:
                     q = q_amaf
                 else:
@@ -269,10 +231,6 @@ class MCTS(Strategy):
                 self.tree[path] = Node()
                 return path
         return path
-
-    def _walk(self, path: tuple[int, ...], fn: Any) -> None:
-        for depth in range(len(path) + 1):
-            fn(self.tree.setdefault(path[:depth], Node()))
 
     def _plan(self, idx: list[int]) -> Plan:
         return self.space.plan({d.name: d.choices[j] for d, j in zip(self.decisions, idx, strict=True)})
@@ -287,14 +245,14 @@ class MCTS(Strategy):
                 idx = [int(j) for j in self._rollouts(path, self.rng)[0]]
                 plan = self._plan(idx)
                 if plan.key in self.seen:
-                    self._backup(path, self.seen[plan.key])  # known: costs nothing, teaches the tree
+                    self.tree.backup(path, self.seen[plan.key])  # known: costs nothing, teaches the tree
                     continue
                 if plan.key in self.pending:
                     continue
                 break
             else:
                 path, plan = self._neighbour(path, idx)
-            self._walk(path, lambda node: setattr(node, "virtual", node.virtual + 1))
+            self.tree.walk(path, lambda node: setattr(node, "virtual", node.virtual + 1))
             self.pending.setdefault(plan.key, []).append(path)
             plans.append(plan)
         return plans
@@ -320,42 +278,29 @@ class MCTS(Strategy):
         self.tree.setdefault(path, Node())
         return path, plan
 
-    def _backup(self, path: tuple[int, ...], value: float) -> None:
-        for depth in range(len(path) + 1):
-            node = self.tree.setdefault(path[:depth], Node())
-            node.n, node.w, node.best = node.n + 1, node.w + value, max(node.best, value)
-
-    def _amaf(self, idx: list[int], value: float) -> None:
-        for i, j in enumerate(idx):
-            self.amaf_n[i][j], self.amaf_w[i][j] = self.amaf_n[i][j] + 1, self.amaf_w[i][j] + value
-
     def tell(self, trial: Trial) -> None:
         idx = [d.choices.index(trial.plan.get(d.name)) for d in self.decisions]
-        value = self._value(trial)
+        value = trial_value(trial, self.objective)
         paths = self.pending.get(trial.plan.key)
         if paths:
             path = paths.pop(0)
             if not paths:
                 del self.pending[trial.plan.key]
-            self._walk(path, lambda node: setattr(node, "virtual", max(node.virtual - 1, 0)))
+            self.tree.walk(path, lambda node: setattr(node, "virtual", max(node.virtual - 1, 0)))
         else:
-            path = ()
-            for i in self.order:  # a plan not asked: credit the deepest matching path in the tree
-                if (*path, idx[i]) not in self.tree:
-                    break
-                path = (*path, idx[i])
+            path = self.tree.deepest(idx, self.order)  # a plan not asked: credit the deepest matching path
         if trial.plan.key in self.seen:
             return
         self.seen[trial.plan.key] = value
-        self._backup(path, value)
-        self._amaf(idx, value)
+        self.tree.backup(path, value)
+        self.tree.amaf(idx, value)
         m = trial.metrics
         retention = None if m is None or trial.reward is None else self.objective.point_retention(m)
         if self.val_split is None and m is not None and m.stopped is None and m.split == Split.VAL and m.counts():
             self.val_split = (m.n_samples, m.base_right)  # type: ignore[assignment]
         if m is not None and m.stopped is None and m.lost is not None and m.gained is not None:
             self.swaps = [self.swaps[0] + m.gained, self.swaps[1] + m.lost]
-        self.records.append(Record(idx, retention, value, self._weight(trial)))
+        self.records.append(Record(idx, retention, value, trial_weight(trial)))
         if retention is not None:
             # Aim rollouts at the floor: about half land feasible (one measurement is noisy there).
             self.margin = float(np.clip(self.margin * (1.04 if trial.meets_floor else 0.95), MIN_MARGIN, 1.3))
@@ -378,7 +323,8 @@ class MCTS(Strategy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["rng"]
-        self.tree = {tuple(k): Node(n, w, best, 0, prior, at) for k, n, w, best, prior, at in state["tree"]}
+        self.tree = Tree([len(d.choices) for d in self.decisions],
+                         {tuple(k): Node(n, w, best, 0, prior, at) for k, n, w, best, prior, at in state["tree"]})
         self.records = [Record(list(rec[0]), rec[1], rec[2], *rec[3:]) for rec in state["records"]]
         self.seen = dict(state["seen"])
         self.margin = float(state["margin"])
@@ -388,11 +334,9 @@ class MCTS(Strategy):
         self.pending = {key: [tuple(path) for path in paths] for key, paths in state.get("pending", {}).items()}
         for paths in self.pending.values():
             for path in paths:
-                self._walk(path, lambda node: setattr(node, "virtual", node.virtual + 1))
-        self.amaf_n = [np.zeros(len(d.choices)) for d in self.decisions]
-        self.amaf_w = [np.zeros(len(d.choices)) for d in self.decisions]
+                self.tree.walk(path, lambda node: setattr(node, "virtual", node.virtual + 1))
         for r in self.records:
-            self._amaf(r.idx, r.value)
+            self.tree.amaf(r.idx, r.value)
         pt = state.get("prior_trials")  # the priors the run started with (none: a cold start)
         self.prior_trials = None if pt is None else (np.array(pt[0], dtype=int).reshape(-1, self.n_dec),
                                                      np.array(pt[1], dtype=float), np.array(pt[2], dtype=float))

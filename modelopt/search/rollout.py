@@ -7,13 +7,18 @@ model's posterior (Thompson sampling) and says how much loss is allowed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from modelopt.evaluation.cost import CostModel
+from modelopt.objective import Objective, Target
+from modelopt.plan.space import SearchSpace
 from modelopt.search.mckp import solve_binned
 
-__all__ = ["DP_BINS", "MAX_EXITS", "cap_exits", "complete"]
+__all__ = ["DP_BINS", "MAX_EXITS", "cap_exits", "choice_costs", "complete"]
 
 DP_BINS = 160
 # Exits a rollout may turn on. An image leaves at one exit only, but the additive cost and loss models price each
@@ -69,3 +74,29 @@ def cap_exits(idx: np.ndarray, exits: Sequence[int], tree: set[int], costmat: np
             for i in sorted(free, key=lambda i: costmat[i, row[i]])[max(room, 0):]:
                 row[i] = 0
     return idx
+
+
+def choice_costs(space: SearchSpace, objective: Objective) -> tuple[list[np.ndarray], np.ndarray]:
+    """Each decision's choices priced in the objective's units (bytes priced around the INT4 anchor, where pruning
+    saves quantized bytes: `CostModel.marginal_bytes`), and the same as a matrix, decisions x widest menu, padded
+    with costs never affordable: what a rollout's knapsack reads."""
+    decisions = space.decisions
+    cost = [np.array([_cost_of(f, objective) for f in space.features[d.name]], dtype=float) for d in decisions]
+    if objective.target is Target.SIZE:
+        anchors = space.anchors()
+        center = (*anchors, space.plan())[min(1, len(anchors) - 1)]  # INT4, else INT8, else none
+        cost = [np.array(c, dtype=float) for c in CostModel(space).marginal_bytes(center)]
+    costmat = np.full((len(decisions), max(len(d.choices) for d in decisions)), np.inf)
+    for i in range(len(decisions)):
+        costmat[i, : len(cost[i])] = cost[i]
+    return cost, costmat
+
+
+def _cost_of(f: Any, objective: Objective) -> float:
+    if objective.target is Target.LATENCY and math.isfinite(f.latency):
+        return float(f.latency)  # the latency model's estimate (modelopt.latency.model)
+    if objective.target is Target.BITOPS:
+        return float(f.macs * f.bits * f.act_bits)
+    if objective.target is Target.MACS:
+        return float(f.macs)
+    return float(f.bytes)

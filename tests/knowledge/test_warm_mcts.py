@@ -66,7 +66,7 @@ def test_prior_trials_teach_the_loss_model_and_nothing_else():
     assert err[1] < 0.5 * err[0]  # before any trial, the warm model already knows which layers are fragile
     for s in (cold, hot):  # no trial, no budget, no tree statistics, nothing seen
         assert s.records == [] and s.seen == {} and list(s.tree) == [()] and s.tree[()].n == 0
-        assert all(a.sum() == 0 for a in s.amaf_n)
+        assert all(a.sum() == 0 for a in s.tree.amaf_n)
     assert "prior_trials" not in cold.state_dict() and "prior_trials" in hot.state_dict()
 
 
