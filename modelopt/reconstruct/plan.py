@@ -23,7 +23,7 @@ from modelopt.evaluation.fitted import Fitted
 from modelopt.exporters._forms import layer_steps
 from modelopt.model.layers import compressible_modules
 from modelopt.plan.plan import Plan
-from modelopt.reconstruct.own_inputs import Grid, Target, refit_layers
+from modelopt.reconstruct.own_inputs import Grid, LayerGoal, refit_layers
 
 __all__ = ["IMAGES", "calibration_images", "reconstruct", "targets"]
 
@@ -35,11 +35,11 @@ IMAGES = 512
 HELD_BYTES = 1 << 30
 
 
-def targets(evaluator: Evaluator, plan: Plan) -> dict[str, Target]:
+def targets(evaluator: Evaluator, plan: Plan) -> dict[str, LayerGoal]:
     """Per layer the plan compresses, what `own_inputs.refit_layers` refits it to, from the forms it stores."""
     slices = evaluator.states.kept_slices(plan)
     gone = evaluator.states.skipped_layers(plan)  # a removed branch's layers reach nothing
-    out: dict[str, Target] = {}
+    out: dict[str, LayerGoal] = {}
     for layer in evaluator.workload.layers:
         if layer.name in gone:
             continue
@@ -49,7 +49,7 @@ def targets(evaluator: Evaluator, plan: Plan) -> dict[str, Target]:
             continue  # float and whole: the float layer itself
         grid = None if final.integer is None else Grid(final.integer)
         keep = None if final.mask is None else final.mask.bool()
-        out[layer.name] = Target(evaluator.states.float_weight(layer.name, plan), rows, cols, keep, grid)
+        out[layer.name] = LayerGoal(evaluator.states.float_weight(layer.name, plan), rows, cols, keep, grid)
     return out
 
 
@@ -82,7 +82,7 @@ def _widest_activation(model: torch.nn.Module, x: torch.Tensor) -> int:
 
 
 def reconstruct(evaluator: Evaluator, plan: Plan, images: int = IMAGES,
-                progress: Callable[[str], None] | None = None, goals: Mapping[str, Target] | None = None) -> Fitted:
+                progress: Callable[[str], None] | None = None, goals: Mapping[str, LayerGoal] | None = None) -> Fitted:
     """The plan's layers refitted in forward order on their own compressed inputs (`own_inputs.refit_layers`).
 
     Args:
