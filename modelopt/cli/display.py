@@ -146,7 +146,7 @@ def latency_text(test: Metrics, float_latency: dict[str, float]) -> str:
     assert test.latency_ms is not None and test.float_latency_ms is not None
     others = "".join(f"; float {ms:.3f} ms in {name} ({ms / test.latency_ms:.2f}x)"
                      for name, ms in float_latency.items() if name != test.latency_backend)
-    if test.latency_ms == test.float_latency_ms:  # the plan's timing is the float model's (`latency.model`)
+    if test.latency_ms == test.float_latency_ms:  # the float model's graph (`latency.plan` times one once)
         return (f"Latency ({test.latency_backend}): {test.latency_ms:.3f} ms, the float model's: the plan changes no "
                 f"kernel this engine runs (weights stored in fewer bits are dequantized to float; --objective latency "
                 f"searches plans that run integer kernels or less work){others}")

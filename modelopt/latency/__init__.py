@@ -7,7 +7,7 @@
 - `spec`: `LatencySpec`, how a run measures (engine, batch size, threads, repeats).
 - `plan`: `PlanLatency`, a run's plans built in its engine, scored there when its answers can differ from
   the PyTorch simulation, and timed once per distinct graph (import it from `modelopt.latency.plan`).
-- `model`: the latency cost model the strategies' priors read (per layer and choice, refined by trials).
+- `cost_model`: the latency cost model the strategies' priors read (per layer and choice, refined by trials).
 """
 
 from modelopt.latency import engine_onnx, engine_torch  # noqa: F401 -- they register the engines

@@ -24,9 +24,9 @@ import torch
 from modelopt.data.split import Split
 from modelopt.errors import ConfigError, TrialError
 from modelopt.evaluation.evaluator import Evaluator
+from modelopt.latency.cost_model import LatencyModel, routes
 from modelopt.latency.engine import ENGINES, Compiled
 from modelopt.latency.measure import Latency
-from modelopt.latency.model import LatencyModel, routes
 from modelopt.latency.spec import LatencySpec
 from modelopt.model.images import Images, as_tensor
 from modelopt.plan.plan import Plan
