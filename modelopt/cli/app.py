@@ -35,7 +35,7 @@ from modelopt.errors import ConfigError
 from modelopt.model.loader import list_models
 from modelopt.reports import report as make_report
 from modelopt.run.export import export as do_export
-from modelopt.run.layout import BEST_PLAN, CONFIG
+from modelopt.run.layout import BEST_PLAN, CONFIG, REPORT_FILES, REPORT_HTML
 from modelopt.run.lock import check_unlocked
 from modelopt.run.optuna_storage import export_run
 from modelopt.search import STRATEGIES
@@ -181,8 +181,8 @@ def optimize(
     result = api.run(config, out=out_dir, resume=resume, storage=storage, progress=progress,
                      allow_pickle=allow_pickle)
     print_run(out, result)
-    if (result.run_dir / "report.html").is_file():
-        out.print(f"Report: {result.run_dir / 'report.html'}")
+    if (result.run_dir / REPORT_HTML).is_file():
+        out.print(f"Report: {result.run_dir / REPORT_HTML}")
     if storage is not None:
         out.print(f"Trials written to {storage}; view them with: optuna-dashboard {storage}", highlight=False,
                   soft_wrap=True)
@@ -343,7 +343,7 @@ def report(
     """Write report.md and a self-contained report.html (plots inlined) into a run or sweep folder."""
     _setup_logging(False)
     paths = make_report(folder)
-    figures = paths.markdown.parent / "report_files"
+    figures = paths.markdown.parent / REPORT_FILES
     out.print(f"Report: {paths.html}  (Markdown: {paths.markdown}, figures in {figures})", highlight=False,
               soft_wrap=True)
 

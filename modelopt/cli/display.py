@@ -10,6 +10,7 @@ from modelopt.data.split import Split
 from modelopt.evaluation.metrics import Metrics
 from modelopt.objective import Target
 from modelopt.plan.plan import Plan
+from modelopt.run.layout import BEST_PLAN
 from modelopt.run.reported import PlanEntry, Scores
 from modelopt.run.runner import RunResult
 from modelopt.run.summary import Preparation, RunSummary
@@ -58,7 +59,7 @@ def print_run(out: Console, result: RunResult) -> None:
     if prep := _preparation_text(s.preparation):
         out.print(f"Preparation: {prep}", highlight=False)
     out.print(f"Pareto front: {len(result.pareto)} plans (re-scored on test) — run folder: [bold]{result.run_dir}[/]")
-    out.print(f"Best plan written to {result.run_dir / 'best_plan.yaml'}")
+    out.print(f"Best plan written to {result.run_dir / BEST_PLAN}")
 
 
 def _print_figures(out: Console, s: RunSummary, best: PlanEntry) -> None:
