@@ -65,7 +65,6 @@ class PlanLatency:
         self._graph_of: dict[str, str] = {}  # plan key -> its graph's key
         self._charged: set[str] = set()
         self._val_seconds: float | None = None
-        self.build_seconds = 0.0  # wall seconds building plans took in this process
         self.model = LatencyModel(evaluator.space)  # fitted on every plan measured (`measure`)
 
     @property
@@ -89,7 +88,6 @@ class PlanLatency:
             self._built.move_to_end(plan.key)
             return self._built[plan.key]
         built = self.engine.compile(self.evaluator, plan, self.spec)
-        self.build_seconds += built.seconds
         self._built[plan.key] = built
         while len(self._built) > KEEP_BUILT:
             self._built.popitem(last=False)
