@@ -12,8 +12,8 @@
 
 from modelopt.latency import engine_onnx, engine_torch  # noqa: F401 -- they register the engines
 from modelopt.latency.engine import ENGINES, ArrayDeployment, Compiled, Deployment, Engine, structure_key
-from modelopt.latency.measure import Latency, measure_latency, onnx_latency, torch_latency
+from modelopt.latency.measure import Latency, onnx_latency, torch_latency
 from modelopt.latency.spec import LatencySpec
 
 __all__ = ["ENGINES", "ArrayDeployment", "Compiled", "Deployment", "Engine", "Latency", "LatencySpec",
-           "measure_latency", "onnx_latency", "structure_key", "torch_latency"]
+           "onnx_latency", "structure_key", "torch_latency"]
