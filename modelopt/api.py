@@ -156,8 +156,10 @@ def evaluate(
     """
     check_split(split)  # what needs no model is checked before it loads
     if run is not None:
-        _check_run_alone(run, model != "cifar10_resnet20", data != "cifar10-sample", weights, unlabeled, resize, crop,
-                         interpolation, mean, std, compressors, settings, reconstruct)
+        check_run_alone(run, {"model": model != "cifar10_resnet20" or None, "data": data != "cifar10-sample" or None,
+                              "weights": weights, "unlabeled": unlabeled, "resize": resize, "crop": crop,
+                              "interpolation": interpolation, "mean": mean, "std": std, "compressors": compressors,
+                              **dict.fromkeys(sorted(map(str, settings)), True), "reconstruct": reconstruct})
         source = resolve(run, "best" if plan is None else plan, device=device)
         check_scores(source.evaluator.workload, split)
         return source.evaluator.evaluate(source.realised, split=split)
@@ -181,20 +183,26 @@ def evaluate(
     return evaluator.evaluate(evaluator.realise(chosen, fitted), split=split)
 
 
-def _check_run_alone(run: str | Path, model: bool, data: bool, *given: object) -> None:
-    """`evaluate(run=...)` rebuilds everything from the run folder: refuses what else was given, naming it."""
-    names = ("weights", "unlabeled", "resize", "crop", "interpolation", "mean", "std", "compressors", "settings",
-             "reconstruct")
-    extra = ["model"] * model + ["data"] * data
-    for name, value in zip(names, given, strict=True):
-        if isinstance(value, Mapping):  # the compressors' settings, each by its own name
-            extra += sorted(map(str, value))
-        elif value is not None:
-            extra.append(name)
-    if extra:
-        raise ConfigError(f"evaluate(run={str(run)!r}) scores the run's plans with the model, data, compressors and "
-                          f"settings in {str(Path(run) / CONFIG)!r}; leave out {', '.join(extra)}, or pass the plan "
-                          f"({str(Path(run) / BEST_PLAN)!r}) without run, with the run's model and data and yours")
+def check_run_alone(run: str | Path, given: Mapping[str, object], *, flags: bool = False) -> None:
+    """`evaluate` with a run folder scores the run's plans as the run had them, everything rebuilt from the folder:
+    refuses what else was given, each by its name, with the way to score the plan otherwise.
+
+    Args:
+        run: the run folder.
+        given: each argument by the name the caller knows it by; None where it was not given.
+        flags: the names are the command line's (`modelopt evaluate RUN_DIR`), and so is the way out.
+    """
+    extra = [name for name, value in given.items() if value is not None]
+    if not extra:
+        return
+    config, best = str(Path(run) / CONFIG), Path(run) / BEST_PLAN
+    if flags:
+        raise ConfigError(f"evaluate RUN_DIR scores the run's plans with the model, data, compressors and settings "
+                          f"in {config!r}; leave out {', '.join(extra)} (to score a plan otherwise, pass it as a file "
+                          f"without RUN_DIR: --plan {best} with the run's --model and --data)")
+    raise ConfigError(f"evaluate(run={str(run)!r}) scores the run's plans with the model, data, compressors and "
+                      f"settings in {config!r}; leave out {', '.join(extra)}, or pass the plan ({str(best)!r}) without "
+                      "run, with the run's model and data and yours")
 
 
 def default_run_dir(model_name: str, strategy: str, seed: int) -> Path:

@@ -102,10 +102,6 @@ class PairedCounts:
         f = n / self.n
         return PairedCounts(n, round(self.base_right * f), round(self.lost * f), round(self.gained * f))
 
-    def plus(self, other: PairedCounts) -> PairedCounts:
-        return PairedCounts(self.n + other.n, self.base_right + other.base_right, self.lost + other.lost,
-                            self.gained + other.gained)
-
 
 def _score(lost: int, gained: int, n: int, delta: float, continuity: float) -> float:
     """Tango's score statistic for H0: P(lost) - P(gained) = delta (continuity-corrected toward H0)."""

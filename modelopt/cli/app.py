@@ -35,7 +35,7 @@ from modelopt.errors import ConfigError
 from modelopt.model.loader import list_models
 from modelopt.reports import report as make_report
 from modelopt.run.export import export as do_export
-from modelopt.run.layout import BEST_PLAN, CONFIG
+from modelopt.run.layout import REPORT_FILES, REPORT_HTML
 from modelopt.run.lock import check_unlocked
 from modelopt.run.optuna_storage import export_run
 from modelopt.search import STRATEGIES
@@ -181,8 +181,8 @@ def optimize(
     result = api.run(config, out=out_dir, resume=resume, storage=storage, progress=progress,
                      allow_pickle=allow_pickle)
     print_run(out, result)
-    if (result.run_dir / "report.html").is_file():
-        out.print(f"Report: {result.run_dir / 'report.html'}")
+    if (result.run_dir / REPORT_HTML).is_file():
+        out.print(f"Report: {result.run_dir / REPORT_HTML}")
     if storage is not None:
         out.print(f"Trials written to {storage}; view them with: optuna-dashboard {storage}", highlight=False,
                   soft_wrap=True)
@@ -236,7 +236,7 @@ def evaluate(
     check_resampling(resize, crop, interpolation)
     if run_dir is not None:
         declared = compressor_settings()
-        _alone_with_run(run_dir, {
+        api.check_run_alone(run_dir, flags=True, given={
             "--model": model != "cifar10_resnet20" or None, "--data": data != "cifar10-sample" or None,
             "--weights": weights, "--compressors": compressors, "--unlabeled": unlabeled, "--resize": resize,
             "--crop": crop, "--interpolation": interpolation, "--mean": mean, "--std": std,
@@ -266,17 +266,6 @@ def evaluate(
         out.print(f"Early exit: {m.exited:.1%} of the images leave at an exit (MACs and bitops are means over them)")
     if json_out:
         _emit_json(m.to_dict())
-
-
-def _alone_with_run(run_dir: Path, flags: dict[str, object]) -> None:
-    """`evaluate RUN_DIR` scores the run's plans as the run had them: a flag that would change what is scored is
-    refused, by its name, with the way to score the plan otherwise."""
-    given = [flag for flag, value in flags.items() if value is not None]
-    if given:
-        raise ConfigError(f"evaluate RUN_DIR scores the run's plans with the model, data, compressors and settings "
-                          f"in {str(run_dir / CONFIG)!r}; leave out {', '.join(given)} (to score a plan otherwise, "
-                          f"pass it as a file without RUN_DIR: --plan {run_dir / BEST_PLAN} with the run's --model and "
-                          "--data)")
 
 
 @app.command("list")
@@ -343,7 +332,7 @@ def report(
     """Write report.md and a self-contained report.html (plots inlined) into a run or sweep folder."""
     _setup_logging(False)
     paths = make_report(folder)
-    figures = paths.markdown.parent / "report_files"
+    figures = paths.markdown.parent / REPORT_FILES
     out.print(f"Report: {paths.html}  (Markdown: {paths.markdown}, figures in {figures})", highlight=False,
               soft_wrap=True)
 

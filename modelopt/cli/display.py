@@ -10,6 +10,7 @@ from modelopt.data.split import Split
 from modelopt.evaluation.metrics import Metrics
 from modelopt.objective import Target
 from modelopt.plan.plan import Plan
+from modelopt.run.layout import BEST_PLAN
 from modelopt.run.reported import PlanEntry, Scores
 from modelopt.run.runner import RunResult
 from modelopt.run.summary import Preparation, RunSummary
@@ -58,7 +59,7 @@ def print_run(out: Console, result: RunResult) -> None:
     if prep := _preparation_text(s.preparation):
         out.print(f"Preparation: {prep}", highlight=False)
     out.print(f"Pareto front: {len(result.pareto)} plans (re-scored on test) — run folder: [bold]{result.run_dir}[/]")
-    out.print(f"Best plan written to {result.run_dir / 'best_plan.yaml'}")
+    out.print(f"Best plan written to {result.run_dir / BEST_PLAN}")
 
 
 def _print_figures(out: Console, s: RunSummary, best: PlanEntry) -> None:
@@ -146,7 +147,7 @@ def latency_text(test: Metrics, float_latency: dict[str, float]) -> str:
     assert test.latency_ms is not None and test.float_latency_ms is not None
     others = "".join(f"; float {ms:.3f} ms in {name} ({ms / test.latency_ms:.2f}x)"
                      for name, ms in float_latency.items() if name != test.latency_backend)
-    if test.latency_ms == test.float_latency_ms:  # the plan's timing is the float model's (`latency.model`)
+    if test.latency_ms == test.float_latency_ms:  # the float model's graph (`latency.plan` times one once)
         return (f"Latency ({test.latency_backend}): {test.latency_ms:.3f} ms, the float model's: the plan changes no "
                 f"kernel this engine runs (weights stored in fewer bits are dequantized to float; --objective latency "
                 f"searches plans that run integer kernels or less work){others}")

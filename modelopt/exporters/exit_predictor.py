@@ -34,13 +34,13 @@ MANIFEST = "exits.json"
 FORMAT = "modelopt-exits"
 
 # One segment as a runtime runs it: its outputs on a float32 batch (boundary, logits, confidence; the last: logits).
-Runner = Callable[[np.ndarray], list[np.ndarray]]
+SegmentRunner = Callable[[np.ndarray], list[np.ndarray]]
 # Opens a segment file: (path, threads, precision, static batch) -> its runner; None: the runtime's default.
-Opener = Callable[[str, int | None, str | None, int | None], Runner]
+Opener = Callable[[str, int | None, str | None, int | None], SegmentRunner]
 
 
 def ort_runner(path: str, threads: int | None = None, precision: str | None = None, batch: int | None = None
-               ) -> Runner:
+               ) -> SegmentRunner:
     """A segment in an ONNX Runtime CPU session (every graph optimisation on); `precision` and `batch` are
     OpenVINO's choices, unused here (any batch runs)."""
     import onnxruntime as ort
@@ -58,7 +58,7 @@ def ort_runner(path: str, threads: int | None = None, precision: str | None = No
 
 
 def ov_runner(path: str, threads: int | None = None, precision: str | None = None, batch: int | None = None
-              ) -> Runner:
+              ) -> SegmentRunner:
     """A segment compiled by OpenVINO for the CPU (`precision`: its inference precision; `batch`: static)."""
     import openvino as ov
 
@@ -83,7 +83,7 @@ def ov_runner(path: str, threads: int | None = None, precision: str | None = Non
     return run
 
 
-ENGINES: dict[str, Opener] = {"onnxruntime": ort_runner, "openvino": ov_runner}
+OPENERS: dict[str, Opener] = {"onnxruntime": ort_runner, "openvino": ov_runner}
 
 
 class Predictor:
@@ -102,9 +102,9 @@ class Predictor:
 
     def __init__(self, folder: str, engine: str | Opener = "onnxruntime", threads: int | None = None,
                  precision: str | None = None, batch: int | None = None) -> None:
-        if isinstance(engine, str) and engine not in ENGINES:
-            raise ValueError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
-        open_segment = ENGINES[engine] if isinstance(engine, str) else engine
+        if isinstance(engine, str) and engine not in OPENERS:
+            raise ValueError(f"unknown engine {engine!r}; valid: {', '.join(OPENERS)}")
+        open_segment = OPENERS[engine] if isinstance(engine, str) else engine
         with open(os.path.join(folder, MANIFEST)) as f:
             manifest = json.load(f)
         if manifest.get("format") != FORMAT:

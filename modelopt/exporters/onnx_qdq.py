@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from modelopt.exporters.onnx_run import ort_session
+
 if TYPE_CHECKING:
     import onnx
 
@@ -238,7 +240,6 @@ def calibrate(
     seeded sample of up to 20,000 values per tensor and batch.
     """
     import onnx
-    import onnxruntime as ort
 
     names = list(dict.fromkeys(tensors))
     probe = onnx.ModelProto()
@@ -247,10 +248,7 @@ def calibrate(
     for name in names:
         if name not in existing:
             probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    opts.intra_op_num_threads = 2
-    sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = ort_session(probe.SerializeToString(), threads=2, level="basic")
     in_name = sess.get_inputs()[0].name
     lo = dict.fromkeys(names, np.inf)
     hi = dict.fromkeys(names, -np.inf)

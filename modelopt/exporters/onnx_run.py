@@ -16,9 +16,12 @@ from modelopt.model.images import Images
 __all__ = ["fused_op_counts", "ort_session", "run_onnx"]
 
 
-def ort_session(path: str | Path, threads: int | None = None, level: str = "all",
+def ort_session(model: str | Path | bytes, threads: int | None = None, level: str = "all",
                 optimized_path: str | Path | None = None) -> Any:
-    """An ONNX Runtime CPU session with fixed intra-op threads (None: ORT's default)."""
+    """An ONNX Runtime CPU session: the model as a path or its serialized bytes, fixed intra-op threads (None: ORT's
+    default), sequential execution and the graph optimisations of `level` (basic, extended, all). The one place
+    modelopt opens a session (the exported ``predict.py``, `exit_predictor`, opens its own: it imports no modelopt).
+    """
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -32,7 +35,8 @@ def ort_session(path: str | Path, threads: int | None = None, level: str = "all"
     if optimized_path is not None:
         opts.optimized_model_filepath = str(optimized_path)
         opts.log_severity_level = 3  # its warning that a level-"all" file is for this machine only: known, and kept
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), opts,
+                                providers=["CPUExecutionProvider"])
 
 
 def run_onnx(path: str | Path, x: np.ndarray | torch.Tensor | Images, *, batch_size: int = 256,

@@ -10,7 +10,7 @@ fingerprint (`LayerPrint.distance`), several equally near ones merged the same w
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -105,6 +105,3 @@ class KnowledgeIndex:
         if len(keys) == 1:
             return self._prior(keys[0])
         return _merge([e for k in keys for e in self._groups[k]])
-
-    def prints(self) -> Iterable[tuple[str, LayerPrint]]:
-        return iter(self._groups)

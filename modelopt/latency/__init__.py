@@ -7,13 +7,13 @@
 - `spec`: `LatencySpec`, how a run measures (engine, batch size, threads, repeats).
 - `plan`: `PlanLatency`, a run's plans built in its engine, scored there when its answers can differ from
   the PyTorch simulation, and timed once per distinct graph (import it from `modelopt.latency.plan`).
-- `model`: the latency cost model the strategies' priors read (per layer and choice, refined by trials).
+- `cost_model`: the latency cost model the strategies' priors read (per layer and choice, refined by trials).
 """
 
 from modelopt.latency import engine_onnx, engine_torch  # noqa: F401 -- they register the engines
 from modelopt.latency.engine import ENGINES, ArrayDeployment, Compiled, Deployment, Engine, structure_key
-from modelopt.latency.measure import Latency, measure_latency, onnx_latency, torch_latency
+from modelopt.latency.measure import Latency, onnx_latency, torch_latency
 from modelopt.latency.spec import LatencySpec
 
 __all__ = ["ENGINES", "ArrayDeployment", "Compiled", "Deployment", "Engine", "Latency", "LatencySpec",
-           "measure_latency", "onnx_latency", "structure_key", "torch_latency"]
+           "onnx_latency", "structure_key", "torch_latency"]

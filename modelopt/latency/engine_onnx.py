@@ -22,7 +22,7 @@ import torch
 
 from modelopt.errors import ConfigError, LoadError
 from modelopt.evaluation.evaluator import Evaluator, Realised
-from modelopt.exporters.exit_predictor import Predictor, Runner, ort_runner, ov_runner
+from modelopt.exporters.exit_predictor import Predictor, SegmentRunner, ort_runner, ov_runner
 from modelopt.exporters.onnx import export_onnx, onnx_model
 from modelopt.exporters.onnx_exits import ExitSegments, exit_segments, export_onnx_exits
 from modelopt.exporters.onnx_run import ort_session
@@ -56,7 +56,7 @@ class _OnnxEngine(Engine):
         """The file at `path` in a fresh session with the runtime's defaults: logits of a float32 batch."""
 
     @abstractmethod
-    def _open_segment(self, path: str, threads: int | None, precision: str | None, batch: int | None) -> Runner:
+    def _open_segment(self, path: str, threads: int | None, precision: str | None, batch: int | None) -> SegmentRunner:
         """One segment of an exit folder in this runtime (`exit_predictor.Opener`)."""
 
     def deployed(self, evaluator: Evaluator, plan: Realised) -> Deployment:
@@ -148,7 +148,7 @@ class OnnxRuntime(_OnnxEngine):
         name = session.get_inputs()[0].name
         return lambda rows: session.run(None, {name: rows})[0]
 
-    def _open_segment(self, path: str, threads: int | None, precision: str | None, batch: int | None) -> Runner:
+    def _open_segment(self, path: str, threads: int | None, precision: str | None, batch: int | None) -> SegmentRunner:
         return ort_runner(path, threads)
 
     def _build(self, data: bytes, key: str, spec: LatencySpec, t0: float, precision: str | None) -> Compiled:
@@ -192,7 +192,7 @@ class OpenVino(_OnnxEngine):
         compiled = _core().compile_model(str(path), "CPU")  # its default precision, as a plain compile_model runs
         return lambda rows: compiled(rows)[0]
 
-    def _open_segment(self, path: str, threads: int | None, precision: str | None, batch: int | None) -> Runner:
+    def _open_segment(self, path: str, threads: int | None, precision: str | None, batch: int | None) -> SegmentRunner:
         return ov_runner(path, threads, precision, batch)
 
     def precision(self, evaluator: Evaluator) -> str:

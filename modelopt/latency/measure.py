@@ -1,12 +1,14 @@
 """Measured latency: the median wall time of one batch, after warm-up, on a stated backend.
 
-Two backends share one protocol (docs/export-and-latency.md, latency_ms): a fixed thread count, `warmup`
-untimed runs, then `repeats` timed runs of the same batch, and the median reported.
+One protocol (docs/export-and-latency.md, latency_ms): a fixed thread count, `warmup` untimed runs, then
+`repeats` timed runs of the same batch, and the median reported. These are the timers; a plan is timed through
+the engine its run names (`modelopt.latency.engine.ENGINES`), which times with them.
 
-- ``torch``: an nn.Module under `torch.inference_mode`; on CUDA each run is timed with CUDA
+- `torch_latency`: an nn.Module under `torch.inference_mode`; on CUDA each run is timed with CUDA
   events (the GPU's own clock, no host-side sync noise), on the CPU with `perf_counter`.
-- ``onnxruntime``: an ONNX file or bytes in a CPU session with fixed intra-op threads,
+- `onnx_latency`: an ONNX file or bytes in a CPU session with fixed intra-op threads,
   sequential execution and all graph optimisations (so QDQ models run their integer kernels).
+- `pattern_latency`: a model whose work depends on its input (early exit), on real images' exit pattern.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 from torch import nn
 
 from modelopt.errors import ConfigError
+from modelopt.exporters.onnx_run import ort_session
 
 # Rounds over the images in `pattern_latency`. On a shared virtual machine the time of one run swings in bursts
 # of about a second (steal), while the fastest runs in each second stay put; with 3 rounds the same plan read
@@ -167,16 +170,8 @@ def onnx_latency(
     Example:
         >>> onnx_latency("r20-int8.onnx", wl.split("val").x, batch_size=64, threads=2).median_ms
     """
-    import onnxruntime as ort
-
     check_protocol(batch_size, threads, warmup, repeats)
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    source = model if isinstance(model, bytes) else str(model)
-    sess = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+    sess = ort_session(model, threads)
     ex = torch.as_tensor(example) if isinstance(example, np.ndarray) else example.detach()
     x = np.ascontiguousarray(batch_of(ex, batch_size).cpu().numpy(), dtype=np.float32)
     feed = {sess.get_inputs()[0].name: x}
@@ -213,37 +208,6 @@ def pattern_latency(run: Callable[[np.ndarray], Any], rows: np.ndarray, batch_si
             run(b)
             best[i] = min(best[i], (time.perf_counter() - t0) * 1e3)
     return Latency(statistics.fmean(best), batch_size, backend, "cpu", threads, rounds, warmup, min(best), max(best))
-
-
-def measure_latency(
-    model: nn.Module | str | Path | bytes,
-    example: torch.Tensor,
-    *,
-    backend: str = "torch",
-    batch_size: int = 1,
-    device: str = "cpu",
-    threads: int = 1,
-    warmup: int = 10,
-    repeats: int = 50,
-) -> Latency:
-    """Latency on the named backend: ``torch`` for an nn.Module, ``onnxruntime`` for an ONNX model.
-
-    Example:
-        >>> measure_latency("r20-int8.onnx", x, backend="onnxruntime", batch_size=64)
-    """
-    if backend == "torch":
-        if not isinstance(model, nn.Module):
-            raise ConfigError(f"backend 'torch' times an nn.Module, got {type(model).__name__}")
-        return torch_latency(model, example, batch_size=batch_size, device=device, threads=threads,
-                             warmup=warmup, repeats=repeats)
-    if backend == "onnxruntime":
-        if isinstance(model, nn.Module):
-            raise ConfigError("backend 'onnxruntime' times an ONNX file; export one with "
-                              "modelopt.export(format='onnx')")
-        if device != "cpu":
-            raise ConfigError(f"backend 'onnxruntime' runs on the cpu here, got device {device!r}")
-        return onnx_latency(model, example, batch_size=batch_size, threads=threads, warmup=warmup, repeats=repeats)
-    raise ConfigError(f"unknown latency backend {backend!r}; valid: torch, onnxruntime")
 
 
 def batch_of(x: torch.Tensor, batch_size: int) -> torch.Tensor:

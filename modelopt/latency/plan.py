@@ -24,9 +24,9 @@ import torch
 from modelopt.data.split import Split
 from modelopt.errors import ConfigError, TrialError
 from modelopt.evaluation.evaluator import Evaluator, Realised
+from modelopt.latency.cost_model import LatencyModel, routes
 from modelopt.latency.engine import ENGINES, Compiled
 from modelopt.latency.measure import Latency
-from modelopt.latency.model import LatencyModel, routes
 from modelopt.latency.spec import LatencySpec
 from modelopt.model.images import Images, as_tensor
 from modelopt.plan.plan import Plan
@@ -65,7 +65,6 @@ class PlanLatency:
         self._graph_of: dict[str, str] = {}  # plan key -> its graph's key
         self._charged: set[str] = set()
         self._val_seconds: float | None = None
-        self.build_seconds = 0.0  # wall seconds building plans took in this process
         self.model = LatencyModel(evaluator.space)  # fitted on every plan measured (`measure`)
 
     @property
@@ -83,7 +82,6 @@ class PlanLatency:
             self._built.move_to_end(plan.key)
             return self._built[plan.key]
         built = self.engine.compile(self.evaluator, self.evaluator.realise(plan), self.spec)
-        self.build_seconds += built.seconds
         self._built[plan.key] = built
         while len(self._built) > KEEP_BUILT:
             self._built.popitem(last=False)

@@ -40,7 +40,7 @@ class ChoiceFeatures:
     macs: int  # the layer's multiply-accumulates per sample, less what the choice saves (an estimate)
     error: float  # relative squared error of the weight, or of the layer's output (Evaluator.measure_errors)
     act_bits: int = 32  # bits of the layer's input activations (32 = float)
-    latency: float = math.nan  # estimated ms per batch it costs in the run's engine (`modelopt.latency.model`)
+    latency: float = math.nan  # estimated ms per batch it costs in the run's engine (`modelopt.latency.cost_model`)
 
 
 class SearchSpace:

@@ -34,7 +34,7 @@ from modelopt.model.backbone import split_backbone
 from modelopt.model.gptq_sweep import gptq_round
 from modelopt.model.layer_inputs import UNFOLD_BYTES, LayerInputs, sampled_unfold, unfolded_bytes
 
-__all__ = ["Grid", "LayerFit", "Target", "refit_layers"]
+__all__ = ["Grid", "LayerFit", "LayerGoal", "refit_layers"]
 
 # A conv's moments are summed over at most about this many rows per column of its fan-in (output positions taken
 # evenly): GPTQ's own calibration has 64 per column; every position of a CIFAR image would be thousands.
@@ -76,7 +76,7 @@ class Grid:
 
 
 @dataclass(frozen=True)
-class Target:
+class LayerGoal:
     """One layer to refit: the float weight whose output is the target (full shape), the kept rows and columns
     of the stored shape (None: all), the mask of stored weights (stored shape; None: dense) and the grid (None:
     float)."""
@@ -181,7 +181,7 @@ def _error(w: torch.Tensor, hq: torch.Tensor, c: torch.Tensor, w_float: torch.Te
     return float((quad - 2 * cross + energy) / max(energy, 1e-30))
 
 
-def refit_layers(float_model: nn.Module, model: nn.Module, targets: Mapping[str, Target], x: torch.Tensor,
+def refit_layers(float_model: nn.Module, model: nn.Module, targets: Mapping[str, LayerGoal], x: torch.Tensor,
                  batch: int = 128, progress: Callable[[str], None] | None = None) -> dict[str, LayerFit]:
     """Refits each target layer of `model` on its own inputs, in forward order, and leaves the refitted weight in
     `model` where it fits better than the one it had. `float_model`: the float network; `x`: prepared calibration
@@ -231,7 +231,7 @@ def _outputs(unit: nn.Module, x: torch.Tensor, batch: int) -> torch.Tensor:
         return torch.cat([unit(x[i:i + batch]) for i in range(0, x.shape[0], batch)])
 
 
-def _refit(name: str, t: Target, floats: tuple[nn.Module, nn.Module, torch.Tensor],
+def _refit(name: str, t: LayerGoal, floats: tuple[nn.Module, nn.Module, torch.Tensor],
            owns: tuple[nn.Module, nn.Module, torch.Tensor], batch: int) -> LayerFit:
     """One layer refitted: `floats` and `owns` are (unit, the layer in it, the unit's input) of each network."""
     float_model, fmodule, xf = floats

@@ -22,7 +22,7 @@ from modelopt.evaluation.evaluator import Evaluator, Realised
 from modelopt.evaluation.fitted import Fitted
 from modelopt.model.layers import compressible_modules
 from modelopt.plan.plan import Plan
-from modelopt.reconstruct.own_inputs import Grid, Target, refit_layers
+from modelopt.reconstruct.own_inputs import Grid, LayerGoal, refit_layers
 
 __all__ = ["IMAGES", "calibration_images", "reconstruct", "targets"]
 
@@ -34,12 +34,12 @@ IMAGES = 512
 HELD_BYTES = 1 << 30
 
 
-def targets(evaluator: Evaluator, plan: Plan | Realised) -> dict[str, Target]:
+def targets(evaluator: Evaluator, plan: Plan | Realised) -> dict[str, LayerGoal]:
     """Per layer the plan compresses, what `own_inputs.refit_layers` refits it to, from the forms it stores (as
     composed)."""
     r = evaluator.realise(plan)
     gone = r.skipped_layers  # a removed branch's layers reach nothing
-    out: dict[str, Target] = {}
+    out: dict[str, LayerGoal] = {}
     for layer in evaluator.workload.layers:
         if layer.name in gone:
             continue
@@ -49,7 +49,7 @@ def targets(evaluator: Evaluator, plan: Plan | Realised) -> dict[str, Target]:
             continue  # float and whole: the float layer itself
         grid = None if final.integer is None else Grid(final.integer)
         keep = None if final.mask is None else final.mask.bool()
-        out[layer.name] = Target(r.float_weight(layer.name, evaluator.workload.original), rows, cols, keep, grid)
+        out[layer.name] = LayerGoal(r.float_weight(layer.name, evaluator.workload.original), rows, cols, keep, grid)
     return out
 
 
@@ -82,7 +82,7 @@ def _widest_activation(model: torch.nn.Module, x: torch.Tensor) -> int:
 
 
 def reconstruct(evaluator: Evaluator, plan: Plan, images: int = IMAGES,
-                progress: Callable[[str], None] | None = None, goals: Mapping[str, Target] | None = None) -> Fitted:
+                progress: Callable[[str], None] | None = None, goals: Mapping[str, LayerGoal] | None = None) -> Fitted:
     """The plan's layers refitted in forward order on their own compressed inputs (`own_inputs.refit_layers`).
 
     Args:

@@ -18,7 +18,7 @@ from modelopt.data.split import Split
 from modelopt.evaluation.evaluator import Evaluator, Realised
 from modelopt.evaluation.fitted import Fitted
 from modelopt.plan.plan import Plan
-from modelopt.reconstruct.own_inputs import Target
+from modelopt.reconstruct.own_inputs import LayerGoal
 from modelopt.reconstruct.plan import IMAGES, reconstruct, targets
 
 __all__ = ["HELD_OUT", "MIN_HELD_OUT", "RECONSTRUCTED", "Refits", "checked", "fitted_path"]
@@ -51,7 +51,7 @@ def _verdict(fitted: Fitted) -> str:
     return f"; answers changed on {n} held-out calibration images {composed} composed -> {refit} refitted: {kept}"
 
 
-def _worth_it(goals: Mapping[str, Target]) -> bool:
+def _worth_it(goals: Mapping[str, LayerGoal]) -> bool:
     """Whether any layer is pruned, masked or below `LEFT_AT_BITS` bits: else reconstruction is not run."""
     return any(t.grid is None or t.keep is not None or t.rows is not None or t.cols is not None
                or t.grid.integer.bits < LEFT_AT_BITS for t in goals.values())

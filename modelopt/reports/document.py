@@ -11,13 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelopt._files import write_atomic
+from modelopt.run.layout import REPORT_FILES, REPORT_HTML, REPORT_MD
 
 __all__ = ["Block", "Figure", "Heading", "Markdown", "Paragraph", "ReportPaths", "Table", "render_html",
            "render_markdown", "write_document"]
-
-REPORT_MD = "report.md"
-REPORT_HTML = "report.html"
-IMAGES = "report_files"  # the PNGs report.md links to (report.html inlines them)
 
 
 @dataclass(frozen=True)
@@ -203,7 +200,7 @@ class ReportPaths:
 
 def write_document(out_dir: Path, blocks: Sequence[Block], title: str) -> ReportPaths:
     """Writes `report.md`, its PNGs under `report_files/`, and the self-contained `report.html`."""
-    img_dir = out_dir / IMAGES
+    img_dir = out_dir / REPORT_FILES
     img_dir.mkdir(exist_ok=True)
     images = []
     for b in blocks:
@@ -213,6 +210,6 @@ def write_document(out_dir: Path, blocks: Sequence[Block], title: str) -> Report
             images.append(path)
     md, page = out_dir / REPORT_MD, out_dir / REPORT_HTML
     # Atomic: a reader (or a report written at the same time) sees a whole page, never half of one.
-    write_atomic(md, render_markdown(blocks, IMAGES), durable=False)
+    write_atomic(md, render_markdown(blocks, REPORT_FILES), durable=False)
     write_atomic(page, render_html(blocks, title), durable=False)
     return ReportPaths(md, page, tuple(images))

@@ -27,6 +27,7 @@ from modelopt.reports.document import (
 )
 from modelopt.reports.layer_map import layer_map, plan_mix
 from modelopt.run.journal import Record
+from modelopt.run.layout import BEST_PLAN, SUMMARY
 from modelopt.run.reported import Scores
 from modelopt.run.run_folder import RunFolder, read_run
 
@@ -222,9 +223,9 @@ def _layer_blocks(run: RunFolder, best: Record) -> list[Block]:
          "–" if row.plan_bytes is None else f"{row.plan_bytes:,}", _fpct(lmap.share(row)))
         for row in lmap.rows)
     blocks.append(Table(header, rows, "l" + "l" * len(lmap.columns) + "rrr"))
-    if (run.path / "best_plan.yaml").is_file():
-        blocks.append(Paragraph("The plan file: `best_plan.yaml` in the run folder "
-                                "(`modelopt evaluate --plan best_plan.yaml --split test` re-scores it)."))
+    if (run.path / BEST_PLAN).is_file():
+        blocks.append(Paragraph(f"The plan file: `{BEST_PLAN}` in the run folder "
+                                f"(`modelopt evaluate --plan {BEST_PLAN} --split test` re-scores it)."))
     return blocks
 
 
@@ -238,7 +239,7 @@ def run_blocks(run: RunFolder) -> list[Block]:
         blocks.append(Paragraph(f"Run folder `{run.path}`: finished. Val numbers are what the search saw; test numbers "
                                 "re-score the best plan and the Pareto plans on held-out images it never saw."))
     else:
-        blocks.append(Paragraph(f"Run folder `{run.path}`: **in progress or stopped** (no summary.json yet): "
+        blocks.append(Paragraph(f"Run folder `{run.path}`: **in progress or stopped** (no {SUMMARY} yet): "
                                 f"{len(run.records)} trials, {run.spent:.4g} of {run.budget:g} budget spent. Test "
                                 "re-scores appear when the run finishes; rebuild with `modelopt report`."))
     blocks += [Heading("Summary"), _summary_table(run)]

@@ -142,7 +142,7 @@ def _best_path(run_dir: Path) -> Path:
     path = run_dir / BEST_PLAN
     if not path.is_file():
         raise LoadError(
-            f"run {str(run_dir)!r} has no best_plan.yaml (no feasible plan, or unfinished); "
+            f"run {str(run_dir)!r} has no {BEST_PLAN} (no feasible plan, or unfinished); "
             "pass --plan N for a trial number or a plan file"
         )
     return path

@@ -16,14 +16,13 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modelopt._version import __version__
 from modelopt.compressors import COMPRESSORS
-from modelopt.errors import ConfigError, LoadError
+from modelopt.errors import ConfigError
 from modelopt.plan.plan import jsonable
 from modelopt.run.journal import Record
 from modelopt.run.run_folder import RunFolder, read_run
@@ -231,12 +230,3 @@ def _export(optuna: Any, run: RunFolder, storage: str, name: str) -> OptunaExpor
         warnings.simplefilter("ignore")
         study.add_trials(new)
     return OptunaExport(storage, name, len(new), len(run.records) - len(new))
-
-
-def study_trials(storage: str, study_name: str) -> Sequence[Any]:
-    """The study's trials as Optuna stores them (for checks and notebooks)."""
-    optuna = _optuna()
-    try:
-        return optuna.load_study(study_name=study_name, storage=storage).get_trials(deepcopy=False)
-    except KeyError:
-        raise LoadError(f"no study {study_name!r} in {storage!r}") from None

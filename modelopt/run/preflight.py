@@ -1,5 +1,5 @@
-"""What can be checked about a run before its model and data load (which takes seconds to minutes):
-the budget, the seed, and whether the run folder can be written and is free. The runner checks the same
+"""What can be checked about a run's folder before its model and data load (which takes seconds to minutes):
+whether it can be written and is free, and holds a run only when that run is resumed. The runner checks the same
 things again when it opens the folder; this only makes a bad option fail at once."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import os
 import tempfile
 from pathlib import Path
 
-from modelopt.config.run_config import check_budget, check_seed
 from modelopt.errors import ConfigError, StorageError
 from modelopt.run.journal import Journal
 from modelopt.run.layout import CONFIG, JOURNAL
@@ -57,16 +56,3 @@ def _check_writable(path: Path) -> None:
         where = "" if existing == path else f" (in {str(existing)!r})"
         raise StorageError(f"cannot write to run folder {str(path)!r}{where}: {exc.strerror or exc}; "
                            "pass a writable --out") from None
-
-
-def preflight(budget: float, out: str | Path | None, seed: int = 0) -> None:
-    """`check_budget`, `check_seed` and `check_run_folder`: a run's settings that need no model.
-
-    Example:
-        >>> preflight(float("nan"), "runs/r20")
-        Traceback (most recent call last):
-        ConfigError: budget must be a positive number of full evaluations, got nan
-    """
-    check_budget(budget)
-    check_seed(seed)
-    check_run_folder(out)

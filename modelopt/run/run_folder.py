@@ -182,11 +182,6 @@ class RunFolder:
             return {}
         return {f.plan_key: f.confirm for f in self.summary.confirmation.finalists if f.confirm is not None}
 
-    @property
-    def confirm_by_key(self) -> dict[str, Metrics]:
-        """Confirm-split re-scores from summary.json (the finalists confirmation tested), by plan key."""
-        return {key: x.metrics for key, x in self.confirm_scores.items()}
-
     def figures(self, record: Record) -> Scores | None:
         """A trial's val figures: its record's where the run reports the plan (summary.json), else as a record
         works them out (`Scores.of`, under the run's objective); None for a failed trial."""

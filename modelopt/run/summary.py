@@ -50,10 +50,6 @@ class Finalist:
     # confirmation (`modelopt.reconstruct`); None: not reconstructed (`confirm` is then the composed plan's).
     composed: Scores | None = None
 
-    @property
-    def reconstructed(self) -> bool:
-        return self.composed is not None
-
     def to_json(self) -> dict[str, Any]:
         return {"trial": self.trial, "plan_key": self.plan_key, "confirmed": self.confirmed,
                 "pass_chance": self.pass_chance, Split.CONFIRM: _json(self.confirm),

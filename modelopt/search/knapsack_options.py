@@ -63,7 +63,7 @@ class LayerOptions:
         # Priced by the one cost accounting (modelopt.evaluation.cost), the layer alone: what its option
         # stores (the whole chain: pruned then quantized) and runs (structured pruning's MACs).
         choices = {d.name: d.choices[j] for d, j in zip(decs, opt, strict=True)}
-        if self.objective.target is Target.LATENCY:  # the latency model's estimates (modelopt.latency.model)
+        if self.objective.target is Target.LATENCY:  # the latency model's estimates (modelopt.latency.cost_model)
             est = [self.space.features[d.name][j].latency for d, j in zip(decs, opt, strict=True)]
             if all(math.isfinite(e) for e in est):
                 return float(sum(est))

@@ -94,7 +94,7 @@ def choice_costs(space: SearchSpace, objective: Objective) -> tuple[list[np.ndar
 
 def _cost_of(f: Any, objective: Objective) -> float:
     if objective.target is Target.LATENCY and math.isfinite(f.latency):
-        return float(f.latency)  # the latency model's estimate (modelopt.latency.model)
+        return float(f.latency)  # the latency model's estimate (modelopt.latency.cost_model)
     if objective.target is Target.BITOPS:
         return float(f.macs * f.bits * f.act_bits)
     if objective.target is Target.MACS:

@@ -11,7 +11,7 @@ from modelopt.compressors import QuantSpec
 from modelopt.compressors.depth import SKIP
 from modelopt.data.split import Split
 from modelopt.evaluation.evaluator import Evaluator
-from modelopt.latency.model import LatencyModel
+from modelopt.latency.cost_model import LatencyModel
 from modelopt.model.skip_repair import skip_state
 from modelopt.plan.space import SearchSpace
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from modelopt.compressors.contract import Granularity, IntegerWeight, code_range
 from modelopt.compressors.quantize import QuantSpec, quantize
-from modelopt.reconstruct.own_inputs import DAMP, MULTIPLIERS, Grid, Target, refit_layers, rescaled, scale_per_weight
+from modelopt.reconstruct.own_inputs import DAMP, MULTIPLIERS, Grid, LayerGoal, refit_layers, rescaled, scale_per_weight
 
 
 def _nets(seed: int = 0) -> tuple[nn.Module, nn.Module, torch.Tensor]:
@@ -26,7 +26,7 @@ def _nets(seed: int = 0) -> tuple[nn.Module, nn.Module, torch.Tensor]:
 
 def test_a_float_layer_is_refitted_to_the_least_squares_solution_on_its_own_inputs():
     net, own, x = _nets()
-    target = Target(net[2].weight.clone(), None, None, None, None)
+    target = LayerGoal(net[2].weight.clone(), None, None, None, None)
     fits = refit_layers(net, own, {"2": target}, x)
     xf, xq = torch.tanh(net[0](x)), torch.tanh(own[0](x))  # the second layer's input in each network
     # min ||X_q W'^T - X_f W^T||^2 + lam ||W'||^2 (the refit's ridge) by torch's least squares on the stacked
@@ -51,7 +51,7 @@ def test_a_quantized_layer_keeps_its_code_range_scale_count_and_mask():
     codes, scales = quantize(w * keep, QuantSpec(3))
     integer = IntegerWeight(codes, scales, 3, Granularity.PER_CHANNEL)
     own[2].weight.copy_(integer.dequantize())
-    fits = refit_layers(net, own, {"2": Target(w, None, None, keep, Grid(integer))}, x)
+    fits = refit_layers(net, own, {"2": LayerGoal(w, None, None, keep, Grid(integer))}, x)
     fit = fits["2"]
     assert fit.integer is not None and fit.integer.scales.dtype == scales.dtype
     assert fit.integer.scales.shape == scales.shape  # the same bytes: one float16 scale per row
@@ -77,7 +77,7 @@ def test_a_layer_whose_refit_would_fit_worse_keeps_its_weights():
     net, own, x = _nets(2)
     own = copy.deepcopy(net)  # its inputs are the float ones: the float weight is already the best fit
     w = net[2].weight.clone()
-    target = Target(w, None, None, None, None)
+    target = LayerGoal(w, None, None, None, None)
     fits = refit_layers(net, own, {"2": target}, x)
     assert fits["2"].after <= fits["2"].before + 1e-9
     assert torch.allclose(own[2].weight, w, atol=1e-3)

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from modelopt import api
-from modelopt.latency.model import LatencyModel
+from modelopt.latency.cost_model import LatencyModel
 from modelopt.plan.space import SearchSpace
 
 INT8 = {"bits": 8, "activations": 8}
