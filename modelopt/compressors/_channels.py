@@ -29,7 +29,7 @@ class RemovesChannels(ABC):
         """Indices (ascending) of the output channels `choice` keeps of a group root's `weight`; None for a
         choice that removes none. `reader`: the weight and input second moments of the group's one plain
         reader, when it has one and the choice asks for layer inputs (`Compressor.calibration`): those readers
-        are refitted on the channels kept (`modelopt.model.reconstruct`), and the choice may pick the channels
+        are refitted on the channels kept (`modelopt.solvers.least_squares`), and the choice may pick the channels
         by that refit's cost."""
 
     @abstractmethod

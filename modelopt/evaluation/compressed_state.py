@@ -37,11 +37,11 @@ from modelopt.model.branches import Branch, skipped_block
 from modelopt.model.channels import Removal, zeroed
 from modelopt.model.layer_inputs import LayerInputs, input_columns, input_hessians
 from modelopt.model.layers import compressible_modules
-from modelopt.model.reconstruct import refit_reader
 from modelopt.model.skip_repair import branch_means, skip_state
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace
+from modelopt.solvers.least_squares import refit_reader
 
 __all__ = ["CompressedStates", "Kept", "Slices"]
 

@@ -18,8 +18,8 @@ After pruning, the evaluator re-estimates batch-norm statistics on `bn_samples` 
 Structured removal is repaired (``repair_images`` > 0, the default): each layer that reads removed channels is
 refitted by least squares so that, from the channels left, it gives the float model's output on `repair_images`
 calibration images (closed form from its input second moments, the ones GPTQ measures:
-W_K = W H[:, K] H[K, K]^-1, K the kept input columns; `modelopt.model.reconstruct`). Removal alone only deletes what the
-kept channels cannot stand in for; the refit lets them stand in.
+W_K = W H[:, K] H[K, K]^-1, K the kept input columns; `modelopt.solvers.least_squares`). Removal alone only deletes
+what the kept channels cannot stand in for; the refit lets them stand in.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from modelopt.compressors.prune.sparsegpt import obs_prune
 from modelopt.errors import ConfigError
 from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer, LayerKind
-from modelopt.model.reconstruct import output_kept
+from modelopt.solvers.least_squares import output_kept
 
 _MIN_IN_CHANNELS = 4  # convs reading fewer channels (the stem on RGB, depthwise) are left alone
 
