@@ -33,8 +33,8 @@ from modelopt.evaluation.fitted import Fitted
 from modelopt.evaluation.norm_stats import NormStats
 from modelopt.evaluation.prep_costs import OneTimeCosts
 from modelopt.evaluation.routes import PlanRoutes
-from modelopt.model.branches import Branch, skipped_block
-from modelopt.model.channels import Removal, zeroed
+from modelopt.model.branches import Branch, BranchAnalysis, skipped_block
+from modelopt.model.channels import ChannelAnalysis, Removal, zeroed
 from modelopt.model.layer_inputs import LayerInputs, input_columns, input_hessians
 from modelopt.model.layers import compressible_modules
 from modelopt.model.skip_repair import branch_means, skip_state
@@ -88,8 +88,8 @@ class CompressedStates:
             layer.name: [d for d in space.decisions if d.layer == layer.name] for layer in workload.layers
         }
         # The roots of the channel groups structured pruning may remove from (`modelopt.model.channels`).
-        self._layers = {layer.name: layer for layer in workload.layers}
-        self._roots = [x.name for x in workload.layers if x.prunable]
+        self._layers = dict(space.layers)
+        self._roots = [x.name for x in space.layers.values() if ChannelAnalysis.of(x).members]
         self._kept: dict[tuple[Any, ...], torch.Tensor | None] = {}
         # Modules whose removed channels are zeroed by name (norms, biases), besides the compressed weights.
         self._zeroable = {n for n, m in workload.model.named_modules() if list(m.parameters(recurse=False))}
@@ -113,7 +113,8 @@ class CompressedStates:
         """The residual branches the plan removes (`SearchSpace.removed_branches`), in model order (kept per plan:
         every layer's weights ask)."""
         if plan.key not in self._skipped:
-            self._skipped[plan.key] = tuple(self.workload.branches[end] for end in self.space.removed_branches(plan))
+            self._skipped[plan.key] = tuple(self.workload.analyses.get(BranchAnalysis).branches[end]
+                                            for end in self.space.removed_branches(plan))
         return self._skipped[plan.key]
 
     def skipped_layers(self, plan: Plan) -> frozenset[str]:
@@ -133,7 +134,8 @@ class CompressedStates:
         key = tuple(b.block for b in skips)
         if key not in self._skips:
             if self._means is None:
-                self._means = branch_means(self.workload, tuple(self.workload.branches.values()), SKIP_IMAGES)
+                branches = self.workload.analyses.get(BranchAnalysis).branches
+                self._means = branch_means(self.workload, tuple(branches.values()), SKIP_IMAGES)
             self._skips[key] = skip_state(self.workload, skips, SKIP_IMAGES, self._means)
         return self._skips[key]
 
@@ -180,7 +182,7 @@ class CompressedStates:
     def _reader(self, root: str, images: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(weight, input second moments) of the one layer reading `root`'s group, when it has exactly one, not
         grouped, and `root` is the group's only writer; None otherwise or without images."""
-        group = self._layers[root].channel_group
+        group = ChannelAnalysis.of(self._layers[root]).members
         readers = [m for m, out in group if not out]
         writers = [m for m, out in group if out]
         if not images or len(readers) != 1 or writers != [root] or readers[0] not in self._layers:
@@ -198,8 +200,9 @@ class CompressedStates:
             removed = tuple(sorted(set(range(self._layers[root].out_channels)) - set(idx.tolist())))
             key = (root, removed)
             if key not in self._removals:
-                assert self.workload.channels is not None, "a prunable layer comes from the workload's groups"
-                self._removals[key] = self.workload.channels.removals(root, removed)
+                groups = self.workload.analyses.get(ChannelAnalysis).groups
+                assert groups is not None, "a prunable layer comes from the workload's groups"
+                self._removals[key] = groups.removals(root, removed)
             out += self._removals[key]
         return tuple(out)
 
@@ -484,8 +487,9 @@ class CompressedStates:
         removals = self.removals(plan)
         if not removals:
             return model
-        assert self.workload.channels is not None, "removals come from the workload's channel groups"
-        return self.workload.channels.remove(model, removals)
+        groups = self.workload.analyses.get(ChannelAnalysis).groups
+        assert groups is not None, "removals come from the workload's channel groups"
+        return groups.remove(model, removals)
 
     def engine_model(self, plan: Plan) -> nn.Module:
         """`physical_model` with the blocks whose branches the plan removes rebuilt without them
