@@ -35,6 +35,7 @@ import torch
 
 from modelopt.api import build_compressors, build_workload
 from modelopt.compressors import QuantSpec
+from modelopt.compressors.contract import BranchAnalysis
 from modelopt.compressors.depth import SKIP
 from modelopt.data.split import Split
 from modelopt.evaluation.evaluator import Evaluator
@@ -168,7 +169,7 @@ def main() -> None:
              "W8A8, float stem": export_onnx(ev, w8a8, tmp / "w8a8_float_stem.onnx", quantize_input=False).path,
              "W8A8 (default export)": export_onnx(ev, w8a8, tmp / "w8a8.onnx").path}
     if args.skip:
-        ends = {b.block: b.layers[-1] for b in wl.branches.values()}
+        ends = {b.block: b.layers[-1] for b in wl.analyses.get(BranchAnalysis).branches.values()}
         unknown = [b for b in args.skip if b not in ends]
         if unknown:
             raise SystemExit(f"--skip {unknown[0]!r}: no removable residual branch there; valid: {', '.join(ends)}")

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from modelopt.api import build_compressors, build_workload
+from modelopt.compressors.contract import ChannelAnalysis
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.model.workload import Workload
 from modelopt.plan.space import SearchSpace
@@ -39,7 +40,7 @@ def _int4(wl: Workload) -> dict[str, Any]:
 def _plans(wl: Workload, sparsity: float, shares: tuple[float, ...]) -> list[tuple[str, dict[str, Any]]]:
     """(label, plan document) per row."""
     inner = [x.name for x in wl.layers[1:-1] if x.in_channels >= 4 or x.kind.value == "linear"]
-    roots = [x.name for x in wl.layers if x.prunable]
+    roots = [x.name for x in wl.layers.analysed(ChannelAnalysis) if ChannelAnalysis.of(x).members]
     q = _int4(wl)
     sparse = {n: {"prune": {"sparsity": sparsity, "kind": "unstructured"}} for n in inner}
     rows: list[tuple[str, dict[str, Any]]] = [("INT4 per-channel GPTQ (first and last layer INT8)",

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from modelopt.api import build_compressors, build_workload
+from modelopt.compressors.contract import ChannelAnalysis
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.model.workload import Workload
 from modelopt.plan.space import SearchSpace
@@ -43,7 +44,7 @@ def _quant(wl: Workload, bits: int, granularity: str = "per_channel") -> dict[st
 def plans(wl: Workload) -> list[tuple[str, dict[str, Any]]]:
     """(label, plan document) per row: the rows of issue 42's table."""
     inner = [x.name for x in wl.layers[1:-1] if x.in_channels >= 4 or x.kind.value == "linear"]
-    roots = [x.name for x in wl.layers if x.prunable]
+    roots = [x.name for x in wl.layers.analysed(ChannelAnalysis) if ChannelAnalysis.of(x).members]
     rows: list[tuple[str, dict[str, Any]]] = []
     for label, bits, gran in (("INT4 per-channel GPTQ", 4, "per_channel"), ("INT3 per-channel GPTQ", 3, "per_channel"),
                               ("INT3 group-wise (32) GPTQ", 3, "group"), ("INT2 per-channel GPTQ", 2, "per_channel")):

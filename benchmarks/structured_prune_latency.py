@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from modelopt.api import build_compressors, build_workload
+from modelopt.compressors.contract import ChannelAnalysis
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.latency import torch_latency
 from modelopt.plan.space import SearchSpace
@@ -41,9 +42,10 @@ def main() -> None:
     torch.manual_seed(0)
     weights = args.weights or (str(WEIGHTS) if args.model == "cifar10_resnet56" else None)
     wl = build_workload(args.model, "cifar10-sample", weights=weights, device="cpu")
-    blocks = [x.name for x in wl.layers if x.prunable]
+    blocks = [x.name for x in wl.layers.analysed(ChannelAnalysis) if ChannelAnalysis.of(x).members]
     if not blocks:
-        raise SystemExit(f"{args.model} has no prunable channel group: {wl.channels_refused or 'none was exact'}")
+        refused = wl.analyses.get(ChannelAnalysis).refused
+        raise SystemExit(f"{args.model} has no prunable channel group: {refused or 'none was exact'}")
     doc = {"layers": {n: {"prune": {"sparsity": args.sparsity, "kind": "structured"}} for n in blocks}}
     rows = []
     for bn_samples in (512, 0):

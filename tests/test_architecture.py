@@ -162,6 +162,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "_files", "_registry", "_version", "_name_clash", "confidence"),  # foundations
     ("zoo",),  # bundled models
     ("data",),  # the splits and their file formats
+    ("solvers",),  # closed-form layer solvers on input second moments: GPTQ's sweep, least squares
     ("model",),  # the model under compression: layers, loading, the workload
     ("compressors",),  # the plugin contract and the plugins
     ("plan",),  # what a search decides: plans, the space, plan files

@@ -2,9 +2,9 @@
 
 Outside this package (tests and docs too), code reaches compressors through the registry and the public contract,
 `modelopt.compressors.contract`, never through the underscore modules that hold the contract (`_base`, its
-capabilities `_routing`, `_channels` and `_branches`, `_packing`, `_calibration`, `_surface`, `_inputs`, `_options`;
-they may move) nor a plugin's own module. Each plugin of more than one idea is a folder: `quantize/`, `prune/`,
-`early_exit/`.
+capabilities `_routing`, `_channels`, `_branches` and `_analyses`, `_packing`, `_calibration`, `_surface`, `_inputs`,
+`_options`; they may move) nor a plugin's own module. Each plugin of more than one idea is a folder: `quantize/`,
+`prune/`, `early_exit/`.
 """
 
 from modelopt.compressors._base import Choice, Compressor

@@ -6,7 +6,10 @@ never from the underscore modules that hold them, which may move.
 - the options record and its settings: `Options`, `option`, `Setting`, `SettingKind`, `enum_member`;
 - the report columns a plugin adds: `Cell`, `ReportColumn`;
 - capabilities: `Routes` and `Routing` (samples leave early: `Route`, `ExitTap`, `Forward`), `RemovesChannels`,
-  `RemovesBranch`, `CalibrationNeed`;
+  `RemovesBranch`, `CalibrationNeed`, and `UsesAnalyses`;
+- structural analyses a compressor reads (`UsesAnalyses.analyses`): `Analysis`, what it reads of the model
+  (`ModelView`), their registry `ANALYSES`, and the shipped ones, `ChannelAnalysis` (a root's `ChannelGroup`) and
+  `BranchAnalysis`;
 - stored forms of compressed weights: `Storage`, `WeightForm`, `IntegerWeight`, `Granularity` and the packing helpers;
 - quantized layer inputs (W8A8): `Calibration`, `InputQParams` and the functions that measure and apply them.
 
@@ -14,6 +17,7 @@ Example:
     >>> from modelopt.compressors.contract import COMPRESSORS, Compressor, Options, option
 """
 
+from modelopt.compressors._analyses import UsesAnalyses
 from modelopt.compressors._base import Choice, Compressor, Precision
 from modelopt.compressors._branches import RemovesBranch
 from modelopt.compressors._calibration import CalibrationNeed
@@ -49,11 +53,15 @@ from modelopt.compressors._packing import (
 from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors._routing import ExitTap, Forward, Route, Routes, Routing
 from modelopt.compressors._surface import Cell, ReportColumn, Setting, SettingKind, enum_member
+from modelopt.model.analysis import ANALYSES, Analysis, ModelView
+from modelopt.model.branches import BranchAnalysis
+from modelopt.model.channels import ChannelAnalysis, ChannelGroup
 
-__all__ = ["COMPRESSORS", "QPARAM_BYTES", "SCALE_DTYPE", "Calibration", "CalibrationNeed", "Cell", "Choice",
-           "Compressor", "ExitTap", "Forward", "Granularity", "InputQParams", "IntegerWeight", "Options", "Precision",
-           "RemovesBranch", "RemovesChannels", "ReportColumn", "Route", "Routes", "Routing", "Setting", "SettingKind",
-           "Storage", "WeightForm", "activation_bits", "calibration_method", "code_range", "decode_mask",
+__all__ = ["ANALYSES", "COMPRESSORS", "QPARAM_BYTES", "SCALE_DTYPE", "Analysis", "BranchAnalysis", "Calibration",
+           "CalibrationNeed", "Cell", "ChannelAnalysis", "ChannelGroup", "Choice", "Compressor", "ExitTap", "Forward",
+           "Granularity", "InputQParams", "IntegerWeight", "ModelView", "Options", "Precision", "RemovesBranch",
+           "RemovesChannels", "ReportColumn", "Route", "Routes", "Routing", "Setting", "SettingKind", "Storage",
+           "UsesAnalyses", "WeightForm", "activation_bits", "calibration_method", "code_range", "decode_mask",
            "encode_mask", "enum_member", "fake_quantize", "fake_quantized_inputs", "input_ranges",
            "install_input_quantizers", "option", "pack_codes", "scale_units", "sparse_encoding", "sparse_index_bytes",
            "to_scale_dtype", "unpack_codes"]

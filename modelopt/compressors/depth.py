@@ -1,6 +1,6 @@
 """Depth: remove a block's residual branch and keep its shortcut (`modelopt.model.branches`).
 
-Offered on the last layer of every removable branch (`Layer.branch`): a ResNet block's conv2, an inverted
+Offered on the last layer of every removable branch (`BranchAnalysis.of(layer)`): a ResNet block's conv2, an inverted
 residual's projection. Removing it takes every layer of the branch out of the graph the engines run, so it is a
 decision about speed: a block removed is a block no engine runs, where channels pruned to odd counts fall off the
 int8 kernels' blocking (LayerPrune, arXiv 2007.05667: removing blocks cuts more latency than removing filters at
@@ -26,6 +26,7 @@ from modelopt.compressors._packing import Storage
 from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors._surface import Cell, ReportColumn
 from modelopt.errors import ConfigError
+from modelopt.model.branches import BranchAnalysis
 from modelopt.model.layers import Layer
 
 
@@ -48,7 +49,7 @@ def _cell(raw: Mapping[str, Any] | None) -> Cell:
 
 @COMPRESSORS.register("depth")
 class Depth(Compressor, RemovesBranch):
-    """Removes residual branches: ``{skip: true}`` on a branch's last layer (`Layer.branch`).
+    """Removes residual branches: ``{skip: true}`` on a branch's last layer (`BranchAnalysis.of(layer)`).
 
     Example:
         >>> Depth().menu(layers["layer1.0.conv2"])
@@ -66,13 +67,13 @@ class Depth(Compressor, RemovesBranch):
         return choice is not None
 
     def menu(self, layer: Layer) -> tuple[Choice, ...]:
-        return (None, SKIP) if layer.branch else ()
+        return (None, SKIP) if BranchAnalysis.of(layer) else ()
 
     def parse(self, raw: Mapping[str, Any] | None, layer: Layer) -> Choice:
         if raw is None or raw is False:
             return None
         if raw is True or (isinstance(raw, Mapping) and set(raw) == {"skip"} and isinstance(raw["skip"], bool)):
-            if not layer.branch:
+            if not BranchAnalysis.of(layer):
                 raise ConfigError(f"depth: layer {layer.name!r} does not end a removable residual branch; name the "
                                   "last layer of a block's branch (a ResNet block's conv2)")
             return SKIP if raw is True or raw["skip"] else None

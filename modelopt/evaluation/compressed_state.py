@@ -32,7 +32,7 @@ from modelopt.evaluation.prep_costs import OneTimeCosts
 from modelopt.evaluation.realised import Realised
 from modelopt.evaluation.routes import PlanRoutes
 from modelopt.model.branches import skipped_block
-from modelopt.model.channels import zeroed
+from modelopt.model.channels import ChannelAnalysis, zeroed
 from modelopt.model.layers import compressible_modules
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Plan
@@ -233,8 +233,9 @@ class CompressedStates:
             model = copy.deepcopy(self.workload.model)
         if not r.removals:
             return model
-        assert self.workload.channels is not None, "removals come from the workload's channel groups"
-        return self.workload.channels.remove(model, r.removals)
+        groups = self.workload.analyses.get(ChannelAnalysis).groups
+        assert groups is not None, "removals come from the workload's channel groups"
+        return groups.remove(model, r.removals)
 
     def engine_model(self, target: Plan | Realised) -> nn.Module:
         """`physical_model` with the blocks whose branches the plan removes rebuilt without them

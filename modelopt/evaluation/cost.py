@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from modelopt.compressors.contract import Choice, RemovesChannels, Routes, Storage
+from modelopt.compressors.contract import ChannelAnalysis, Choice, RemovesChannels, Routes, Storage
 from modelopt.model.layers import Layer
 from modelopt.plan.plan import Decision, Plan
 from modelopt.plan.space import SearchSpace
@@ -128,7 +128,7 @@ class CostModel:
         self.decisions: dict[str, list[Decision]] = {x.name: [] for x in self.layers}
         for d in space.decisions:
             self.decisions[d.layer].append(d)
-        self.roots = [x.name for x in self.layers if x.prunable]  # channel groups' roots (structured pruning)
+        self.roots = [x.name for x in self.layers if ChannelAnalysis.of(x).members]  # channel groups' roots
         self._counts: dict[tuple[str, str, Choice], int | None] = {}
 
     def cost(self, plan: Plan, kept: Mapping[str, int] | None = None) -> PlanCost:
@@ -143,7 +143,7 @@ class CostModel:
         removed: dict[str, list[int]] = {}  # layer -> [rows removed, columns removed]
         for root, n in kept.items():
             layer = self.space.layers[root]
-            for member, rows in layer.channel_group:
+            for member, rows in ChannelAnalysis.of(layer).members:
                 removed.setdefault(member, [0, 0])[0 if rows else 1] += layer.out_channels - n
         skipped = self.space.skipped_layers(plan)
         costs = []
@@ -178,10 +178,10 @@ class CostModel:
             weight_bits = min(weight_bits, precision.weight)
             activation_bits = min(activation_bits, precision.activation)
         freed = 0
-        if layer.prunable:
+        if ChannelAnalysis.of(layer).members:
             # A root's removed channels take their group's float entries with them (norms' scales and shifts,
             # biases): counted here, with the root.
-            freed = (layer.out_channels - stored.out_channels) * 4 * layer.channel_floats
+            freed = (layer.out_channels - stored.out_channels) * 4 * ChannelAnalysis.of(layer).floats
         return LayerCost(stored, storage, head, freed, weight_bits, activation_bits)
 
     def marginal_bytes(self, center: Plan) -> list[list[int]]:
@@ -219,7 +219,7 @@ class CostModel:
 
     def _own_kept(self, layer: Layer, choices: Mapping[str, Choice]) -> int | None:
         """Output channels `choices` keep of `layer` (None: all of them)."""
-        if not layer.prunable:
+        if not ChannelAnalysis.of(layer).members:
             return None
         kept = None
         for d in self.decisions[layer.name]:

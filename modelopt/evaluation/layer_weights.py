@@ -21,14 +21,14 @@ from modelopt.evaluation.fitted import Fitted
 from modelopt.evaluation.forms import Step
 from modelopt.evaluation.prep_costs import OneTimeCosts
 from modelopt.evaluation.realised import Kept, Slices
-from modelopt.model.branches import Branch
-from modelopt.model.channels import Removal
+from modelopt.model.branches import Branch, BranchAnalysis
+from modelopt.model.channels import ChannelAnalysis, Removal
 from modelopt.model.layer_inputs import LayerInputs, input_columns, input_hessians
-from modelopt.model.reconstruct import refit_reader
 from modelopt.model.skip_repair import branch_means, skip_state
 from modelopt.model.workload import Workload
 from modelopt.plan.plan import Decision, Plan
 from modelopt.plan.space import SearchSpace
+from modelopt.solvers.least_squares import refit_reader
 
 __all__ = ["SKIP_IMAGES", "LayerWeights"]
 
@@ -63,8 +63,8 @@ class LayerWeights:
             layer.name: [d for d in space.decisions if d.layer == layer.name] for layer in workload.layers
         }
         # The roots of the channel groups structured pruning may remove from (`modelopt.model.channels`).
-        self._layers = {layer.name: layer for layer in workload.layers}
-        self._roots = [x.name for x in workload.layers if x.prunable]
+        self._layers = dict(space.layers)
+        self._roots = [x.name for x in space.layers.values() if ChannelAnalysis.of(x).members]
         self._kept: dict[tuple[Any, ...], torch.Tensor | None] = {}
         self._removals: dict[tuple[str, tuple[int, ...]], tuple[Removal, ...]] = {}
         self._skips: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}  # removed blocks -> their float state
@@ -85,7 +85,8 @@ class LayerWeights:
         """The residual branches the plan removes (`SearchSpace.removed_branches`), in model order (kept per plan:
         every layer's weights ask)."""
         if plan.key not in self._skipped:
-            self._skipped[plan.key] = tuple(self.workload.branches[end] for end in self.space.removed_branches(plan))
+            self._skipped[plan.key] = tuple(self.workload.analyses.get(BranchAnalysis).branches[end]
+                                            for end in self.space.removed_branches(plan))
         return self._skipped[plan.key]
 
     def skip_key(self, plan: Plan) -> str:
@@ -101,7 +102,8 @@ class LayerWeights:
         key = tuple(b.block for b in skips)
         if key not in self._skips:
             if self._means is None:
-                self._means = branch_means(self.workload, tuple(self.workload.branches.values()), SKIP_IMAGES)
+                branches = self.workload.analyses.get(BranchAnalysis).branches
+                self._means = branch_means(self.workload, tuple(branches.values()), SKIP_IMAGES)
             self._skips[key] = skip_state(self.workload, skips, SKIP_IMAGES, self._means)
         return self._skips[key]
 
@@ -141,7 +143,7 @@ class LayerWeights:
     def _reader(self, root: str, images: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(weight, input second moments) of the one layer reading `root`'s group, when it has exactly one, not
         grouped, and `root` is the group's only writer; None otherwise or without images."""
-        group = self._layers[root].channel_group
+        group = ChannelAnalysis.of(self._layers[root]).members
         readers = [m for m, out in group if not out]
         writers = [m for m, out in group if out]
         if not images or len(readers) != 1 or writers != [root] or readers[0] not in self._layers:
@@ -159,8 +161,9 @@ class LayerWeights:
             removed = tuple(sorted(set(range(self._layers[root].out_channels)) - set(idx.tolist())))
             key = (root, removed)
             if key not in self._removals:
-                assert self.workload.channels is not None, "a prunable layer comes from the workload's groups"
-                self._removals[key] = self.workload.channels.removals(root, removed)
+                groups = self.workload.analyses.get(ChannelAnalysis).groups
+                assert groups is not None, "a prunable layer comes from the workload's groups"
+                self._removals[key] = groups.removals(root, removed)
             out += self._removals[key]
         return tuple(out)
 
@@ -252,9 +255,9 @@ class LayerWeights:
 
     def sliced(self, lname: str, plan: Plan) -> torch.Tensor:
         """`lname`'s float weight at the shape the plan stores: its kept rows and columns, refitted on the kept
-        columns when the plan removed some of its inputs and repairs (`reconstruct.refit_reader`; a grouped conv,
-        whose groups read their own channels, is only sliced); a layer standing in for a removed branch before it,
-        its refit (`float_weight`). Every compressor's chain starts here."""
+        columns when the plan removed some of its inputs and repairs (`solvers.least_squares.refit_reader`; a
+        grouped conv, whose groups read their own channels, is only sliced); a layer standing in for a removed
+        branch before it, its refit (`float_weight`). Every compressor's chain starts here."""
         orig = self.float_weight(lname, plan)
         keep_rows, keep_cols = self.kept_slices(plan).get(lname, (None, None))
         w = orig if keep_rows is None else orig[keep_rows.to(orig.device)]

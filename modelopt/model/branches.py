@@ -11,18 +11,27 @@ The evaluator simulates a removal with weights alone, so the model it scores and
 compute the same function: the branch's layers zero and its end (a batch norm, or the last layer with a bias)
 giving `c` (a norm's scale zero, its shift `c`). `skipped_block` builds the block the engines run instead, with the
 branch's operations gone from the graph.
+
+The branches are a structural analysis (`BranchAnalysis`, `modelopt.model.analysis`), built the first time a search
+space's compressors ask for it (`RemovesBranch` does); each branch's layers are on its last layer.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import fx, nn
 
-__all__ = ["Branch", "BranchMean", "residual_branches", "skipped_block"]
+from modelopt.errors import ConfigError
+from modelopt.model.analysis import ANALYSES, Analysis, ModelView
+from modelopt.model.backbone import split_backbone
+from modelopt.model.layers import Layer
+
+__all__ = ["Branch", "BranchAnalysis", "BranchMean", "Residuals", "residual_branches", "skipped_block"]
 
 _ADDS = {operator.add, operator.iadd, torch.add}
 
@@ -119,6 +128,56 @@ def residual_branches(blocks: Sequence[tuple[str, nn.Module]], compressible: Map
         if branch is not None:
             out[branch.layers[-1]] = branch
     return out
+
+
+@dataclass(frozen=True)
+class Residuals:
+    """What `BranchAnalysis` finds: the backbone's blocks in order, and their removable branches by last layer (none
+    where the model does not cut into blocks, `split_backbone`)."""
+
+    blocks: tuple[str, ...] = ()
+    branches: Mapping[str, Branch] = field(default_factory=dict)
+
+
+@ANALYSES.register("residual_branches")
+class BranchAnalysis(Analysis[Residuals, tuple[str, ...]]):
+    """The removable residual branches (`residual_branches`); on a branch's last layer, the branch's compressible
+    layers in forward order, itself last.
+
+    Example:
+        >>> BranchAnalysis.of(space.layers["layer1.0.conv2"])
+        ('layer1.0.conv1', 'layer1.0.conv2')
+        >>> workload.analyses.get(BranchAnalysis).branches["layer1.0.conv2"].end
+        'layer1.0.bn2'
+    """
+
+    @classmethod
+    def build(cls, view: ModelView) -> Residuals:
+        if view.example.dim() != 4:
+            return Residuals()
+        try:
+            backbone = split_backbone(view.model, (int(view.example.shape[-2]), int(view.example.shape[-1])))
+        except (ConfigError, ValueError, RuntimeError):
+            return Residuals()
+        return Residuals(tuple(name for name, _ in backbone.blocks), residual_branches(backbone.blocks, view.layers))
+
+    @classmethod
+    def facts(cls, result: Residuals) -> Mapping[str, tuple[str, ...]]:
+        return {end: branch.layers for end, branch in result.branches.items()}
+
+    @classmethod
+    def of(cls, layer: Layer) -> tuple[str, ...]:
+        """The branch `layer` ends, else ()."""
+        found = layer.fact(cls.name)
+        return found if isinstance(found, tuple) else ()
+
+    @classmethod
+    def to_json(cls, fact: tuple[str, ...] | None) -> dict[str, Any]:
+        return {"branch": list(fact)} if fact else {}
+
+    @classmethod
+    def from_json(cls, entry: Mapping[str, Any]) -> tuple[str, ...] | None:
+        return tuple(str(n) for n in entry.get("branch", ())) or None
 
 
 class BranchMean(nn.Module):

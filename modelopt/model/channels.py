@@ -12,6 +12,9 @@ must agree. Each group is checked once, on the model as loaded: a quarter of its
 the same channels removed, on two images (a norm across channels, LayerNorm, computes other statistics
 without them: such groups are left out). A group that changes the model's outputs (its classes) is too.
 
+The groups are a structural analysis (`ChannelAnalysis`, `modelopt.model.analysis`), built the first time a search
+space's compressors ask for it (`RemovesChannels` does); each group's record (`ChannelGroup`) is on its root layer.
+
 Example:
     >>> groups = ChannelGroups(model, x[:2], [layer.name for layer in layers])
     >>> list(groups.roots)[:2], groups.roots["layer1.0.conv1"]
@@ -25,16 +28,19 @@ from __future__ import annotations
 import copy
 import logging
 import warnings
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
 from modelopt.errors import ConfigError
 from modelopt.model._torch_pruning import tp
+from modelopt.model.analysis import ANALYSES, Analysis, ModelView
+from modelopt.model.layers import Layer
 
-__all__ = ["ChannelGroups", "Removal", "zeroed"]
+__all__ = ["ChannelAnalysis", "ChannelGroup", "ChannelGroups", "Channels", "Removal", "zeroed"]
 
 log = logging.getLogger(__name__)
 
@@ -166,3 +172,96 @@ def zeroed(model: nn.Module, removals: Iterable[Removal]) -> dict[str, torch.Ten
 
 def _norm(module: nn.Module) -> bool:
     return isinstance(module, (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm))
+
+
+@dataclass(frozen=True)
+class ChannelGroup:
+    """One checked channel group, as its root layer carries it.
+
+    Attributes:
+        members: The compressible layers its output channels are rows (True) or columns (False) of, the root first
+            (a block's conv1 and the conv2 reading it; a depthwise conv between them; every layer of a residual
+            stream). Empty on a layer whose output channels no checked group removes.
+        floats: The float entries per channel outside those weights that removing one drops (norms' scales and
+            shifts, biases).
+    """
+
+    members: tuple[tuple[str, bool], ...] = ()
+    floats: int = 0
+
+
+NO_GROUP = ChannelGroup()
+
+
+@dataclass(frozen=True)
+class Channels:
+    """What `ChannelAnalysis` finds: the checked groups, and each root's record (None: the model does not trace)."""
+
+    groups: ChannelGroups | None
+    roots: Mapping[str, ChannelGroup] = field(default_factory=dict)
+    refused: str | None = None  # why the model has no groups: it does not trace
+
+
+@ANALYSES.register("channel_groups")
+class ChannelAnalysis(Analysis[Channels, ChannelGroup]):
+    """The channel groups structured pruning may remove (`ChannelGroups`, each checked once), by root layer.
+
+    Example:
+        >>> ChannelAnalysis.of(space.layers["layer1.0.conv1"]).members
+        (('layer1.0.conv1', True), ('layer1.0.conv2', False))
+        >>> workload.analyses.get(ChannelAnalysis).groups.removals("layer1.0.conv1", [0, 5])
+    """
+
+    @classmethod
+    def build(cls, view: ModelView) -> Channels:
+        try:
+            groups = ChannelGroups(view.model, view.example, view.layers, check=view.check)
+        except ConfigError as exc:  # it does not trace: the model keeps the other compressors
+            return Channels(None, refused=str(exc))
+        roots = {root: _group(groups, root, view.layers) for root in view.layers if root in groups.roots}
+        return Channels(groups, roots)
+
+    @classmethod
+    def facts(cls, result: Channels) -> Mapping[str, ChannelGroup]:
+        return result.roots
+
+    @classmethod
+    def of(cls, layer: Layer) -> ChannelGroup:
+        """`layer`'s group where it roots one, else an empty one."""
+        found = layer.fact(cls.name)
+        return found if isinstance(found, ChannelGroup) else NO_GROUP
+
+    @classmethod
+    def to_json(cls, fact: ChannelGroup | None) -> dict[str, Any]:
+        fact = fact or NO_GROUP
+        return {"channel_group": [list(m) for m in fact.members], "channel_floats": fact.floats}
+
+    @classmethod
+    def from_json(cls, entry: Mapping[str, Any]) -> ChannelGroup | None:
+        """An older layer table named a block's conv2 (`channel_consumer`): the group of conv1's rows, its norm (two
+        entries a channel, and the bias) and conv2's columns."""
+        if "channel_group" in entry:
+            members = tuple((str(m), bool(r)) for m, r in entry["channel_group"])
+            return ChannelGroup(members, int(entry.get("channel_floats", 0))) if members else None
+        if "channel_consumer" not in entry:
+            raise KeyError("channel_group")  # written before structured pruning's fields
+        if entry["channel_consumer"]:
+            return ChannelGroup(((entry["name"], True), (entry["channel_consumer"], False)),
+                                2 + int(bool(entry.get("has_bias"))))
+        return None
+
+
+def _group(groups: ChannelGroups, root: str, modules: Mapping[str, nn.Module]) -> ChannelGroup:
+    """`root`'s group: its compressible members as (layer, rows), the float entries it drops per channel."""
+    members: list[tuple[str, bool]] = []
+    floats = 0
+    for r in groups.removals(root, [0]):
+        module = groups.model.get_submodule(r.module)
+        rows = r.out or (isinstance(module, nn.Conv2d) and module.groups > 1)
+        if r.module in modules:
+            members.append((r.module, rows))
+            floats += int(rows and getattr(module, "bias", None) is not None)
+        else:  # a norm: its scale and shift
+            floats += sum(getattr(module, a, None) is not None for a in ("weight", "bias"))
+    members.sort(key=lambda m: m[0] != root)  # the root first
+    return ChannelGroup(tuple(dict.fromkeys(members)), floats)

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import dataclasses
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from modelopt.model.images import Images
-
-if TYPE_CHECKING:  # the groups are found on the layers' modules: its type only
-    from modelopt.model.channels import ChannelGroups
 
 
 class LayerKind(str, Enum):
@@ -30,16 +27,10 @@ class Layer:
     weight_shape: tuple[int, ...]
     macs: int  # multiply-accumulates per sample at the model's input size
     has_bias: bool
-    # Structured pruning (`modelopt.model.channels`), on the root of a channel group: the compressible layers
-    # its output channels are rows (True) or columns (False) of, itself first (a block's conv1 and the conv2
-    # reading it; a depthwise conv between them; every layer of a residual stream); and the float entries per
-    # channel outside those weights that removing one drops (norms' scales and shifts, biases). Empty on a
-    # layer whose output channels no checked group removes.
-    channel_group: tuple[tuple[str, bool], ...] = ()
-    channel_floats: int = 0
-    # Depth (`modelopt.model.branches`), on the last layer of a block's removable residual branch: the branch's
-    # compressible layers in forward order, itself last. Empty elsewhere.
-    branch: tuple[str, ...] = ()
+    # What the structural analyses a search space asked for found of this layer (`modelopt.model.analysis`):
+    # (analysis name, finding) pairs in name order, each read through its analysis (`Analysis.of`). Empty where
+    # none was asked for or none found anything here.
+    facts: tuple[tuple[str, Hashable], ...] = ()
 
     @property
     def params(self) -> int:
@@ -48,10 +39,15 @@ class Layer:
             n *= d
         return n
 
-    @property
-    def prunable(self) -> bool:
-        """Whether structured pruning may remove this layer's output channels (it roots a channel group)."""
-        return bool(self.channel_group)
+    def fact(self, name: str) -> Hashable | None:
+        """The finding of the analysis `name` on this layer (None: none)."""
+        return next((found for key, found in self.facts if key == name), None)
+
+    def noted(self, facts: Mapping[str, Hashable]) -> Layer:
+        """This layer with `facts` {analysis name: finding} among its findings (replacing that analysis's own)."""
+        if not facts:
+            return self
+        return dataclasses.replace(self, facts=tuple(sorted({**dict(self.facts), **facts}.items())))
 
     @property
     def out_channels(self) -> int:
@@ -94,9 +90,8 @@ def _weight(module: nn.Module) -> torch.Tensor:
     return module.weight
 
 
-def discover_layers(model: nn.Module, example: torch.Tensor, groups: ChannelGroups | None = None) -> tuple[Layer, ...]:
-    """Runs one forward pass on `example` (a batch of one) and records each layer's MACs; `groups`: the model's
-    checked channel groups, which structured pruning may remove (`modelopt.model.channels`)."""
+def discover_layers(model: nn.Module, example: torch.Tensor) -> tuple[Layer, ...]:
+    """Runs one forward pass on `example` (a batch of one) and records each layer's MACs."""
     modules = compressible_modules(model)
     macs: dict[str, int] = {}
     hooks = []
@@ -117,24 +112,7 @@ def discover_layers(model: nn.Module, example: torch.Tensor, groups: ChannelGrou
     layers = []
     for name, mod in modules.items():
         kind = LayerKind.CONV if isinstance(mod, nn.Conv2d) else LayerKind.LINEAR
-        group, floats = ((), 0) if groups is None or name not in groups.roots else _group(groups, name, modules)
         layers.append(Layer(name=name, kind=kind, weight_shape=tuple(_weight(mod).shape), macs=macs.get(name, 0),
-                            has_bias=mod.bias is not None, channel_group=group, channel_floats=floats))
+                            has_bias=mod.bias is not None))
     return tuple(layers)
 
-
-def _group(groups: ChannelGroups, root: str, modules: Mapping[str, nn.Module]) -> tuple[tuple[tuple[str, bool], ...],
-                                                                                        int]:
-    """(compressible members as (layer, rows), float entries dropped per channel) of `root`'s group."""
-    members: list[tuple[str, bool]] = []
-    floats = 0
-    for r in groups.removals(root, [0]):
-        module = groups.model.get_submodule(r.module)
-        rows = r.out or (isinstance(module, nn.Conv2d) and module.groups > 1)
-        if r.module in modules:
-            members.append((r.module, rows))
-            floats += int(rows and getattr(module, "bias", None) is not None)
-        else:  # a norm: its scale and shift
-            floats += sum(getattr(module, a, None) is not None for a in ("weight", "bias"))
-    members.sort(key=lambda m: m[0] != root)  # the root first
-    return tuple(dict.fromkeys(members)), floats

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -14,12 +13,10 @@ from torch import nn
 from modelopt.data.dataset import Dataset, peek_num_classes
 from modelopt.data.split import Split, check_split
 from modelopt.errors import ConfigError, LoadError
-from modelopt.model.backbone import split_backbone
-from modelopt.model.branches import Branch, residual_branches
-from modelopt.model.channels import ChannelGroups
+from modelopt.model.analysis import Analyses, Layers, ModelView
 from modelopt.model.images import Images
 from modelopt.model.layer_inputs import LayerInputs
-from modelopt.model.layers import Layer, LayerKind, compressible_modules, discover_layers
+from modelopt.model.layers import LayerKind, compressible_modules, discover_layers
 from modelopt.model.loader import LoadedModel
 
 # Splits whose prepared images together fit in this many bytes are held prepared (every CIFAR-10 set: the default
@@ -118,19 +115,10 @@ class Workload:
         resident = sum(len(data.split(n)) for n in names) * per_image <= RESIDENT_BYTES
         splits = {name: Images(data.split(name).x, self._prepare, two.shape[1:], self.device, resident)
                   for name in names}
-        # The channel groups structured pruning may remove (checked once; None with the reason: it does not trace).
-        self.channels: ChannelGroups | None = None
-        self.channels_refused: str | None = None
-        try:
-            self.channels = ChannelGroups(self.model, two, self.modules)
-        except ConfigError as exc:
-            self.channels_refused = str(exc)
-        self.layers: tuple[Layer, ...] = discover_layers(self.model, two[:1], self.channels)
-        # The backbone's blocks, and their removable residual branches by their last layer (depth; none where the
-        # model does not cut into blocks).
-        self.blocks, self.branches = _branches(self.model, two, self.modules)
-        self.layers = tuple(dataclasses.replace(x, branch=self.branches[x.name].layers) if x.name in self.branches
-                            else x for x in self.layers)
+        # What compressors need to know of the model's graph beyond its layers, each analysis built the first time
+        # one asks for it (a search space does, for its compressors' menus: `modelopt.model.analysis`) and kept.
+        self.analyses = Analyses(ModelView(self.model, self.modules, two))
+        self.layers = Layers(discover_layers(self.model, two[:1]), self.analyses)
         # Image batches run channels-last on the CPU when convolutions do most of the work: oneDNN's convolutions
         # run NHWC and reorder an NCHW input at every layer (`laid_out`); a transformer's one patch conv does not pay.
         conv = sum(x.macs for x in self.layers if x.kind is LayerKind.CONV)
@@ -262,19 +250,6 @@ class Workload:
         finally:
             for cur, data in reversed(saved):
                 cur.data = data
-
-
-def _branches(model: nn.Module, example: torch.Tensor, modules: Mapping[str, nn.Module]
-              ) -> tuple[tuple[str, ...], dict[str, Branch]]:
-    """The backbone's blocks in order and, by their last layer, their removable residual branches
-    (`modelopt.model.branches`); none where the model does not cut into blocks (`split_backbone`)."""
-    if example.dim() != 4:
-        return (), {}
-    try:
-        backbone = split_backbone(model, (int(example.shape[-2]), int(example.shape[-1])))
-    except (ConfigError, ValueError, RuntimeError):
-        return (), {}
-    return tuple(name for name, _ in backbone.blocks), residual_branches(backbone.blocks, modules)
 
 
 def _float_bytes_outside_weights(model: nn.Module, layers: Mapping[str, nn.Module]) -> int:

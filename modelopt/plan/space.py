@@ -12,8 +12,17 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from modelopt.compressors.contract import Choice, Compressor, RemovesBranch, RemovesChannels, Routes
+from modelopt.compressors.contract import (
+    BranchAnalysis,
+    Choice,
+    Compressor,
+    RemovesBranch,
+    RemovesChannels,
+    Routes,
+    UsesAnalyses,
+)
 from modelopt.errors import UnknownNameError
+from modelopt.model.analysis import Layers
 from modelopt.model.layers import Layer
 from modelopt.plan import file as plan_file
 from modelopt.plan.file import read_plan_file
@@ -52,9 +61,12 @@ class SearchSpace:
     """
 
     def __init__(self, layers: Sequence[Layer], compressors: Sequence[Compressor]) -> None:
-        self.layers = {layer.name: layer for layer in layers}
         # Chain order is the compressors' own (prune before quantize), not the order given.
         compressors = sorted(compressors, key=lambda c: c.order)
+        if isinstance(layers, Layers):  # a model's: given what the analyses these menus read find (each built once)
+            layers = layers.analysed(*dict.fromkeys(a for c in compressors if isinstance(c, UsesAnalyses)
+                                                    for a in c.analyses))
+        self.layers = {layer.name: layer for layer in layers}
         self.compressors = {c.name: c for c in compressors}
         decisions = []
         for layer in layers:
@@ -75,7 +87,7 @@ class SearchSpace:
             err = 0.0 if c is None else 4.0 ** -min(precision.weight, 16)  # uniform-quantizer error scales as 4^-bits
             macs = layer.macs - (comp.macs_saved(layer, c, self.layers) if isinstance(comp, RemovesChannels) else 0)
             if isinstance(comp, RemovesBranch) and comp.removes(c):  # the whole branch's MACs go
-                macs = layer.macs - sum(self.layers[n].macs for n in layer.branch if n in self.layers)
+                macs = layer.macs - sum(self.layers[n].macs for n in BranchAnalysis.of(layer) if n in self.layers)
             head = comp.added_bytes(layer, c) if isinstance(comp, Routes) else 0
             out.append(ChoiceFeatures(comp.weight_bytes(layer, c) + head, precision.weight, macs, err,
                                       precision.activation))
@@ -189,8 +201,8 @@ class SearchSpace:
                      and comp.removes(plan.get(d.name)))
 
     def skipped_layers(self, plan: Plan) -> frozenset[str]:
-        """Every layer on the residual branches the plan removes (`Layer.branch`): stored, never run."""
-        return frozenset(name for end in self.removed_branches(plan) for name in self.layers[end].branch)
+        """Every layer on the residual branches the plan removes (`BranchAnalysis`): stored, never run."""
+        return frozenset(name for end in self.removed_branches(plan) for name in BranchAnalysis.of(self.layers[end]))
 
     def uniform(self, compressor: str, choice: Choice) -> Plan:
         """The plan giving every layer the same `choice` of `compressor` (canonicalised per layer)."""

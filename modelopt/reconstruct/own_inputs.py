@@ -31,15 +31,15 @@ from modelopt.compressors.contract import (
 )
 from modelopt.errors import ConfigError
 from modelopt.model.backbone import split_backbone
-from modelopt.model.gptq_sweep import gptq_round
 from modelopt.model.layer_inputs import UNFOLD_BYTES, LayerInputs, sampled_unfold, unfolded_bytes
+from modelopt.solvers.gptq import gptq_round
+from modelopt.solvers.least_squares import least_squares
 
 __all__ = ["Grid", "LayerFit", "LayerGoal", "refit_layers"]
 
 # A conv's moments are summed over at most about this many rows per column of its fan-in (output positions taken
 # evenly): GPTQ's own calibration has 64 per column; every position of a CIFAR image would be thousands.
 ROWS_PER_INPUT = 256
-DAMP = 0.01  # share of the mean diagonal of H_q added before solving for W* (GPTQ's percdamp)
 
 
 # Each row's scales may be rescaled by one of these before its codes are chosen: the stored bytes are the same,
@@ -166,14 +166,6 @@ def paired_moments(floats: tuple[nn.Module, nn.Module, torch.Tensor], owns: tupl
     return hq, c, energy
 
 
-def _solve(w: torch.Tensor, hq: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """W* = W C H_q^-1 per group: w (groups, out, n_float), c (groups, n_float, n), hq (groups, n, n)."""
-    diag = torch.diagonal(hq, dim1=1, dim2=2)
-    damped = hq + torch.diag_embed(DAMP * diag.mean(dim=1, keepdim=True).expand_as(diag) + 1e-12)
-    rhs = w @ c  # (groups, out, n)
-    return torch.linalg.solve(damped, rhs.transpose(1, 2)).transpose(1, 2)
-
-
 def _error(w: torch.Tensor, hq: torch.Tensor, c: torch.Tensor, w_float: torch.Tensor, energy: float) -> float:
     """||W' X_q^T - W X^T||^2 / ||W X^T||^2 from the moments (`energy`: ||W X^T||^2)."""
     cross = torch.einsum("goi,gij,goj->", w_float, c, w)
@@ -250,7 +242,7 @@ def _refit(name: str, t: LayerGoal, floats: tuple[nn.Module, nn.Module, torch.Te
     stored = (len(rows), len(cols), *full.shape[2:])
     current = weight.detach().double().reshape(full.shape[0], k)[rows][:, col_idx]
     before = _error(current.reshape(g, -1, len(col_idx)), hq, c, w_rows, energy)
-    w_star = _solve(w_rows, hq, c).reshape(stored)
+    w_star = least_squares(hq, w_rows @ c).reshape(stored)  # W* = W C H_q^-1 per group
     inputs = LayerInputs(hq, x.shape[0])
     integer = None
     if t.grid is None:

@@ -11,7 +11,6 @@ back to the architecture named in run.json (weights are not needed for shapes).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import json
@@ -28,11 +27,11 @@ from modelopt._files import write_atomic
 from modelopt.config.build import make_space
 from modelopt.config.run_config import RunConfig
 from modelopt.config.run_json import objective_from_json
-from modelopt.errors import ConfigError, LoadError
+from modelopt.errors import LoadError
 from modelopt.evaluation.cost import CostModel
 from modelopt.evaluation.metrics import Metrics
+from modelopt.model.analysis import ANALYSES, Analyses, Analysis, Layers, ModelView
 from modelopt.model.attention import unfuse_attention
-from modelopt.model.channels import ChannelGroups
 from modelopt.model.layers import Layer, LayerKind, compressible_modules, discover_layers
 from modelopt.model.loader import load_model
 from modelopt.objective import Objective, best_of
@@ -233,40 +232,40 @@ def is_run_folder(path: str | Path) -> bool:
 
 
 def save_layers(run_dir: str | Path, layers: Sequence[Layer]) -> Path:
-    """Writes the model's layer table into a run folder (`layers.json`) so reports need no model.
+    """Writes the model's layer table into a run folder (`layers.json`) so reports need no model: each layer and
+    what every registered structural analysis found of it (`ANALYSES`, in name order; a workload's `Layers` are
+    analysed by each first), so a space of any compressors is rebuilt from it.
 
     Example:
         >>> save_layers(result.run_dir, workload.layers)
     """
+    kinds = _registered_analyses()
+    if isinstance(layers, Layers):
+        layers = layers.analysed(*kinds)
     path = Path(run_dir) / LAYERS
     doc = {"version": LAYERS_VERSION, "layers": [
         {"name": layer.name, "kind": layer.kind.value, "weight_shape": list(layer.weight_shape), "macs": layer.macs,
-         "has_bias": layer.has_bias, "channel_group": [list(m) for m in layer.channel_group],
-         "channel_floats": layer.channel_floats, **({"branch": list(layer.branch)} if layer.branch else {})}
+         "has_bias": layer.has_bias, **{k: v for kind in kinds for k, v in kind.to_json(kind.of(layer)).items()}}
         for layer in layers]}
     write_atomic(path, json.dumps(doc, indent=1))
     return path
+
+
+def _registered_analyses() -> list[type[Analysis[Any, Any]]]:
+    return [ANALYSES.get(name) for name in ANALYSES.names()]
 
 
 def _layers_from_file(path: Path) -> tuple[Layer, ...] | None:
     doc = read_json(path)
     if doc is None or doc.get("version") != LAYERS_VERSION:
         return None
-    if doc["layers"] and not {"channel_consumer", "channel_group"} & set(doc["layers"][0]):
-        return None  # written before structured pruning's fields: rebuild from the model instead
-    return tuple(Layer(d["name"], LayerKind(d["kind"]), tuple(d["weight_shape"]), int(d.get("macs", 0)),
-                       bool(d.get("has_bias", False)), *_group_of(d), tuple(d.get("branch", ())))
-                 for d in doc["layers"])
-
-
-def _group_of(d: dict[str, Any]) -> tuple[tuple[tuple[str, bool], ...], int]:
-    """A layer entry's channel group; an older layers.json named a block's conv2 (`channel_consumer`): the group
-    of conv1's rows, its norm (two entries a channel, and the bias) and conv2's columns."""
-    if "channel_group" in d:
-        return tuple((str(m), bool(r)) for m, r in d["channel_group"]), int(d.get("channel_floats", 0))
-    if d.get("channel_consumer"):
-        return ((d["name"], True), (d["channel_consumer"], False)), 2 + int(bool(d.get("has_bias")))
-    return (), 0
+    kinds = _registered_analyses()
+    try:
+        return tuple(Layer(d["name"], LayerKind(d["kind"]), tuple(d["weight_shape"]), int(d.get("macs", 0)),
+                           bool(d.get("has_bias", False))).noted({k.name: k.from_json(d) for k in kinds})
+                     for d in doc["layers"])
+    except KeyError:  # written before an analysis's fields (structured pruning's): rebuild from the model instead
+        return None
 
 
 def _layers_from_model(config: dict[str, Any]) -> tuple[Layer, ...] | None:
@@ -281,10 +280,10 @@ def _layers_from_model(config: dict[str, Any]) -> tuple[Layer, ...] | None:
     except Exception as exc:  # noqa: BLE001 -- a report without sizes beats no report
         log.info("layer table of %r unavailable: %s", source, exc)
         return None
-    groups = None
-    with contextlib.suppress(ConfigError):  # a model that does not trace: sizes without structured pruning
-        groups = ChannelGroups(module, torch.zeros(2, 3, 32, 32), compressible_modules(module), check=False)
-    return tuple(dataclasses.replace(x, macs=0) for x in discover_layers(module, torch.zeros(1, 3, 32, 32), groups))
+    # What every registered analysis finds, unchecked: sizes need the structure only.
+    analyses = Analyses(ModelView(module, compressible_modules(module), torch.zeros(2, 3, 32, 32), check=False))
+    layers = Layers(discover_layers(module, torch.zeros(1, 3, 32, 32)), analyses).analysed(*_registered_analyses())
+    return tuple(dataclasses.replace(x, macs=0) for x in layers)
 
 
 def read_run(run_dir: str | Path, *, layers: Sequence[Layer] | None = None, with_layers: bool = True) -> RunFolder:
@@ -314,7 +313,10 @@ def read_run(run_dir: str | Path, *, layers: Sequence[Layer] | None = None, with
             what = f"is not a modelopt run folder (its {CONFIG} names no model)"
         raise LoadError(f"{str(path)!r} {what}; pass a folder written by `modelopt optimize --out`")
     records = tuple(read_records(path / JOURNAL))
-    found = tuple(layers) if layers is not None else _layers_from_file(path / LAYERS) if with_layers else None
+    if layers is not None:  # a workload's `Layers` keep their door: the space built on them asks what it needs
+        found: tuple[Layer, ...] | None = layers if isinstance(layers, Layers) else tuple(layers)
+    else:
+        found = _layers_from_file(path / LAYERS) if with_layers else None
     if found is None and with_layers:
         found = _layers_from_model(config)
     if found is not None and records:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 import yaml
 
-from modelopt.compressors.contract import Choice, Compressor
+from modelopt.compressors.contract import BranchAnalysis, Choice, Compressor
 from modelopt.model.layers import Layer, LayerKind
 from modelopt.plan.plan import jsonable
 
@@ -39,8 +39,8 @@ def synthetic_layers() -> tuple[Layer, ...]:
         Layer("fc", LayerKind.LINEAR, (10, 64), 640, True),  # fan_in exactly one group of 64
         Layer("wide", LayerKind.CONV, (64, 32, 3, 3), 64 * 288 * 16, False),  # 288 = 4.5 groups of 64
         # The last layer of a residual branch (depth removes the branch).
-        Layer("block.conv2", LayerKind.CONV, (16, 16, 3, 3), 16 * 144 * 64, False,
-              branch=("block.conv1", "block.conv2")),
+        Layer("block.conv2", LayerKind.CONV, (16, 16, 3, 3), 16 * 144 * 64, False).noted(
+            {BranchAnalysis.name: ("block.conv1", "block.conv2")}),
     )
 
 

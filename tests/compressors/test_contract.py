@@ -1,6 +1,7 @@
 """The compressor contract stays narrow (issue 34): `Compressor` is its core plus at most `MAX_EXTRAS` members a
 plugin may override; what one plugin alone needs is a capability of its own, beside the contract (`Routes`,
-`RemovesChannels`), that a compressor class lists next to `Compressor`."""
+`RemovesChannels`, `RemovesBranch`, `UsesAnalyses`: the structural analyses its menus read), that a compressor class
+lists next to `Compressor`."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from modelopt.compressors import COMPRESSORS
-from modelopt.compressors.contract import Compressor, RemovesChannels, Routes
+from modelopt.compressors.contract import Compressor, RemovesBranch, RemovesChannels, Routes, UsesAnalyses
 
 # What every compressor is: its name and place in a layer's chain, the menu, a choice's hand-written form,
 # apply, the weight's bytes, its part of the stored form for export, and its options for run records.
 CORE = frozenset({"name", "order", "menu", "parse", "dump", "apply", "weight_bytes", "pack", "options"})
 MAX_EXTRAS = 8
-CAPABILITIES = (Routes, RemovesChannels)
+CAPABILITIES = (Routes, RemovesChannels, RemovesBranch, UsesAnalyses)
 
 
 def _members(cls: type) -> set[str]:

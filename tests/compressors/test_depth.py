@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from modelopt.compressors.contract import BranchAnalysis
 from modelopt.compressors.depth import SKIP, Depth
 from modelopt.errors import ConfigError
 from modelopt.model.layers import Layer, LayerKind
 
-END = Layer("layer1.0.conv2", LayerKind.CONV, (16, 16, 3, 3), 2_359_296, False,
-            branch=("layer1.0.conv1", "layer1.0.conv2"))
+END = Layer("layer1.0.conv2", LayerKind.CONV, (16, 16, 3, 3), 2_359_296, False).noted(
+    {BranchAnalysis.name: ("layer1.0.conv1", "layer1.0.conv2")})
 INNER = Layer("layer1.0.conv1", LayerKind.CONV, (16, 16, 3, 3), 2_359_296, False)
 
 

@@ -10,11 +10,12 @@ from modelopt.api import build_compressors
 from modelopt.compressors import Granularity, Quantize, QuantSpec, Rounding
 from modelopt.compressors.contract import scale_units
 from modelopt.compressors.quantize.compressor import _code_range, _per_weight, dequantize, quantize, search_scales
-from modelopt.compressors.quantize.gptq import DAMPING, gptq_round
+from modelopt.compressors.quantize.gptq import gptq_round
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.model.layer_inputs import LayerInputs, input_columns
 from modelopt.plan.space import SearchSpace
+from modelopt.solvers.least_squares import RIDGE
 
 PC, GR = Granularity.PER_CHANNEL, Granularity.GROUP
 
@@ -23,7 +24,7 @@ def _obq_reference(w: torch.Tensor, s: torch.Tensor, qmin: int, qmax: int, h: to
     """Optimal Brain Quantization, one column at a time with an explicit inverse Hessian that drops
     each quantized column (Frantar & Alistarh 2022): no Cholesky factor, no lazy blocks."""
     w = w.double().clone()
-    h = h.double() + torch.eye(h.shape[0], dtype=torch.float64) * DAMPING * float(torch.diagonal(h).mean())
+    h = h.double() + torch.eye(h.shape[0], dtype=torch.float64) * RIDGE * float(torch.diagonal(h).mean())
     hinv = torch.linalg.inv(h)
     codes = torch.zeros_like(w)
     for i in range(w.shape[1]):

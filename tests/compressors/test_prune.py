@@ -19,6 +19,8 @@ from modelopt.compressors import (
 )
 from modelopt.compressors.contract import (
     CalibrationNeed,
+    ChannelAnalysis,
+    ChannelGroup,
     WeightForm,
     decode_mask,
     encode_mask,
@@ -36,8 +38,8 @@ from modelopt.testing.compressors import (
     synthetic_weight,
 )
 
-BLOCK = Layer("block.conv1", LayerKind.CONV, (32, 16, 3, 3), 1000, False,
-              (("block.conv1", True), ("block.conv2", False)), 2)
+BLOCK = Layer("block.conv1", LayerKind.CONV, (32, 16, 3, 3), 1000, False).noted(
+    {ChannelAnalysis.name: ChannelGroup((("block.conv1", True), ("block.conv2", False)), 2)})
 STEM = Layer("stem", LayerKind.CONV, (16, 3, 3, 3), 1, False)
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from modelopt.compressors.prune.sparsegpt import obs_prune
-from modelopt.compressors.quantize.gptq import DAMPING
 from modelopt.model.layer_inputs import LayerInputs
+from modelopt.solvers.least_squares import RIDGE
 
 
 def _inputs(n: int, k: int, seed: int) -> torch.Tensor:
@@ -45,7 +45,7 @@ def test_feedback_is_the_dense_obs_reference(k):
     h = x.T @ x
     out, keep = obs_prune(w, LayerInputs(h.clone(), x.shape[0]), rows * k // 2)
     ref = w.clone()
-    hinv = torch.linalg.inv(h + torch.eye(k, dtype=torch.float64) * DAMPING * float(torch.diagonal(h).mean()))
+    hinv = torch.linalg.inv(h + torch.eye(k, dtype=torch.float64) * RIDGE * float(torch.diagonal(h).mean()))
     for i in range(k):
         q = torch.where(keep[:, i], ref[:, i], torch.zeros_like(ref[:, i]))
         err = (ref[:, i] - q) / hinv[i, i]

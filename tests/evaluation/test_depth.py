@@ -8,6 +8,7 @@ import torch
 
 from modelopt.api import build_compressors
 from modelopt.compressors import QuantSpec
+from modelopt.compressors.contract import BranchAnalysis
 from modelopt.compressors.depth import SKIP
 from modelopt.data.split import Split
 from modelopt.evaluation.evaluator import Evaluator
@@ -62,7 +63,7 @@ def test_removed_layers_cost_no_macs_and_the_latency_model_prices_them_out(depth
 def test_the_repair_keeps_answers_the_mean_alone_loses(resnet20_workload):
     wl = resnet20_workload
     val = wl.split(Split.VAL)
-    removed = [wl.branches["layer1.0.conv2"]]
+    removed = [wl.analyses.get(BranchAnalysis).branches["layer1.0.conv2"]]
 
     def agreement(state):
         with wl.state(state):

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from modelopt.api import build_compressors
+from modelopt.compressors.contract import ChannelAnalysis, ChannelGroup
 from modelopt.compressors.prune import n_kept
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.plan.space import SearchSpace
@@ -22,7 +23,7 @@ def ev_no_bn(small_workload) -> Evaluator:
 
 
 def _blocks(ev: Evaluator) -> list[str]:
-    return [layer.name for layer in ev.workload.layers if layer.prunable]
+    return [layer.name for layer in ev.space.layers.values() if ChannelAnalysis.of(layer).members]
 
 
 def _structured(ev: Evaluator, sparsity: float = 0.5, quantize: dict | None = None):
@@ -36,9 +37,10 @@ def test_every_resnet20_block_has_internal_channels(small_workload):
     """The graph's channel groups that zeroing simulates exactly, on ResNet-20: each block's conv1 outputs (its
     norm's two entries a channel, conv2's columns). The residual stream's group is not offered: option-A
     shortcuts pad it with zeros, which removal does not reproduce."""
-    blocks = [(x.name, x.channel_group, x.channel_floats) for x in small_workload.layers if x.prunable]
+    layers = small_workload.layers.analysed(ChannelAnalysis)
+    blocks = [(x.name, ChannelAnalysis.of(x)) for x in layers if ChannelAnalysis.of(x).members]
     assert len(blocks) == 9
-    assert blocks[0] == ("layer1.0.conv1", (("layer1.0.conv1", True), ("layer1.0.conv2", False)), 2)
+    assert blocks[0] == ("layer1.0.conv1", ChannelGroup((("layer1.0.conv1", True), ("layer1.0.conv2", False)), 2))
 
 
 @pytest.mark.parametrize("quantize", [None, {"bits": 4, "granularity": "group", "group_size": 64}])
@@ -79,7 +81,7 @@ def test_macs_bitops_and_size_follow_the_kept_channels(ev_no_bn):
     layers = {x.name: x for x in wl.layers}
     expected = 0
     for x in wl.layers:
-        out_frac = 0.5 if x.prunable else 1.0
+        out_frac = 0.5 if ChannelAnalysis.of(ev.space.layers[x.name]).members else 1.0
         in_frac = 0.5 if x.name.endswith("conv2") else 1.0
         expected += int(x.macs * out_frac * in_frac)
     assert ev.plan_cost(plan).macs() == expected < 0.6 * wl.macs

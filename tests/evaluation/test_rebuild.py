@@ -17,6 +17,7 @@ SCRIPT = """
 import hashlib, json, sys, torch
 torch.set_num_threads(int(sys.argv[1]))
 from modelopt.api import build_compressors, build_workload
+from modelopt.compressors.contract import ChannelAnalysis
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.plan.space import SearchSpace
 wl = build_workload("cifar10_resnet20", sys.argv[3], device="cpu")
@@ -26,7 +27,7 @@ options = {"prune": {"sparse_images": 64, "repair_images": 64, "bn_samples": 64,
                         "norm_images": 0}}
 ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["prune", "quantize"], options)))
 names = [x.name for x in wl.layers]
-roots = [x.name for x in wl.layers if x.prunable]
+roots = [x.name for x in ev.space.layers.values() if ChannelAnalysis.of(x).members]
 plans = [{"default": {"quantize": {"bits": 4, "rounding": "gptq"}},
           "layers": {n: {"prune": {"sparsity": 0.5}} for n in names[1:-1:2]}},
          {"default": {"quantize": {"bits": 8, "activations": 8}},

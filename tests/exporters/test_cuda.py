@@ -11,6 +11,7 @@ from _norms import assert_norms_run_on_cuda
 import modelopt
 from modelopt.api import build_compressors, build_workload
 from modelopt.compressors import ExitChoice, QuantSpec
+from modelopt.compressors.contract import ChannelAnalysis
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters import export_packed, load
 from modelopt.plan.space import SearchSpace
@@ -49,7 +50,7 @@ def cuda_ev():
 
 
 def _plan(ev: Evaluator, name: str):
-    blocks = [x.name for x in ev.workload.layers if x.prunable]
+    blocks = [x.name for x in ev.space.layers.values() if ChannelAnalysis.of(x).members]
     convs = [x.name for x in ev.workload.layers if x.name not in ("conv1", "linear")]
     docs = {
         "int8": {"default": {"quantize": {"bits": 8}}},

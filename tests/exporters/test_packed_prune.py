@@ -9,6 +9,7 @@ import torch
 from _norms import assert_norms_run_on_cuda
 
 from modelopt.api import build_compressors
+from modelopt.compressors.contract import ChannelAnalysis
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.exporters import export_packed, load
 from modelopt.model.layers import compressible_modules
@@ -36,7 +37,7 @@ def ev_repaired(resnet20_workload) -> Evaluator:
 
 def _plan(ev: Evaluator, name: str):
     convs = [x.name for x in ev.workload.layers if x.name not in ("conv1", "linear")]
-    blocks = [x.name for x in ev.workload.layers if x.prunable]
+    blocks = [x.name for x in ev.space.layers.values() if ChannelAnalysis.of(x).members]
     docs = {
         # Half of every conv's weights pruned, then INT4 (bitmask + 4-bit kept codes).
         "sparse50_int4": {"default": {"quantize": {"bits": 4}},

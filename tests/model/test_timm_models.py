@@ -12,6 +12,7 @@ import torch
 
 import modelopt
 from modelopt.api import build_compressors
+from modelopt.compressors.contract import ChannelAnalysis
 from modelopt.errors import UnknownNameError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.model.loader import load_model
@@ -57,7 +58,7 @@ def test_every_compressor_applies_to_a_timm_family(name, few_images):
     assert m.n_samples > 0 and 3.5 < m.compression < 4.1  # INT8 weights, float norms and biases
     wl = modelopt.build_workload(f"timm:{name}", str(few_images), device="cpu")
     assert wl.num_outputs == 10
-    roots = [x.name for x in wl.layers if x.prunable]
+    roots = [x.name for x in wl.layers.analysed(ChannelAnalysis) if ChannelAnalysis.of(x).members]
     assert roots, f"{name}: no channel group torch-pruning could trace and check"
     ev = Evaluator(wl, SearchSpace(wl.layers, build_compressors(["prune"], {"prune": {"repair_images": 64,
                                                                                           "sparse_images": 0}})))

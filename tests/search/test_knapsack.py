@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from modelopt.compressors import Granularity, Prune, PruneKind, PruneSpec, Quantize, QuantSpec
+from modelopt.compressors.contract import ChannelAnalysis, ChannelGroup
 from modelopt.model.layers import Layer, LayerKind
 from modelopt.objective import Objective
 from modelopt.plan.space import SearchSpace
@@ -229,8 +230,9 @@ def test_a_known_plan_moves_L_without_spending_a_trial():
 
 def _option_costs(target):
     """{(prune choice, quantize choice): cost} the knapsack prices one block's conv1 options at."""
-    layers = [Layer("b.conv1", LayerKind.CONV, (16, 16, 3, 3), 16 * 16 * 9 * 64, False,
-                    channel_group=(("b.conv1", True), ("b.conv2", False)), channel_floats=2),
+    group = ChannelGroup((("b.conv1", True), ("b.conv2", False)), 2)
+    layers = [Layer("b.conv1", LayerKind.CONV, (16, 16, 3, 3), 16 * 16 * 9 * 64, False).noted(
+                  {ChannelAnalysis.name: group}),
               Layer("b.conv2", LayerKind.CONV, (16, 16, 3, 3), 16 * 16 * 9 * 64, False)]
     space = SearchSpace(layers, [Quantize(bits=(8,), granularity=("per_channel",), rounding=("nearest",),
                                           norm_images=0),

@@ -18,8 +18,8 @@ After pruning, the evaluator re-estimates batch-norm statistics on `bn_samples` 
 Structured removal is repaired (``repair_images`` > 0, the default): each layer that reads removed channels is
 refitted by least squares so that, from the channels left, it gives the float model's output on `repair_images`
 calibration images (closed form from its input second moments, the ones GPTQ measures:
-W_K = W H[:, K] H[K, K]^-1, K the kept input columns; `modelopt.model.reconstruct`). Removal alone only deletes what the
-kept channels cannot stand in for; the refit lets them stand in.
+W_K = W H[:, K] H[K, K]^-1, K the kept input columns; `modelopt.solvers.least_squares`). Removal alone only deletes
+what the kept channels cannot stand in for; the refit lets them stand in.
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ from modelopt.compressors._surface import Cell, ReportColumn
 from modelopt.compressors.prune.options import Criterion, PruneKind, PruneOptions, prune_kind, sparsity_share
 from modelopt.compressors.prune.sparsegpt import obs_prune
 from modelopt.errors import ConfigError
+from modelopt.model.channels import ChannelAnalysis
 from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer, LayerKind
-from modelopt.model.reconstruct import output_kept
+from modelopt.solvers.least_squares import output_kept
 
 _MIN_IN_CHANNELS = 4  # convs reading fewer channels (the stem on RGB, depthwise) are left alone
 
@@ -119,8 +120,8 @@ class Prune(Compressor, RemovesChannels):
     (`self.opts`: `shares`, `kinds` and `ranking` are the offers in the types plans use).
 
     Offered on every conv reading at least 4 channels (not the stem that reads the image) and on
-    linear layers; structured choices on the root of a channel group (`Layer.prunable`: the model's graph says
-    which channels go together, `modelopt.model.channels`).
+    linear layers; structured choices on the root of a channel group (`ChannelAnalysis.of(layer)`: the model's
+    graph says which channels go together, `modelopt.model.channels`).
 
     Args:
         sparsity: shares offered: of the weights (unstructured) or of conv1's output channels (structured).
@@ -166,7 +167,7 @@ class Prune(Compressor, RemovesChannels):
             specs += [PruneSpec(s) for s in o.shares]
         if PruneKind.SEMI in o.kinds and _fits_pattern(layer):
             specs.append(PruneSpec(0.5, PruneKind.SEMI))
-        if PruneKind.STRUCTURED in o.kinds and layer.prunable:
+        if PruneKind.STRUCTURED in o.kinds and ChannelAnalysis.of(layer).members:
             specs += [PruneSpec(s, PruneKind.STRUCTURED) for s in o.shares
                       if n_kept(layer.out_channels, s) % o.channel_multiple == 0]
         return tuple(specs) if len(specs) > 1 else ()
@@ -197,7 +198,7 @@ class Prune(Compressor, RemovesChannels):
         if spec.kind is PruneKind.UNSTRUCTURED and not self.handles(layer):
             raise ConfigError(f"{where}: this layer reads {layer.in_channels} channels; prune only layers reading "
                               f">= {_MIN_IN_CHANNELS} (not the stem)")
-        if spec.kind is PruneKind.STRUCTURED and not layer.prunable:
+        if spec.kind is PruneKind.STRUCTURED and not ChannelAnalysis.of(layer).members:
             raise ConfigError(f"{where}: kind 'structured' needs a layer whose output channels a checked channel "
                               "group removes (a block's conv1, an expansion conv, ...); use kind: unstructured here")
         return spec
@@ -272,7 +273,7 @@ class Prune(Compressor, RemovesChannels):
         if not isinstance(choice, PruneSpec) or choice.kind is not PruneKind.STRUCTURED:
             return 0
         removed = 1.0 - n_kept(layer.out_channels, choice.sparsity) / layer.out_channels
-        return round(removed * sum(layers[m].macs for m, _ in layer.channel_group if m in layers))
+        return round(removed * sum(layers[m].macs for m, _ in ChannelAnalysis.of(layer).members if m in layers))
 
 
 def _fits_pattern(layer: Layer) -> bool:

@@ -33,7 +33,7 @@ class PruneKind(str, Enum):
 class Criterion(str, Enum):
     L1 = "l1"
     L2 = "l2"
-    # The channels whose removal costs their reader's refitted output least (`reconstruct.output_kept`), where a
+    # The channels whose removal costs their reader's refitted output least (`least_squares.output_kept`), where a
     # group has one plain reader and repair is on; L1 elsewhere.
     OUTPUT = "output"
 

@@ -2,7 +2,7 @@
 layer's output, and their loss pushed onto the weights kept.
 
 Magnitude pruning zeroes the smallest weights and leaves the rest as they were. SparseGPT (Frantar & Alistarh, 2023)
-walks the input columns in blocks of 128 as GPTQ does (`modelopt.model.gptq_sweep`): each block's mask is chosen by
+walks the input columns in blocks of 128 as GPTQ does (`modelopt.solvers.gptq`): each block's mask is chosen by
 the Optimal Brain Surgeon cost w^2 / [H^-1]_jj^2 on the weights as the earlier columns' feedback left them, and after
 each column the error of its pruned weights is spread over the columns not yet fixed through the inverse of the
 layer's input second moments H = X^T X. Kept weights stay float; a quantizer after it (GPTQ) rounds them, keeping the
@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import torch
 
-from modelopt.model.gptq_sweep import BLOCK, DAMPING, layer_factor
 from modelopt.model.layer_inputs import LayerInputs
+from modelopt.solvers.gptq import BLOCK, layer_factor
+from modelopt.solvers.least_squares import RIDGE
 
 __all__ = ["obs_prune"]
 
 
 def obs_prune(weight: torch.Tensor, inputs: LayerInputs, pruned: int, pattern: tuple[int, int] | None = None,
-              damping: float = DAMPING) -> tuple[torch.Tensor, torch.Tensor]:
+              damping: float = RIDGE) -> tuple[torch.Tensor, torch.Tensor]:
     """(the weight with `pruned` of its entries zero and the error fed back, the bool mask of kept entries), both in
     `weight`'s shape; `pattern` (n, m): keep n of every m consecutive weights of a row instead (`pruned` is then
     ignored). A grouped conv's output channels are pruned group by group, each on its own group's inputs."""

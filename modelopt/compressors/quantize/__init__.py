@@ -5,7 +5,7 @@ optionally 8-bit input activations (W8A8).
   accounting.
 - `options.py`: its options record (`QuantizeOptions`), one default each and the check of each field.
 - `spec.py`: a layer's choice (`QuantSpec`, and `ActQuantSpec` with quantized inputs).
-- `gptq.py`: how codes are picked once scales are fixed (`Rounding`); the GPTQ solver is `modelopt.model.gptq_sweep`.
+- `gptq.py`: how codes are picked once scales are fixed (`Rounding`); the GPTQ solver is `modelopt.solvers.gptq`.
 
 Example:
     >>> q = Quantize(bits=(8, 4), rounding=("nearest",))

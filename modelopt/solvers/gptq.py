@@ -12,8 +12,9 @@ nearest rounding, so a GPTQ layer stores exactly what a nearest one does (codes 
 per unit) and the packed export decodes it the same way. A weight that is exactly zero (pruned) keeps
 code 0; its neighbours absorb the error instead.
 
-A layer-level solver of the model's (it reads only a weight, its scales and its inputs' second moments): the
-`quantize` plugin calls it on the float model's inputs, reconstruction (`modelopt.reconstruct`) on a plan's own.
+A layer-level solver (it reads only a weight, its scales and its inputs' second moments): the `quantize` plugin calls
+it on the float model's inputs, SparseGPT (`prune`) for its masks, reconstruction (`modelopt.reconstruct`) on a plan's
+own inputs.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
+from typing import Protocol
 
 import torch
 
-from modelopt.model.layer_inputs import LayerInputs
+from modelopt.solvers.least_squares import RIDGE
 
-DAMPING = 0.01  # fraction of mean(diag H) added to H's diagonal (GPTQ's percdamp)
+__all__ = ["BLOCK", "SecondMoments", "gptq_round", "inverse_factor", "layer_factor"]
+
 BLOCK = 128  # columns updated lazily together (GPTQ's block size; exact, only faster)
 
 
@@ -39,10 +42,22 @@ _factors: OrderedDict[tuple[int, float, str], tuple[weakref.ref[torch.Tensor], t
 _lock = threading.Lock()
 
 
-def inverse_factor(h: torch.Tensor, w: torch.Tensor, damping: float = DAMPING) -> torch.Tensor:
+class SecondMoments(Protocol):
+    """A layer's input second moments as the sweep reads them (`modelopt.model.layer_inputs.LayerInputs`)."""
+
+    @property
+    def hessian(self) -> torch.Tensor:
+        """H = sum of x x^T over calibration rows: (n, n), or (groups, n, n) for a grouped conv."""
+
+    @property
+    def groups(self) -> int:
+        """How many input groups H is for."""
+
+
+def inverse_factor(h: torch.Tensor, w: torch.Tensor, damping: float = RIDGE) -> torch.Tensor:
     """The upper Cholesky factor of the damped H^-1 per group (row i: the update direction for column i's error),
-    from H (groups, n, n), changed in place; the weights `w` (groups, rows, n) of inputs that are always zero
-    (they do not matter) are set to zero."""
+    from H (groups, n, n), changed in place (`damping`: the share of its mean diagonal added to its diagonal); the
+    weights `w` (groups, rows, n) of inputs that are always zero (they do not matter) are set to zero."""
     diag = torch.diagonal(h, dim1=1, dim2=2)
     dead = diag == 0
     diag[dead] = 1.0
@@ -51,7 +66,7 @@ def inverse_factor(h: torch.Tensor, w: torch.Tensor, damping: float = DAMPING) -
     return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
 
 
-def layer_factor(inputs: LayerInputs, w: torch.Tensor, damping: float = DAMPING) -> torch.Tensor:
+def layer_factor(inputs: SecondMoments, w: torch.Tensor, damping: float = RIDGE) -> torch.Tensor:
     """`inverse_factor` of `inputs`' second moments for the weights `w` (groups, rows, n; float64, changed in place as
     there), computed once per second-moment tensor and damping and reused while it is among the last few."""
     g, n = w.shape[0], w.shape[2]
@@ -74,8 +89,8 @@ def layer_factor(inputs: LayerInputs, w: torch.Tensor, damping: float = DAMPING)
     return hinv
 
 
-def gptq_round(weight: torch.Tensor, scales: torch.Tensor | None, qmin: int, qmax: int, inputs: LayerInputs,
-               damping: float = DAMPING, keep: torch.Tensor | None = None) -> torch.Tensor:
+def gptq_round(weight: torch.Tensor, scales: torch.Tensor | None, qmin: int, qmax: int, inputs: SecondMoments,
+               damping: float = RIDGE, keep: torch.Tensor | None = None) -> torch.Tensor:
     """Integer codes (float tensor, weight's shape) for `weight` with per-weight `scales` (same shape
     as the weight flattened per output channel), chosen by GPTQ on the inputs' second moments. A
     grouped conv's output channels are rounded group by group, each on its own group's inputs.
