@@ -7,6 +7,7 @@ import pytest
 import modelopt.plan.file as plan_file
 import modelopt.plan.space
 from modelopt.compressors import Granularity, Quantize, QuantSpec
+from modelopt.compressors.contract import ChannelAnalysis, ChannelGroup
 from modelopt.errors import ConfigError
 from modelopt.model.layers import Layer, LayerKind
 from modelopt.plan.space import SearchSpace
@@ -48,8 +49,8 @@ def test_a_default_applies_where_a_layer_can_take_it():
     default no layer takes is refused with the layer's own reason."""
     from modelopt.compressors import Prune, PruneKind, PruneSpec
 
-    block = Layer("block.conv1", LayerKind.CONV, (32, 16, 3, 3), 1000, False,
-                  (("block.conv1", True), ("block.conv2", False)), 2)
+    block = Layer("block.conv1", LayerKind.CONV, (32, 16, 3, 3), 1000, False).noted(
+        {ChannelAnalysis.name: ChannelGroup((("block.conv1", True), ("block.conv2", False)), 2)})
     plain = Layer("block.conv2", LayerKind.CONV, (16, 32, 3, 3), 1000, False)
     space = SearchSpace([block, plain], [Prune(sparse_images=0, repair_images=0)])
     plan = space.parse_plan({"default": {"prune": {"sparsity": 0.25, "kind": "structured"}}})
