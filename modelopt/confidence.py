@@ -13,9 +13,8 @@ forty images of four hundred can hide a two-point drop behind a zero point estim
 The one-sided upper bound is Tango's score bound for a difference of paired proportions
 (Tango 1998, the interval McNemar's test inverts), with a continuity correction of half an
 image. The plain score bound's miss rate drifts a little above its nominal level for small
-counts (5.9 % at a nominal 5 % in our simulations); with the correction it stays at or below
-nominal from n = 50 to n = 4,000 over drops of 0-2 points and disagreement of 0.2-18 %
-(`tests/test_confidence.py` re-checks that by simulation).
+counts; with the correction it stays at or below nominal over the sizes, drops and disagreement
+simulated (measured: docs/certification.md#measured; `tests/test_confidence.py` re-checks it).
 
 Retention is accuracy / float accuracy on the same images, so a bound on the drop is a
 bound on retention: retention >= 1 - drop_upper / float_accuracy.

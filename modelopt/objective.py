@@ -17,9 +17,8 @@ from modelopt.plan.space import SearchSpace
 
 # Val standard errors (of a plan's net loss) by which a plan the search picked is assumed luckier on val
 # than it is. The largest of k independent near-floor estimates sits about sqrt(2 ln k) errors high, but
-# a search's plans share most of their layers, so the effective k is small; one error is a middle course.
-# Measured on the default run (ResNet-20, 2,000 JPEG val images): the val-feasible 9.3-9.7x plans lost
-# 0.6 % net on 3,000 confirm images against about 0 on val, one val error.
+# a search's plans share most of their layers, so the effective k is small; one error is a middle course,
+# near what the default run's val-feasible plans lost on confirm (measured: docs/certification.md#measured).
 SELECTION_SHIFT = 1.0
 
 
@@ -61,17 +60,17 @@ class Objective:
     confidence: float = DEFAULT_CONFIDENCE
     # Whether images a plan fixes (the float model wrong, the plan right) offset images it breaks in
     # the bound that decides feasibility. On: retention counts them, so the bound must too (bounding
-    # breaks only throws away half the evidence: an INT4 plan at 99.69 % paired bound was 98.44 %
-    # breaks-only, and held 99.52 % on test). The luck a search harvests from gains on the images that
-    # select it is handled where it arises: confirmation on images that did not (`modelopt.certify.confirm`).
+    # breaks only throws away half the evidence; measured: docs/certification.md#measured). The luck a search
+    # harvests from gains on the images that select it is handled where it arises: confirmation on images that
+    # did not (`modelopt.certify.confirm`).
     count_gains: bool = True
     # The size of the split claims are confirmed on (None: none). The search's bound on a val plan is
     # then taken at its val rates on that many images: it looks for plans that confirmation would certify
     # (the claim is made there, on images that did not select it), not for what val alone would certify.
     # A plan's own val rates are unbiased; the luck of the best of many (SELECTION_SHIFT) is priced where
     # plans are selected, in each finalist's chance to pass (`modelopt.certify.sequence.pass_chance`): shifting
-    # every plan by it made the search judge uniform INT4 (confirmed at 99.29 % on 7,154 images) infeasible
-    # on the bundled default, and aim ever lower.
+    # every plan by it made the search judge a uniform INT4 that confirmation certifies infeasible on the
+    # bundled default, and aim ever lower (measured: docs/certification.md#measured).
     claim_images: int | None = None
 
     def anchors(self, space: SearchSpace) -> tuple[Plan, ...]:

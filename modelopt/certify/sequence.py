@@ -19,9 +19,9 @@ well is what turns evidence into compression:
   `plan_sequence` picks, from the least to the most compressed, the subsequence that maximises the
   expected reduction reported (one failure ends a sequence, so a long chain of small steps costs more
   than it buys);
-- `confirm_chains` runs both, and a sequence whose every claim held hands its share to the other (on
-  the bundled default uniform INT4 holds even at a quarter of 5 %, and the search's plans are then
-  tested at the full level).
+- `confirm_chains` runs both, and a sequence whose every claim held hands its share to the other (when
+  the likely anchors hold, the search's plans are then tested at the full level; measured:
+  docs/certification.md#measured).
 """
 
 from __future__ import annotations
@@ -41,9 +41,8 @@ __all__ = ["ANCHOR_PASS", "GATE_SHARE", "SELECTION_SHIFT", "Candidate", "LossSha
 # order and so the power, never the guarantee, which holds for any order.
 # Anchors at least this likely to pass (but the most compressed) are tested in a sequence of their own.
 ANCHOR_PASS = 0.5
-# That sequence's share of the error rate: small, since likely anchors pass with room (INT4 on the bundled
-# default: 99.29 % at 95 %, 99.1 % at 98.75 %), and the search's plans need the rest (JPEG images: an
-# INT4-class plan clears 99 % at 95 % by a few hundredths).
+# That sequence's share of the error rate: small, since likely anchors pass with room, and the search's plans
+# need the rest, which clear the floor by less (measured: docs/certification.md#measured).
 GATE_SHARE = 0.25
 MAX_STRENGTH = 1e4  # changed answers: a pool no plan departs from measurably
 
@@ -65,9 +64,8 @@ class LossShare:
 
     A plan's net loss is its disagreement times (2 x share - 1). The disagreement of a plan is measured well
     on a few thousand images (tens of changed answers); which of them happened to be broken rather than fixed
-    is where its val luck lies, and what the best of many plans on val has most of (ResNet-20, default run:
-    an 8.7x plan 37 lost / 45 fixed on val, 152 / 106 on 7,154 confirm images; the run's plans together
-    broke 58 % of the answers they changed). Shrinking each plan's share toward the pool takes that luck
+    is where its val luck lies, and what the best of many plans on val has most of (measured:
+    docs/certification.md#measured). Shrinking each plan's share toward the pool takes that luck
     out before the chance to pass is predicted, where a fixed shift of one val error left it in.
 
     Attributes:
@@ -192,8 +190,8 @@ def confirm_chains(chains: Sequence[Sequence[int]], passes: Callable[[int, float
     the confirm images are looked at. With one chain it is plain fixed-sequence testing.
 
     Two chains are what confirmation runs: the uniform anchors, and the search's plans. An anchor that
-    fails no longer ends the search's sequence (it did with one chain: on JPEG images uniform INT4 passes
-    about half the time, and every plan behind it was lost when it failed).
+    fails no longer ends the search's sequence (it did with one chain, and every plan behind an anchor that
+    often fails was lost when it failed; measured: docs/certification.md#measured).
 
     Args:
         chains: claim ids in test order, one list per chain (empty chains are dropped).

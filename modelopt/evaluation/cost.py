@@ -187,9 +187,9 @@ class CostModel:
     def marginal_bytes(self, center: Plan) -> list[list[int]]:
         """Per decision of the space, each choice's layer bytes with the layer's other decisions at
         `center`'s choices. Where a layer is both pruned and quantized, pruning saves a share of the
-        quantized weight, not of the float one: priced alone (the features' bytes), pruning looked four
-        to ten times more valuable next to INT4 codes than it is, and MCTS's rollouts pruned nearly
-        every layer (default run: its plans lost 40-80 answers of 2,000 where INT4 alone lost 38)."""
+        quantized weight, not of the float one: priced alone (the features' bytes), pruning looked several
+        times more valuable next to INT4 codes than it is, and MCTS's rollouts pruned nearly every layer
+        (measured: docs/search.md#measured)."""
         out = []
         for d in self.space.decisions:
             layer = self.space.layers[d.layer]

@@ -25,8 +25,8 @@ __all__ = ["DROP_LEVEL", "FITTED_VERSION", "Fitted"]
 
 FITTED_VERSION = 1
 # A refit is dropped when the held-out images give less than this chance that it changes no more answers than the
-# plan as composed: reconstruction is kept unless they show it harms (docs/reconstruction.md: on ResNets it helps
-# every plan on test, where 1,000 held-out images cannot tell a 0.6-point gain from noise).
+# plan as composed: reconstruction is kept unless they show it harms (docs/reconstruction.md#measured: on ResNets
+# it helps every plan on test, by gains the held-out images are too few to tell from noise).
 DROP_LEVEL = 0.05
 
 

@@ -4,8 +4,8 @@ Each norm's input is measured on the same calibration images in the compressed a
 model (in eval mode, one norm after another, earlier norms already corrected), and its statistics
 are moved by the difference: mean + (mean_c - mean_0), var * var_c / var_0. Replacing them outright
 (AdaBN) loses accuracy on the CIFAR checkpoints, whose statistics come from augmented training
-images (ResNet-20, 50 % sparse: 99.2 % retention without re-estimation, 97.3 % with AdaBN); the
-shift keeps that calibration and is the identity for an unchanged model.
+images (measured: docs/compressors.md#measured); the shift keeps that calibration and is the
+identity for an unchanged model.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from modelopt.model.workload import Workload
 
 Moments = dict[str, tuple[torch.Tensor, torch.Tensor]]  # norm -> (mean, variance) of its input, float64
 # The images are one batch (each norm is shifted before the next one runs): at most this much prepared input in it.
-# 512 CIFAR images are 6 MB; at 224 pixels 400 images made a MobileNetV2 pass peak at 8 GB, and 100 images still
-# give each channel's statistics over a million positions.
+# a batch of large images makes a pass's peak memory large, and a few hundred images already give each channel's
+# statistics many positions (measured: docs/compressors.md#measured).
 BATCH_BYTES = 64 * 2**20
 
 

@@ -9,11 +9,10 @@ through the rest of the network, so it factors as
 
 with error(l, c) the choice's relative output error |(Q - W) X|^2 / |W X|^2 on calib inputs
 (`modelopt.evaluation.priors.measure_errors`, computed anyway) and gain_l how much of a layer's output error
-reaches the answers. Across ResNet-20's 20 layers gain_l spans 50x (0.014 for the last conv of a
-residual stage, whose error the skip connection dilutes, to 0.8 for the stem and the classifier);
-within a layer it moves by about a quarter between INT8, INT4, INT3 and INT2, per channel or group-wise
-(measured on 2,500 JPEG training images, KL of every one of 140 single-choice plans). So one probe per
-layer prices every choice there: the KL of the float model's answers against the probe choice's
+reaches the answers. gain_l differs widely between layers (a skip connection dilutes the error of the
+last conv of a residual stage; the stem's and the classifier's reach the answers whole), while within a
+layer it moves little between bit widths and granularities (measured: docs/search.md#measured). So one
+probe per layer prices every choice there: the KL of the float model's answers against the probe choice's
 (mean over `images` unlabeled calib images, batch norms re-estimated as the plan would have them),
 divided by that choice's error.
 

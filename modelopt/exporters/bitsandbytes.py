@@ -47,8 +47,8 @@ __all__ = ["BitsandbytesAgreement", "LinearConversion", "bitsandbytes_agreement"
 
 QUANT_TYPES = ("nf4", "fp4")
 BLOCKSIZE = 64
-# Older releases run Linear8bitLt/Linear4bit on the CPU wrongly or not at all (checked on the CPU:
-# 0.45.5 fails for both, 0.46.0 gives wrong INT8 outputs and no fp4; 0.47.0 and 0.50.2 work).
+# Older releases run Linear8bitLt/Linear4bit on the CPU wrongly or not at all (checked on the CPU: the releases
+# tried are in docs/export-and-latency.md#measured).
 MIN_CPU_VERSION = (0, 47)
 # bitsandbytes' packed AVX512-BF16 CPU kernel for 4-bit needs out_features divisible by this.
 _CPU_PACK_BLOCK_N = 32

@@ -109,7 +109,7 @@ def export_onnx(
             input quantized. None (the default): as the activations asked for, so the first conv runs the
             integer kernel the plan was scored with; False: the input stays float and the first conv runs in
             float, at a price beyond its own time: ONNX Runtime then runs the integer convs in NHWC between
-            Transposes (ResNet-20 W8A8, 1 thread: 8 instead of 2; `benchmarks/onnx_graph.py`).
+            Transposes (measured: docs/export-and-latency.md#export).
         widen_int4: store 2..4-bit codes as int8: a larger file, but per-channel and per-tensor
             layers then fuse into QLinearConv (ONNX Runtime has no int4 convolution kernel).
         image_input: ``float``, the normalised NCHW image the model reads (input ``input``); ``uint8``, pixels as a

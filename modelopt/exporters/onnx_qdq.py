@@ -26,7 +26,8 @@ QUANTIZED_OPS = ("Conv", "Gemm", "MatMul", "Add")
 # Activations a quantized op's output passes through before its next reader (ReLU, and ReLU6 exported as Clip(0, 6)):
 # the output is quantized after them, once, where the reader's input is, and ONNX Runtime folds them into the op
 # (its output range lies within theirs). Quantized before them as well, a MobileNetV2 ran a DequantizeLinear, the
-# Clip and a QuantizeLinear in float after every conv: a third of its W8A8 kernel time (`benchmarks/onnx_graph.py`).
+# Clip and a QuantizeLinear in float after every conv, a large share of its W8A8 kernel time (measured:
+# docs/export-and-latency.md#measured).
 FOLDED_ACTIVATIONS = ("Relu", "Clip")
 # Ops whose output holds (a subset of) the input's values, zeros possibly added: same scale serves.
 PRESERVING_OPS = ("Slice", "Pad", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool", "Identity")

@@ -18,7 +18,8 @@ The file holds only tensors, ints and strings, so `torch.load(weights_only=True)
   torchvision and factory models by name.
 
 Small tensors are concatenated because every tensor in a torch.save zip costs a record header and
-64-byte alignment: ResNet-20 has ~80 of them, which alone would add ~10 % to an INT4 file.
+64-byte alignment: a small model's many small tensors would add a noticeable share to an INT4 file (measured:
+docs/export-and-latency.md#measured).
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ class _Sections:
 
     def streams(self) -> dict[str, Any]:
         out = {
-            # zlib: layer names repeat; this is a fixed cost that is ~2 % of a small INT4 file.
+            # zlib: layer names repeat; this is a fixed cost, a visible share of a small INT4 file (measured:
+            # docs/export-and-latency.md#measured).
             "index": zlib.compress(json.dumps(self.index, separators=(",", ":")).encode(), 9),
             "codes": torch.from_numpy(np.concatenate(self.codes) if self.codes else np.zeros(0, np.uint8)),
             "scales": torch.cat(self.scales).cpu() if self.scales else torch.zeros(0, dtype=torch.float16),

@@ -29,8 +29,8 @@ from modelopt.errors import ConfigError
 from modelopt.exporters.onnx_run import ort_session
 
 # Rounds over the images in `pattern_latency`. On a shared virtual machine the time of one run swings in bursts
-# of about a second (steal), while the fastest runs in each second stay put; with 3 rounds the same plan read
-# anywhere in 0.355-0.504 ms, with 10 within 1 %.
+# (steal), while the fastest runs stay put: enough rounds that the same plan reads the same (measured:
+# docs/export-and-latency.md#measured).
 ROUNDS = 10
 
 

@@ -105,8 +105,8 @@ class PlanLatency:
 
     def retime(self, plans: list[Plan | Realised]) -> None:
         """Times the float model and `plans` once more, back to back, each keeping the faster of its two figures:
-        on a shared machine a burst of steal can outlast every round of one measurement (the float model read
-        0.86 ms in a run and 0.754-0.766 ms in five later ones), and the figures a run reports are these."""
+        on a shared machine a burst of steal can outlast every round of one measurement (measured:
+        docs/export-and-latency.md#measured), and the figures a run reports are these."""
         x = self._timing_rows()
         for plan in {p.key: p for p in [self.evaluator.space.plan(), *plans]}.values():
             first = self.measure(plan)

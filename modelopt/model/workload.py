@@ -19,11 +19,11 @@ from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import LayerKind, compressible_modules, discover_layers
 from modelopt.model.loader import LoadedModel
 
-# Splits whose prepared images together fit in this many bytes are held prepared (every CIFAR-10 set: the default
-# run's 11,000 images are 135 MB); larger ones stay uint8 and are prepared batch by batch as they are read.
+# Splits whose prepared images together fit in this many bytes are held prepared (every CIFAR-10 set fits; measured:
+# docs/models-and-data.md#measured); larger ones stay uint8 and are prepared batch by batch as they are read.
 RESIDENT_BYTES = 256 * 2**20
-# A batch's prepared input at most this big (128 images of 32 pixels are 1.5 MB; at 224 pixels a batch of 128 made
-# a MobileNetV2 pass peak near 2 GB on the CPU): batches of large images are smaller.
+# A batch's prepared input at most this big (a pass's peak memory grows with it; measured:
+# docs/models-and-data.md#measured): batches of large images are smaller.
 PREPARE_BYTES = 32 * 2**20  # images converted at a time
 BATCH_BYTES = {"cpu": 32 * 2**20, "cuda": 256 * 2**20}
 
@@ -208,8 +208,8 @@ class Workload:
 
     def laid_out(self, batch: torch.Tensor) -> torch.Tensor:
         """`batch` in the memory layout the model runs fastest in (`channels_last`): the same values, so the same
-        answers to float rounding; a convolutional network's image batches channels-last on the CPU, where a
-        scored plan takes 0.8x the time and MobileNetV2 at 224 pixels 0.6x; as it is otherwise."""
+        answers to float rounding; a convolutional network's image batches channels-last on the CPU, where plans
+        score faster so (measured: docs/models-and-data.md#measured); as it is otherwise."""
         if not self.channels_last or batch.dim() != 4 or not batch.is_floating_point():
             return batch
         return batch.contiguous(memory_format=torch.channels_last)

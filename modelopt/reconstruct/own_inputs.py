@@ -151,9 +151,8 @@ def paired_moments(floats: tuple[nn.Module, nn.Module, torch.Tensor], owns: tupl
         one = _capture(model, module, x[:1])
         per_image = unfolded_bytes(module, one)
         positions = per_image // (4 * max(1, w.shape[-1] * w.shape[0]))  # output positions per image
-        # an integer stride: a layer with fewer than twice the rows keeps them all (layer2 of a CIFAR ResNet: 455
-        # per column; cut to an even 256 its refits changed more answers, INT4 3.78 % of the JPEG test images
-        # against 2.93 %)
+        # an integer stride: a layer with fewer than twice the rows keeps them all (cut to an even count, its refits
+        # changed more answers; measured: docs/reconstruction.md#measured)
         stride = max(1, (x.shape[0] * positions) // (ROWS_PER_INPUT * w.shape[-1]))
         step = max(1, min(batch, UNFOLD_BYTES * stride // max(1, 2 * per_image)))
     for i in range(0, x.shape[0], step):

@@ -26,8 +26,8 @@ from modelopt.reconstruct.own_inputs import Grid, LayerGoal, refit_layers
 
 __all__ = ["IMAGES", "calibration_images", "reconstruct", "targets"]
 
-# Calibration images a plan is refitted on by default (docs/reconstruction.md: 512 and 2,000 differ by 0.1 point
-# of answers changed, at four times the seconds).
+# Calibration images a plan is refitted on by default (docs/reconstruction.md#measured: past 512, more images barely
+# change the answers changed, and cost more seconds).
 IMAGES = 512
 # The calibration images and four activations (a unit's input and output in each network) are
 # held at once: at most this many bytes of them.

@@ -31,8 +31,8 @@ def fitted_path(folder: Path, plan_key: str) -> Path:
     return folder / RECONSTRUCTED / f"{hashlib.sha256(plan_key.encode()).hexdigest()[:16]}.pt"
 
 
-# Layers at this many bits or more, whole and dense, are left as composed: an INT8 plan's answers barely move (the
-# default run's INT8 anchor changed 0.21 % of confirm answers before and after).
+# Layers at this many bits or more, whole and dense, are left as composed: an INT8 plan's answers barely move, and
+# reconstruction does not move them (measured: docs/reconstruction.md#measured).
 LEFT_AT_BITS = 8
 
 
