@@ -35,10 +35,10 @@ LAYER_REL = 1.0  # prior std of a decision's sensitivity, relative to the global
 PRIOR_REL = 0.3  # prior std of a per-(decision, choice) residual, relative to kappa_d x error
 PRIOR_FLOOR = 1e-3  # ... plus this absolute floor, in sqrt(drop) units
 KAPPA0 = 0.5  # sqrt(drop) per unit of relative weight error before any data (mid-range of docs/search.md#measured)
-# With measured output estimates (`rescale_to_estimates`): a decision's sensitivity stays within about a quarter
-# of the global one (what the probes leave in doubt within a layer), and a residual's prior std is its prior's
-# share alone (an absolute floor above an INT4 choice's own prior made Thompson draws pick INT8 or pruning at
-# random); the anchors' three trials, spread from INT8 to INT3, already tell how drops add up.
+# With measured output estimates (`rescale_to_estimates`): a decision's sensitivity stays near the global one
+# (what the probes leave in doubt within a layer; measured: docs/search.md#measured), and a residual's prior std
+# is its prior's share alone (an absolute floor above an INT4 choice's own prior made Thompson draws pick INT8 or
+# pruning at random); the anchors' three trials, spread from INT8 to INT3, already tell how drops add up.
 ESTIMATED_LAYER_REL = 0.3
 ESTIMATED_PRIOR_FLOOR = 1e-6
 
