@@ -31,6 +31,7 @@ from modelopt._registry import Registry, named
 from modelopt.evaluation.evaluator import Evaluator, Realised
 from modelopt.latency.measure import Latency
 from modelopt.model.images import Images
+from modelopt.plan.plan import Plan
 
 if TYPE_CHECKING:  # the spec names an engine: it imports this module
     from modelopt.latency.spec import LatencySpec
@@ -112,17 +113,17 @@ class Engine(ABC):
     scores: ClassVar[bool] = True
 
     @abstractmethod
-    def compile(self, evaluator: Evaluator, plan: Realised, spec: LatencySpec, precision: str | None = None
+    def compile(self, evaluator: Evaluator, plan: Plan | Realised, spec: LatencySpec, precision: str | None = None
                 ) -> Compiled:
-        """The plan as it runs (`Realised`: `evaluator.deployable(plan)`, `evaluator.engine_model(plan)`, the
-        exporters take it) built for this engine (float layers in `precision`, one of
-        `float_references`; None: the engine's default). A plan the engine cannot build raises ConfigError in one
-        line naming the layer and the engine's limit."""
+        """The plan as it runs (a `Realised` record, or a plan as composed: `evaluator.realise(plan)`; the
+        evaluator's `deployable` and `engine_model` and the exporters take either) built for this engine (float
+        layers in `precision`, one of `float_references`; None: the engine's default). A plan the engine cannot
+        build raises ConfigError in one line naming the layer and the engine's limit."""
 
-    def deployed(self, evaluator: Evaluator, plan: Realised) -> Deployment:
-        """The plan as it runs (`Realised`) built afresh as a user deploys it in this engine: what `modelopt export`
-        writes for it, in a new session with the engine's default settings (the torch engine: the deployable module).
-        A run checks the plan it reports here (`modelopt.certify.deployed`): an engine that does not say cannot be
+    def deployed(self, evaluator: Evaluator, plan: Plan | Realised) -> Deployment:
+        """The plan as it runs built afresh as a user deploys it in this engine: what `modelopt export` writes for
+        it, in a new session with the engine's default settings (the torch engine: the deployable module). A run
+        checks the plan it reports here (`modelopt.certify.deployed`): an engine that does not say cannot be
         checked.
 
         Raises:

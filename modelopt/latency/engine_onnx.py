@@ -28,6 +28,7 @@ from modelopt.exporters.onnx_exits import ExitSegments, exit_segments, export_on
 from modelopt.exporters.onnx_run import ort_session
 from modelopt.latency.engine import ENGINES, ArrayDeployment, Compiled, Deployment, Engine, structure_key
 from modelopt.latency.measure import Latency, check_protocol, pattern_latency
+from modelopt.plan.plan import Plan
 
 if TYPE_CHECKING:
     from modelopt.latency.spec import LatencySpec
@@ -59,21 +60,21 @@ class _OnnxEngine(Engine):
     def _open_segment(self, path: str, threads: int | None, precision: str | None, batch: int | None) -> SegmentRunner:
         """One segment of an exit folder in this runtime (`exit_predictor.Opener`)."""
 
-    def deployed(self, evaluator: Evaluator, plan: Realised) -> Deployment:
+    def deployed(self, evaluator: Evaluator, plan: Plan | Realised) -> Deployment:
         """The file `modelopt export --format onnx` writes (a plan with exits: its folder, run by its Predictor),
         read back into a fresh session; the files may go once it is built."""
         with tempfile.TemporaryDirectory() as tmp:
-            if plan.route is not None:
+            if evaluator.realise(plan).route is not None:
                 folder = export_onnx_exits(evaluator, plan, Path(tmp) / "plan").path
                 return ArrayDeployment(Predictor(str(folder), engine=self._open_segment).run)
             return ArrayDeployment(self._open(export_onnx(evaluator, plan, Path(tmp) / "plan.onnx").path))
 
-    def compile(self, evaluator: Evaluator, plan: Realised, spec: LatencySpec, precision: str | None = None
+    def compile(self, evaluator: Evaluator, plan: Plan | Realised, spec: LatencySpec, precision: str | None = None
                 ) -> Compiled:
         """`precision`: the float layers' precision where the engine has a choice (None: its default)."""
         t0 = time.perf_counter()
         try:
-            if plan.route is not None:
+            if evaluator.realise(plan).route is not None:
                 segments = exit_segments(evaluator, plan)
                 return self._build_exits(segments, plan.key, spec, t0, precision)
             model, _ = onnx_model(evaluator, plan)

@@ -17,6 +17,7 @@ from torch import nn
 from modelopt.evaluation.evaluator import Evaluator, Realised
 from modelopt.latency.engine import ENGINES, Compiled, Deployment, Engine, Rows, structure_key
 from modelopt.latency.measure import Latency, batch_of, check_protocol, record, torch_latency
+from modelopt.plan.plan import Plan
 
 if TYPE_CHECKING:
     from modelopt.latency.spec import LatencySpec
@@ -37,12 +38,13 @@ class Torch(Engine):
     def precision(self, evaluator: Evaluator) -> str:
         return "fp16" if evaluator.workload.device.type == "cuda" else "fp32"
 
-    def compile(self, evaluator: Evaluator, plan: Realised, spec: LatencySpec, precision: str | None = None
+    def compile(self, evaluator: Evaluator, plan: Plan | Realised, spec: LatencySpec, precision: str | None = None
                 ) -> Compiled:
         t0 = time.perf_counter()
         device = evaluator.workload.device
-        model = evaluator.deployable(plan).to(device).eval()
-        routed = plan.route is not None
+        r = evaluator.realise(plan)
+        model = evaluator.deployable(r).to(device).eval()
+        routed = r.route is not None
         half = device.type == "cuda"
         if half:
             model = model.half()
@@ -50,7 +52,7 @@ class Torch(Engine):
                             str(device))
         return _TorchCompiled(model, key, spec, device, half, routed, time.perf_counter() - t0)
 
-    def deployed(self, evaluator: Evaluator, plan: Realised) -> Deployment:
+    def deployed(self, evaluator: Evaluator, plan: Plan | Realised) -> Deployment:
         """The plan's deployable module, built afresh, in the precision the engine runs it in on this device."""
         device = evaluator.workload.device
         model = evaluator.deployable(plan).to(device).eval()

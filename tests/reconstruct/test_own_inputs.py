@@ -9,7 +9,8 @@ from torch import nn
 
 from modelopt.compressors.contract import Granularity, IntegerWeight, code_range
 from modelopt.compressors.quantize import QuantSpec, quantize
-from modelopt.reconstruct.own_inputs import DAMP, MULTIPLIERS, Grid, LayerGoal, refit_layers, rescaled, scale_per_weight
+from modelopt.reconstruct.own_inputs import MULTIPLIERS, Grid, LayerGoal, refit_layers, rescaled, scale_per_weight
+from modelopt.solvers.least_squares import RIDGE
 
 
 def _nets(seed: int = 0) -> tuple[nn.Module, nn.Module, torch.Tensor]:
@@ -31,7 +32,7 @@ def test_a_float_layer_is_refitted_to_the_least_squares_solution_on_its_own_inpu
     xf, xq = torch.tanh(net[0](x)), torch.tanh(own[0](x))  # the second layer's input in each network
     # min ||X_q W'^T - X_f W^T||^2 + lam ||W'||^2 (the refit's ridge) by torch's least squares on the stacked
     # system [X_q; sqrt(lam) I] W'^T = [X_f W^T; 0], as an oracle
-    lam = DAMP * float((xq.double() ** 2).sum(0).mean())
+    lam = RIDGE * float((xq.double() ** 2).sum(0).mean())
     a = torch.cat([xq.double(), lam**0.5 * torch.eye(xq.shape[1], dtype=torch.float64)])
     b = torch.cat([(xf @ net[2].weight.T).double(), torch.zeros(xq.shape[1], 5, dtype=torch.float64)])
     want = torch.linalg.lstsq(a, b).solution.T.float()
