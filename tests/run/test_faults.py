@@ -36,6 +36,7 @@ from modelopt.errors import StorageError
 from modelopt.run.journal import Journal
 from modelopt.run.lock import RunFolderBusy
 from modelopt.testing.cli import assert_one_line_error
+from modelopt.testing.env import child_env
 
 REPO = Path(__file__).resolve().parents[2]
 # A floor that val's few hundred images can certify (a higher one is refused before the search).
@@ -198,7 +199,7 @@ def _start(run: Path, data: Path, budget: int = 200) -> subprocess.Popen:
            "--min-retention", str(FLOOR), "--latency", "none", "--rounding", "nearest", "--out", str(run),
            "--no-progress"]
     # One intra-op thread: on a busy 2-core box torch's thread pool makes this run ~5x slower.
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = child_env(OMP_NUM_THREADS="1")
     # Ctrl-C's default handling, as from a terminal: pytest started as a background job ignores SIGINT,
     # and a child that inherits SIG_IGN never sees KeyboardInterrupt.
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -339,7 +340,7 @@ def test_a_kill_right_after_a_journal_line_resumes_as_the_uninterrupted_run(tmp_
     args = ["optimize", "--reconstruct", "off", "--data", str(fewer_data), "--budget", str(budget), "--compressors",
             compressors, "--min-retention", str(FLOOR), "--confidence", "0", "--latency", "none", "--rounding",
             "nearest", "--no-progress", *ahead]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "KILL_AFTER": "1"}
+    env = child_env(OMP_NUM_THREADS="1", KILL_AFTER="1")
     script = tmp_path / "die_after_journal.py"
     script.write_text(_KILL_AFTER_JOURNAL)
 

@@ -13,6 +13,7 @@ import pytest
 
 from modelopt.errors import StorageError
 from modelopt.run.lock import LOCK, RunFolderBusy, check_started, check_unlocked, lock_run_folder
+from modelopt.testing.env import child_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,7 +40,7 @@ def test_the_lock_dies_with_its_holder_even_on_sigkill(tmp_path):
     code = ("import sys, time; from modelopt.run.lock import lock_run_folder; "
             "l = lock_run_folder(sys.argv[1]); print('locked', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(run)], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env=child_env())
     try:
         assert proc.stdout.readline().strip() == "locked"
         with pytest.raises(RunFolderBusy, match=rf"\(pid {proc.pid}\)"):

@@ -14,6 +14,7 @@ import modelopt.api
 from modelopt.cli.app import app
 from modelopt.run.lock import lock_run_folder
 from modelopt.testing.cli import assert_one_line_error
+from modelopt.testing.env import child_env
 
 runner = CliRunner()
 
@@ -158,7 +159,7 @@ def test_a_second_process_is_refused_at_once_while_the_first_loads(tmp_path):
     import time
 
     run = tmp_path / "r"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
+    env = child_env(OMP_NUM_THREADS="1")
     first = subprocess.Popen([sys.executable, "-m", "modelopt", "optimize", "--out", str(run), "--budget", "1",
                               "--no-progress"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

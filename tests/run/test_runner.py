@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import torch
 import modelopt
 from modelopt.compressors import COMPRESSORS, Compressor
 from modelopt.errors import ConfigError
+from modelopt.testing.env import child_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -106,7 +106,7 @@ def test_resume_after_sigkill_loses_and_repeats_nothing(tmp_path, small_data, sm
     cmd = [sys.executable, "-m", "modelopt", "optimize", "--budget", "12", "--compressors", "quantize",
            "--data", str(small_data), "--min-retention", "0.9", "--out", str(run_dir), "--no-progress",
            "--reconstruct", "off", "--rounding", "nearest"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     journal = run_dir / "trials.jsonl"
     deadline = time.time() + 900  # generous for a loaded machine: the wait ends on the journal's 4th line

@@ -73,13 +73,15 @@ def fit_head(
     Example:
         >>> head = fit_head(f.select("layer2.4", spec), soft_targets(f.logits), FitConfig(spec))
     """
-    x = feats.float()
+    # Fitted on the CPU whatever device the features come from: its parameters start from a CPU generator, and
+    # L-BFGS on a few thousand rows is cheap there; a head is the same on a CPU and a CUDA run of the same features.
+    x = feats.float().cpu()
     d = x.shape[1]
     if targets.dim() == 1:
         k = int(classes or int(targets.max()) + 1)
-        t = F.one_hot(targets.long(), k).float()
+        t = F.one_hot(targets.long().cpu(), k).float()
     else:
-        t = targets.float()
+        t = targets.float().cpu()
         k = int(t.shape[1])
     mean = x.mean(0)
     std = x.std(0).clamp_min(1e-6)
@@ -137,7 +139,8 @@ def fit_temperature(head: ExitHead, feats: torch.Tensor, targets: torch.Tensor) 
         The same head with its fitted temperature (searched on a log grid from 0.25 to 8, then refined).
     """
     with torch.no_grad():
-        logits = head.logits_from_features(feats.float())
+        logits = head.logits_from_features(feats.float().cpu())  # on the CPU, where fit_head fitted the head
+        targets = targets.cpu()
         t = F.one_hot(targets.long(), head.classes).float() if targets.dim() == 1 else targets.float()
 
         def nll(log_temp: float) -> float:
