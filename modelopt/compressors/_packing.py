@@ -183,6 +183,9 @@ class Storage:
     kept: int | None = None  # values kept by unstructured sparsity; None: dense
     value_bits: int = 32  # bits per stored value
     extra_bytes: int = 0  # scales, zero points, or an opaque encoding's whole size
+    # The values' and index's bytes as the packed file codes them (`modelopt.compressors._entropy.form_bytes`),
+    # measured on the real codes; None: the fixed-rate count (values x value_bits, and the index).
+    coded: int | None = None
 
     @property
     def numel(self) -> int:
@@ -194,5 +197,7 @@ class Storage:
 
     @property
     def bytes(self) -> int:
+        if self.coded is not None:
+            return self.coded + self.extra_bytes
         values = self.numel if self.kept is None else self.kept
         return math.ceil(values * self.value_bits / 8) + self.index_bytes + self.extra_bytes

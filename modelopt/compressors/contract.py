@@ -10,7 +10,8 @@ never from the underscore modules that hold them, which may move.
 - structural analyses a compressor reads (`UsesAnalyses.analyses`): `Analysis`, what it reads of the model
   (`ModelView`), their registry `ANALYSES`, and the shipped ones, `ChannelAnalysis` (a root's `ChannelGroup`) and
   `BranchAnalysis`;
-- stored forms of compressed weights: `Storage`, `WeightForm`, `IntegerWeight`, `Granularity` and the packing helpers;
+- stored forms of compressed weights: `Storage`, `WeightForm`, `IntegerWeight`, `Granularity`, the packing helpers
+  and the entropy-coded segments the packed file stores (`encode_codes`, `form_bytes`, ...);
 - quantized layer inputs (W8A8): `Calibration`, `InputQParams` and the functions that measure and apply them.
 
 Example:
@@ -22,6 +23,14 @@ from modelopt.compressors._base import Choice, Compressor, Precision
 from modelopt.compressors._branches import RemovesBranch
 from modelopt.compressors._calibration import CalibrationNeed
 from modelopt.compressors._channels import RemovesChannels
+from modelopt.compressors._entropy import (
+    decode_codes,
+    decode_mask_segment,
+    encode_codes,
+    encode_mask_segment,
+    form_bytes,
+    kept_codes,
+)
 from modelopt.compressors._inputs import (
     QPARAM_BYTES,
     Calibration,
@@ -57,11 +66,60 @@ from modelopt.model.analysis import ANALYSES, Analysis, ModelView
 from modelopt.model.branches import BranchAnalysis
 from modelopt.model.channels import ChannelAnalysis, ChannelGroup
 
-__all__ = ["ANALYSES", "COMPRESSORS", "QPARAM_BYTES", "SCALE_DTYPE", "Analysis", "BranchAnalysis", "Calibration",
-           "CalibrationNeed", "Cell", "ChannelAnalysis", "ChannelGroup", "Choice", "Compressor", "ExitTap", "Forward",
-           "Granularity", "InputQParams", "IntegerWeight", "ModelView", "Options", "Precision", "RemovesBranch",
-           "RemovesChannels", "ReportColumn", "Route", "Routes", "Routing", "Setting", "SettingKind", "Storage",
-           "UsesAnalyses", "WeightForm", "activation_bits", "calibration_method", "code_range", "decode_mask",
-           "encode_mask", "enum_member", "fake_quantize", "fake_quantized_inputs", "input_ranges",
-           "install_input_quantizers", "option", "pack_codes", "scale_units", "sparse_encoding", "sparse_index_bytes",
-           "to_scale_dtype", "unpack_codes"]
+__all__ = [
+    "ANALYSES",
+    "COMPRESSORS",
+    "QPARAM_BYTES",
+    "SCALE_DTYPE",
+    "Analysis",
+    "BranchAnalysis",
+    "Calibration",
+    "CalibrationNeed",
+    "Cell",
+    "ChannelAnalysis",
+    "ChannelGroup",
+    "Choice",
+    "Compressor",
+    "ExitTap",
+    "Forward",
+    "Granularity",
+    "InputQParams",
+    "IntegerWeight",
+    "ModelView",
+    "Options",
+    "Precision",
+    "RemovesBranch",
+    "RemovesChannels",
+    "ReportColumn",
+    "Route",
+    "Routes",
+    "Routing",
+    "Setting",
+    "SettingKind",
+    "Storage",
+    "UsesAnalyses",
+    "WeightForm",
+    "activation_bits",
+    "calibration_method",
+    "code_range",
+    "decode_codes",
+    "decode_mask",
+    "decode_mask_segment",
+    "encode_codes",
+    "encode_mask",
+    "encode_mask_segment",
+    "enum_member",
+    "fake_quantize",
+    "fake_quantized_inputs",
+    "form_bytes",
+    "input_ranges",
+    "install_input_quantizers",
+    "kept_codes",
+    "option",
+    "pack_codes",
+    "scale_units",
+    "sparse_encoding",
+    "sparse_index_bytes",
+    "to_scale_dtype",
+    "unpack_codes",
+]

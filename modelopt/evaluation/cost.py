@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -131,13 +132,17 @@ class CostModel:
         self.roots = [x.name for x in self.layers if ChannelAnalysis.of(x).members]  # channel groups' roots
         self._counts: dict[tuple[str, str, Choice], int | None] = {}
 
-    def cost(self, plan: Plan, kept: Mapping[str, int] | None = None) -> PlanCost:
+    def cost(self, plan: Plan, kept: Mapping[str, int] | None = None,
+             coded: Mapping[str, int] | None = None) -> PlanCost:
         """The plan's costs.
 
         Args:
             plan: A plan of the space.
             kept: {root layer: output channels kept} for the channel groups structured pruning shrinks; None:
                 counted from the compressors (`kept_counts`), as when no weights are at hand.
+            coded: {layer: bytes its stored values take coded} measured on the plan's codes
+                (`LayerWeights.coded_bytes`: the evaluator's exact prices); None: estimated from each choice's
+                measured rate (`SearchSpace.value_rates`), or its fixed rate where none was measured.
         """
         kept = self.kept_counts(plan) if kept is None else kept
         removed: dict[str, list[int]] = {}  # layer -> [rows removed, columns removed]
@@ -151,32 +156,42 @@ class CostModel:
             gone_rows, gone_cols = removed.get(x.name, (0, 0))
             cost = self.layer_cost(x, {d.name: plan.get(d.name) for d in self.decisions[x.name]},
                                    x.out_channels - gone_rows if gone_rows else None,
-                                   x.in_channels - gone_cols if gone_cols else None)
+                                   x.in_channels - gone_cols if gone_cols else None,
+                                   None if coded is None else coded.get(x.name, -1))
             if x.name in skipped:  # on a removed branch: stored as before (the packed form), never run
                 cost = dataclasses.replace(cost, layer=dataclasses.replace(cost.layer, macs=0))
             costs.append(cost)
         return PlanCost(tuple(costs), self.other_bytes)
 
     def layer_cost(self, layer: Layer, choices: Mapping[str, Choice], out: int | None = None,
-                   inp: int | None = None) -> LayerCost:
+                   inp: int | None = None, coded: int | None = None) -> LayerCost:
         """One layer's cost under its decisions' `choices` {decision name: choice}.
 
         Args:
             out: Output channels kept (structured pruning of a group this layer's rows are in); None: all.
             inp: Input channels kept (of a group its columns are in); None: all.
+            coded: The bytes its stored values take coded, measured on its codes (-1: stored as dense float32);
+                None: estimated from the measured rates of its choices.
         """
         stored = _stored_layer(layer, out, inp)
         storage = Storage(stored.weight_shape)
         head = 0
         weight_bits = activation_bits = 32
+        rate = None
         for d in self.decisions[layer.name]:
             comp, c = self.space.compressors[d.compressor], choices.get(d.name)
             storage = comp.stored(stored, c, storage)
+            rate = self.space.value_rates.get((d.name, c), rate)
             if c is not None and isinstance(comp, Routes):
                 head += comp.added_bytes(layer, c)
             precision = comp.precision(c)
             weight_bits = min(weight_bits, precision.weight)
             activation_bits = min(activation_bits, precision.activation)
+        if coded is not None:
+            storage = storage if coded < 0 else dataclasses.replace(storage, coded=coded)
+        elif rate is not None and storage.value_bits < 32:
+            values = storage.numel if storage.kept is None else storage.kept
+            storage = dataclasses.replace(storage, coded=math.ceil(values * rate / 8) + storage.index_bytes)
         freed = 0
         if ChannelAnalysis.of(layer).members:
             # A root's removed channels take their group's float entries with them (norms' scales and shifts,

@@ -67,10 +67,14 @@ class Evaluator:
         """The plan as it runs: as composed, or with its reconstruction `fitted` (`modelopt.reconstruct`)."""
         return self.states.realise(plan, fitted)
 
-    def plan_cost(self, plan: Plan) -> PlanCost:
-        """The plan's bytes, MACs and bitops per layer, with the channels its structured pruning keeps."""
-        kept = self.states.layers.kept_channels(plan)
-        return self.costs.cost(plan, {name: int(idx.numel()) for name, (_, idx) in kept.items()})
+    def plan_cost(self, plan: PlanOrRecord) -> PlanCost:
+        """The plan's bytes, MACs and bitops per layer, with the channels its structured pruning keeps and the
+        bytes its codes take once coded (measured on them: a refitted record's own codes)."""
+        fitted = plan.fitted if isinstance(plan, Realised) else None
+        plan = plan.plan if isinstance(plan, Realised) else plan
+        layers = self.states.layers
+        kept = {name: int(idx.numel()) for name, (_, idx) in layers.kept_channels(plan).items()}
+        return self.costs.cost(plan, kept, layers.coded_bytes(plan, fitted))
 
     # ---- scoring (`Scorer`) ----------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from modelopt.compressors.contract import RemovesChannels, WeightForm
+from modelopt.compressors.contract import RemovesChannels, WeightForm, form_bytes
 from modelopt.data.split import Split
 from modelopt.evaluation.fitted import Fitted
 from modelopt.evaluation.forms import Step
@@ -74,6 +74,10 @@ class LayerWeights:
         # targets and every export, without this).
         self._forms: dict[tuple[Any, ...], tuple[Step, ...]] = {}
         self._keys: dict[str, dict[str, tuple[Any, ...]]] = {}  # plan key -> `layer_keys`
+        # `layer_keys` -> its stored values' coded bytes (`form_bytes`), shared like the tensors; a refit's by
+        # (key, digest) here.
+        self._coded_keys: dict[tuple[Any, ...], int | None] = workload.coded_cache
+        self._coded: dict[tuple[Any, ...], int | None] = {}
 
     def decisions(self, layer: str) -> list[Decision]:
         """The decisions on `layer`, in the space's order: its compressor chain."""
@@ -211,39 +215,48 @@ class LayerWeights:
 
     def weights(self, plan: Plan) -> dict[str, torch.Tensor]:
         """The weights the plan's choices give each layer, compressed one layer at a time (cached)."""
-        kept, slices = self.kept_channels(plan), self.kept_slices(plan)
         weights = {}
         for name, key in self.layer_keys(plan).items():
             w = self._tensors.get(key)
             if w is None:
-                self._tensors[key] = w = self._compress(name, plan, kept, slices.get(name, (None, None))).contiguous()
+                self._tensors[key] = w = self._compress(name, plan, key).contiguous()
             weights[name] = w
         return weights
 
-    def _compress(self, lname: str, plan: Plan, kept: Kept,
-                  kept_slice: tuple[torch.Tensor | None, torch.Tensor | None]) -> torch.Tensor:
-        # The chain runs on the physically kept slice, so it computes exactly what the smaller
-        # model holds (group boundaries, per-tensor scales, magnitude ranks), then is scattered back.
+    def coded_bytes(self, plan: Plan, fitted: Fitted | None = None) -> dict[str, int]:
+        """Per layer whose stored values are coded (integer codes, sparse masks), the bytes the packed file's
+        segments take for them (`form_bytes`): measured on the codes the plan stores, the refit's where `fitted`
+        has them. Layers stored as dense float32 are absent."""
+        out = {}
+        for name, key in self.layer_keys(plan).items():
+            if fitted is not None and name in fitted.weights:
+                n = self._coded.get((key, fitted.digest), -1)
+                if n == -1:
+                    n = self._coded[(key, fitted.digest)] = form_bytes(self.steps(plan, name, fitted)[-1].form)
+            else:
+                if key not in self._coded_keys:
+                    self._compress(name, plan, key)  # what the weight's compression measures on the way
+                n = self._coded_keys[key]
+            if n is not None:
+                out[name] = n
+        return out
+
+    def _compress(self, lname: str, plan: Plan, key: tuple[Any, ...]) -> torch.Tensor:
+        # The chain runs on the physically kept slice, so it computes exactly what the smaller model holds (group
+        # boundaries, per-tensor scales, magnitude ranks), then is scattered back. Its forms give the weight and
+        # the bytes its codes take once coded, in one pass (GPTQ runs once per layer and choice).
+        keep_rows, keep_cols = kept_slice = self.kept_slices(plan).get(lname, (None, None))
+        steps = self._forms.get(key) or tuple(self._chain(plan, lname, kept_slice))
+        form = steps[-1].form
+        self._coded_keys[key] = form_bytes(form)
+        w = form.weight
+        if keep_rows is None and keep_cols is None:
+            return w
         orig = self.workload.original[lname]
-        own = kept.get(lname)
-        keep_rows, keep_cols = kept_slice
         rows = torch.arange(orig.shape[0], device=orig.device) if keep_rows is None else keep_rows.to(orig.device)
         cols = torch.arange(orig.shape[1], device=orig.device) if keep_cols is None else keep_cols.to(orig.device)
-        sliced = keep_rows is not None or keep_cols is not None
-        w = self.sliced(lname, plan) if sliced else self.float_weight(lname, plan)
-        for d in self._layer_decisions[lname]:
-            c = plan.get(d.name)
-            if c is None or (own is not None and d.name == own[0]):  # slicing already applied that one
-                continue
-            comp = self.space.compressors[d.compressor]
-            if n := comp.calibration(c).layer_inputs:
-                w = comp.apply_calibrated(w, c, self.layer_inputs(lname, n, kept_slice))
-            else:
-                w = comp.apply(w, c)
-        if not sliced:
-            return w
         full = torch.zeros_like(orig)
-        full[rows[:, None], cols[None, :]] = w
+        full[rows[:, None], cols[None, :]] = w.to(orig.device)
         return full
 
     def _repair_images(self, plan: Plan) -> int:

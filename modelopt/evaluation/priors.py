@@ -13,7 +13,9 @@ import time
 
 import torch
 
+from modelopt.compressors.contract import Storage
 from modelopt.evaluation.evaluator import Evaluator
+from modelopt.plan.plan import Plan
 
 __all__ = ["measure_errors"]
 
@@ -57,9 +59,25 @@ def measure_errors(evaluator: Evaluator) -> None:
                 feats.append(dataclasses.replace(f, error=1.0))
                 continue
             err = energy(q - w) / norm
+            saved = _measure_rate(evaluator, d.name, c, plan)
             # A choice that breaks the weight (non-finite) is as bad as losing it entirely.
-            feats.append(dataclasses.replace(f, error=err if math.isfinite(err) else 1.0))
+            feats.append(dataclasses.replace(f, error=err if math.isfinite(err) else 1.0, bytes=f.bytes - saved))
         space.features[d.name] = tuple(feats)
     one_time.timed("choice_tensors", time.perf_counter() - t0 - sum(
         s for k, s in one_time.seconds.items() if k.startswith("layer_inputs:")))
     evaluator.routes.priors()
+
+
+def _measure_rate(evaluator: Evaluator, decision: str, choice: object, plan: Plan) -> int:
+    """The bits a stored value of the layer takes once coded under `choice` alone (dense integer codes only),
+    for the cost model to price plans it has not built (`SearchSpace.value_rates`); returns the bytes coding
+    saves on the choice's fixed-rate price (0 where nothing was measured)."""
+    space = evaluator.space
+    d = space.decision(decision)
+    layer = space.layers[d.layer]
+    storage = space.compressors[d.compressor].stored(layer, choice, Storage(layer.weight_shape))
+    coded = evaluator.states.layers.coded_bytes(plan).get(d.layer)
+    if coded is not None and storage.value_bits < 32 and storage.kept is None and storage.numel:
+        space.value_rates[(decision, choice)] = coded * 8 / storage.numel
+        return storage.bytes - dataclasses.replace(storage, coded=coded).bytes
+    return 0

@@ -62,7 +62,7 @@ class Scorer:
     """
 
     def __init__(self, workload: Workload, states: CompressedStates, routes: PlanRoutes,
-                 price: Callable[[Plan], PlanCost]) -> None:
+                 price: Callable[[Plan | Realised], PlanCost]) -> None:
         self.workload, self.states, self.routes, self.price = workload, states, routes, price
         self._results: dict[tuple[str, str, int], Metrics] = {}
         # Where plans are scored when not in the PyTorch simulation: the run's latency engine, when what it
@@ -105,7 +105,7 @@ class Scorer:
         r, policy, state, prep = self._prepare(plan)
         with self._resident(r, state):
             pred = self._predict(r, data.x.part(0, n), policy)
-        metrics = self._metrics(r.plan, split, pred, time.perf_counter() - t0, prep_cost=prep, policy=policy)
+        metrics = self._metrics(r, split, pred, time.perf_counter() - t0, prep_cost=prep, policy=policy)
         self._results[key] = metrics
         return metrics
 
@@ -152,9 +152,9 @@ class Scorer:
                 stopped = "dominated" if not finish else _hopeless(
                     data, _joined(preds)[0], min_retention, fidelity.delta, confidence, count_gains, claim_images)
                 if stopped is not None:
-                    return self._metrics(r.plan, Split.VAL, _joined(preds), time.perf_counter() - t0, stopped=stopped,
+                    return self._metrics(r, Split.VAL, _joined(preds), time.perf_counter() - t0, stopped=stopped,
                                          prep_cost=prep, policy=policy)
-        metrics = self._metrics(r.plan, Split.VAL, _joined(preds), time.perf_counter() - t0, prep_cost=prep,
+        metrics = self._metrics(r, Split.VAL, _joined(preds), time.perf_counter() - t0, prep_cost=prep,
                                 policy=policy)
         self._results[full] = metrics
         return metrics
@@ -191,7 +191,7 @@ class Scorer:
             raise TrialError(f"plan {r.plan.key} gives non-finite outputs")
         return logits.argmax(dim=1), None
 
-    def _metrics(self, plan: Plan, split: str, predictions: Predictions, seconds: float, stopped: str | None = None,
+    def _metrics(self, r: Realised, split: str, predictions: Predictions, seconds: float, stopped: str | None = None,
                  prep_cost: float = 0.0, policy: Route | None = None) -> Metrics:
         """Metrics of `predictions` for the first len(pred) samples of `split` (with exits, where
         each left: MACs and bitops are then means over the samples)."""
@@ -202,7 +202,7 @@ class Scorer:
         right, base_right = pred == y, base == y
         acc = float(right.float().mean())
         base_acc = float(base_right.float().mean())
-        costs = self.price(plan)
+        costs = self.price(r)  # the bytes of the codes it stores, the refit's where it has one
         size = costs.size_bytes
         reach, head_macs, exited = None, 0.0, None
         if policy is not None and exit_at is not None:

@@ -2,11 +2,12 @@
 
 The file holds only tensors, ints and strings, so `torch.load(weights_only=True)` reads it:
 
-- ``codes``: uint8, every quantized layer's bit-packed codes (`pack_codes`) back to back; for a
-  pruned layer only the kept weights' codes;
+- ``codes``: uint8, every quantized layer's code segment back to back (`modelopt.compressors._entropy`: the
+  codes entropy-coded with the layer's own histogram, or bit-packed where that is smaller); for a pruned layer
+  only the kept weights' codes;
 - ``scales``: float16, every quantized layer's scales back to back;
-- ``masks``: uint8, which weights each unstructured-pruned layer keeps: a bitmask or a list of
-  positions, whichever is smaller (`modelopt.compressors.contract.encode_mask`);
+- ``masks``: uint8, which weights each unstructured-pruned layer keeps, one segment each: the mask's bits
+  entropy-coded, or a bitmask or list of positions (`encode_mask`), whichever is smallest;
 - ``floats``: float32, float layers' weights (only the kept values when pruned), batch norms folded
   to scale and shift per channel, biases and any other float tensor, back to back;
 - ``index``: zlib-compressed JSON naming what lies where (layer, spec, shape, kept values), in storage order,
@@ -35,21 +36,17 @@ import torch
 from torch import nn
 
 from modelopt._files import save_atomic  # a failed or killed export leaves the old file, never half a zip
-from modelopt.compressors.contract import (
-    Routes,
-    WeightForm,
-    encode_mask,
-    pack_codes,
-)
+from modelopt.compressors.contract import Routes, WeightForm, encode_codes, encode_mask_segment, kept_codes
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator, Realised
 from modelopt.model.layers import compressible_modules
 from modelopt.plan.plan import Plan
 
 FORMAT = "modelopt.packed"
-FORMAT_VERSION = 4  # 2: sparse and structurally pruned layers; 3: quantized inputs; 4: early-exit heads.
-# Older files still load.
-_READS = (1, 2, 3, 4)
+# 2: sparse and structurally pruned layers; 3: quantized inputs; 4: early-exit heads; 5: entropy-coded codes and
+# masks (each segment's length in the index). Older files still load.
+FORMAT_VERSION = 5
+_READS = (1, 2, 3, 4, 5)
 SUFFIX = ".pt"
 # eps of every folded batch norm: positive (CUDA refuses 0) and a power of two (exact in float32).
 FOLDED_EPS = 2.0**-17
@@ -70,18 +67,20 @@ class _Sections:
         q = form.integer
         assert q is not None
         kept = -1 if form.mask is None else int(form.mask.sum())
-        self.codes.append(pack_codes(q.codes if form.mask is None else q.codes[form.mask.to(q.codes.device)], q.bits))
+        self.codes.append(encode_codes(kept_codes(form), q.bits))
         self.scales.append(q.scales.reshape(-1).cpu())
+        mask = 0
         if form.mask is not None:
-            self.masks.append(encode_mask(form.mask))
-        self.index["q"].append([name, q.tag, list(q.codes.shape), kept])
+            self.masks.append(encode_mask_segment(form.mask))
+            mask = int(self.masks[-1].size)
+        self.index["q"].append([name, q.tag, list(q.codes.shape), kept, int(self.codes[-1].size), mask])
 
     def tensor(self, name: str, t: torch.Tensor, form: WeightForm | None) -> None:
         """A float tensor; a sparse layer weight as its kept values and mask."""
         if form is not None and form.mask is not None:
             self.floats.append(form.weight[form.mask].float())
-            self.masks.append(encode_mask(form.mask))
-            self.index["f"].append([name, "s", list(t.shape), int(form.mask.sum())])
+            self.masks.append(encode_mask_segment(form.mask))
+            self.index["f"].append([name, "s", list(t.shape), int(form.mask.sum()), int(self.masks[-1].size)])
         elif t.is_floating_point():
             self.floats.append(t.detach().float())
             self.index["f"].append([name, "t", list(t.shape)])

@@ -23,7 +23,9 @@ from modelopt.compressors.contract import (
     InputQParams,
     IntegerWeight,
     Routes,
+    decode_codes,
     decode_mask,
+    decode_mask_segment,
     install_input_quantizers,
     sparse_index_bytes,
     unpack_codes,
@@ -100,13 +102,13 @@ def load(path: str | Path, model: nn.Module | None = None) -> nn.Module:
     stream = _Reader(payload, str(path))
     layers = compressible_modules(module)
     for name, tag, shape, *rest in index["q"]:
-        _load_integer(stream, layers.get(name), name, tag, shape, int(rest[0]) if rest else -1)
+        _load_integer(stream, layers.get(name), name, tag, shape, [int(r) for r in rest])
     modules, state = dict(module.named_modules()), module.state_dict(keep_vars=True)
     for name, kind, shape, *rest in index["f"]:
         if kind == "bn":
             _load_norm(stream, modules.get(name), name, shape)
         else:
-            _load_tensor(stream, state.get(name), name, shape, int(rest[0]) if kind == "s" else -1)
+            _load_tensor(stream, state.get(name), name, shape, [int(r) for r in rest] if kind == "s" else [])
     acts = index.get("a", [])
     missing = [name for name, *_ in acts if name not in layers]
     if missing:
@@ -155,6 +157,7 @@ class _Reader:
         self._floats: torch.Tensor = payload["floats"]
         self._masks: np.ndarray = payload["masks"].numpy() if "masks" in payload else np.zeros(0, np.uint8)
         self._off = {"codes": 0, "scales": 0, "floats": 0, "masks": 0}
+        self.coded = int(payload.get("version", 1)) >= 5  # segments (`modelopt.compressors._entropy`), not raw
 
     def _take(self, stream: str, n: int | None) -> Any:
         data, start = getattr(self, f"_{stream}"), self._off[stream]
@@ -164,6 +167,12 @@ class _Reader:
     def codes(self, n: int) -> np.ndarray:
         return self._take("codes", n)
 
+    def integer_codes(self, bits: int, shape: list[int] | tuple[int, ...], n: int) -> torch.Tensor:
+        """The next codes of `shape`: a segment of `n` bytes (version 5), else bit-packed."""
+        if self.coded:
+            return decode_codes(self._take("codes", n), bits, shape)
+        return unpack_codes(self._take("codes", math.ceil(math.prod(shape) * bits / 8)), bits, shape)
+
     def scales(self, n: int) -> torch.Tensor:
         return self._take("scales", n)
 
@@ -171,23 +180,29 @@ class _Reader:
         """The next `n` floats (None: all that are left)."""
         return self._take("floats", n)
 
-    def mask(self, shape: list[int], kept: int) -> torch.Tensor:
+    def mask(self, shape: list[int], kept: int, n: int = 0) -> torch.Tensor:
+        """The next mask: a segment of `n` bytes (version 5), else a bitmask or positions."""
+        if self.coded:
+            return decode_mask_segment(self._take("masks", n), shape, kept)
         return decode_mask(self._take("masks", sparse_index_bytes(math.prod(shape), kept)), shape, kept)
 
 
-def _load_integer(stream: _Reader, mod: nn.Module | None, name: str, tag: str, shape: list[int], kept: int) -> None:
-    """An integer weight: codes (of the kept weights only, when `kept` >= 0) times scales."""
+def _load_integer(stream: _Reader, mod: nn.Module | None, name: str, tag: str, shape: list[int],
+                  rest: list[int]) -> None:
+    """An integer weight: codes (of the kept weights only, when `kept` >= 0) times scales; `rest`: the index
+    entry's kept count, then (version 5) its code and mask segments' bytes."""
+    kept, code_bytes, mask_bytes = (rest + [-1, 0, 0][len(rest):])[:3]
     weight = None if mod is None else mod.weight
     if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != tuple(shape):
         got = "missing" if weight is None else f"shape {tuple(getattr(weight, 'shape', ()))}"
         raise LoadError(f"{stream.path!r}: layer {name!r} {tuple(shape)} does not fit the model ({got})")
     bits, granularity, group_size = IntegerWeight.layout(tag)
-    packed = stream.codes(math.ceil((math.prod(shape) if kept < 0 else kept) * bits / 8))
     if kept < 0:
-        q = unpack_codes(packed, bits, shape)
+        q = stream.integer_codes(bits, shape, code_bytes)
     else:  # pruned: codes of the kept weights only; the rest are zero
+        kept_q = stream.integer_codes(bits, (kept,), code_bytes)
         q = torch.zeros(tuple(shape), dtype=torch.int8)
-        q[stream.mask(shape, kept)] = unpack_codes(packed, bits, (kept,))
+        q[stream.mask(shape, kept, mask_bytes)] = kept_q
     scales = stream.scales(IntegerWeight.n_scales(shape, granularity, group_size))
     w = IntegerWeight(q, scales, bits, granularity, group_size).dequantize()
     weight.data = w.to(weight.dtype).contiguous()
@@ -200,14 +215,15 @@ def _load_norm(stream: _Reader, bn: nn.Module | None, name: str, channels: int) 
     _set_affine(bn, scale, shift)
 
 
-def _load_tensor(stream: _Reader, t: torch.Tensor | None, name: str, shape: list[int], kept: int) -> None:
-    """A float tensor; `kept` >= 0: a pruned weight, its kept values and where they go."""
+def _load_tensor(stream: _Reader, t: torch.Tensor | None, name: str, shape: list[int], rest: list[int]) -> None:
+    """A float tensor; `rest` [kept, (version 5) mask bytes]: a pruned weight, its kept values and where they go."""
+    kept, mask_bytes = (rest + [-1, 0][len(rest):])[:2]
     if t is None or tuple(t.shape) != tuple(shape):
         raise LoadError(f"{stream.path!r}: tensor {name!r} {tuple(shape)} does not fit the model")
     if kept < 0:
         t.data = stream.floats(math.prod(shape)).reshape(shape).to(t.dtype).clone()
         return
-    mask = stream.mask(shape, kept)
+    mask = stream.mask(shape, kept, mask_bytes)
     w = torch.zeros(tuple(shape), dtype=t.dtype)
     w[mask] = stream.floats(kept).to(t.dtype)
     t.data = w

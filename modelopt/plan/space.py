@@ -78,6 +78,9 @@ class SearchSpace:
         self._by_name = {d.name: d for d in self.decisions}
         # Data-free estimates; Evaluator.measure_errors() replaces `error` with measured values.
         self.features: dict[str, tuple[ChoiceFeatures, ...]] = {d.name: self._estimate(d) for d in self.decisions}
+        # (decision, choice) -> bits a stored value takes once coded, measured on the layer's codes under that
+        # choice alone (`measure_errors`); the cost model prices plans not yet built by it.
+        self.value_rates: dict[tuple[str, Choice], float] = {}
 
     def _estimate(self, d: Decision) -> tuple[ChoiceFeatures, ...]:
         comp, layer = self.compressors[d.compressor], self.layers[d.layer]
