@@ -1,4 +1,4 @@
-"""Weight quantization: symmetric INT2..INT8, per-tensor, per-channel or group-wise scales.
+"""Weight quantization: symmetric INT2..INT8, per-tensor, per-channel or group-wise scales; or rate grids.
 
 Each scale unit (the tensor, an output channel, or a block of `group_size`
 consecutive input weights of one output channel) gets the scale that minimises
@@ -10,10 +10,14 @@ so the quantize-dequantize the evaluator runs is exactly what the packed export 
 A spec may also quantize the layer's input activations (`ActQuantSpec`, W8A8): the evaluator
 calibrates static uint8 ranges for them (`modelopt.compressors._inputs`) and counts the layer's
 bitops at 8 activation bits; the layer then also stores its input's scale and zero point.
+
+A rate grid (`RateSpec`, offered by `rates`) stores int8 codes on an unclipped per-channel grid whose step is set
+for the codes' entropy (`modelopt.compressors.quantize.rate`); the packed file entropy codes them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -40,13 +44,14 @@ from modelopt.compressors._registry import COMPRESSORS
 from modelopt.compressors._surface import Cell, ReportColumn, enum_member
 from modelopt.compressors.quantize.gptq import Rounding, gptq_round
 from modelopt.compressors.quantize.options import CLIP_RATIOS, SUPPORTED_BITS, QuantizeOptions
-from modelopt.compressors.quantize.spec import ActQuantSpec, QuantSpec
+from modelopt.compressors.quantize.rate import quantize_rate
+from modelopt.compressors.quantize.spec import ActQuantSpec, QuantSpec, RateSpec
 from modelopt.errors import ConfigError
 from modelopt.model.layer_inputs import LayerInputs
 from modelopt.model.layers import Layer
 
-__all__ = ["ActQuantSpec", "Granularity", "QuantSpec", "Quantize", "QuantizeOptions", "Rounding", "dequantize",
-           "parse_rounding", "quantize", "search_scales"]
+__all__ = ["ActQuantSpec", "Granularity", "QuantSpec", "Quantize", "QuantizeOptions", "RateSpec", "Rounding",
+           "dequantize", "parse_rounding", "quantize", "search_scales"]
 
 # The clipping search minimises sum |q*s - w|^p, not the squared error: squared error clips the large weights that
 # matter most and loses accuracy at low bit widths. p was chosen on the calibration split (training images), never
@@ -145,6 +150,8 @@ class Quantize(Compressor):
         act_calibration_images: calibration images the ranges are measured on.
         rounding: how codes are picked, offered to the search (nearest, gptq); a plan entry
             without `rounding` takes the first offered.
+        rates: rate grids offered (`RateSpec`: bits per weight once entropy coded, in [1, 6]), each
+            with every offered rounding; weight-only, per channel. None by default.
         calib_images: calibration images GPTQ's input second moments are measured on.
         norm_images: calibration images batch-norm statistics are re-estimated on for a plan with
             a layer at `NORM_BITS` or fewer (0: never); it lifts agreement most at the fewest bits
@@ -154,6 +161,7 @@ class Quantize(Compressor):
         >>> q = Quantize(bits=(8, 4), granularity=("per_channel", "group"))
         >>> calibrated = Quantize(bits=(4, 3, 2), rounding=("gptq",))
         >>> w8a8 = Quantize(bits=(8,), activations=(None, 8), act_calibration="minmax")
+        >>> coded = Quantize(bits=(8,), rates=(2.5, 3.0))
     """
 
     order = 20  # after pruning: scales are searched on the pruned weight
@@ -197,6 +205,10 @@ class Quantize(Compressor):
         return tuple(dict.fromkeys(_rounding(r) for r in self.opts.rounding))
 
     @property
+    def rates(self) -> tuple[float, ...]:
+        return tuple(dict.fromkeys(float(r) for r in self.opts.rates))
+
+    @property
     def calib_images(self) -> int:
         return int(self.opts.calib_images)
 
@@ -205,6 +217,8 @@ class Quantize(Compressor):
         return int(self.opts.norm_images)
 
     def _canonical(self, spec: QuantSpec, layer: Layer) -> QuantSpec:
+        if isinstance(spec, RateSpec):
+            return spec  # per channel, weight-only: already canonical
         # One group covering a whole channel is per-channel quantization: same math, same bytes.
         if spec.granularity is Granularity.GROUP and layer.fan_in <= spec.group_size:
             per_channel = QuantSpec(spec.bits, Granularity.PER_CHANNEL, rounding=spec.rounding)
@@ -218,17 +232,20 @@ class Quantize(Compressor):
             self._canonical(QuantSpec(b, g, self.group_size, r).with_activations(a), layer)
             for b, g, r, a in itertools.product(self.bits, self.granularity, self.rounding, self.activations)
         )
-        return (None, *dict.fromkeys(specs))
+        rates = (RateSpec(rate=r, rounding=ro) for r, ro in itertools.product(self.rates, self.rounding))
+        return (None, *dict.fromkeys(specs), *rates)
 
     def parse(self, raw: Mapping[str, Any] | None, layer: Layer) -> Choice:
         if raw is None:
             return None
         if not isinstance(raw, Mapping):
             raise ConfigError(f"quantize for {layer.name}: expected a mapping like {{bits: 4}} or null, got {raw!r}")
-        unknown = set(raw) - {"bits", "granularity", "group_size", "activations", "rounding"}
+        unknown = set(raw) - {"bits", "rate", "granularity", "group_size", "activations", "rounding"}
         if unknown:
             raise ConfigError(f"quantize for {layer.name}: unknown key {min(unknown)!r}; "
-                              "valid: bits, granularity, group_size, activations, rounding")
+                              "valid: bits, granularity, group_size, activations, rounding, rate")
+        if raw.get("rate") is not None:
+            return RateSpec.parse(raw, f"quantize for {layer.name}", self.rounding[0])
         bits = raw.get("bits")
         if bits is None:
             raise ConfigError(
@@ -249,8 +266,16 @@ class Quantize(Compressor):
     def dump(self, choice: Choice) -> dict[str, Any] | None:
         if choice is None:
             return None
+        if isinstance(choice, RateSpec):
+            # `bits: null` (and `rate: null` on INT entries): plan files merge a layer's entry over the default's,
+            # where a rate entry over an INT4 default would otherwise read as both.
+            rate: dict[str, Any] = {"bits": None, "rate": choice.rate, "granularity": choice.granularity.value,
+                                    "rounding": choice.rounding.value}
+            return rate if self.activations == (None,) else {**rate, "activations": None}
         assert isinstance(choice, QuantSpec)
         out: dict[str, Any] = {"bits": choice.bits, "granularity": choice.granularity.value}
+        if self.rates:  # written only by a quantizer that offers rates, so other plan files stay as they were
+            out["rate"] = None
         if choice.granularity is Granularity.GROUP:
             out["group_size"] = choice.group_size
         # Float inputs are written only by a quantizer that offers quantized ones, so a default
@@ -271,7 +296,7 @@ class Quantize(Compressor):
         if not isinstance(choice, QuantSpec):
             return CalibrationNeed()
         return CalibrationNeed(layer_inputs=self.calib_images if choice.rounding is Rounding.GPTQ else 0,
-                               norm_images=self.norm_images if choice.bits <= NORM_BITS else 0,
+                               norm_images=self.norm_images if choice.weight_bits <= NORM_BITS else 0,
                                input_ranges=None if choice.activations is None else self.input_calibration)
 
     def apply_calibrated(self, weight: torch.Tensor, choice: Choice, inputs: LayerInputs | None) -> torch.Tensor:
@@ -287,6 +312,8 @@ class Quantize(Compressor):
 
         `inputs`: the layer's calibration inputs (`Evaluator.layer_inputs`), used by GPTQ choices.
         """
+        if isinstance(choice, RateSpec):
+            return quantize_rate(weight, choice, inputs)
         assert isinstance(choice, QuantSpec)
         return quantize(weight, choice, self.clip_ratios, inputs)
 
@@ -302,12 +329,18 @@ class Quantize(Compressor):
         if choice is None:
             return layer.params * 4
         assert isinstance(choice, QuantSpec)
-        return math.ceil(layer.params * choice.bits / 8) + _extra_bytes(layer, choice)
+        return math.ceil(layer.params * choice.value_bits / 8) + _extra_bytes(layer, choice)
 
     def stored(self, layer: Layer, choice: Choice, inner: Storage) -> Storage:
         if choice is None:
             return inner
         assert isinstance(choice, QuantSpec)
+        if isinstance(choice, RateSpec):
+            # int8 codes (what a layer left bit-packed costs), priced as coded at `rate` bits a kept value: an
+            # estimate, which the evaluator replaces by the coded bytes of the real codes.
+            packed = Storage(inner.shape, inner.kept, choice.bits, _extra_bytes(layer, choice))
+            values = packed.numel if packed.kept is None else packed.kept
+            return dataclasses.replace(packed, coded=math.ceil(values * choice.rate / 8) + packed.index_bytes)
         # Kept values (all of them when dense) become codes; one float16 scale per unit.
         return Storage(inner.shape, inner.kept, choice.bits, _extra_bytes(layer, choice))
 
@@ -315,7 +348,7 @@ class Quantize(Compressor):
         if choice is None:
             return Precision()
         assert isinstance(choice, QuantSpec)
-        return Precision(choice.bits, 32 if choice.activations is None else choice.activations)
+        return Precision(choice.weight_bits, 32 if choice.activations is None else choice.activations)
 
 
 def _extra_bytes(layer: Layer, spec: QuantSpec) -> int:
@@ -339,8 +372,10 @@ def _granularity(value: object) -> Granularity:
 def _bits_cell(raw: Mapping[str, Any] | None) -> Cell:
     if raw is None:
         return Cell("float", None)
-    bits = int(raw["bits"])
-    return Cell(f"int{bits}", min(1.0, max(0.0, 1.0 - math.log2(bits) / 4.0)) * 0.85 + 0.1)
+    rate = raw.get("rate")
+    bits = float(rate) if rate is not None else int(raw["bits"])
+    label = f"r{bits}" if rate is not None else f"int{bits}"
+    return Cell(label, min(1.0, max(0.0, 1.0 - math.log2(bits) / 4.0)) * 0.85 + 0.1)
 
 
 _GRAN_LEVEL = {"per_tensor": 0.75, "per_channel": 0.45, "group": 0.2}  # coarser scales: fewer bytes, more error

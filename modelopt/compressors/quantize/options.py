@@ -21,6 +21,7 @@ from modelopt.compressors._options import Options, option
 from modelopt.compressors._packing import Granularity
 from modelopt.compressors._surface import SettingKind, enum_member
 from modelopt.compressors.quantize.gptq import Rounding
+from modelopt.compressors.quantize.spec import check_rate
 from modelopt.errors import ConfigError
 
 __all__ = ["CLIP_RATIOS", "SUPPORTED_BITS", "QuantizeOptions"]
@@ -53,6 +54,10 @@ class QuantizeOptions(Options):
     clip_ratios: tuple[float, ...] = option(CLIP_RATIOS)
     rounding: tuple[str, ...] = option(("gptq",), SettingKind.NAMES, "How codes are picked: gptq (calibrated on the "
                                        "calib split), nearest, or gptq,nearest to let the search choose.")
+    # Empty by default, so the default search space and its plans' keys stay as they were; measured on ResNet-20 by
+    # benchmarks/rate_grid_probe.py, not yet across the zoo.
+    rates: tuple[float, ...] = option((), SettingKind.FLOATS, "Rate grids offered, in bits per weight once entropy "
+                                      "coded, e.g. 2.5,3 (unclipped per-channel grids, weight-only; default none).")
     calib_images: int = option(256)  # GPTQ's input second moments
     # Quantized inputs lower bitops, and latency in an engine with integer kernels (ONNX Runtime, OpenVINO: a layer
     # whose inputs stay float runs as dequantized weights and a float kernel, slower than float): offered by
@@ -112,6 +117,13 @@ def _check_rounding(o: QuantizeOptions) -> None:
         raise ConfigError("quantize: rounding must offer at least one of nearest, gptq")
 
 
+def _check_rates(o: QuantizeOptions) -> None:
+    if not isinstance(o.rates, tuple):
+        raise ConfigError(f"quantize: rates must be a list of bits per weight like [2.5, 3.0], got {o.rates!r}")
+    for r in o.rates:
+        check_rate(r)
+
+
 def _check_images(o: QuantizeOptions) -> None:
     if isinstance(o.calib_images, bool) or not isinstance(o.calib_images, int) or o.calib_images < 1:
         raise ConfigError(f"quantize: calib_images must be a positive integer, got {o.calib_images!r}")
@@ -122,4 +134,4 @@ def _check_images(o: QuantizeOptions) -> None:
 
 _CHECKS: tuple[Callable[[QuantizeOptions], None], ...] = (
     _check_clip_ratios, _check_bits, _check_granularity, _check_group_size, _check_activations, _check_rounding,
-    _check_images)
+    _check_rates, _check_images)
