@@ -87,9 +87,9 @@ def main() -> None:
         before = ev.scorer.evaluate(plan, split=args.split)
         t0 = time.perf_counter()
         refits = Refits(ev, images=args.images)
-        refits(plan)  # as `modelopt optimize` runs it, held-out check and all
+        fitted = refits(plan)  # as `modelopt optimize` runs it, held-out check and all
         seconds = time.perf_counter() - t0
-        after = ev.scorer.evaluate(plan, split=args.split)
+        after = ev.scorer.evaluate(ev.realise(plan, fitted), split=args.split)  # the plan as it runs once refitted
         record = refits.tried.get(plan.key)
         check = "-" if record is None or record.held_out is None else "{} images: {} -> {}".format(*record.held_out[:3])
         if record is not None and not record.chosen:

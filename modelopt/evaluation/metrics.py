@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from modelopt.confidence import PairedCounts
@@ -49,6 +49,10 @@ class Metrics:
     base_right: int | None = None
     lost: int | None = None
     gained: int | None = None
+    # {layer: bytes its stored values (codes, masks, sparse floats) take coded in the packed file}, measured on
+    # the plan's codes: with the cost model's fixed parts they give each layer's share of size_bytes. None in
+    # records written before the file was entropy coded.
+    coded: dict[str, int] | None = field(default=None, hash=False)  # a dict: left out of the record's hash
 
     def counts(self) -> PairedCounts | None:
         """The paired counts, or None for a record that lacks them."""

@@ -228,6 +228,7 @@ class Scorer:
             base_right=int(base_right.sum()),
             lost=int((base_right & ~right).sum()),
             gained=int((right & ~base_right).sum()),
+            coded={x.layer.name: x.storage.coded for x in costs.layers if x.storage.coded is not None},
         )
 
 

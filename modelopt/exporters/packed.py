@@ -2,7 +2,7 @@
 
 The file holds only tensors, ints and strings, so `torch.load(weights_only=True)` reads it:
 
-- ``codes``: uint8, every quantized layer's code segment back to back (`modelopt.compressors._entropy`: the
+- ``codes``: uint8, every quantized layer's code segment back to back (`encode_codes`: the
   codes entropy-coded with the layer's own histogram, or bit-packed where that is smaller); for a pruned layer
   only the kept weights' codes;
 - ``scales``: float16, every quantized layer's scales back to back;
@@ -48,6 +48,9 @@ FORMAT = "modelopt.packed"
 FORMAT_VERSION = 5
 _READS = (1, 2, 3, 4, 5)
 SUFFIX = ".pt"
+# What the file holds beyond the bytes size_bytes counts (which it holds exactly, in its codes, scales, masks and
+# floats): the zip's records and alignment, the index and the plan, a few KiB whatever the model's size.
+CONTAINER_BYTES = 8192
 # eps of every folded batch norm: positive (CUDA refuses 0) and a power of two (exact in float32).
 FOLDED_EPS = 2.0**-17
 
@@ -126,7 +129,8 @@ def export_packed(evaluator: Evaluator, plan: Plan | Realised, path: str | Path)
         path: the file to write.
 
     Returns:
-        The path written. Its size is within a few percent of ``evaluator.plan_cost(plan).size_bytes``.
+        The path written: ``evaluator.plan_cost(plan).size_bytes`` bytes of codes, scales, masks and floats, and
+        the container's few KiB (`CONTAINER_BYTES` at most: zip records, index, plan).
 
     Example:
         >>> export_packed(ev, ev.space.load_plan("best_plan.yaml"), "r20.pt")

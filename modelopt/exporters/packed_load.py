@@ -157,7 +157,7 @@ class _Reader:
         self._floats: torch.Tensor = payload["floats"]
         self._masks: np.ndarray = payload["masks"].numpy() if "masks" in payload else np.zeros(0, np.uint8)
         self._off = {"codes": 0, "scales": 0, "floats": 0, "masks": 0}
-        self.coded = int(payload.get("version", 1)) >= 5  # segments (`modelopt.compressors._entropy`), not raw
+        self.coded = int(payload.get("version", 1)) >= 5  # segments (`decode_codes`), not raw
 
     def _take(self, stream: str, n: int | None) -> Any:
         data, start = getattr(self, f"_{stream}"), self._off[stream]

@@ -211,7 +211,8 @@ class RunFolder:
         plan = self.plan(record)
         if plan is None or self.space is None or self.layers is None:
             return None
-        return CostModel(self.space).cost(plan).layer_bytes()
+        coded = None if record.metrics is None else record.metrics.coded  # measured on its codes when it ran
+        return CostModel(self.space).cost(plan, coded=coded).layer_bytes()
 
     def size_bytes(self, record: Record) -> int | None:
         """The plan's packed size: measured when the trial ran, else computed (a failed trial)."""

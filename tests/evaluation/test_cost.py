@@ -41,6 +41,11 @@ def _random_plans(space, n, seed):
         yield space.plan({d.name: rng.choice(d.choices[1:]) if rng.random() < p else None for d in space.decisions})
 
 
+def _coded(ev, plan):
+    """The bytes each layer's stored values take coded, as the scorer writes them into a trial's metrics."""
+    return {x.layer.name: x.storage.coded for x in ev.plan_cost(plan).layers if x.storage.coded is not None}
+
+
 def _report_run(wl, report_space, plan):
     """What RunFolder.layer_bytes reads of a run folder: its layer table, its space, the record's plan."""
     flat = plan.to_flat()  # the journal's form
@@ -54,7 +59,8 @@ def test_report_layer_bytes_sum_to_the_evaluators_size_bytes_for_random_plans(r2
     kinds = set()
     for plan in _random_plans(space, 60, seed=0):
         run, flat = _report_run(wl, report_space, plan)
-        per_layer = RunFolder.layer_bytes(run, SimpleNamespace(plan=flat))  # type: ignore[arg-type]
+        record = SimpleNamespace(plan=flat, metrics=SimpleNamespace(coded=_coded(ev, plan)))  # as a trial records it
+        per_layer = RunFolder.layer_bytes(run, record)  # type: ignore[arg-type]
         assert set(per_layer) == {x.name for x in wl.layers}
         assert other + sum(per_layer.values()) == ev.plan_cost(plan).size_bytes, plan.key
         kinds |= {(name.rsplit("/", 1)[1], getattr(c, "kind", None)) for name, c in plan.choices if c is not None}
@@ -67,7 +73,8 @@ def test_layer_map_rows_and_other_bytes_make_the_plan_size(r20):
     for plan in _random_plans(space, 10, seed=1):
         run, flat = _report_run(wl, report_space, plan)
         run.layer_bytes = lambda record, run=run: RunFolder.layer_bytes(run, record)  # type: ignore[arg-type]
-        record = SimpleNamespace(plan=flat, metrics=SimpleNamespace(size_bytes=ev.plan_cost(plan).size_bytes))
+        record = SimpleNamespace(plan=flat, metrics=SimpleNamespace(size_bytes=ev.plan_cost(plan).size_bytes,
+                                                                    coded=_coded(ev, plan)))
         lmap = layer_map(run, record)  # type: ignore[arg-type]
         assert lmap.has_sizes
         assert lmap.other_bytes + sum(r.plan_bytes for r in lmap.rows) == lmap.size_bytes

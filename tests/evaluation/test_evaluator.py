@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from modelopt.compressors import Granularity, Quantize, QuantSpec
+from modelopt.compressors.contract import encode_codes
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.plan.space import SearchSpace
 
@@ -33,9 +34,12 @@ def test_float_plan_is_the_baseline(evaluator):
 
 
 def test_uniform_int8_per_channel_keeps_accuracy_at_4x(evaluator):
-    m = evaluator.scorer.evaluate(_uniform(evaluator, 8, "per_channel"), split="all")
+    plan = _uniform(evaluator, 8, "per_channel")
+    m = evaluator.scorer.evaluate(plan, split="all")
     assert m.retention >= 0.995
-    assert 3.9 <= m.compression <= 4.0
+    assert m.compression >= 3.9
+    # Coded, INT8's codes take fewer than their 8 bits (the fixed-rate price: the cost model before any code).
+    assert m.size_bytes < evaluator.costs.cost(plan).size_bytes
 
 
 def test_uniform_int4_per_channel_keeps_98_percent_at_7_5x(evaluator):
@@ -53,7 +57,12 @@ def test_uniform_int4_group_keeps_99_percent(evaluator):
 def test_size_adds_up_from_layers(evaluator):
     wl = evaluator.workload
     plan = _uniform(evaluator, 4, "per_channel")
-    expected = wl.other_bytes + sum(math.ceil(layer.params / 2) + 2 * layer.out_channels for layer in wl.layers)
+    forms = evaluator.realise(plan).forms
+    # Each layer: its codes' segment as the packed file writes it (entropy coded, or bit-packed where smaller: never
+    # more than one byte over the fixed rate), and one float16 scale per output channel.
+    segments = {x.name: encode_codes(forms[x.name].integer.codes, 4).size for x in wl.layers}
+    assert all(segments[x.name] <= math.ceil(x.params / 2) + 1 for x in wl.layers)
+    expected = wl.other_bytes + sum(segments[x.name] + 2 * x.out_channels for x in wl.layers)
     assert evaluator.plan_cost(plan).size_bytes == expected
     # ResNet-20: 268,346 conv/linear weights, 688 batch-norm channels folded to scale+shift, 10 biases.
     assert wl.other_bytes == 688 * 2 * 4 + 10 * 4
