@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import constriction
 import numpy as np
 import torch
 
@@ -37,16 +38,12 @@ _HEADER = np.dtype([("lo", "<i2"), ("k", "<u2")])
 
 
 def _model(freqs: np.ndarray) -> object:
-    import constriction  # imported here: only writers and readers of coded files need it
-
     p = freqs.astype(np.float64)
     return constriction.stream.model.Categorical(p / p.sum(), perfect=False)
 
 
 def _coded(symbols: np.ndarray) -> np.ndarray | None:
     """The CODED segment of non-negative int `symbols` offset by their minimum; None when there are none."""
-    import constriction
-
     if symbols.size == 0:
         return None
     lo = int(symbols.min())
@@ -63,8 +60,6 @@ def _coded(symbols: np.ndarray) -> np.ndarray | None:
 
 def _decoded(segment: np.ndarray, n: int) -> np.ndarray:
     """The `n` symbols of a CODED segment, as int32."""
-    import constriction
-
     head = segment[1 : 1 + _HEADER.itemsize].view(_HEADER)[0]
     lo, k = int(head["lo"]), int(head["k"])
     start = 1 + _HEADER.itemsize

@@ -141,7 +141,7 @@ class CostModel:
             kept: {root layer: output channels kept} for the channel groups structured pruning shrinks; None:
                 counted from the compressors (`kept_counts`), as when no weights are at hand.
             coded: {layer: bytes its stored values take coded} measured on the plan's codes
-                (`LayerWeights.coded_bytes`: the evaluator's exact prices); None: estimated from each choice's
+                (`modelopt.evaluation.coded`: the evaluator's exact prices); None: estimated from each choice's
                 measured rate (`SearchSpace.value_rates`), or its fixed rate where none was measured.
         """
         kept = self.kept_counts(plan) if kept is None else kept

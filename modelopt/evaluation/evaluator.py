@@ -25,6 +25,7 @@ from torch import nn
 
 from modelopt.compressors.contract import InputQParams
 from modelopt.data.split import Split
+from modelopt.evaluation.coded import coded_bytes
 from modelopt.evaluation.compressed_state import CompressedStates
 from modelopt.evaluation.cost import CostModel, PlanCost
 from modelopt.evaluation.fidelity import Fidelity
@@ -74,7 +75,7 @@ class Evaluator:
         plan = plan.plan if isinstance(plan, Realised) else plan
         layers = self.states.layers
         kept = {name: int(idx.numel()) for name, (_, idx) in layers.kept_channels(plan).items()}
-        return self.costs.cost(plan, kept, layers.coded_bytes(plan, fitted))
+        return self.costs.cost(plan, kept, coded_bytes(layers, plan, fitted))
 
     # ---- scoring (`Scorer`) ----------------------------------------------------------------
 

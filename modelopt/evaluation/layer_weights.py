@@ -74,10 +74,6 @@ class LayerWeights:
         # targets and every export, without this).
         self._forms: dict[tuple[Any, ...], tuple[Step, ...]] = {}
         self._keys: dict[str, dict[str, tuple[Any, ...]]] = {}  # plan key -> `layer_keys`
-        # `layer_keys` -> its stored values' coded bytes (`form_bytes`), shared like the tensors; a refit's by
-        # (key, digest) here.
-        self._coded_keys: dict[tuple[Any, ...], int | None] = workload.coded_cache
-        self._coded: dict[tuple[Any, ...], int | None] = {}
 
     def decisions(self, layer: str) -> list[Decision]:
         """The decisions on `layer`, in the space's order: its compressor chain."""
@@ -223,24 +219,6 @@ class LayerWeights:
             weights[name] = w
         return weights
 
-    def coded_bytes(self, plan: Plan, fitted: Fitted | None = None) -> dict[str, int]:
-        """Per layer whose stored values are coded (integer codes, sparse masks), the bytes the packed file's
-        segments take for them (`form_bytes`): measured on the codes the plan stores, the refit's where `fitted`
-        has them. Layers stored as dense float32 are absent."""
-        out = {}
-        for name, key in self.layer_keys(plan).items():
-            if fitted is not None and name in fitted.weights:
-                n = self._coded.get((key, fitted.digest), -1)
-                if n == -1:
-                    n = self._coded[(key, fitted.digest)] = form_bytes(self.steps(plan, name, fitted)[-1].form)
-            else:
-                if key not in self._coded_keys:
-                    self._compress(name, plan, key)  # what the weight's compression measures on the way
-                n = self._coded_keys[key]
-            if n is not None:
-                out[name] = n
-        return out
-
     def _compress(self, lname: str, plan: Plan, key: tuple[Any, ...]) -> torch.Tensor:
         # The chain runs on the physically kept slice, so it computes exactly what the smaller model holds (group
         # boundaries, per-tensor scales, magnitude ranks), then is scattered back. Its forms give the weight and
@@ -248,7 +226,7 @@ class LayerWeights:
         keep_rows, keep_cols = kept_slice = self.kept_slices(plan).get(lname, (None, None))
         steps = self._forms.get(key) or tuple(self._chain(plan, lname, kept_slice))
         form = steps[-1].form
-        self._coded_keys[key] = form_bytes(form)
+        self.workload.coded_cache[key] = form_bytes(form)  # what `coded_bytes` reads
         w = form.weight
         if keep_rows is None and keep_cols is None:
             return w

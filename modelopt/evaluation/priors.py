@@ -14,6 +14,7 @@ import time
 import torch
 
 from modelopt.compressors.contract import Storage
+from modelopt.evaluation.coded import coded_bytes
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.plan.plan import Plan
 
@@ -76,7 +77,7 @@ def _measure_rate(evaluator: Evaluator, decision: str, choice: object, plan: Pla
     d = space.decision(decision)
     layer = space.layers[d.layer]
     storage = space.compressors[d.compressor].stored(layer, choice, Storage(layer.weight_shape))
-    coded = evaluator.states.layers.coded_bytes(plan).get(d.layer)
+    coded = coded_bytes(evaluator.states.layers, plan).get(d.layer)
     if coded is not None and storage.value_bits < 32 and storage.kept is None and storage.numel:
         space.value_rates[(decision, choice)] = coded * 8 / storage.numel
         return storage.bytes - dataclasses.replace(storage, coded=coded).bytes

@@ -102,7 +102,8 @@ class Workload:
         self.original: dict[str, torch.Tensor] = {n: m.get_parameter("weight").data for n, m in self.modules.items()}
         # (layer, compressors, choices) -> compressed weight on the device; filled by evaluators.
         self.tensor_cache: dict[tuple[object, ...], torch.Tensor] = {}
-        # The same keys -> the bytes the packed file's segments take for that weight (None: dense float32).
+        # The same keys (and (key, refit digest)) -> the bytes the packed file's segments take for that weight (None:
+        # dense float32); filled by evaluators (`modelopt.evaluation.coded`).
         self.coded_cache: dict[tuple[object, ...], int | None] = {}
         # calib images -> each layer's input second moments on them (GPTQ); filled by evaluators.
         self.input_cache: dict[int, dict[str, LayerInputs]] = {}
