@@ -130,7 +130,7 @@ class SearchSpace:
         for d in self.decisions:
             feats = self.features[d.name]
             ok = [(f.error, f.act_bits != 32, f.bytes, i) for i, (c, f) in enumerate(zip(d.choices, feats, strict=True))
-                  if c is not None and f.bits < 32 and f.error <= max_error]
+                  if c is not None and f.bits < 32 and f.error <= max_error and getattr(c, "rate", None) is None]
             if ok:
                 chosen[d.name] = d.choices[min(ok)[3]]
         return self.plan(chosen)
@@ -154,8 +154,10 @@ class SearchSpace:
             chosen = {}
             for d in self.decisions:
                 feats = self.features[d.name]
+                # INT-b grids alone: a rate grid (`rate`) runs at its rate's ceiling but is no grid of 2^b levels.
                 ok = [(f.bytes, f.error, i) for i, (c, f) in enumerate(zip(d.choices, feats, strict=True))
-                      if c is not None and f.bits == width and f.act_bits == act_bits]
+                      if c is not None and f.bits == width and f.act_bits == act_bits
+                      and getattr(c, "rate", None) is None]
                 if ok:
                     chosen[d.name] = d.choices[min(ok)[2]]
             plan = self.plan(chosen)
