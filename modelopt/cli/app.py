@@ -367,11 +367,14 @@ def export_(
         help="onnx: what the graph reads: float (the normalised NCHW image; the default) or uint8 (pixels as a "
              "decoder gives them, batch x height x width x channels at the size the model reads; the graph "
              "normalises them).")] = None,
+    weights: Annotated[str | None, typer.Option(
+        help="onnx: integer (codes behind DequantizeLinear: the smallest file; the default) or decoded (layers whose "
+             "inputs stay float get their decoded float32 weights: float speed in ONNX Runtime, float size).")] = None,
 ) -> None:
     """Write a run's plan as a packed checkpoint (reload with modelopt.load) or an ONNX model for ONNX Runtime."""
     _setup_logging(False)
     given = {k: v for k, v in (("calibration", calibration), ("activations", activations),
-                               ("image_input", image_input)) if v is not None}
+                               ("image_input", image_input), ("weights", weights)) if v is not None}
     if given and format != "onnx":
         flag = {"image_input": "input"}.get(min(given), min(given))
         raise ConfigError(f"--{flag} applies only to --format onnx, not {format!r}")

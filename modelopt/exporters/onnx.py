@@ -58,6 +58,7 @@ from modelopt.plan.plan import Plan
 OPSET = 21  # int4 and blocked (group) DequantizeLinear
 IR_VERSION = 10
 CALIBRATIONS = ("minmax", "percentile")
+WEIGHT_FORMS = ("integer", "decoded")  # how the integer weights of float-input layers are written (`export_onnx`)
 ACTIVATION_MODES = ("plan", "all", "none")
 INTEGER_KERNELS = ("QLinearConv", "QLinearAdd", "ConvInteger", "MatMulInteger", "QGemm", "QLinearMatMul",
                    "QLinearGlobalAveragePool", "DynamicQuantizeLinear")
@@ -76,6 +77,10 @@ class OnnxExport:
     activation_tensors: int  # activations with a QDQ pair (0: weight-only)
     calibration: str | None
     exits: tuple[tuple[str, float], ...] = ()  # a routed export's exits: (name, threshold), in order
+    decoded_layers: int = 0  # integer weights of float-input layers written decoded, as float32 (`weights="decoded"`)
+    # Integer weights of layers whose inputs stay float, behind a DequantizeLinear ONNX Runtime runs on every call
+    # (`weights="integer"`): the graph then runs slower than the float model's.
+    dequantized_per_call: int = 0
 
 
 def export_onnx(
@@ -90,6 +95,7 @@ def export_onnx(
     quantize_input: bool | None = None,
     widen_int4: bool = False,
     image_input: str = "float",
+    weights: str = "integer",
 ) -> OnnxExport:
     """Writes `plan` applied to the evaluator's model as an ONNX (QDQ) file.
 
@@ -115,6 +121,11 @@ def export_onnx(
         image_input: ``float``, the normalised NCHW image the model reads (input ``input``); ``uint8``, pixels as a
             decoder gives them (input ``image``, batch x height x width x channels at the size the model reads),
             normalised in the graph as the workload normalises them (`_image_input`).
+        weights: ``integer``, every integer weight as its codes behind a DequantizeLinear (the smallest file; a layer
+            whose inputs stay float then dequantizes its weight on every call, slower than float: the record's
+            `dequantized_per_call` counts them); ``decoded``, those layers' weights as their decoded float32 values
+            (the same numbers: they run at float speed, stored at float size). Layers with quantized inputs keep
+            their codes either way (integer kernels).
 
     Raises:
         ConfigError: a bad option, or a plan with early exits (one line naming the exit: ONNX has
@@ -126,12 +137,17 @@ def export_onnx(
     """
     model, info = onnx_model(evaluator, plan, activations=activations, calibration=calibration, percentile=percentile,
                              calib_samples=calib_samples, quantize_input=quantize_input, widen_int4=widen_int4,
-                             image_input=image_input)
+                             image_input=image_input, weights=weights)
     import onnx
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_atomic(path, lambda f: onnx.save(model, f))  # never half a model on a failed write
+    if info.dequantized_per_call:
+        warnings.warn(f"{info.dequantized_per_call} layers read float inputs and keep integer weights behind "
+                      "DequantizeLinear, which ONNX Runtime runs on every call (slower than the float model); "
+                      "weights='decoded' (--weights decoded) writes them as their float32 values, at float speed",
+                      stacklevel=2)
     return dataclasses.replace(info, path=path)
 
 
@@ -147,6 +163,7 @@ def onnx_model(
     widen_int4: bool = False,
     routed: bool = False,
     image_input: str = "float",
+    weights: str = "integer",
 ) -> tuple[Any, OnnxExport]:
     """The ONNX model `export_onnx` writes (an `onnx.ModelProto`) and what it holds (`path`: none yet).
 
@@ -158,7 +175,7 @@ def onnx_model(
     if not routed:
         evaluator.routes.refuse_static(plan, "one ONNX file", "export it with modelopt.export(format='onnx'), "
                                        "which writes a folder of segments that return early")
-    mode = check_options(activations, calibration, calib_samples, percentile, image_input=image_input)
+    mode = check_options(activations, calibration, calib_samples, percentile, image_input=image_input, weights=weights)
     import onnx
 
     gone = r.skipped_layers  # removed branches: not in the graph
@@ -176,30 +193,31 @@ def onnx_model(
     if integer:
         qparams = _activation_qparams(evaluator, plan, graph, exported, layers, _Calibration(calibration, percentile,
                                       calib_samples), quantize_input, copies, shifts)
-    weights = Weights(graph, factors, qparams, widen_int4)
+    stored = Weights(graph, factors, qparams, widen_int4, decoded=weights == "decoded")
     for layer, form in forms.items():
-        weights.add(layer, form)
+        stored.add(layer, form)
     for name in copies:
-        weights.add_copy(name)
+        stored.add_copy(name)
     for name in shifts:
-        weights.add_shift(name)
-    model = _model(graph, exported, _with_qdq(graph, qparams, weights.front, weights.extra), weights.inits,
-                   weights.extra)
+        stored.add_shift(name)
+    model = _model(graph, exported, _with_qdq(graph, qparams, stored.front, stored.extra), stored.inits, stored.extra)
     if image_input == "uint8":
         model = with_uint8_input(model, evaluator.workload.source.mean, evaluator.workload.source.std)
     onnx.checker.check_model(model)
-    counts = weights.counts
-    return model, OnnxExport(Path(), OPSET, counts["int8"], counts["int4"], counts["float"], tuple(weights.widened),
+    counts = stored.counts
+    return model, OnnxExport(Path(), OPSET, counts["int8"], counts["int4"], counts["float"], tuple(stored.widened),
                              len(qparams), calibration if qparams else None,
-                             tuple((t.name, t.threshold) for t in taps))
+                             tuple((t.name, t.threshold) for t in taps), counts["decoded"], stored.per_call)
 
 
 def check_options(activations: bool | str = "plan", calibration: str = "minmax", calib_samples: int = 512,
-                  percentile: float = 99.99, image_input: str = "float", **_: Any) -> str:
+                  percentile: float = 99.99, image_input: str = "float", weights: str = "integer", **_: Any) -> str:
     """The activations mode (`ACTIVATION_MODES`) of export options checked before anything is built; ConfigError
     naming the bad value and what is right otherwise (the other options are checked where they are used)."""
     _check(calibration, calib_samples, percentile)
     check_image_input(image_input)
+    if weights not in WEIGHT_FORMS:
+        raise ConfigError(f"unknown weights {weights!r}; valid: {', '.join(WEIGHT_FORMS)}")
     mode = {True: "all", False: "none"}.get(activations, activations) if isinstance(activations, bool) else activations
     if mode not in ACTIVATION_MODES:
         raise ConfigError(f"unknown activations {activations!r}; valid: {', '.join(ACTIVATION_MODES)}")

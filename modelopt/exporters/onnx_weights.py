@@ -22,9 +22,13 @@ SHIFT_CODE = 127  # a `Shift` conv's identity weight in int8: its bias then has 
 class Weights:
     """Integer weights put behind DequantizeLinear nodes (`front`), their initializers in `extra`."""
 
-    def __init__(self, graph: Graph, factors: dict[str, np.ndarray], qparams: dict[str, QParams], widen: bool
-                 ) -> None:
+    def __init__(self, graph: Graph, factors: dict[str, np.ndarray], qparams: dict[str, QParams], widen: bool,
+                 decoded: bool = False) -> None:
         self.graph, self.factors, self.qparams, self.widen = graph, factors, qparams, widen
+        # Layers whose inputs stay float keep their decoded float32 weights: ONNX Runtime has no kernel for integer
+        # weights and float inputs, and dequantizes them on every call behind a DequantizeLinear.
+        self.decoded = decoded
+        self.per_call = 0  # integer weights behind a DequantizeLinear whose layer reads float inputs
         self.consumers = graph.consumers()
         self.inits = dict(graph.inits)
         self.front: list[Any] = []
@@ -39,6 +43,9 @@ class Weights:
             self.counts["float"] += 1
             return
         node = self._user(layer, wname)
+        if self.decoded and node.input[0] not in self.qparams:  # the initializer holds the decoded values
+            self.counts["decoded"] += 1
+            return
         if node.op_type == "Gemm" and self.graph.attr(node, "transB", 0) != 1:
             raise ConfigError(f"layer {layer!r}: Gemm without transB is not supported by the exporter")
         int4 = q.bits <= 4 and not self.widen
@@ -48,6 +55,8 @@ class Weights:
         del self.inits[wname]
         w_scale = _weight_dq(q, self.factors.get(wname), wname, int4, self.front, self.extra)
         x_in = node.input[0]
+        if x_in not in self.qparams:
+            self.per_call += 1
         if (len(node.input) > 2 and node.input[2] and not int4 and x_in in self.qparams
                 and q.granularity is not Granularity.GROUP):
             self._int32_bias(node, layer, np.float32(self.qparams[x_in].scale) * w_scale)

@@ -190,7 +190,7 @@ def export(
             ``<run folder>/model-<plan>.pt``, ``.onnx`` or ``model-<plan>/``.
         device: where a workload rebuilt from a run folder lives.
         **options: for ``onnx``: activations, calibration, percentile, calib_samples, quantize_input,
-            widen_int4, image_input (see `modelopt.exporters.onnx.export_onnx`).
+            widen_int4, image_input, weights (see `modelopt.exporters.onnx.export_onnx`).
 
     Returns:
         The path written.
@@ -210,7 +210,7 @@ def export(
         raise ConfigError(f"option {min(options)!r} applies only to format 'onnx'")
     if format == "onnx":  # bad values are refused before the run's model and data load
         valid = ("activations", "calibration", "percentile", "calib_samples", "quantize_input", "widen_int4",
-                 "image_input")
+                 "image_input", "weights")
         for key in options:
             if key not in valid:
                 raise ConfigError(f"unknown onnx export option {key!r}; valid: {', '.join(valid)}")

@@ -267,3 +267,24 @@ def test_a_uint8_image_input_gives_the_float_inputs_answers_without_a_transpose_
     assert fused_op_counts(pixels.path, level="all").get("Transpose", 0) <= 2
     with pytest.raises(ConfigError, match="image_input 'rgb'"):
         export_onnx(r20_evaluator, plan, tmp_path / "x.onnx", image_input="rgb")
+
+
+def test_decoded_weights_run_float_kernels_and_answer_as_the_integer_graph(r20_evaluator, r20_plans, tmp_path):
+    """A weight-only plan: `weights="integer"` keeps every code behind a DequantizeLinear ORT runs on every call
+    (and says so in one warning naming the fast form); `weights="decoded"` writes the same values as float32, so
+    ORT runs plain float Convs, answering as the integer graph does."""
+    plan = r20_plans["int4_per_channel"]
+    with pytest.warns(UserWarning, match=r"20 layers read float inputs .*--weights decoded"):
+        integer = export_onnx(r20_evaluator, plan, tmp_path / "int4.onnx", activations="none")
+    assert integer.dequantized_per_call == 20 and integer.int4_layers == 20
+    decoded = export_onnx(r20_evaluator, plan, tmp_path / "int4-decoded.onnx", activations="none", weights="decoded")
+    assert decoded.decoded_layers == 20
+    assert decoded.int4_layers == decoded.int8_layers == decoded.dequantized_per_call == 0
+    ops = fused_op_counts(decoded.path)
+    assert "DequantizeLinear" not in ops and ops.get("Conv", 0) + ops.get("FusedConv", 0) >= 19, ops
+    x = r20_evaluator.workload.split("val").x.tensor()
+    want = _torch_logits(r20_evaluator, plan, x).argmax(1)
+    assert float((run_onnx(decoded.path, x).argmax(1) == want).mean()) >= 0.995
+    assert float((run_onnx(decoded.path, x).argmax(1) == run_onnx(integer.path, x).argmax(1)).mean()) >= 0.995
+    with pytest.raises(ConfigError, match="unknown weights 'float'; valid: integer, decoded"):
+        export_onnx(r20_evaluator, plan, tmp_path / "bad.onnx", weights="float")
