@@ -59,7 +59,7 @@ def test_evaluate_a_hand_written_plan(tmp_path, small_data):
     assert result.exit_code == 0, result.output
     m = json.loads(result.stdout.strip().splitlines()[-1])
     assert m["split"] == "test" and m["n_samples"] == 339
-    assert m["retention"] >= 0.99 and 3.8 < m["compression"] < 4.0
+    assert m["retention"] >= 0.99 and 3.8 < m["compression"] < 4.6  # INT8 codes take about 7.3 bits once coded
 
 
 def test_latency_timing_flags_need_an_engine():
@@ -151,7 +151,8 @@ def test_evaluate_rounds_plan_entries_by_gptq_unless_told(tmp_path, small_data):
                       "--rounding", rounding, "--reconstruct", "off", "--json")
         assert result.exit_code == 0, result.output
         got[rounding] = json.loads(result.stdout.strip().splitlines()[-1])
-    assert got["gptq"]["compression"] == got["nearest"]["compression"]  # same codes and scales stored
+    # As many codes and scales stored; their coded bytes differ by what each rounding's codes carry.
+    assert got["gptq"]["compression"] == pytest.approx(got["nearest"]["compression"], rel=0.05)
     assert got["gptq"]["agreement"] > got["nearest"]["agreement"] + 0.1  # measured: 92.3 % vs 65.2 % (339 test images)
     # GPTQ's calib pass (all 169 calib images, fewer than its 256 / 169 val) is charged on top of both plans'
     # BN re-estimation.

@@ -55,7 +55,9 @@ def test_every_compressor_applies_to_a_timm_family(name, few_images):
     plan = {"default": {"quantize": {"bits": 8}}}
     m = modelopt.evaluate(f"timm:{name}", plan, str(few_images), split="val", device="cpu",
                           compressors=["quantize", "prune"])
-    assert m.n_samples > 0 and 3.5 < m.compression < 4.1  # INT8 weights, float norms and biases
+    # INT8 weights, float norms and biases: 4x at 8 bits a code, more as the file codes them (random weights' codes
+    # carry fewer bits than trained ones': up to 10x on a ResNet)
+    assert m.n_samples > 0 and 3.5 < m.compression < 32 / 2
     wl = modelopt.build_workload(f"timm:{name}", str(few_images), device="cpu")
     assert wl.num_outputs == 10
     roots = [x.name for x in wl.layers.analysed(ChannelAnalysis) if ChannelAnalysis.of(x).members]
