@@ -81,14 +81,16 @@ class Grid:
 @dataclass(frozen=True)
 class LayerGoal:
     """One layer to refit: the float weight whose output is the target (full shape), the kept rows and columns
-    of the stored shape (None: all), the mask of stored weights (stored shape; None: dense) and the grid (None:
-    float)."""
+    of the stored shape (None: all), the mask of stored weights (stored shape; None: dense), the grid (None:
+    float) and the bits its arithmetic is priced at (a rate grid's rate, rounded up, though its codes sit in int8;
+    None: the grid's width)."""
 
     weight: torch.Tensor
     rows: torch.Tensor | None
     cols: torch.Tensor | None
     keep: torch.Tensor | None
     grid: Grid | None
+    bits: int | None = None
 
 
 @dataclass(frozen=True)

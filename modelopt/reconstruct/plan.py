@@ -43,13 +43,19 @@ def targets(evaluator: Evaluator, plan: Plan | Realised) -> dict[str, LayerGoal]
     for layer in evaluator.workload.layers:
         if layer.name in gone:
             continue
-        final = r.steps[layer.name][-1].form
+        steps = r.steps[layer.name]
+        final = steps[-1].form
         rows, cols = r.slices.get(layer.name, (None, None))
         if final.integer is None and final.mask is None and rows is None and cols is None:
             continue  # float and whole: the float layer itself
         grid = None if final.integer is None else Grid(final.integer)
         keep = None if final.mask is None else final.mask.bool()
-        out[layer.name] = LayerGoal(r.float_weight(layer.name, evaluator.workload.original), rows, cols, keep, grid)
+        # The bits its choices price its arithmetic at: a rate grid's codes sit in int8 but carry its rate.
+        space = evaluator.space
+        bits = min((space.compressors[space.decision(s.decision).compressor].precision(s.choice).weight
+                    for s in steps if s.decision), default=None)
+        out[layer.name] = LayerGoal(r.float_weight(layer.name, evaluator.workload.original), rows, cols, keep, grid,
+                                    bits)
     return out
 
 

@@ -54,7 +54,7 @@ def _verdict(fitted: Fitted) -> str:
 def _worth_it(goals: Mapping[str, LayerGoal]) -> bool:
     """Whether any layer is pruned, masked or below `LEFT_AT_BITS` bits: else reconstruction is not run."""
     return any(t.grid is None or t.keep is not None or t.rows is not None or t.cols is not None
-               or t.grid.integer.bits < LEFT_AT_BITS for t in goals.values())
+               or (t.grid.integer.bits if t.bits is None else t.bits) < LEFT_AT_BITS for t in goals.values())
 
 
 class Refits:
