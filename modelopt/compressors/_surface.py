@@ -80,7 +80,8 @@ def _is_path(v: Any) -> bool:
 # Whether a value (in its JSON form, lists for the list kinds) has the kind's form.
 _ACCEPTS: dict[SettingKind, Callable[[Any], bool]] = {
     SettingKind.INTS: _list_of(_is_int),
-    SettingKind.FLOATS: _list_of(_is_number),
+    # An empty list of numbers is a choice (quantize's rates: none offered); records refuse one where it is not.
+    SettingKind.FLOATS: lambda v: isinstance(v, list) and all(_is_number(x) for x in v),
     SettingKind.NAMES: _list_of(lambda x: isinstance(x, str)),
     SettingKind.BITS: _list_of(lambda x: x is None or _is_int(x)),
     SettingKind.INT: _is_int,

@@ -57,7 +57,10 @@ def test_reconstruction_brings_the_plan_closer_to_the_float_model_at_the_same_by
     fitted = reconstruct(ev, plan, images=128)
     refitted = ev.realise(plan, fitted)
     assert fitted.weights and fitted.images == 128
-    assert _logit_error(ev, refitted) < 0.9 * before
+    # Closer, and never more bytes: the refit's scales are never finer than the plan's grid, since the file codes
+    # every code by its information (with finer ones it came 10 % closer here, at 3-11 % more bytes).
+    assert _logit_error(ev, refitted) < before
+    assert ev.plan_cost(refitted).size_bytes <= size * 1.01
     assert _logit_error(ev, plan) == before  # the plan as composed is another record: unchanged
     assert ev.plan_cost(plan).size_bytes == size
     weights = refitted.weights
