@@ -3,15 +3,20 @@ choices, the preparation a run paid for, and where everything was written."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+
 from rich.console import Console
 from rich.table import Table
 
 from modelopt.data.split import Split
+from modelopt.errors import LoadError
 from modelopt.evaluation.metrics import Metrics
 from modelopt.objective import Target
 from modelopt.plan.plan import Plan
 from modelopt.run.layout import BEST_PLAN
 from modelopt.run.reported import PlanEntry, Scores
+from modelopt.run.run_folder import read_run
 from modelopt.run.runner import RunResult
 from modelopt.run.summary import Preparation, RunSummary
 
@@ -25,8 +30,9 @@ def _fewer(reference: int, value: int) -> str:
     return f"{reference / value:.2f}x" if reference and value else "?"
 
 
-def _plan_table(plan: Plan) -> Table:
-    """One row per layer, one column per compressor ("—": off)."""
+def _plan_table(plan: Plan, bits: Mapping[str, float] | None = None) -> Table:
+    """One row per layer, one column per compressor ("—": off), and the bits a weight of the layer takes in the
+    file where they are known."""
     rows: dict[str, dict[str, str]] = {}
     for name, choice in plan.choices:
         layer, _, comp = name.rpartition("/")
@@ -36,9 +42,28 @@ def _plan_table(plan: Plan) -> Table:
     table.add_column("layer")
     for c in comps:
         table.add_column(c)
+    if bits:
+        table.add_column("bits / weight", justify="right")
     for layer, r in rows.items():
-        table.add_row(layer, *(r.get(c, "") for c in comps))
+        extra = (f"{bits[layer]:.2f}" if layer in bits else "",) if bits else ()
+        table.add_row(layer, *(r.get(c, "") for c in comps), *extra)
     return table
+
+
+def _best_bits(result: RunResult) -> dict[str, float] | None:
+    """Each layer's stored bits per weight under the reported plan, its codes as test scored them (the refit's)."""
+    s = result.summary
+    if s.best is None:
+        return None
+    try:
+        run = read_run(result.run_dir)
+    except LoadError:
+        return None
+    record = next((r for r in run.records if r.plan_key == s.best.plan_key), None)
+    if record is None:
+        return None
+    scored = s.best.test or s.best.val
+    return run.layer_bits(record if scored is None else dataclasses.replace(record, metrics=scored.metrics))
 
 
 def print_run(out: Console, result: RunResult) -> None:
@@ -55,7 +80,7 @@ def print_run(out: Console, result: RunResult) -> None:
                                 len(s.confirmation.finalists)), highlight=False)
     if rebuilt := _reconstruction_text(s):
         out.print(rebuilt, highlight=False)
-    out.print(_plan_table(result.best.plan))
+    out.print(_plan_table(result.best.plan, _best_bits(result)))
     if prep := _preparation_text(s.preparation):
         out.print(f"Preparation: {prep}", highlight=False)
     out.print(f"Pareto front: {len(result.pareto)} plans (re-scored on test) — run folder: [bold]{result.run_dir}[/]")
@@ -68,7 +93,8 @@ def _print_figures(out: Console, s: RunSummary, best: PlanEntry) -> None:
     ref = test or val  # test's MACs first: with exits they are a mean over the split's images
     if ref is not None:
         m = ref.metrics
-        out.print(f"Size {fmt_bytes(m.size_bytes)} (float {fmt_bytes(m.float_size_bytes)}); "
+        decoded = f", {fmt_bytes(m.decoded_bytes)} decoded" if m.decoded_bytes else ""
+        out.print(f"Size {fmt_bytes(m.size_bytes)} stored{decoded} (float {fmt_bytes(m.float_size_bytes)}); "
                   f"{_fewer(m.float_macs, m.macs)} fewer MACs, {_fewer(m.float_bitops, m.bitops)} fewer bitops",
                   highlight=False)
     if test is None:

@@ -199,5 +199,11 @@ class Storage:
     def bytes(self) -> int:
         if self.coded is not None:
             return self.coded + self.extra_bytes
+        return self.decoded_bytes
+
+    @property
+    def decoded_bytes(self) -> int:
+        """The bytes once decoded, as a runtime holds them: each value in its fixed-rate container (INT4 two to a
+        byte, a rate grid's codes one int8 each), the sparse index, the scales."""
         values = self.numel if self.kept is None else self.kept
         return math.ceil(values * self.value_bits / 8) + self.index_bytes + self.extra_bytes

@@ -65,6 +65,11 @@ class LayerCost:
         return self.storage.bytes + self.head_bytes - self.freed_bytes
 
     @property
+    def decoded_bytes(self) -> int:
+        """`bytes` with the weight as decoded (`Storage.decoded_bytes`): what it takes in memory once loaded."""
+        return self.storage.decoded_bytes + self.head_bytes - self.freed_bytes
+
+    @property
     def macs(self) -> int:
         return self.layer.macs
 
@@ -89,6 +94,12 @@ class PlanCost:
     @property
     def size_bytes(self) -> int:
         return self.other_bytes + sum(x.bytes for x in self.layers)
+
+    @property
+    def decoded_bytes(self) -> int:
+        """The weights' bytes once decoded into their fixed-rate containers (int8, INT4 two to a byte), the float
+        tensors as stored: what the file holds before entropy coding."""
+        return self.other_bytes + sum(x.decoded_bytes for x in self.layers)
 
     def layer(self, name: str) -> LayerCost:
         """The cost of the layer named `name`."""

@@ -53,6 +53,10 @@ class Metrics:
     # the plan's codes: with the cost model's fixed parts they give each layer's share of size_bytes. None in
     # records written before the file was entropy coded.
     coded: dict[str, int] | None = field(default=None, hash=False)  # a dict: left out of the record's hash
+    # The weights' bytes once decoded into their fixed-rate containers (int8 codes, INT4 two to a byte), the float
+    # tensors as stored: what a runtime holds after `modelopt.load`, where size_bytes is what the file holds.
+    # 0 in records written before it was kept.
+    decoded_bytes: int = field(default=0, hash=False, compare=False)
 
     def counts(self) -> PairedCounts | None:
         """The paired counts, or None for a record that lacks them."""

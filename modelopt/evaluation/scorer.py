@@ -229,6 +229,7 @@ class Scorer:
             lost=int((base_right & ~right).sum()),
             gained=int((right & ~base_right).sum()),
             coded={x.layer.name: x.storage.coded for x in costs.layers if x.storage.coded is not None},
+            decoded_bytes=costs.decoded_bytes,
         )
 
 

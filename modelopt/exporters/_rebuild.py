@@ -15,7 +15,6 @@ from modelopt.errors import LoadError
 from modelopt.model.loader import load_model
 from modelopt.zoo import MODELS, ZooEntry
 
-
 # The random initialisers modules call while they are built: their draws are overwritten by the file's tensors, and
 # on ResNet-50 they took a third of `modelopt.load` (0.33 of 1.0 s, benchmarks/decode.py).
 _INITIALISERS = ("uniform_", "normal_", "kaiming_uniform_", "kaiming_normal_", "trunc_normal_", "xavier_uniform_",

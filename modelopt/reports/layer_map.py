@@ -59,6 +59,7 @@ class LayerRow:
     # sparse indices), plus an exit head after it, less the float norm and bias entries its removed
     # channels drop. With `LayerMap.other_bytes`, the rows sum to the plan's size_bytes.
     plan_bytes: int | None
+    bits: float | None = None  # bits a weight of the float layer takes in the file (`RunFolder.layer_bits`)
 
 
 @dataclass(frozen=True)
@@ -113,11 +114,12 @@ def layer_map(run: RunFolder, record: Record) -> LayerMap:
     order = [layer.name for layer in run.layers] if run.layers is not None else list(by_layer)
     params = {layer.name: layer.params for layer in run.layers} if run.layers is not None else {}
     per_layer = run.layer_bytes(record) or {}
+    bits = run.layer_bits(record) or {}
     rows = []
     for name in order:
         choices = by_layer.get(name, {})
         cells = tuple(col.cell(choices.get(col.compressor)) for col in columns)
-        rows.append(LayerRow(name, cells, params.get(name), per_layer.get(name)))
+        rows.append(LayerRow(name, cells, params.get(name), per_layer.get(name), bits.get(name)))
     size = None if record.metrics is None else record.metrics.size_bytes
     float_bytes = run.float_size_bytes
     other = None if float_bytes is None or run.layers is None else float_bytes - 4 * sum(x.params for x in run.layers)

@@ -118,11 +118,10 @@ def _best_rows(run: RunFolder) -> list[tuple[str, str]]:
     test, conf = (None, None) if entry is None else (entry.test, entry.confirm)
     shown = _scored_on(((f"{Split.TEST} (held out)", Split.TEST, test), (Split.CONFIRM, Split.CONFIRM, conf),
                         ("val (search-time estimate)", Split.VAL, val)))
-    m = val.metrics
     return [
         ("best plan", f"trial {best.number} (key `{best.plan_key}`), {_status(run)}: {plan_mix(best.plan)}"),
         (f"best {_what(run)}", f"{_fx((test or val).reduction)}"),
-        ("best size", f"{_kib(m.size_bytes)} (float {_kib(m.float_size_bytes)})"),
+        ("best size", _size_text((test or val).metrics)),
         ("best retention", "; ".join(f"{_bounded(x)} {long}" for long, _, x in shown)),
         ("best agreement", ", ".join(f"{_fpct(x.metrics.agreement)} {short}" for _, short, x in shown)),
         *_beside_rows(run, best),
@@ -207,6 +206,12 @@ def _top_table(run: RunFolder) -> Table | None:
                   "plan"), tuple(rows), "rrrrrrrl")
 
 
+def _size_text(m: Metrics) -> str:
+    """The bytes the file stores (the headline), those the weights take once decoded, and the float model's."""
+    decoded = f", {_kib(m.decoded_bytes)} once decoded (int8 / INT4 containers)" if m.decoded_bytes else ""
+    return f"{_kib(m.size_bytes)} in the file{decoded} (float {_kib(m.float_size_bytes)})"
+
+
 def _layer_blocks(run: RunFolder, best: Record) -> list[Block]:
     lmap = layer_map(run, best)
     val = run.figures(best)
@@ -217,12 +222,13 @@ def _layer_blocks(run: RunFolder, best: Record) -> list[Block]:
                                   + (", and each layer's share of the plan's packed size (bar) beside its share of "
                                      "the float weights (outline)." if lmap.has_sizes else
                                      " (no layer table in the run folder: sizes unknown).")),]
-    header = ("layer", *(c.name for c in lmap.columns), "weights", "bytes", "share of size")
+    header = ("layer", *(c.name for c in lmap.columns), "weights", "bytes", "bits / weight", "share of size")
     rows = tuple(
         (f"`{row.layer}`", *(c.label for c in row.cells), "–" if row.params is None else f"{row.params:,}",
-         "–" if row.plan_bytes is None else f"{row.plan_bytes:,}", _fpct(lmap.share(row)))
+         "–" if row.plan_bytes is None else f"{row.plan_bytes:,}", "–" if row.bits is None else f"{row.bits:.2f}",
+         _fpct(lmap.share(row)))
         for row in lmap.rows)
-    blocks.append(Table(header, rows, "l" + "l" * len(lmap.columns) + "rrr"))
+    blocks.append(Table(header, rows, "l" + "l" * len(lmap.columns) + "rrrr"))
     if (run.path / BEST_PLAN).is_file():
         blocks.append(Paragraph(f"The plan file: `{BEST_PLAN}` in the run folder "
                                 f"(`modelopt evaluate --plan {BEST_PLAN} --split test` re-scores it)."))

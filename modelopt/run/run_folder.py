@@ -28,7 +28,7 @@ from modelopt.config.build import make_space
 from modelopt.config.run_config import RunConfig
 from modelopt.config.run_json import objective_from_json
 from modelopt.errors import LoadError
-from modelopt.evaluation.cost import CostModel
+from modelopt.evaluation.cost import CostModel, PlanCost
 from modelopt.evaluation.metrics import Metrics
 from modelopt.model.analysis import ANALYSES, Analyses, Analysis, Layers, ModelView
 from modelopt.model.attention import unfuse_attention
@@ -208,11 +208,27 @@ class RunFolder:
         (`modelopt.evaluation.cost.LayerCost.bytes`: its packed weight, plus an exit head after it, less the float
         norm and bias entries its removed channels drop); with the float tensors outside the weights
         (float_size_bytes - 4 x the layers' parameters) they sum to size_bytes. None without the layer table."""
+        cost = self.plan_cost(record)
+        return None if cost is None else cost.layer_bytes()
+
+    def layer_bits(self, record: Record) -> dict[str, float] | None:
+        """Bits each layer's weight takes in the file, per weight of the float layer (codes as coded, scales,
+        sparse index; a pruned weight takes none): the per-layer tables' "bits / weight". None without the layer
+        table."""
+        cost = self.plan_cost(record)
+        if cost is None:
+            return None
+        params = {layer.name: layer.params for layer in self.layers or ()}
+        return {x.layer.name: 8 * x.storage.bytes / max(1, params.get(x.layer.name, 0)) for x in cost.layers}
+
+    def plan_cost(self, record: Record) -> PlanCost | None:
+        """The trial's costs layer by layer (`CostModel.cost`), its codes' bytes as measured when it was scored
+        (`Metrics.coded`). None without the layer table."""
         plan = self.plan(record)
         if plan is None or self.space is None or self.layers is None:
             return None
         coded = None if record.metrics is None else record.metrics.coded  # measured on its codes when it ran
-        return CostModel(self.space).cost(plan, coded=coded).layer_bytes()
+        return CostModel(self.space).cost(plan, coded=coded)
 
     def size_bytes(self, record: Record) -> int | None:
         """The plan's packed size: measured when the trial ran, else computed (a failed trial)."""

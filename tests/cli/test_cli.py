@@ -49,6 +49,10 @@ def test_optimize_json_last_line(tmp_path, small_data):
         assert "Best plan" in result.stdout
         # Not a terminal: the result table keeps its own headers whole (rich assumed 80 columns: "retent…").
         assert "retention" in result.stdout and "retent…" not in result.stdout
+        # What is stored and what is run: the file's bytes, the decoded containers', and bits a weight per layer.
+        assert " stored, " in result.stdout and " decoded (float " in result.stdout
+        assert "bits / weight" in result.stdout
+        assert out["best_test"]["decoded_bytes"] >= out["best_test"]["size_bytes"]
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ plans mixing every compressor (quantize, prune both kinds, early exit) on the bu
 
 from __future__ import annotations
 
+import math
 import random
 from types import SimpleNamespace
 
@@ -49,8 +50,11 @@ def _coded(ev, plan):
 def _report_run(wl, report_space, plan):
     """What RunFolder.layer_bytes reads of a run folder: its layer table, its space, the record's plan."""
     flat = plan.to_flat()  # the journal's form
-    return SimpleNamespace(layers=wl.layers, space=report_space, float_size_bytes=wl.float_size_bytes,
-                           plan=lambda record: report_space.plan_from_flat(record.plan)), flat
+    run = SimpleNamespace(layers=wl.layers, space=report_space, float_size_bytes=wl.float_size_bytes,
+                          plan=lambda record: report_space.plan_from_flat(record.plan))
+    run.plan_cost = lambda record: RunFolder.plan_cost(run, record)  # type: ignore[arg-type]
+    run.layer_bits = lambda record: RunFolder.layer_bits(run, record)  # type: ignore[arg-type]
+    return run, flat
 
 
 def test_report_layer_bytes_sum_to_the_evaluators_size_bytes_for_random_plans(r20):
@@ -96,3 +100,27 @@ def test_each_compressor_shows_in_its_layers_bytes(r20):
     # The head: linear over 64 channels avg-pooled on 1x1, 2x2, 4x4 and max-pooled on 1x1, 2x2 grids,
     # 10 classes, its bias and temperature, float32.
     assert with_exit.layer_bytes()[conv.name] == alone + ((64 * (1 + 4 + 16) + 64 * (1 + 4)) * 10 + 10 + 1) * 4
+
+
+def test_decoded_bytes_are_the_fixed_rate_containers_and_never_fewer_than_the_coded_file(r20):
+    """INT4 codes take half a byte each once decoded, whatever the coder saved in the file."""
+    wl, space, ev, _ = r20
+    plan = space.plan({d.name: next(c for c in d.choices if getattr(c, "bits", None) == 4
+                                    and getattr(c, "granularity", None) == "per_channel" and c.activations is None)
+                       for d in space.decisions if d.compressor == "quantize"})
+    cost = ev.plan_cost(plan)
+    fixed = sum(math.ceil(x.storage.numel * 4 / 8) + x.storage.extra_bytes for x in cost.layers)
+    assert cost.decoded_bytes == wl.other_bytes + fixed
+    assert cost.size_bytes < cost.decoded_bytes  # the coder saves on INT4's codes
+    assert ev.evaluate(plan).decoded_bytes == cost.decoded_bytes
+
+
+def test_a_layers_bits_per_weight_are_its_stored_bytes_over_its_float_weights(r20):
+    wl, space, ev, report_space = r20
+    plan = next(_random_plans(space, 1, seed=3))
+    run, flat = _report_run(wl, report_space, plan)
+    record = SimpleNamespace(plan=flat, metrics=SimpleNamespace(coded=_coded(ev, plan)))
+    bits = RunFolder.layer_bits(run, record)  # type: ignore[arg-type]
+    cost = ev.plan_cost(plan)
+    for layer in wl.layers:
+        assert bits[layer.name] == pytest.approx(8 * cost.layer(layer.name).storage.bytes / layer.params)
