@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -72,6 +73,25 @@ class Objective:
     # every plan by it made the search judge a uniform INT4 that confirmation certifies infeasible on the
     # bundled default, and aim ever lower (measured: docs/certification.md#measured).
     claim_images: int | None = None
+    # The floors of a certified curve (`--floors`): the run certifies its best plan at each, jointly
+    # (`modelopt.certify.confirm`); the search works at the lowest (`search`), and `min_retention` is the floor
+    # of the reported plan, one of them. Empty: one floor, `min_retention`.
+    floors: tuple[float, ...] = ()
+
+    @property
+    def curve(self) -> tuple[float, ...]:
+        """The floors certified, highest first (`(min_retention,)` for a one-floor run)."""
+        return self.floors or (self.min_retention,)
+
+    def at(self, floor: float) -> Objective:
+        """This objective at one floor of its curve (a one-floor objective)."""
+        return dataclasses.replace(self, min_retention=floor, floors=())
+
+    @property
+    def search(self) -> Objective:
+        """What the search works towards: the lowest floor of the curve, so that plans for every floor are
+        scored in full and reach the front (a plan under the search's floor stops early and is never a finalist)."""
+        return self if not self.floors else self.at(min(self.floors))
 
     def anchors(self, space: SearchSpace) -> tuple[Plan, ...]:
         """The no-search answers every run scores beside its search, on the same images, and confirms first:
@@ -93,6 +113,11 @@ class Objective:
             raise ConfigError(f"min_retention must be a fraction in [0, 1] like 0.99 (a compressed model cannot "
                               f"be certified above its float accuracy), got {self.min_retention!r}")
         object.__setattr__(self, "confidence", check_confidence(self.confidence))
+        object.__setattr__(self, "floors", check_floors(self.floors))
+        if self.floors and self.min_retention not in self.floors:
+            raise ConfigError(f"min_retention {self.min_retention:g} is not one of the floors "
+                              f"{', '.join(f'{f:g}' for f in self.floors)}: the reported plan is the curve's point "
+                              "at min_retention; add it to the floors")
         if self.claim_images is not None and (not isinstance(self.claim_images, int) or self.claim_images < 1):
             raise ConfigError(f"claim_images must be a positive number of images or None, got {self.claim_images!r}")
 
@@ -173,6 +198,23 @@ class Objective:
             return self.reduction(m)
         r = self.retention_lower(m)
         return (0.0 if math.isnan(r) else r) - self.min_retention - 1.0
+
+
+def check_floors(floors: object) -> tuple[float, ...]:
+    """The floors of a curve, highest first, each once; ConfigError naming a value that is no fraction in [0, 1].
+
+    Example:
+        >>> check_floors([0.97, 0.99, 0.98])
+        (0.99, 0.98, 0.97)
+    """
+    if isinstance(floors, (int, float)) and not isinstance(floors, bool):
+        floors = (floors,)
+    if not isinstance(floors, (list, tuple)):
+        raise ConfigError(f"floors must be a list of retention floors like 0.995,0.99,0.98, got {floors!r}")
+    for f in floors:
+        if not isinstance(f, (int, float)) or isinstance(f, bool) or not 0.0 < f <= 1.0:
+            raise ConfigError(f"floor {f!r} is not a retention floor: each must be a fraction in (0, 1] like 0.98")
+    return tuple(sorted({float(f) for f in floors}, reverse=True))
 
 
 T = TypeVar("T")

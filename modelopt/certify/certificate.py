@@ -21,7 +21,7 @@ from modelopt.evaluation.fitted import Fitted
 from modelopt.evaluation.metrics import Metrics
 from modelopt.evaluation.trial import Trial
 from modelopt.latency.plan import PlanLatency
-from modelopt.objective import Objective
+from modelopt.objective import Objective, best_of
 from modelopt.plan.plan import Plan
 
 __all__ = ["Certificate", "certify"]
@@ -63,11 +63,18 @@ class Certificate:
         return self.confirmation.realise(evaluator, plan)
 
     @property
+    def curve(self) -> tuple[tuple[float, Trial | None], ...]:
+        """The smallest plan certified at each floor of the run's curve, highest floor first (None: none); empty
+        when the data could not confirm (a one-floor run's single point is its best)."""
+        return self.confirmation.curve if self.confirmation.usable else ()
+
+    @property
     def reported(self) -> dict[str, Trial]:
-        """The plans whose test figures a run reports, by plan key: the best, the search's, the front, the
-        anchors (each once, in that order)."""
+        """The plans whose test figures a run reports, by plan key: the best, the search's, the curve's points,
+        the front, the anchors (each once, in that order)."""
         trials = ([self.best] if self.best else []) + ([self.search_best] if self.search_best else [])
-        return {t.plan.key: t for t in [*trials, *self.front, *self.anchors]}
+        points = [t for _, t in self.curve if t is not None]
+        return {t.plan.key: t for t in [*trials, *points, *self.front, *self.anchors]}
 
 
 def certify(evaluator: Evaluator, objective: Objective, trials: list[Trial], latency: PlanLatency | None = None,
@@ -90,11 +97,13 @@ def certify(evaluator: Evaluator, objective: Objective, trials: list[Trial], lat
         >>> cert.best.number, cert.confirmation.usable, cert.test[cert.best.plan.key].retention
     """
     anchor_keys = [p.key for p in objective.anchors(evaluator.space)] if objective.confidence > 0 else []
-    final = finalists(trials, objective, anchor_keys)
+    final = finalists(trials, objective.search, anchor_keys)  # a curve's finalists: plans for its lowest floor too
     confirmation = confirm_plans(evaluator, objective, list(final.candidates), final.anchors, trials, refit)
     # With a confirm split the reported best is the smallest plan it confirmed; without one (or with one too
     # small to certify the floor), the search's best on the val bound, unconfirmed.
-    best = confirmation.best if confirmation.usable else final.search_best
+    unconfirmed = final.search_best if not objective.floors else best_of([t for t in trials if t.ok],
+                                                                          lambda t: t.scored, objective)
+    best = confirmation.best if confirmation.usable else unconfirmed
     deployed = None
     if best is not None and latency is not None:  # deployed equals certified, or the next plan is reported
         best, deployed = check_deployed(latency, _reportable(best, confirmation, objective),

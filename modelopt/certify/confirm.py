@@ -18,18 +18,17 @@ the number of finalists, and the reported best is the smallest plan confirmed.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 from modelopt.certify.evidence import certifiable_retention
 from modelopt.certify.sequence import (
     ANCHOR_PASS,
-    GATE_SHARE,
     SELECTION_SHIFT,
     Candidate,
     LossShare,
-    confirm_chains,
+    confirm_floors,
     pass_chance,
     plan_sequence,
 )
@@ -128,6 +127,17 @@ class Confirmation:
     # The reconstruction each tested finalist ran with, by plan key (absent: it ran as composed): every later
     # score, deployment and export of that plan runs it so (`realise`).
     fitted: dict[str, Fitted] = dataclasses.field(default_factory=dict)
+    # Every claim tested, in order: (plan key, floor, held). A one-floor run's are its finalists' verdicts; a
+    # curve's (`Objective.floors`) test each floor's own sequences, and the per-plan fields above then say
+    # whether the plan holds at the reported floor (a claim held at a higher floor holds there too).
+    claims: tuple[tuple[str, float, bool], ...] = ()
+    # The smallest plan certified at each floor of the curve, highest floor first (None: none was, or the confirm
+    # split is too small to certify that floor); one point, the best's, for a one-floor run.
+    curve: tuple[tuple[float, Trial | None], ...] = ()
+
+    def held_at(self, floor: float) -> set[str]:
+        """The plans certified at `floor`: a claim of theirs held at it or at a higher floor."""
+        return {key for key, f, ok in self.claims if ok and f >= floor}
 
     def realise(self, evaluator: Evaluator, plan: Plan) -> Realised:
         """`plan` as it was confirmed: with the reconstruction it ran with here, else as composed."""
@@ -167,27 +177,44 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
     ceiling = certifiable_retention(evaluator.workload, Split.CONFIRM, objective.confidence)
     if not clears(ceiling, objective.min_retention):
         return Confirmation(Split.CONFIRM, (), 0, None, ceiling, objective.min_retention)
-    candidates, chains = _planned(evaluator, objective, finalists, anchors, population)
-    flat = [t for chain in chains for t in chain]
-    scored: dict[int, Metrics] = {}
+    floors = [f for f in objective.curve if clears(ceiling, f)]  # a floor the split cannot certify is not tested
+    by_key: dict[str, Trial] = {}
+    planned: list[tuple[float, Sequence[Sequence[Hashable]], Mapping[Hashable, float]]] = []
+    for f in floors:  # each floor's two sequences, planned on val at that floor
+        candidates, chains = _planned(evaluator, objective.at(f), finalists, anchors, population)
+        by_key.update((t.plan.key, t) for chain in chains for t in chain)
+        planned.append((f, [[t.plan.key for t in chain] for chain in chains],
+                        {key: c.chance for key, c in candidates.items()}))
+    scored: dict[str, Metrics] = {}  # by plan key: a plan is scored (and refitted) once, whatever its floors
     fitted: dict[str, Fitted] = {}  # plan key -> the reconstruction it was confirmed with
 
-    def passes(i: int, level: float) -> bool:
-        if i not in scored:
-            scored[i] = _on_confirm(evaluator, flat[i].plan, refit, fitted)
-        return _clears(objective, scored[i], level)
+    def passes(key: Hashable, floor: float, level: float) -> bool:
+        assert isinstance(key, str)
+        if key not in scored:
+            scored[key] = _on_confirm(evaluator, by_key[key].plan, refit, fitted)
+        return _clears(objective.at(floor), scored[key], level)
 
-    ids = [list(range(len(chains[0]))), list(range(len(chains[0]), len(flat)))]
-    verdict = confirm_chains(ids, passes, 1.0 - objective.confidence if objective.confidence > 0 else 1.0,
-                             shares=(GATE_SHARE, 1.0 - GATE_SHARE))
-    tested = list(verdict)  # in the order first tested
-    held = [flat[i] for i in tested if verdict[i]]
-    best = min(held, key=lambda t: (objective.value(_scored(t)), -objective.retention_lower(_scored(t))),
-               default=None)
-    composed = _best_as_composed(evaluator, [flat[i] for i in tested], fitted, best)
-    return Confirmation(Split.CONFIRM, tuple((flat[i], scored[i]) for i in tested), len(held), best, ceiling,
-                        objective.min_retention, tuple(candidates[flat[i].plan.key].chance for i in tested),
-                        tuple(verdict[i] for i in tested), composed, fitted)
+    verdicts = confirm_floors(planned, passes, 1.0 - objective.confidence if objective.confidence > 0 else 1.0)
+    record = tuple((str(c.item), c.floor, ok) for c, ok in verdicts)
+    tested = list({key: by_key[key] for key, _, _ in record}.values())  # each plan once, in the order first tested
+    primary = objective.min_retention
+    chance: dict[str, float] = {}
+    for c, _ in verdicts:  # its chance at the reported floor, else at the first floor it was tested at
+        if str(c.item) not in chance or c.floor == primary:
+            chance[str(c.item)] = c.chance
+
+    def best_at(floor: float) -> Trial | None:
+        held = {key for key, f, ok in record if ok and f >= floor}
+        return min((t for t in tested if t.plan.key in held),
+                   key=lambda t: (objective.value(_scored(t)), -objective.retention_lower(_scored(t))), default=None)
+
+    held_primary = {key for key, f, ok in record if ok and f >= primary}
+    best = best_at(primary)
+    composed = _best_as_composed(evaluator, tested, fitted, best)
+    return Confirmation(Split.CONFIRM, tuple((t, scored[t.plan.key]) for t in tested), len(held_primary), best,
+                        ceiling, primary, tuple(chance[t.plan.key] for t in tested),
+                        tuple(t.plan.key in held_primary for t in tested), composed, fitted, record,
+                        tuple((f, best_at(f) if f in floors else None) for f in objective.curve))
 
 
 def _planned(evaluator: Evaluator, objective: Objective, finalists: list[Trial], anchors: Sequence[Trial],

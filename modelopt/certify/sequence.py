@@ -27,15 +27,15 @@ well is what turns evidence into compression:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
 from modelopt.confidence import PairedCounts, clears
 from modelopt.objective import SELECTION_SHIFT
 
-__all__ = ["ANCHOR_PASS", "GATE_SHARE", "SELECTION_SHIFT", "Candidate", "LossShare", "confirm_chains",
-           "pass_chance", "plan_sequence"]
+__all__ = ["ANCHOR_PASS", "GATE_SHARE", "SELECTION_SHIFT", "Candidate", "Claim", "LossShare", "confirm_chains",
+           "confirm_floors", "pass_chance", "plan_sequence"]
 
 # SELECTION_SHIFT (modelopt.objective): val errors a search's pick is assumed lucky by; it changes the
 # order and so the power, never the guarantee, which holds for any order.
@@ -230,3 +230,49 @@ def confirm_chains(chains: Sequence[Sequence[int]], passes: Callable[[int, float
                 level[c] = 0.0
                 moved = True
     return verdict
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim a curve's confirmation tests: `item` (a plan) keeps at least `floor` of the float model's accuracy;
+    `chance`: its chance to pass there, predicted from val (the planner's, for the record)."""
+
+    item: Hashable
+    floor: float
+    chance: float = math.nan
+
+
+def confirm_floors(planned: Sequence[tuple[float, Sequence[Sequence[Hashable]], Mapping[Hashable, float]]],
+                   passes: Callable[[Hashable, float, float], bool], alpha: float,
+                   shares: Sequence[float] = (GATE_SHARE, 1.0 - GATE_SHARE)) -> list[tuple[Claim, bool]]:
+    """Tests a curve's claims so that every claim confirmed holds at once with probability >= 1 - `alpha`.
+
+    Each floor brings its own fixed sequences, planned on val at that floor (`planned`: (floor, its chains of items,
+    each item's chance to pass there)); the floors share the error rate equally, each floor's chains by `shares`
+    within it (the anchors' gate, the search's plans), and a chain whose claims all held hands its share to the
+    chains still open, at any floor (`confirm_chains`: the graphical procedure of Bretz et al. 2009, whose
+    family-wise error is within `alpha` for any graph fixed before the confirm images are looked at). A claim held
+    at a floor holds at every lower one: the plan certified at a floor is the smallest held there or above. With
+    one floor this is the one-floor run's procedure, unchanged.
+
+    Args:
+        passes: `passes(item, floor, level)`: whether the item's confirm bound at confidence 1 - level clears floor.
+
+    Returns:
+        (claim, held) for each claim tested, in the order first tested.
+
+    Example:
+        >>> confirm_floors([(0.99, [["a"], ["b"]], {}), (0.98, [[], ["c"]], {})], lambda i, f, lv: i != "b", 0.05)
+        [(Claim(item='a', floor=0.99, chance=nan), True), (Claim(item='b', floor=0.99, chance=nan), False), \
+(Claim(item='c', floor=0.98, chance=nan), True)]
+    """
+    claims: list[Claim] = []
+    chains: list[list[int]] = []
+    weights: list[float] = []
+    for floor, floor_chains, chance in planned:
+        for j, chain in enumerate(floor_chains):
+            chains.append([len(claims) + i for i in range(len(chain))])
+            claims.extend(Claim(item, floor, chance.get(item, math.nan)) for item in chain)
+            weights.append(shares[min(j, len(shares) - 1)] / len(planned))
+    verdict = confirm_chains(chains, lambda i, level: passes(claims[i].item, claims[i].floor, level), alpha, weights)
+    return [(claims[i], ok) for i, ok in verdict.items()]

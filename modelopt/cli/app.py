@@ -58,7 +58,8 @@ def _setup_logging(verbose: bool) -> None:
     )
 
 
-_EXAMPLES = {"mean": "0.485,0.456,0.406", "std": "0.229,0.224,0.225", "compressors": "prune,quantize"}
+_EXAMPLES = {"mean": "0.485,0.456,0.406", "std": "0.229,0.224,0.225", "compressors": "prune,quantize",
+             "floors": "0.995,0.99,0.98,0.97"}
 
 
 def _csv(value: str, cast: Callable[[str], Any], what: str) -> list[Any]:
@@ -127,6 +128,7 @@ def optimize(
     latency_batch: opt.LatencyBatch = None,
     latency_threads: opt.LatencyThreads = None,
     min_retention: opt.MinRetention = None,
+    floors: opt.Floors = None,
     confidence: opt.Confidence = None,
     count_gains: opt.CountGains = None,
     reconstruct: opt.Reconstruct = None,
@@ -158,6 +160,7 @@ def optimize(
         resize=resize, crop=crop, interpolation=interpolation,
         mean=None if mean is None else _csv(mean, float, "mean"), std=None if std is None else _csv(std, float, "std"),
         reconstruct=None if reconstruct is None else _on_off(reconstruct, "--reconstruct"),
+        floors=None if floors is None else _csv(floors, float, "floors"),
     )
     given = {k: v for k, v in given.items() if v is not None}
     if latency is not None and latency.lower() == "none":
@@ -355,7 +358,8 @@ def dashboard(
 @_friendly
 def export_(
     run_dir: Annotated[Path, typer.Argument(help="A run folder (holds run.json).")],
-    plan: Annotated[str, typer.Option(help="best, a trial number, or a plan YAML file.")] = "best",
+    plan: Annotated[str, typer.Option(help="best, a trial number, floor:F (the point a --floors run certified at "
+                                           "F), or a plan YAML file.")] = "best",
     format: Annotated[str, typer.Option("--format", help="modelopt (packed checkpoint) or onnx (QDQ).")] = "modelopt",
     out_path: Annotated[Path | None, typer.Option("--out",
         help="File to write (default RUN_DIR/model-<plan>.pt|.onnx).")] = None,

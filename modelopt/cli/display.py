@@ -80,6 +80,8 @@ def print_run(out: Console, result: RunResult) -> None:
                                 len(s.confirmation.finalists)), highlight=False)
     if rebuilt := _reconstruction_text(s):
         out.print(rebuilt, highlight=False)
+    if len(s.curve) > 1:
+        out.print(curve_table(s))
     out.print(_plan_table(result.best.plan, _best_bits(result)))
     if prep := _preparation_text(s.preparation):
         out.print(f"Preparation: {prep}", highlight=False)
@@ -133,6 +135,29 @@ def _status(s: RunSummary) -> str:
     if s.confirmation.split is None:
         return "certified on val, NOT confirmed (the data have no confirm split)"
     return "certified on val, NOT confirmed (the confirm split is too small to certify the floor)"
+
+
+def curve_table(s: RunSummary) -> Table:
+    """The certified curve: per floor, the smallest plan certified there and its held-out test figures, beside the
+    uniform plans certified at the same floor (every point holds at once at the run's confidence)."""
+    conf = s.objective.confidence
+    what = "speed-up" if s.objective.target is Target.LATENCY else f"÷{s.objective.target.value}"
+    table = Table(title=f"Certified curve: every point holds at once (confidence {conf:g}); test retention "
+                        "[bounds] on held-out images")
+    for col in ("floor", "trial", what, "test retention"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("uniform plans certified there")
+    for point in s.curve:
+        entry = point.plan
+        uniform = ", ".join(point.uniform) or "none"
+        if entry is None or entry.headline is None:
+            table.add_row(f"{point.floor:.1%}", "–", "–", "nothing certified", uniform)
+            continue
+        x = entry.test or entry.headline
+        bounds = "" if x.interval is None else f" [{x.interval[0]:.1%}, {x.interval[1]:.1%}]"
+        reduction = "–" if x.reduction is None else f"{x.reduction:.2f}x"
+        table.add_row(f"{point.floor:.1%}", str(entry.trial), reduction, f"{x.metrics.retention:.2%}{bounds}", uniform)
+    return table
 
 
 def best_table(s: RunSummary) -> Table:

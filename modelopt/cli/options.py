@@ -40,6 +40,11 @@ LatencyThreads = Annotated[
 MinRetention = Annotated[
     float | None, typer.Option(help="Floor on accuracy relative to float, on images the search never saw.")
 ]
+Floors = Annotated[
+    str | None,
+    typer.Option(help="Certify the best plan at several floors at once, e.g. 0.995,0.99,0.98,0.97: a curve, every "
+                      "point holding jointly at --confidence (--min-retention is always one of them)."),
+]
 Confidence = Annotated[
     float | None,
     typer.Option(

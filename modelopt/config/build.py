@@ -128,7 +128,7 @@ def make_objective(config: RunConfig, workload: Workload) -> Objective:
     objective = config.make_objective()
     if Split.CONFIRM not in workload.splits or config.confidence <= 0:
         return objective
-    usable = can_certify(workload, Split.CONFIRM, config.confidence, config.min_retention)
+    usable = can_certify(workload, Split.CONFIRM, config.confidence, min(objective.curve))
     return dataclasses.replace(objective, claim_images=len(workload.split(Split.CONFIRM))) if usable else objective
 
 
@@ -164,7 +164,7 @@ def build(config: RunConfig, workload: Workload | None = None, *, allow_pickle: 
     latency = make_latency(config, evaluator)
     if latency is not None and objective.target is Target.LATENCY:
         latency.priors()  # per-choice latency estimates, from the anchors measured in the run's engine
-    strategy = STRATEGIES.get(config.strategy)(evaluator.space, objective, seed=config.seed)
+    strategy = STRATEGIES.get(config.strategy)(evaluator.space, objective.search, seed=config.seed)
     if strategy.loss_estimator == "fisher":  # the knapsack's one-pass (gradient) sensitivities
         strategy.use_loss_estimates(estimate_losses(evaluator))
     elif strategy.loss_estimator == "output" and (n := probe_images(

@@ -28,6 +28,7 @@ _FORMS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "strategy": (_is(str), "a strategy name"), "seed": (_is(int), "an integer"), "objective": (_is(str), "a name"),
     "data_seed": (_is(int), "an integer"), "budget": (_is(int, float), "a number"), "device": (_is(str), "a device"),
     "min_retention": (_is(int, float), "a number"), "confidence": (_is(int, float), "a number"),
+    "floors": (lambda v: isinstance(v, list) and all(_is(int, float)(a) for a in v), "a list of numbers"),
     "count_gains": (_is(bool), "true or false"),
     "reconstruct": (_is(bool), "true or false"), "read_as": (_is(dict), "a record of how images were read"),
     "executor": (_is(str), "an executor name"), "workers": (_is(int), "a positive integer"),

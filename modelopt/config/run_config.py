@@ -36,18 +36,18 @@ from modelopt.data.preprocess import DEFAULT_INTERPOLATION, Preprocess
 from modelopt.errors import ConfigError, LoadError, UnknownNameError
 from modelopt.evaluation.fidelity import Fidelity
 from modelopt.latency.spec import LatencySpec
-from modelopt.objective import Objective, Target
+from modelopt.objective import Objective, Target, check_floors
 from modelopt.search import STRATEGIES
 
 # The executors a run may name (modelopt.executors; listed here so a config is checked without importing Ray).
 EXECUTOR_NAMES = ("local", "ray")
 # The settings a resumed run must share with the run it continues (a changed one is refused).
-RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "confidence",
+RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "floors", "confidence",
                "count_gains", "compressors", "data_seed", "fidelity", "unlabeled", "resize", "crop", "interpolation",
                "mean", "std")
 # What a run's settings say before its model and data load (the rest is resolved against them).
-SETTLED_RESUME_KEYS = ("strategy", "seed", "objective", "min_retention", "confidence", "count_gains", "data_seed",
-                       "resize", "crop", "interpolation", "mean", "std")
+SETTLED_RESUME_KEYS = ("strategy", "seed", "objective", "min_retention", "floors", "confidence", "count_gains",
+                       "data_seed", "resize", "crop", "interpolation", "mean", "std")
 
 
 def check_budget(budget: float) -> None:
@@ -74,6 +74,8 @@ class RunConfig:
         budget: full-evaluation equivalents the search may spend (a trial on all of val costs 1).
         objective: size, bitops, macs or latency (measured).
         min_retention: floor on accuracy / float accuracy, on images the search never saw.
+        floors: more floors to certify the best plan at, jointly, in the same run (a certified curve); empty: one.
+            `min_retention` is always one of the curve's floors, and the one the reported plan is certified at.
         confidence: a plan meets the floor when a one-sided lower bound on its retention at this
             confidence does (`modelopt.confidence`); 0: the point estimate.
         count_gains: let images a plan fixes offset those it breaks in that bound, as they do in
@@ -118,6 +120,7 @@ class RunConfig:
     budget: float = DEFAULT_BUDGET
     objective: str = "size"
     min_retention: float = 0.99
+    floors: tuple[float, ...] = ()
     confidence: float = DEFAULT_CONFIDENCE
     count_gains: bool = True
     unlabeled: str | None = None
@@ -155,6 +158,10 @@ class RunConfig:
         object.__setattr__(self, "mean", prep.mean)
         object.__setattr__(self, "std", prep.std)
         check_budget(self.budget)
+        if self.floors:  # the reported plan's floor is always one of the curve's
+            object.__setattr__(self, "floors", check_floors((*check_floors(self.floors), self.min_retention)))
+        else:
+            object.__setattr__(self, "floors", ())
         STRATEGIES.get(self.strategy)  # an unknown name: one line listing the registered ones
         self.make_objective()
         if self.compressors is not None:
@@ -268,7 +275,8 @@ class RunConfig:
 
     def make_objective(self) -> Objective:
         """The run's objective (on a workload, `modelopt.config.build.make_objective` also sizes its claims)."""
-        return Objective(Target.parse(self.objective), self.min_retention, self.confidence, self.count_gains)
+        return Objective(Target.parse(self.objective), self.min_retention, self.confidence, self.count_gains,
+                         floors=self.floors)
 
     # ---- run.json ----------------------------------------------------------------------------
 
@@ -278,7 +286,8 @@ class RunConfig:
         out: dict[str, Any] = {
             "format": CONFIG_FORMAT, "model": self.model, "weights": self.weights, "data": self.data,
             "data_seed": self.data_seed, "strategy": self.strategy, "seed": self.seed, "objective": self.objective,
-            "min_retention": self.min_retention, "confidence": self.confidence, "count_gains": self.count_gains,
+            "min_retention": self.min_retention, "floors": list(self.floors), "confidence": self.confidence,
+            "count_gains": self.count_gains,
             "unlabeled": self.unlabeled, "resize": self.resize, "crop": self.crop,
             "interpolation": self.interpolation, "mean": None if self.mean is None else list(self.mean),
             "std": None if self.std is None else list(self.std), "compressors": comps,

@@ -81,17 +81,20 @@ def as_records(options: Mapping[str, Mapping[str, Any]], where: str) -> dict[str
 
 def objective_from_json(raw: Mapping[str, Any]) -> Objective:
     """The objective a run.json names (what reports need even where its compressors cannot be built)."""
-    return Objective(Target.parse(raw.get("objective") or "size"), float(raw.get("min_retention") or 0.99),
+    floor = float(raw.get("min_retention") or 0.99)
+    floors = raw.get("floors") or ()
+    return Objective(Target.parse(raw.get("objective") or "size"), floor,
                      float(raw.get("confidence", _BEFORE["confidence"]) or 0.0),
-                     bool(raw.get("count_gains", _BEFORE["count_gains"])))
+                     bool(raw.get("count_gains", _BEFORE["count_gains"])),
+                     floors=tuple(floors) if floor in floors else ())
 
 
 # What a run.json without a field ran with (the field came later): point estimates, every plan
 # scored on the whole val split, a bound on breaks only.
 _BEFORE: dict[str, Any] = {"confidence": 0.0, "fidelity": None, "count_gains": False, "reconstruct": False}
 _SCALARS = ("model", "weights", "data", "data_seed", "strategy", "seed", "budget", "objective", "min_retention",
-            "confidence", "count_gains", "unlabeled", "resize", "crop", "interpolation", "mean", "std", "device",
-            "executor", "workers", "ray_address", "knowledge", "reconstruct")
+            "floors", "confidence", "count_gains", "unlabeled", "resize", "crop", "interpolation", "mean", "std",
+            "device", "executor", "workers", "ray_address", "knowledge", "reconstruct")
 
 
 def _fidelity_args(raw: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,8 @@ def score(evaluator: Evaluator, objective: Objective, fidelity: Fidelity | None,
     try:
         if fidelity is None:
             metrics = evaluator.evaluate(job.plan, split=Split.VAL)
-        else:
+        else:  # a curve's plans stop early only under its lowest floor (`Objective.search`)
+            objective = objective.search
             metrics = evaluator.evaluate_staged(job.plan, objective.min_retention, fidelity, finish=job.finish,
                                                 confidence=objective.confidence, count_gains=objective.count_gains,
                                                 claim_images=objective.claim_images)

@@ -30,10 +30,12 @@ from modelopt.reconstruct.store import Refits
 from modelopt.run.journal import Record, read_records
 from modelopt.run.layout import BEST_PLAN, JOURNAL
 from modelopt.run.lock import check_started
+from modelopt.run.summary import read_summary
 
 __all__ = ["FORMATS", "ExportSource", "PlanRef", "export", "resolve"]
 
 PlanRef = str | int | Path | Plan | Mapping[str, Any]
+FLOOR_PREFIX = "floor:"  # a point of a run's certified curve: --plan floor:0.98
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,8 @@ def _check_plan_ref(plan: PlanRef, run_dir: Path) -> None:
         _trial_record(int(plan), run_dir)
     elif plan == "best":
         read_plan_file(_best_path(run_dir))
+    elif isinstance(plan, str) and plan.startswith(FLOOR_PREFIX):
+        _floor_trial(plan, run_dir)
     elif isinstance(plan, (str, Path)):
         if not Path(plan).is_file():
             raise LoadError(f"plan file {str(plan)!r} does not exist; pass 'best', a trial number or a plan YAML file")
@@ -135,7 +139,33 @@ def _plan(plan: PlanRef, space: SearchSpace, run_dir: Path | None) -> tuple[Plan
         if run_dir is None:
             raise ConfigError("plan 'best' needs a run folder as the source; pass a plan file, Plan or mapping")
         return space.load_plan(_best_path(run_dir)), "best"
+    if isinstance(plan, str) and plan.startswith(FLOOR_PREFIX):
+        if run_dir is None:
+            raise ConfigError(f"plan {plan!r} needs a run folder as the source (its certified curve)")
+        number = _floor_trial(plan, run_dir)
+        return _trial_plan(number, space, run_dir), f"floor{plan.removeprefix(FLOOR_PREFIX)}"
     return space.load_plan(plan), Path(plan).stem
+
+
+def _floor_trial(ref: str, run_dir: Path) -> int:
+    """The trial a run certified at the floor `ref` names ("floor:0.98", a point of its curve); ConfigError naming the
+    floors it has otherwise."""
+    try:
+        floor = float(ref.removeprefix(FLOOR_PREFIX))
+    except ValueError:
+        raise ConfigError(f"plan {ref!r} names no floor; pass floor:F with F one of the run's floors, like "
+                          "floor:0.98") from None
+    summary = read_summary(run_dir)
+    if summary is None:
+        raise LoadError(f"run {str(run_dir)!r} has not finished (no summary.json): it has no certified curve yet")
+    curve = summary.curve or ()
+    floors = ", ".join(f"floor:{p.floor:g}" for p in curve) or "none (the run certified one floor: pass best)"
+    point = next((p for p in curve if abs(p.floor - floor) < 1e-9), None)
+    if point is None:
+        raise ConfigError(f"run {str(run_dir)!r} certified no plan at floor {floor:g}; its floors: {floors}")
+    if point.plan is None:
+        raise ConfigError(f"run {str(run_dir)!r} certified nothing at floor {floor:g}; its floors: {floors}")
+    return point.plan.trial
 
 
 def _best_path(run_dir: Path) -> Path:

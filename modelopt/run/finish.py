@@ -27,7 +27,7 @@ from modelopt.reconstruct.store import Refits
 from modelopt.run.exit_pattern import exit_pattern
 from modelopt.run.journal import write_json_atomic
 from modelopt.run.layout import BEST_PLAN, SUMMARY
-from modelopt.run.reported import reported_plans
+from modelopt.run.reported import CurvePoint, reported_plans
 from modelopt.run.summary import RunSummary, summarize
 
 __all__ = ["Ending", "RunResult", "finish"]
@@ -56,6 +56,12 @@ class RunResult:
     # What the run may claim, whole (`modelopt.certify.certify`): the record the summary, the CLI table and the
     # reports select their figures from; None for a result read back from a run folder.
     certificate: Certificate | None = None
+
+    @property
+    def curve(self) -> tuple[CurvePoint, ...]:
+        """The certified curve (`--floors`): per floor, highest first, the smallest plan certified there with its
+        test figures, and the uniform plans certified at it; empty for a one-floor run."""
+        return self.summary.curve
 
 
 

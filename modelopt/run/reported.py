@@ -23,7 +23,7 @@ from modelopt.evaluation.trial import Trial
 from modelopt.objective import Objective
 from modelopt.plan.space import SearchSpace
 
-__all__ = ["PlanEntry", "ReportedPlans", "Scores", "reported_plans"]
+__all__ = ["CurvePoint", "PlanEntry", "ReportedPlans", "Scores", "reported_plans"]
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,24 @@ class PlanEntry:
 
 
 @dataclass(frozen=True)
+class CurvePoint:
+    """One floor of a certified curve: the smallest plan certified at it (None: nothing cleared it), and the
+    uniform plans certified there, by name ("INT4")."""
+
+    floor: float
+    plan: PlanEntry | None = None
+    uniform: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"floor": self.floor, "plan": _json(self.plan), "uniform": list(self.uniform)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], objective: Objective | None = None) -> CurvePoint:
+        return cls(float(d["floor"]), PlanEntry.from_json(d.get("plan"), objective),
+                   tuple(str(u) for u in d.get("uniform") or ()))
+
+
+@dataclass(frozen=True)
 class ReportedPlans:
     """The plans a run reports, each once as a `PlanEntry`: the best (None: no plan is reported), the search's
     own pick on val, the anchors (uniform plans) and the val Pareto front, each re-scored on test."""
@@ -137,6 +155,7 @@ class ReportedPlans:
     search_best: PlanEntry | None
     anchors: tuple[PlanEntry, ...] = ()
     pareto: tuple[PlanEntry, ...] = ()
+    curve: tuple[CurvePoint, ...] = ()  # one point per floor, highest first (`Objective.curve`)
 
 
 def reported_plans(certificate: Certificate, objective: Objective, space: SearchSpace,
@@ -169,6 +188,10 @@ def reported_plans(certificate: Certificate, objective: Objective, space: Search
         search_best=None if search_best is None else entry(search_best),
         anchors=tuple(entry(t, name=uniform_name(space, t)) for t in certificate.anchors),
         pareto=tuple(entry(t) for t in certificate.front),
+        curve=tuple(CurvePoint(f, None if t is None else entry(t),
+                               tuple(uniform_name(space, a) for a in certificate.anchors
+                                     if a.plan.key in certificate.confirmation.held_at(f)))
+                    for f, t in certificate.curve),
     )
 
 

@@ -84,7 +84,10 @@ class Runner:
     ) -> None:
         if not 0 < budget < math.inf:
             raise ConfigError(f"budget must be a positive number, got {budget!r}")
-        self.evaluator, self.strategy, self.objective = evaluator, strategy, objective
+        # The search's trials are judged at the curve's lowest floor (`Objective.search`); the run certifies the whole
+        # curve at its end (`finish`).
+        self.evaluator, self.strategy, self.objective = evaluator, strategy, objective.search
+        self.certified = objective
         self.space = evaluator.space
         self.budget = float(budget)
         self.run_dir = Path(run_dir)
@@ -261,7 +264,7 @@ class Runner:
             self._score_anchors(seen, update)
             self._search(seen, update)
         self.executor.close()  # the workers' memory is free before the final re-scoring
-        end = Ending(self.evaluator, self.objective, self.config, self.run_dir, self.budget, self.spent,
+        end = Ending(self.evaluator, self.certified, self.config, self.run_dir, self.budget, self.spent,
                      self.eval_seconds, self.latency, self.console if self.progress else None, self._with_latency)
         return finish(end, self.trials, time.perf_counter() - t_start)  # certify, time, write (`run.finish`)
 

@@ -28,7 +28,7 @@ from modelopt.objective import Objective, Target
 from modelopt.run.exit_pattern import ExitPattern
 from modelopt.run.journal import read_json
 from modelopt.run.layout import SUMMARY
-from modelopt.run.reported import PlanEntry, ReportedPlans, Scores
+from modelopt.run.reported import CurvePoint, PlanEntry, ReportedPlans, Scores
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +151,7 @@ class RunSummary:
     # first: the one the speed-ups are stated against), e.g. {"openvino/cpu/bf16/b1": .., "openvino/cpu/fp32/b1": ..}
     float_latency: dict[str, float] = field(default_factory=dict, hash=False)
     exits: ExitPattern | None = None  # where test images leave the best plan, and the float model with its exits
+    curve: tuple[CurvePoint, ...] = ()  # the smallest plan certified at each floor, highest first (`--floors`)
 
     @property
     def confirmed(self) -> bool:
@@ -165,7 +166,7 @@ class RunSummary:
             "run_dir": self.run_dir,
             "config": self.config,
             "objective": {"target": o.target.value, "min_retention": o.min_retention, "confidence": o.confidence,
-                          "count_gains": o.count_gains, "claim_images": o.claim_images},
+                          "count_gains": o.count_gains, "claim_images": o.claim_images, "floors": list(o.floors)},
             "budget": self.budget,
             "budget_used": self.budget_used,
             "n_trials": self.n_trials,
@@ -185,6 +186,7 @@ class RunSummary:
             **({} if self.deployed is None else {"deployed": self.deployed.to_json()}),
             **({"float_latency": self.float_latency} if self.float_latency else {}),
             **({} if self.exits is None else {"exits": self.exits.to_json()}),
+            **({} if not self.curve else {"curve": [p.to_json() for p in self.curve]}),
         }
 
     @classmethod
@@ -196,9 +198,10 @@ class RunSummary:
             KeyError, TypeError, ValueError, AttributeError, ModeloptError: not a summary (`read_summary`: None).
         """
         o, prep = d.get("objective") or {}, d.get("preparation") or {}
-        objective = Objective(Target.parse(o.get("target") or "size"), float(o.get("min_retention", 0.99)),
+        floor, floors = float(o.get("min_retention", 0.99)), tuple(o.get("floors") or ())
+        objective = Objective(Target.parse(o.get("target") or "size"), floor,
                               float(o.get("confidence") or 0.0), bool(o.get("count_gains", False)),
-                              o.get("claim_images"))
+                              o.get("claim_images"), floors if floor in floors else ())
         return cls(
             version=str(d.get("version", "")),
             run_dir=str(d.get("run_dir", "")),
@@ -224,6 +227,7 @@ class RunSummary:
             deployed=None if not d.get("deployed") else Deployed(**d["deployed"]),
             float_latency={str(k): float(v) for k, v in (d.get("float_latency") or {}).items()},
             exits=ExitPattern.from_json(d.get("exits")),
+            curve=tuple(CurvePoint.from_json(p, objective) for p in d.get("curve") or ()),
         )
 
 
@@ -304,6 +308,7 @@ def summarize(
         deployed=certificate.deployed,
         float_latency=dict(float_latency or {}),
         exits=exits,
+        curve=plans.curve,
     )
 
 

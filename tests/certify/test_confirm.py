@@ -47,6 +47,22 @@ def test_the_smallest_plan_confirmed_in_turn_is_the_best_and_the_sequence_stops_
     assert c2.best is int4
 
 
+def test_a_curve_certifies_a_plan_per_floor_each_at_least_as_small_as_the_floor_above(evaluator):
+    obj = Objective("size", 0.9, 0.95, floors=(0.95, 0.9, 0.8))
+    trials = [_trial(evaluator, i, b, obj.search) for i, b in enumerate((8, 4, 2))]
+    c = confirm_plans(evaluator, obj, trials)
+    assert [f for f, _ in c.curve] == [0.95, 0.9, 0.8]
+    points = [t for _, t in c.curve]
+    assert points[1] is c.best is not None  # the reported plan is the curve's point at min_retention
+    sizes = [t.scored.size_bytes for t in points if t is not None]
+    assert sizes == sorted(sizes, reverse=True)  # a lower floor's point is no larger
+    for (f, t) in c.curve:
+        if t is not None:
+            assert t.plan.key in c.held_at(f)
+    assert {f for _, f, _ in c.claims} <= {0.95, 0.9, 0.8} and len({f for _, f, _ in c.claims}) >= 2
+    assert c.confirmed == len(c.held_at(0.9))
+
+
 def test_a_confirm_split_too_small_to_certify_the_floor_confirms_nothing_and_says_so(evaluator):
     obj = Objective("size", 0.99, 0.95)
     ceiling = certifiable_retention(evaluator.workload, "confirm", 0.95)

@@ -132,6 +132,11 @@ def test_data_that_does_not_fit_the_model(tmp_path):
 
 
 @pytest.mark.slow
+def test_bad_floors_are_one_line_naming_the_value(tmp_path):
+    _one_line_error(_run("optimize", "--floors", "0.99,high", "--out", tmp_path / "r"), "--floors", "0.995,0.99")
+    _one_line_error(_run("optimize", "--floors", "0.99,1.5", "--out", tmp_path / "r"), "floor 1.5")
+
+
 def test_bad_bits_option(tmp_path):
     _one_line_error(_run("optimize",
         "--reconstruct", "off", "--bits", "8,four", "--out", tmp_path / "r"), "--bits", "8,four")

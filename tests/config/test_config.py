@@ -35,6 +35,8 @@ def test_defaults_are_the_tool_defaults() -> None:
     ("seed", True, "seed"),
     ("objective", "speed", "speed"),
     ("min_retention", 1.5, "min_retention"),
+    ("floors", (0.99, 1.2), "floor 1.2"),
+    ("floors", ("high",), "floor 'high'"),
     ("confidence", 1.0, "confidence"),
     ("compressors", ("quantize", "prnue"), "prnue"),
     ("options", {"quantise": {}}, "quantise"),
@@ -64,6 +66,20 @@ def test_json_round_trip() -> None:
     raw = json.loads(json.dumps(cfg.to_json()))
     assert raw["format"] == CONFIG_FORMAT and raw["model_sha256"] == "ab"
     assert RunConfig.from_json(raw) == cfg
+
+
+def test_floors_are_a_curve_that_always_holds_the_reported_floor_and_survive_run_json() -> None:
+    cfg = RunConfig(floors=(0.97, 0.98))
+    assert cfg.floors == (0.99, 0.98, 0.97)  # --min-retention (0.99) is the reported plan's floor: always one
+    assert cfg.make_objective().curve == (0.99, 0.98, 0.97) and cfg.make_objective().search.min_retention == 0.97
+    assert RunConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
+    assert RunConfig().floors == () and RunConfig().make_objective().curve == (0.99,)
+
+
+def test_a_run_resumed_with_other_floors_is_refused(tmp_path: Path) -> None:
+    RunConfig(floors=(0.98,)).write(tmp_path)
+    with pytest.raises(ConfigError, match="floors"):
+        RunConfig(floors=(0.97,)).check_resumes(tmp_path)
 
 
 def test_an_unresolved_config_keeps_its_options_through_json() -> None:
