@@ -194,7 +194,8 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
             scored[key] = _on_confirm(evaluator, by_key[key].plan, refit, fitted)
         return _clears(objective.at(floor), scored[key], level)
 
-    verdicts = confirm_floors(planned, passes, 1.0 - objective.confidence if objective.confidence > 0 else 1.0)
+    verdicts = confirm_floors(planned, passes, 1.0 - objective.confidence if objective.confidence > 0 else 1.0,
+                              primary=objective.min_retention)
     record = tuple((str(c.item), c.floor, ok) for c, ok in verdicts)
     tested = list({key: by_key[key] for key, _, _ in record}.values())  # each plan once, in the order first tested
     primary = objective.min_retention

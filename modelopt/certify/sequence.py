@@ -34,8 +34,8 @@ from statistics import NormalDist
 from modelopt.confidence import PairedCounts, clears
 from modelopt.objective import SELECTION_SHIFT
 
-__all__ = ["ANCHOR_PASS", "GATE_SHARE", "SELECTION_SHIFT", "Candidate", "Claim", "LossShare", "confirm_chains",
-           "confirm_floors", "pass_chance", "plan_sequence"]
+__all__ = ["ANCHOR_PASS", "GATE_SHARE", "PRIMARY_SHARE", "SELECTION_SHIFT", "Candidate", "Claim", "LossShare",
+           "confirm_chains", "confirm_floors", "pass_chance", "plan_sequence"]
 
 # SELECTION_SHIFT (modelopt.objective): val errors a search's pick is assumed lucky by; it changes the
 # order and so the power, never the guarantee, which holds for any order.
@@ -44,6 +44,9 @@ ANCHOR_PASS = 0.5
 # That sequence's share of the error rate: small, since likely anchors pass with room, and the search's plans
 # need the rest, which clear the floor by less (measured: docs/certification.md#measured).
 GATE_SHARE = 0.25
+# A curve's share of the error rate for the reported plan's floor (`confirm_floors`): half, so that the plan a one-floor
+# run would report is not lost to the other floors' claims (measured: docs/certification.md, a certified curve).
+PRIMARY_SHARE = 0.5
 MAX_STRENGTH = 1e4  # changed answers: a pool no plan departs from measurably
 
 
@@ -244,16 +247,19 @@ class Claim:
 
 def confirm_floors(planned: Sequence[tuple[float, Sequence[Sequence[Hashable]], Mapping[Hashable, float]]],
                    passes: Callable[[Hashable, float, float], bool], alpha: float,
-                   shares: Sequence[float] = (GATE_SHARE, 1.0 - GATE_SHARE)) -> list[tuple[Claim, bool]]:
+                   shares: Sequence[float] = (GATE_SHARE, 1.0 - GATE_SHARE),
+                   primary: float | None = None) -> list[tuple[Claim, bool]]:
     """Tests a curve's claims so that every claim confirmed holds at once with probability >= 1 - `alpha`.
 
     Each floor brings its own fixed sequences, planned on val at that floor (`planned`: (floor, its chains of items,
-    each item's chance to pass there)); the floors share the error rate equally, each floor's chains by `shares`
-    within it (the anchors' gate, the search's plans), and a chain whose claims all held hands its share to the
-    chains still open, at any floor (`confirm_chains`: the graphical procedure of Bretz et al. 2009, whose
-    family-wise error is within `alpha` for any graph fixed before the confirm images are looked at). A claim held
-    at a floor holds at every lower one: the plan certified at a floor is the smallest held there or above. With
-    one floor this is the one-floor run's procedure, unchanged.
+    each item's chance to pass there)). The floors share the error rate: `primary` (the reported plan's floor)
+    `PRIMARY_SHARE` of it, the others the rest equally (all equally without one); each floor's chains by `shares`
+    within it (the anchors' gate, the search's plans). A chain whose claims all held hands its share to the chains
+    still open, at any floor (`confirm_chains`: the graphical procedure of Bretz et al. 2009, whose family-wise
+    error is within `alpha` for any graph fixed before the confirm images are looked at). A claim held at a floor
+    holds at every lower one, so a claim implied by one already held passes without being tested (a false one
+    would make the claim that implies it false too: it adds no error). With one floor this is the one-floor run's
+    procedure, unchanged.
 
     Args:
         passes: `passes(item, floor, level)`: whether the item's confirm bound at confidence 1 - level clears floor.
@@ -266,6 +272,11 @@ def confirm_floors(planned: Sequence[tuple[float, Sequence[Sequence[Hashable]], 
         [(Claim(item='a', floor=0.99, chance=nan), True), (Claim(item='b', floor=0.99, chance=nan), False), \
 (Claim(item='c', floor=0.98, chance=nan), True)]
     """
+    floors = [f for f, _, _ in planned]
+    if primary in floors and len(floors) > 1:
+        weight = {f: PRIMARY_SHARE if f == primary else (1.0 - PRIMARY_SHARE) / (len(floors) - 1) for f in floors}
+    else:
+        weight = dict.fromkeys(floors, 1.0 / max(len(floors), 1))
     claims: list[Claim] = []
     chains: list[list[int]] = []
     weights: list[float] = []
@@ -273,6 +284,15 @@ def confirm_floors(planned: Sequence[tuple[float, Sequence[Sequence[Hashable]], 
         for j, chain in enumerate(floor_chains):
             chains.append([len(claims) + i for i in range(len(chain))])
             claims.extend(Claim(item, floor, chance.get(item, math.nan)) for item in chain)
-            weights.append(shares[min(j, len(shares) - 1)] / len(planned))
-    verdict = confirm_chains(chains, lambda i, level: passes(claims[i].item, claims[i].floor, level), alpha, weights)
+            weights.append(shares[min(j, len(shares) - 1)] * weight[floor])
+    held: dict[Hashable, float] = {}  # item -> the highest floor a claim of it held at
+
+    def tested(i: int, level: float) -> bool:
+        c = claims[i]
+        ok = (c.item in held and held[c.item] >= c.floor) or passes(c.item, c.floor, level)
+        if ok:
+            held[c.item] = max(held.get(c.item, -math.inf), c.floor)
+        return ok
+
+    verdict = confirm_chains(chains, tested, alpha, weights)
     return [(claims[i], ok) for i, ok in verdict.items()]

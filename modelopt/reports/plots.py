@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["layer_map_png", "pareto_png", "progress_png", "sweep_progress_png"]
+__all__ = ["curve_png", "layer_map_png", "pareto_png", "progress_png", "sweep_progress_png"]
 
 DPI = 110
 C_FEASIBLE, C_INFEASIBLE, C_FAILED = "#2f6fb3", "#9aa3ad", "#d1242f"
@@ -114,6 +114,60 @@ def pareto_png(run: RunFolder) -> bytes:
         ax.xaxis.set_minor_formatter(_plain(minor=True))
     ax.legend(loc="lower right", fontsize=8.5, framealpha=0.92)
     ax.set_title("Val retention against size, every trial", fontsize=11)
+    return _png(fig)
+
+
+def curve_png(run: RunFolder) -> bytes:
+    """The certified curve: each floor's point at its reduction with its test retention and interval, the floors
+    as dashed lines, the uniform plans' test re-scores, and the val front (search-time estimates) behind them."""
+    obj = run.objective
+    summary = run.summary
+    fig = _figure(9.0, 5.0)
+    ax = fig.add_subplot()
+    ax.set_xlabel(f"{obj.target.value} reduction (float / plan), log")
+    ax.set_ylabel("retention (top-1 / float top-1)")
+    ax.grid(True, alpha=0.3)
+    points = [] if summary is None else [p for p in summary.curve if p.plan is not None and p.plan.test is not None]
+    if summary is None or not points:
+        _note(ax, "no certified curve (a run with --floors certifies one)")
+        return _png(fig)
+    measured = [(r, r.metrics) for r in run.records if r.metrics is not None and r.metrics.stopped is None]
+    front = pareto_front(measured, lambda rm: rm[1], obj)
+    if front:
+        ax.step([obj.reduction(m) for _, m in front], [m.retention for _, m in front], where="pre", color=C_FRONT,
+                lw=1.0, alpha=0.5, label="val front (search-time estimates)")
+    for i, p in enumerate(summary.curve):
+        ax.axhline(p.floor, color=C_FLOOR, ls="--", lw=0.9, alpha=0.8, label="floors" if i == 0 else None)
+    xs, ys, lo, hi = [], [], [], []
+    for p in points:
+        assert p.plan is not None and p.plan.test is not None
+        t = p.plan.test
+        xs.append(t.reduction if t.reduction is not None else obj.reduction(t.metrics))
+        ys.append(t.metrics.retention)
+        interval = t.interval or (t.metrics.retention, t.metrics.retention)
+        lo.append(t.metrics.retention - interval[0])
+        hi.append(interval[1] - t.metrics.retention)
+        ax.annotate(f"{p.floor:.1%}: {xs[-1]:.2f}×", (xs[-1], ys[-1]), textcoords="offset points", xytext=(6, 6),
+                    fontsize=8)
+    ax.errorbar(xs, ys, yerr=[lo, hi], fmt="*", ms=12, color=C_BEST, mec="black", ecolor=C_TEST, capsize=4,
+                zorder=5, label="certified points, test retention and interval")
+    anchors = [a for a in summary.anchors if a.test is not None]
+    if anchors:
+        ax.scatter([obj.reduction(a.test.metrics) for a in anchors if a.test is not None],
+                   [a.test.metrics.retention for a in anchors if a.test is not None], marker="s", s=30,
+                   color=C_INFEASIBLE, edgecolor="black", lw=0.5, zorder=4, label="uniform plans, test")
+        for a in anchors:
+            if a.test is not None:
+                ax.annotate(a.name or "?", (obj.reduction(a.test.metrics), a.test.metrics.retention),
+                            textcoords="offset points", xytext=(4, -10), fontsize=7, color="#57606a")
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(_plain())
+    ax.xaxis.set_minor_formatter(_plain(minor=True))
+    ax.yaxis.set_major_formatter(_percent())
+    low = min([*(y - d for y, d in zip(ys, lo, strict=True)), *(p.floor for p in summary.curve)]) - 0.01
+    ax.set_ylim(low, 1.015)
+    ax.legend(loc="lower left", fontsize=8.5, framealpha=0.92)
+    ax.set_title("Certified curve: every point holds at once", fontsize=11)
     return _png(fig)
 
 

@@ -171,6 +171,20 @@ def _front_table(run: RunFolder, front: Sequence[tuple[Record, Metrics]]) -> Tab
 _VERDICT = {None: "not tested", True: "yes", False: "no"}  # a plan's confirmation, as the anchor table says it
 
 
+def _curve_table(run: RunFolder) -> Table:
+    """Per floor: the certified plan, its reduction and test retention, the uniform plans certified there."""
+    assert run.summary is not None
+    rows = []
+    for p in run.summary.curve:
+        e = p.plan
+        x = None if e is None else (e.test or e.headline)
+        rows.append((f"{p.floor:.1%}", "–" if e is None else str(e.trial),
+                     "nothing certified" if x is None else _fx(x.reduction), "–" if x is None else _bounded(x),
+                     ", ".join(p.uniform) or "none"))
+    return Table(("floor", "trial", _what(run), "test retention", "uniform plans certified there"), tuple(rows),
+                 "rrrrl")
+
+
 def _anchor_table(run: RunFolder) -> Table | None:
     """The uniform plans the run scored on the same images (INT8, INT4, INT3, and INT4 with its most sensitive layers
     at INT8), what a search must beat; confirmed or not as confirmation found."""
@@ -258,6 +272,13 @@ def run_blocks(run: RunFolder) -> list[Block]:
     front = pareto_front(measured, lambda rm: rm[1], obj)
     if front:
         blocks.append(_front_table(run, front))
+    if run.summary is not None and len(run.summary.curve) > 1:
+        blocks += [Heading("Certified curve"),
+                   Figure("curve", plots.curve_png(run),
+                          f"The smallest plan certified at each floor (every point holds at once at confidence "
+                          f"{obj.confidence:g}), at its test retention with its interval, beside the uniform plans on "
+                          "test and the val front the search saw."),
+                   _curve_table(run)]
     anchors = _anchor_table(run)
     if anchors is not None:
         blocks += [Paragraph("Beside the uniform plans every run scores on the same images (the answers without a "

@@ -27,7 +27,7 @@ __all__ = ["EPS", "Cell", "Sweep", "SweepModel", "cell_status", "load_sweep"]
 _REQUIRED = ("name", "models", "strategies", "budgets", "seeds")
 # The run settings a sweep file may give (RunConfig's fields; every registered compressor's settings too, by
 # name: `Compressor.record.settings()`); a key left out takes RunConfig's default, as `modelopt optimize` does.
-_RUN_KEYS = ("objective", "min_retention", "confidence", "compressors", "device", "reconstruct")
+_RUN_KEYS = ("objective", "min_retention", "floors", "confidence", "compressors", "device", "reconstruct")
 _FIXED_KEYS = (*_REQUIRED[:1], "out", *_REQUIRED[1:], *_RUN_KEYS, "workers_per_cell")
 _MODEL_KEYS = ("name", "model", "weights", "data", "unlabeled")
 _MODELS_EXAMPLE = "[{name: resnet20, model: cifar10_resnet20}]"
@@ -99,7 +99,8 @@ class Sweep:
             "version": 2, "modelopt": __version__, "path": str(self.path), "name": self.name, "out": str(self.out),
             "models": [vars(m) for m in self.models], "strategies": list(self.strategies), "seeds": list(self.seeds),
             "budgets": list(self.budgets), "objective": cfg.objective, "workers_per_cell": self.workers_per_cell,
-            "min_retention": cfg.min_retention, "confidence": cfg.confidence, "device": cfg.device,
+            "min_retention": cfg.min_retention, "floors": list(cfg.floors), "confidence": cfg.confidence,
+            "device": cfg.device,
             "compressors": None if cfg.compressors is None else list(cfg.compressors), "settings": used,
             "given": {k: list(v) if isinstance(v, tuple) else v for k, v in self.settings.items()},
         }
