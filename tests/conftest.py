@@ -131,6 +131,22 @@ def small_run(tmp_path_factory, request) -> Path:
 
 
 @pytest.fixture(scope="session")
+def small_curve_run(tmp_path_factory, request) -> Path:
+    """A finished run with a certified curve (floors 95, 90 and 85 %; quantize, budget 6, no reconstruction) of
+    ResNet-20 on `small_data`: its ~170 confirm images certify these floors. Read-only: copy what a test changes."""
+    import modelopt
+
+    def build(folder: Path) -> Path:
+        out = folder / "run"
+        modelopt.optimize(request.getfixturevalue("small_workload"), budget=6, out=out, progress=False, seed=0,
+                          min_retention=SMALL_FLOOR, floors=[0.95, 0.85], reconstruct=False, compressors=["quantize"],
+                          report=False)
+        return out
+
+    return _built_once(tmp_path_factory, "small_curve_run", build)
+
+
+@pytest.fixture(scope="session")
 def small_sweep(tmp_path_factory, request) -> Path:
     """A finished sweep (random and MCTS, seeds 0 and 1, budget 4) on `small_workload`: its folder
     holds sweep.json, table.md and runs/resnet20/<strategy>/seed<k>/. Read-only."""

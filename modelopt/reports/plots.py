@@ -139,15 +139,22 @@ def curve_png(run: RunFolder) -> bytes:
     for i, p in enumerate(summary.curve):
         ax.axhline(p.floor, color=C_FLOOR, ls="--", lw=0.9, alpha=0.8, label="floors" if i == 0 else None)
     xs, ys, lo, hi = [], [], [], []
+    floors_of: dict[str, list[float]] = {}  # one plan may be the point of several floors: one star, one label
+    for p in points:
+        assert p.plan is not None
+        floors_of.setdefault(p.plan.plan_key, []).append(p.floor)
     for p in points:
         assert p.plan is not None and p.plan.test is not None
+        if p.floor != floors_of[p.plan.plan_key][0]:
+            continue
         t = p.plan.test
         xs.append(t.reduction if t.reduction is not None else obj.reduction(t.metrics))
         ys.append(t.metrics.retention)
         interval = t.interval or (t.metrics.retention, t.metrics.retention)
         lo.append(t.metrics.retention - interval[0])
         hi.append(interval[1] - t.metrics.retention)
-        ax.annotate(f"{p.floor:.1%}: {xs[-1]:.2f}×", (xs[-1], ys[-1]), textcoords="offset points", xytext=(6, 6),
+        floors = ", ".join(f"{f:.1%}" for f in floors_of[p.plan.plan_key])
+        ax.annotate(f"{floors}: {xs[-1]:.2f}×", (xs[-1], ys[-1]), textcoords="offset points", xytext=(6, 6),
                     fontsize=8)
     ax.errorbar(xs, ys, yerr=[lo, hi], fmt="*", ms=12, color=C_BEST, mec="black", ecolor=C_TEST, capsize=4,
                 zorder=5, label="certified points, test retention and interval")
@@ -165,7 +172,8 @@ def curve_png(run: RunFolder) -> bytes:
     ax.xaxis.set_minor_formatter(_plain(minor=True))
     ax.yaxis.set_major_formatter(_percent())
     low = min([*(y - d for y, d in zip(ys, lo, strict=True)), *(p.floor for p in summary.curve)]) - 0.01
-    ax.set_ylim(low, 1.015)
+    high = max([*(y + d for y, d in zip(ys, hi, strict=True)), 1.0]) + 0.005
+    ax.set_ylim(low, high)
     ax.legend(loc="lower left", fontsize=8.5, framealpha=0.92)
     ax.set_title("Certified curve: every point holds at once", fontsize=11)
     return _png(fig)

@@ -263,6 +263,13 @@ def run_blocks(run: RunFolder) -> list[Block]:
                                 f"{len(run.records)} trials, {run.spent:.4g} of {run.budget:g} budget spent. Test "
                                 "re-scores appear when the run finishes; rebuild with `modelopt report`."))
     blocks += [Heading("Summary"), _summary_table(run)]
+    if run.summary is not None and len(run.summary.curve) > 1:  # a curve run's answer, before how it was found
+        blocks += [Heading("Certified curve"),
+                   Figure("curve", plots.curve_png(run),
+                          f"The smallest plan certified at each floor (every point holds at once at confidence "
+                          f"{obj.confidence:g}), at its test retention with its interval, beside the uniform plans on "
+                          "test and the val front the search saw."),
+                   _curve_table(run)]
 
     measured = [(r, r.metrics) for r in run.records if r.metrics is not None]
     blocks += [Heading("Pareto front"), Figure("pareto", plots.pareto_png(run),
@@ -272,13 +279,6 @@ def run_blocks(run: RunFolder) -> list[Block]:
     front = pareto_front(measured, lambda rm: rm[1], obj)
     if front:
         blocks.append(_front_table(run, front))
-    if run.summary is not None and len(run.summary.curve) > 1:
-        blocks += [Heading("Certified curve"),
-                   Figure("curve", plots.curve_png(run),
-                          f"The smallest plan certified at each floor (every point holds at once at confidence "
-                          f"{obj.confidence:g}), at its test retention with its interval, beside the uniform plans on "
-                          "test and the val front the search saw."),
-                   _curve_table(run)]
     anchors = _anchor_table(run)
     if anchors is not None:
         blocks += [Paragraph("Beside the uniform plans every run scores on the same images (the answers without a "
