@@ -14,6 +14,7 @@ from modelopt.data.split import Split
 from modelopt.model.workload import Workload
 from modelopt.sweep.anchors import anchor_lines
 from modelopt.sweep.cells import EPS
+from modelopt.sweep.curve import curve_lines
 from modelopt.sweep.seed_trace import SeedTrace
 
 __all__ = ["md_header", "md_model"]
@@ -110,6 +111,7 @@ def md_model(
         lines += _md_budget_needed(cells, rows, budgets[-1], "compression" if not red else f"{target} reduction")
     if len(cells) > 1:
         lines += _md_leads(rows, list(cells))
+    lines += curve_lines({strategy: [c.run_dir for c in seeds] for strategy, seeds in cells.items()})
     return "\n".join(lines + anchor_lines([c.run_dir for cs in cells.values() for c in cs]))
 
 
