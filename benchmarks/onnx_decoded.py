@@ -15,7 +15,10 @@ from __future__ import annotations
 import argparse
 import tempfile
 import warnings
+from collections import Counter
 from pathlib import Path
+
+import onnx
 
 from modelopt.data.split import Split
 from modelopt.exporters.onnx import export_onnx
@@ -38,8 +41,8 @@ def main() -> None:
     float_plan = ev.space.plan({})
     print(f"plan {src.tag} of {args.run_dir}: {ev.plan_cost(realised).size_bytes:,} bytes packed; "
           f"{len(x)} test images; ONNX Runtime CPU, batch 1, {args.threads} thread(s), median of {args.repeats}")
-    print("| file | bytes | ms / image | vs float | agreement with the certified answers |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print("| file | bytes | graph nodes | ms / image | vs float | agreement with the certified answers |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as tmp:
         rows = [("float model", float_plan, "integer"), ("plan, --weights integer", realised, "integer"),
                 ("plan, --weights decoded", realised, "decoded")]
@@ -53,7 +56,10 @@ def main() -> None:
             float_ms = ms if float_ms is None else float_ms
             got = run_onnx(path, x).argmax(1)
             agree = (got == certified).mean()
-            print(f"| {name} | {path.stat().st_size:,} | {ms:.3f} | {float_ms / ms:.2f}x | {agree:.2%} |", flush=True)
+            ops = Counter(node.op_type for node in onnx.load(str(path)).graph.node)
+            nodes = ", ".join(f"{n} {op}" for op, n in sorted(ops.items(), key=lambda kv: -kv[1])[:3])
+            print(f"| {name} | {path.stat().st_size:,} | {nodes} | {ms:.3f} | {float_ms / ms:.2f}x | {agree:.2%} |",
+                  flush=True)
 
 
 if __name__ == "__main__":
