@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import logging
 import signal
@@ -19,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from modelopt import api
+from modelopt._version import __version__
 from modelopt.cli import options as opt
 from modelopt.cli.display import fmt_bytes, print_run, split_label
 from modelopt.cli.errors import err, out
@@ -49,6 +51,29 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+def _version(value: bool) -> None:
+    """`modelopt --version`: this modelopt's version and the engines' it runs with, then exit 0."""
+    if not value:
+        return
+    import torch
+
+    parts = [f"modelopt {__version__}", f"torch {torch.__version__}"]
+    for name in ("onnxruntime", "openvino"):
+        try:
+            parts.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            parts.append(f"{name} not installed")
+    out.print(", ".join(parts), highlight=False)
+    raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version (and torch's, onnxruntime's) and exit.")]
+          = False) -> None:
+    """Find how to compress a trained PyTorch vision model (quantization search), without fine-tuning."""
+
+
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING,
@@ -360,7 +385,8 @@ def export_(
     run_dir: Annotated[Path, typer.Argument(help="A run folder (holds run.json).")],
     plan: Annotated[str, typer.Option(help="best, a trial number, floor:F (the point a --floors run certified at "
                                            "F), or a plan YAML file.")] = "best",
-    format: Annotated[str, typer.Option("--format", help="modelopt (packed checkpoint) or onnx (QDQ).")] = "modelopt",
+    format: Annotated[str | None, typer.Option("--format", help="modelopt (packed checkpoint) or onnx (QDQ); "
+                                                "default: from --out's suffix (.onnx: onnx), else modelopt.")] = None,
     out_path: Annotated[Path | None, typer.Option("--out",
         help="File to write (default RUN_DIR/model-<plan>.pt|.onnx).")] = None,
     calibration: Annotated[str | None, typer.Option(help="onnx: activation ranges from minmax or percentile.")] = None,
@@ -377,6 +403,8 @@ def export_(
 ) -> None:
     """Write a run's plan as a packed checkpoint (reload with modelopt.load) or an ONNX model for ONNX Runtime."""
     _setup_logging(False)
+    format_given = format is not None
+    format = _format_for(out_path, format or "modelopt", format_given)
     given = {k: v for k, v in (("calibration", calibration), ("activations", activations),
                                ("image_input", image_input), ("weights", weights)) if v is not None}
     if given and format != "onnx":
@@ -385,6 +413,23 @@ def export_(
     options: dict[str, Any] = dict(given)
     path = do_export(run_dir, plan=plan, format=format, out=out_path, **options)
     out.print(f"Wrote {path} ({fmt_bytes(path.stat().st_size)})", highlight=False, soft_wrap=True)
+
+
+# What each export format writes, by the suffix its file takes (an exit plan's ONNX export is a folder: no suffix).
+_SUFFIXES = {".onnx": "onnx", ".pt": "modelopt", ".pth": "modelopt"}
+
+
+def _format_for(out_path: Path | None, format: str, given: bool) -> str:
+    """The export format: --format when given (refused in one line when --out's suffix says another), else the one
+    --out's suffix names, else modelopt. A packed checkpoint written as `model.onnx` was exit 0 and unreadable."""
+    by_suffix = None if out_path is None else _SUFFIXES.get(out_path.suffix.lower())
+    if not given:
+        return by_suffix or format
+    if by_suffix is not None and by_suffix != format:
+        named = "an ONNX" if by_suffix == "onnx" else "a packed checkpoint (modelopt)"
+        raise ConfigError(f"--out {str(out_path)!r} names {named} file but --format is {format!r}; "
+                          f"drop --format, or write to a {'.onnx' if format == 'onnx' else '.pt'} file")
+    return format
 
 
 def main() -> None:

@@ -335,3 +335,20 @@ def test_evaluate_and_export_refuse_a_run_json_naming_no_model(tmp_path):
     for verb in ("evaluate", "export"):
         _one_line_error(_run(verb, tmp_path), "is not a modelopt run folder (its run.json names no model)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
+def test_version_names_modelopt_and_its_engines():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"modelopt {modelopt.__version__}, torch ") and "onnxruntime" in result.stdout
+
+
+@pytest.mark.slow
+def test_export_takes_its_format_from_the_files_suffix_and_refuses_a_suffix_that_contradicts_it(tmp_path, small_run):
+    import onnx
+
+    result = runner.invoke(app, ["export", str(small_run), "--out", str(tmp_path / "m.onnx")])
+    assert result.exit_code == 0, result.output
+    onnx.checker.check_model(onnx.load(str(tmp_path / "m.onnx")))  # an ONNX model, not a checkpoint named .onnx
+    _one_line_error(_run("export", small_run, "--format", "modelopt", "--out", tmp_path / "m2.onnx"),
+                    "names an ONNX file but --format is 'modelopt'")
