@@ -292,8 +292,9 @@ def evaluate(
     out.print(table)
     if m.exited is not None:
         out.print(f"Early exit: {m.exited:.1%} of the images leave at an exit (MACs and bitops are means over them)")
-    if json_out:
-        _emit_json(m.to_dict())
+    if json_out:  # "all" names its images there too: val and test, not the calib and confirm images
+        _emit_json({**m.to_dict(), **({"split": "all", "splits": [Split.VAL, Split.TEST]} if split == Split.ALL
+                                      else {})})
 
 
 @app.command("list")

@@ -190,6 +190,7 @@ def test_resnet56_from_shared_weights(shared_dir, tmp_path):
     assert result.exit_code == 0, result.output
     m = json.loads(result.stdout.strip().splitlines()[-1])
     assert m["n_samples"] == 846 - 2 * round(846 * 0.2) and m["retention"] == 1.0  # calib and confirm take 20 % each
+    assert m["split"] == "all" and m["splits"] == ["val", "test"]  # the JSON says which images "all" is, as the title
 
 
 def test_once_a_command_is_done_sigterm_ends_the_process_quietly():
