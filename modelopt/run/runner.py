@@ -28,6 +28,7 @@ from modelopt.executors.scoring import failure_text, free_cuda_memory
 from modelopt.latency.plan import PlanLatency
 from modelopt.objective import Objective, Target, best_of
 from modelopt.plan.plan import Plan
+from modelopt.run.console import progress_console
 from modelopt.run.finish import Ending, RunResult, finish
 from modelopt.run.journal import Journal, Record, write_json_atomic
 from modelopt.run.layout import CONFIG, JOURNAL, STATE, STATE_NEXT
@@ -101,7 +102,7 @@ class Runner:
         self.executor = executor or LocalExecutor(evaluator, objective, fidelity)
         self._given_lock = lock
         self._reissue: list[Plan] = []  # plans in flight when the run last stopped: asked again first
-        self.console = console or Console(stderr=True)
+        self.console = console or progress_console()
         self.journal = Journal(self.run_dir / JOURNAL)
         self.trials: list[Trial] = []
         self.eval_seconds = 0.0

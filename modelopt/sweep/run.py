@@ -46,6 +46,7 @@ from modelopt.config.run_config import RunConfig
 from modelopt.errors import ConfigError
 from modelopt.model.workload import Workload
 from modelopt.reports import write_sweep_report
+from modelopt.run.console import progress_console
 from modelopt.run.journal import write_json_atomic
 from modelopt.run.layout import CONFIG, SWEEP_JSON, TABLE_CSV, TABLE_MD
 from modelopt.sweep.cell_run import Done, cell_name, model_workload, run_cell
@@ -137,7 +138,7 @@ def run_sweep(
     _check_started(sweep, cells)
     sweep.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(sweep.out / SWEEP_JSON, sweep.to_json())
-    console = console or Console(stderr=True)
+    console = console or progress_console()
     workloads = dict(workloads or {})
     todo = _selected([c for c in cells if not c.done], only)
     columns = (TextColumn("[bold]sweep {task.fields[name]}"), BarColumn(), MofNCompleteColumn(), TextColumn("cells"),
