@@ -234,3 +234,14 @@ def test_an_options_version_says_what_is_true_of_it(version, says) -> None:
     record = COMPRESSORS.get("quantize").record
     with pytest.raises(ConfigError, match=says):
         record.from_json({"version": version})
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [("clip_ratios", ["a"], "clip_ratios must be fractions"),
+                                                      ("act_percentile", "x", "act_percentile must be a number")])
+def test_a_hand_edited_quantize_number_in_run_json_is_one_line_naming_run_json(tmp_path, field, value, says) -> None:
+    raw = RunConfig().to_json()
+    raw["options"]["quantize"][field] = value
+    (tmp_path / CONFIG).write_text(json.dumps(raw))
+    with pytest.raises(LoadError, match=says) as info:
+        RunConfig.read(tmp_path)
+    assert "run.json" in str(info.value) and "\n" not in str(info.value)

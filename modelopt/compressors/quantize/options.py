@@ -79,13 +79,20 @@ class QuantizeOptions(Options):
     @property
     def calibration(self) -> Calibration:
         """How input ranges are measured (`act_calibration`, `act_percentile`, `act_calibration_images`)."""
+        if not _is_number(self.act_percentile):  # a hand-edited run.json's "x": one line, not float()'s traceback
+            raise ConfigError(f"quantize: act_percentile must be a number in (50, 100] like 99.99, got "
+                              f"{self.act_percentile!r}")
         return Calibration(calibration_method(self.act_calibration), float(self.act_percentile),
                            int(self.act_calibration_images))
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _check_clip_ratios(o: QuantizeOptions) -> None:
-    if not o.clip_ratios or any(not 0 < float(r) <= 1 for r in o.clip_ratios):
-        raise ConfigError(f"quantize: clip_ratios must be fractions in (0, 1], got {o.clip_ratios!r}")
+    if not o.clip_ratios or any(not _is_number(r) or not 0 < float(r) <= 1 for r in o.clip_ratios):
+        raise ConfigError(f"quantize: clip_ratios must be fractions in (0, 1] like 0.9, got {o.clip_ratios!r}")
 
 
 def _check_bits(o: QuantizeOptions) -> None:
