@@ -9,21 +9,28 @@ a killed run resumes, and export and `evaluate RUN_DIR` read, what was certified
 from __future__ import annotations
 
 import hashlib
+import json
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from modelopt._files import write_json_atomic
 from modelopt.data.split import Split
+from modelopt.errors import LoadError
 from modelopt.evaluation.evaluator import Evaluator, Realised
 from modelopt.evaluation.fitted import Fitted
 from modelopt.plan.plan import Plan
 from modelopt.reconstruct.own_inputs import LayerGoal
 from modelopt.reconstruct.plan import IMAGES, reconstruct, targets
 
-__all__ = ["HELD_OUT", "MIN_HELD_OUT", "RECONSTRUCTED", "Refits", "checked", "fitted_path"]
+__all__ = ["DIGESTS", "HELD_OUT", "MIN_HELD_OUT", "RECONSTRUCTED", "Refits", "checked", "fitted_path"]
 
 RECONSTRUCTED = "reconstructed"  # the run folder's sub-folder of reconstructions, one file per plan
+# What each reconstruction file must hold, written beside the folder (a copy of the run's files without the folder
+# still says what is missing): {plan key: {"file": its name, "sha256": its digest}}.
+DIGESTS = "reconstructed.json"
 
 
 def fitted_path(folder: Path, plan_key: str) -> Path:
@@ -77,14 +84,27 @@ class Refits:
             return True
         return self.folder is not None and fitted_path(self.folder, plan.key).is_file()
 
+    def recorded(self, plan: Plan) -> bool:
+        """Whether the run recorded a reconstruction file for the plan (`DIGESTS`), present or not."""
+        return self.folder is not None and plan.key in _digests(self.folder)
+
     def load(self, plan: Plan) -> Fitted | None:
         """The plan's kept reconstruction, chosen or not (`Fitted.chosen`), from memory or the folder; None when
-        there is none."""
+        there is none. A file whose bytes are not those the run recorded when it wrote it (damaged, or another
+        plan's) is refused in one line before it is read."""
         if plan.key in self.tried:
             return self.tried[plan.key]
         if self.folder is None or not (path := fitted_path(self.folder, plan.key)).is_file():
             return None
+        want = _digests(self.folder).get(plan.key, {}).get("sha256")
+        if want is not None and _sha256(path) != want:
+            raise LoadError(f"{str(path)!r} is not the reconstruction the run wrote for plan {plan.key} (its sha256 "
+                            f"differs from {DIGESTS}'s: damaged or replaced); delete it and `modelopt optimize --out "
+                            f"{str(self.folder)!r} --resume` refits it (export and evaluate then refit it too)")
         fitted = self.tried[plan.key] = Fitted.load(path, self.evaluator.workload.device)
+        if fitted.plan_key != plan.key:
+            raise LoadError(f"{str(path)!r} holds the reconstruction of plan {fitted.plan_key}, not of {plan.key}; "
+                            "delete it and the plan is refitted")
         return fitted
 
     def chosen(self, plan: Plan) -> Fitted | None:
@@ -93,7 +113,13 @@ class Refits:
         return fitted if fitted is not None and fitted.chosen else None
 
     def realise(self, plan: Plan) -> Realised:
-        """The plan as the run runs it: with its kept, chosen reconstruction, else as composed (nothing is fitted)."""
+        """The plan as the run runs it: with its kept, chosen reconstruction, else as composed. A reconstruction the
+        run recorded whose file is gone (a copy without the folder, a deleted file) is refitted as the run fitted it,
+        and said in one line: the plan is never run as composed in place of what was certified."""
+        if (self.recorded(plan) and not self.stored(plan)) and self.folder is not None:
+            warnings.warn(f"{str(fitted_path(self.folder, plan.key))!r} (the reconstruction the run certified plan "
+                          f"{plan.key} with) is missing: refitting it as the run did", UserWarning, stacklevel=2)
+            return self.evaluator.realise(plan, self(plan))
         return self.evaluator.realise(plan, self.chosen(plan))
 
     def __call__(self, plan: Plan) -> Fitted | None:
@@ -113,8 +139,25 @@ class Refits:
             self.progress(f"reconstructed {len(fitted.weights)} of {len(fitted.errors)} layers on {fitted.images} "
                           f"calibration images in {seconds:.1f} s{_verdict(fitted)}")
         if self.folder is not None:
-            fitted.save(fitted_path(self.folder, plan.key))
+            path = fitted_path(self.folder, plan.key)
+            fitted.save(path)
+            digests = _digests(self.folder)
+            digests[plan.key] = {"file": path.name, "sha256": _sha256(path)}
+            write_json_atomic(self.folder / DIGESTS, digests)
         return fitted if fitted.chosen else None
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _digests(folder: Path) -> dict[str, dict[str, str]]:
+    """The run's record of its reconstruction files (`DIGESTS`); empty for a run from before it was kept."""
+    try:
+        raw = json.loads((folder / DIGESTS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none yet (or unreadable: nothing to check against)
+        return {}
+    return {str(k): dict(v) for k, v in raw.items() if isinstance(v, dict)} if isinstance(raw, dict) else {}
 
 
 def checked(evaluator: Evaluator, plan: Plan, fitted: Fitted) -> Fitted:
