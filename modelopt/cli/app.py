@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import json
 import logging
 import signal
 import sys
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,14 +18,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from modelopt import api
-from modelopt._version import __version__
 from modelopt.cli import options as opt
 from modelopt.cli.display import fmt_bytes, print_run, split_label
 from modelopt.cli.errors import err, out
 from modelopt.cli.errors import friendly as _friendly
 from modelopt.cli.errors import on_sigterm as _on_sigterm
 from modelopt.cli.errors import one_line_warning as _one_line_warning
+from modelopt.cli.export_format import format_for as _format_for
+from modelopt.cli.parse import csv as _csv
+from modelopt.cli.parse import on_off as _on_off
 from modelopt.cli.usage import usage_line
+from modelopt.cli.version import root
 from modelopt.compressors import COMPRESSORS, compressor_settings
 from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import list_data_sources
@@ -51,27 +52,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-def _version(value: bool) -> None:
-    """`modelopt --version`: this modelopt's version and the engines' it runs with, then exit 0."""
-    if not value:
-        return
-    import torch
-
-    parts = [f"modelopt {__version__}", f"torch {torch.__version__}"]
-    for name in ("onnxruntime", "openvino"):
-        try:
-            parts.append(f"{name} {importlib.metadata.version(name)}")
-        except importlib.metadata.PackageNotFoundError:
-            parts.append(f"{name} not installed")
-    out.print(", ".join(parts), highlight=False)
-    raise typer.Exit(0)
-
-
-@app.callback()
-def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                                help="Print the version (and torch's, onnxruntime's) and exit.")]
-          = False) -> None:
-    """Find how to compress a trained PyTorch vision model (quantization search), without fine-tuning."""
+app.callback()(root)  # `modelopt --version` (modelopt.cli.version)
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -81,31 +62,6 @@ def _setup_logging(verbose: bool) -> None:
         handlers=[RichHandler(console=err, show_path=False)],
         force=True,
     )
-
-
-_EXAMPLES = {"mean": "0.485,0.456,0.406", "std": "0.229,0.224,0.225", "compressors": "prune,quantize",
-             "floors": "0.995,0.99,0.98,0.97"}
-
-
-def _csv(value: str, cast: Callable[[str], Any], what: str) -> list[Any]:
-    try:
-        items = [cast(v.strip()) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError(f"--{what} expects a comma-separated list like {_EXAMPLES.get(what, '8,4')}; "
-                          f"got {value!r}") from None
-    if not items:
-        raise ConfigError(f"--{what} is empty")
-    return items
-
-
-def _on_off(value: str, flag: str) -> bool:
-    """`on` / `off` (or true / false) as a bool; one ConfigError naming the flag otherwise."""
-    word = value.strip().lower()
-    if word in ("on", "true", "yes", "1"):
-        return True
-    if word in ("off", "false", "no", "0"):
-        return False
-    raise ConfigError(f"{flag} takes on or off, got {value!r}")
 
 
 def _run_json(result: Any) -> dict[str, Any]:
@@ -414,23 +370,6 @@ def export_(
     options: dict[str, Any] = dict(given)
     path = do_export(run_dir, plan=plan, format=format, out=out_path, **options)
     out.print(f"Wrote {path} ({fmt_bytes(path.stat().st_size)})", highlight=False, soft_wrap=True)
-
-
-# What each export format writes, by the suffix its file takes (an exit plan's ONNX export is a folder: no suffix).
-_SUFFIXES = {".onnx": "onnx", ".pt": "modelopt", ".pth": "modelopt"}
-
-
-def _format_for(out_path: Path | None, format: str, given: bool) -> str:
-    """The export format: --format when given (refused in one line when --out's suffix says another), else the one
-    --out's suffix names, else modelopt. A packed checkpoint written as `model.onnx` was exit 0 and unreadable."""
-    by_suffix = None if out_path is None else _SUFFIXES.get(out_path.suffix.lower())
-    if not given:
-        return by_suffix or format
-    if by_suffix is not None and by_suffix != format:
-        named = "an ONNX" if by_suffix == "onnx" else "a packed checkpoint (modelopt)"
-        raise ConfigError(f"--out {str(out_path)!r} names {named} file but --format is {format!r}; "
-                          f"drop --format, or write to a {'.onnx' if format == 'onnx' else '.pt'} file")
-    return format
 
 
 def main() -> None:
