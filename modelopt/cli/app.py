@@ -369,7 +369,12 @@ def export_(
         raise ConfigError(f"--{flag} applies only to --format onnx, not {format!r}")
     options: dict[str, Any] = dict(given)
     path = do_export(run_dir, plan=plan, format=format, out=out_path, **options)
-    out.print(f"Wrote {path} ({fmt_bytes(path.stat().st_size)})", highlight=False, soft_wrap=True)
+    said = ""
+    if path.is_file() and path.suffix == ".onnx":  # what its input must be, as the model's doc string says it
+        import onnx
+
+        said = f"; {onnx.load(str(path), load_external_data=False).doc_string}"
+    out.print(f"Wrote {path} ({fmt_bytes(path.stat().st_size)}){said}", highlight=False, soft_wrap=True)
 
 
 def main() -> None:

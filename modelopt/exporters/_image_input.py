@@ -18,7 +18,7 @@ import numpy as np
 from modelopt.errors import ConfigError
 from modelopt.exporters.onnx_qdq import tensor_proto
 
-__all__ = ["IMAGE_INPUTS", "check_image_input", "with_uint8_input"]
+__all__ = ["IMAGE_INPUTS", "check_image_input", "describe_input", "with_uint8_input"]
 
 IMAGE_INPUTS = ("float", "uint8")
 INPUT = "input"  # the float graph's input (`modelopt.exporters.onnx`)
@@ -60,3 +60,25 @@ def with_uint8_input(model: Any, mean: Sequence[float], std: Sequence[float]) ->
     graph.input.remove(old)
     graph.input.insert(0, helper.make_tensor_value_info(IMAGE, TensorProto.UINT8, shape))
     return model
+
+
+def describe_input(model: Any, image_input: str, mean: Sequence[float], std: Sequence[float]) -> str:
+    """Writes what the graph's input must be into its doc string and metadata (`input_layout`, `input_dtype`,
+    `input_range`, `mean`, `std`), and returns it as one line: a uint8 export fed floats cast to uint8 scored 9.8 %
+    with no hint of what it expected."""
+    from onnx import helper
+
+    means, stds = ",".join(f"{m:g}" for m in mean), ",".join(f"{s:g}" for s in std)
+    if image_input == "uint8":
+        props = {"input_layout": "NHWC", "input_dtype": "uint8", "input_range": "0-255 (pixels as decoded)",
+                 "normalisation": "in the graph: (x / 255 - mean) / std"}
+        text = (f"input '{IMAGE}': uint8 pixels, batch x height x width x channels, 0-255 as an image decoder gives "
+                f"them; the graph normalises them with mean {means} and std {stds}")
+    else:
+        props = {"input_layout": "NCHW", "input_dtype": "float32", "input_range": "normalised",
+                 "normalisation": "before the graph: (x / 255 - mean) / std"}
+        text = (f"input '{INPUT}': float32 batch x channels x height x width, normalised before the graph: "
+                f"(pixels / 255 - mean) / std with mean {means} and std {stds}")
+    model.doc_string = text
+    helper.set_model_props(model, {**props, "mean": means, "std": stds})
+    return text

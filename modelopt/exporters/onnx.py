@@ -39,7 +39,7 @@ from modelopt.compressors.contract import ExitTap, RemovesBranch
 from modelopt.data.split import Split
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator, Realised
-from modelopt.exporters._image_input import check_image_input, with_uint8_input
+from modelopt.exporters._image_input import check_image_input, describe_input, with_uint8_input
 from modelopt.exporters._shift import shift_constants
 from modelopt.exporters._subsample import subsample_shortcuts
 from modelopt.exporters._taps import tapped
@@ -201,8 +201,10 @@ def onnx_model(
     for name in shifts:
         stored.add_shift(name)
     model = _model(graph, exported, _with_qdq(graph, qparams, stored.front, stored.extra), stored.inits, stored.extra)
+    source = evaluator.workload.source
     if image_input == "uint8":
-        model = with_uint8_input(model, evaluator.workload.source.mean, evaluator.workload.source.std)
+        model = with_uint8_input(model, source.mean, source.std)
+    describe_input(model, image_input, source.mean, source.std)
     onnx.checker.check_model(model)
     counts = stored.counts
     return model, OnnxExport(Path(), OPSET, counts["int8"], counts["int4"], counts["float"], tuple(stored.widened),

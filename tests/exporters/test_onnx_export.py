@@ -265,6 +265,15 @@ def test_a_uint8_image_input_gives_the_float_inputs_answers_without_a_transpose_
     want = run_onnx(floats.path, r20_evaluator.workload.prepare(raw))
     np.testing.assert_array_equal(got, want)
     assert fused_op_counts(pixels.path, level="all").get("Transpose", 0) <= 2
+    # Each file says what its input must be (a uint8 file fed floats cast to uint8 scored 9.8 % with no hint).
+    import onnx
+
+    for path, layout, dtype in ((pixels.path, "NHWC", "uint8"), (floats.path, "NCHW", "float32")):
+        model = onnx.load(str(path))
+        props = {p.key: p.value for p in model.metadata_props}
+        assert (props["input_layout"], props["input_dtype"]) == (layout, dtype)
+        assert props["mean"] == ",".join(f"{m:g}" for m in r20_evaluator.workload.source.mean)
+        assert dtype in model.doc_string and "std" in model.doc_string
     with pytest.raises(ConfigError, match="image_input 'rgb'"):
         export_onnx(r20_evaluator, plan, tmp_path / "x.onnx", image_input="rgb")
 
