@@ -105,7 +105,11 @@ class Predictor:
         if isinstance(engine, str) and engine not in OPENERS:
             raise ValueError(f"unknown engine {engine!r}; valid: {', '.join(OPENERS)}")
         open_segment = OPENERS[engine] if isinstance(engine, str) else engine
-        with open(os.path.join(folder, MANIFEST)) as f:
+        where = os.path.join(folder, MANIFEST)
+        if not os.path.isfile(where):  # one line (main: an OSError), naming the file
+            raise FileNotFoundError(f"{where} is missing: this folder is not a whole modelopt early-exit export; "
+                                    "export it again (modelopt export RUN --format onnx)")
+        with open(where) as f:
             manifest = json.load(f)
         if manifest.get("format") != FORMAT:
             raise ValueError(f"{os.path.join(folder, MANIFEST)} is not a modelopt early-exit manifest")
@@ -114,6 +118,10 @@ class Predictor:
         self.thresholds = [float(s["threshold"]) for s in self.segments[:-1]]
         self.exits = [s["exit"] for s in self.segments[:-1]]
         self.runners = []
+        missing = [seg["file"] for seg in self.segments if not os.path.isfile(os.path.join(folder, seg["file"]))]
+        if missing:  # ONNX Runtime's NoSuchFile was a traceback
+            raise FileNotFoundError(f"{os.path.join(folder, missing[0])} is missing: {MANIFEST} names it as a segment; "
+                                    "export the folder again (modelopt export RUN --format onnx)")
         for k, seg in enumerate(self.segments):
             # A later segment reads the rows that stay: static only where every batch is one image.
             static = batch if batch is not None and (k == 0 or batch == 1) else None

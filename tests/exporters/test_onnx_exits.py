@@ -136,3 +136,10 @@ def test_predict_py_says_what_input_it_expects(ev, plan, tmp_path) -> None:
     done = subprocess.run([sys.executable, str(folder / "predict.py"), str(tmp_path / "missing.npy")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "missing.npy" in done.stderr, done.stderr
+    np.save(tmp_path / "x.npy", x)
+    for gone in ("segment1.onnx", "exits.json"):  # a segment file, then the manifest: one line naming it, each
+        (folder / gone).unlink()
+        done = subprocess.run([sys.executable, str(folder / "predict.py"), str(tmp_path / "x.npy")],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and f"{gone} is missing" in done.stderr, \
+            done.stderr
