@@ -111,7 +111,17 @@ def _names_in(value: Any, compressors: set[str], where: str) -> None:
         raise ConfigError(f"plan key {where!r} must map compressor names to settings, got {value!r}")
     for cname in value:
         if cname not in compressors:
-            raise UnknownNameError(f"compressor in plan key {where!r}", cname, compressors)
+            raise _unknown_compressor(where, cname, compressors)
+
+
+def _unknown_compressor(where: str, cname: str, enabled: Iterable[str]) -> ConfigError:
+    """A plan entry's compressor this run has not: a registered one (`modelopt list`) is named as such, with the
+    flag that adds it; any other name is unknown."""
+    enabled = sorted(enabled)
+    if cname in COMPRESSORS:
+        return ConfigError(f"plan key {where!r} uses the {cname!r} compressor, which this run does not use (enabled: "
+                           f"{', '.join(enabled)}); add it: --compressors {','.join([*enabled, cname])}")
+    return UnknownNameError(f"compressor in plan key {where!r}", cname, enabled)
 
 
 def _top_level_choices(space: SearchSpace, doc: Mapping[str, Any]) -> dict[tuple[str, str], Choice]:
@@ -136,7 +146,7 @@ def _compressor_map(space: SearchSpace, value: Any, where: str) -> dict[str, Any
         raise ConfigError(f"plan key {where!r} must map compressor names to settings, got {value!r}")
     for cname in value:
         if cname not in space.compressors:
-            raise UnknownNameError(f"compressor in plan key {where!r}", cname, space.compressors)
+            raise _unknown_compressor(where, cname, space.compressors)
     return dict(value)
 
 

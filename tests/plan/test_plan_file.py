@@ -65,6 +65,18 @@ def test_a_default_applies_where_a_layer_can_take_it():
         only_plain.parse_plan({"default": {"prune": {"sparsity": 0.25, "kind": "structured"}}})
 
 
+def test_a_registered_compressor_the_run_does_not_use_is_named_with_the_flag_that_adds_it(small_data):
+    """A plan naming `depth` with the default compressors read "unknown compressor ... 'depth'; valid: early_exit,
+    prune, quantize", though `modelopt list` shows it."""
+    import modelopt
+
+    with pytest.raises(ConfigError, match=r"uses the 'depth' compressor, which this run does not use \(enabled: "
+                                          r"early_exit, prune, quantize\); add it: --compressors "
+                                          r"early_exit,prune,quantize,depth"):
+        modelopt.evaluate("cifar10_resnet20", {"layers": {"layer1.0.conv1": {"depth": {"remove": True}}}},
+                          small_data, device="cpu")
+
+
 @pytest.mark.parametrize("doc,says", [
     ({"layers": {"layer1.0.conv9": {"quantize": {"bits": 4}}}}, "unknown layer 'layer1.0.conv9' (did you mean"),
     ({"default": {"quantise": {"bits": 4}}}, "unknown compressor in plan key 'default' 'quantise' (did you mean"),
