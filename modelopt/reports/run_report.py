@@ -7,11 +7,14 @@ finished, layers.json when present), so it can be rebuilt any time, also while t
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 from modelopt._version import __version__
+from modelopt.config.run_config import RunConfig
 from modelopt.data.split import Split
+from modelopt.errors import LoadError
 from modelopt.evaluation.metrics import Metrics
 from modelopt.model.layers import Layer
 from modelopt.objective import pareto_front
@@ -27,7 +30,7 @@ from modelopt.reports.document import (
 )
 from modelopt.reports.layer_map import layer_map, plan_mix
 from modelopt.run.journal import Record
-from modelopt.run.layout import BEST_PLAN, SUMMARY
+from modelopt.run.layout import BEST_PLAN, CONFIG, SUMMARY
 from modelopt.run.reported import Scores
 from modelopt.run.run_folder import RunFolder, read_run
 
@@ -328,6 +331,12 @@ def write_report(run_dir: str | Path, *, layers: Sequence[Layer] | None = None) 
         PosixPath('runs/r20/report.html')
     """
     run = read_run(run_dir, layers=layers)
+    if run.run_config is None:  # every other verb refuses these settings: the report says what it is based on
+        try:
+            RunConfig.from_json(run.config, str(run.path / CONFIG))
+        except LoadError as exc:
+            warnings.warn(f"{exc}; the report is based on the journal and summary.json alone (no layer sizes)",
+                          UserWarning, stacklevel=2)
     cfg = run.config
     title = f"modelopt: {cfg.get('model')} {cfg.get('strategy')} seed {cfg.get('seed')}"
     return write_document(run.path, run_blocks(run), title)

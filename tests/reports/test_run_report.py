@@ -153,3 +153,19 @@ def test_api_and_cli_pick_run_or_sweep_and_refuse_other_folders(tmp_path, copy_r
     assert_one_line_error(CliRunner().invoke(app, ["report", str(tmp_path / "empty")]), "empty",
                           "is not a modelopt run folder (its run.json names no model)")
     assert sorted(p.name for p in (tmp_path / "empty").iterdir()) == ["run.json"]
+
+
+@pytest.mark.slow
+def test_a_report_on_settings_every_verb_refuses_says_so_in_one_line(tmp_path, small_run):
+    """`report RUN` on a run.json with bits ["four"] wrote a report and exited 0 without a word."""
+
+
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run, ignore=shutil.ignore_patterns("report*"))
+    raw = json.loads((run / "run.json").read_text())
+    raw["compressors"]["quantize"]["bits"] = ["four"]
+    (run / "run.json").write_text(json.dumps(raw))
+    with pytest.warns(UserWarning, match=r"run\.json': compressors\.quantize\.bits expects a list of integers .*; the "
+                                         r"report is based on the journal and summary\.json alone") as caught:
+        assert write_report(run).html.is_file()
+    assert all("\n" not in str(w.message) for w in caught)
