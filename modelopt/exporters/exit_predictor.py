@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 MANIFEST = "exits.json"
+MIN_SCALE_CHECK = 4  # images in a batch before values all within [0, 1] are read as not normalised
 FORMAT = "modelopt-exits"
 
 # One segment as a runtime runs it: its outputs on a float32 batch (boundary, logits, confidence; the last: logits).
@@ -147,12 +148,29 @@ class Predictor:
         if not np.issubdtype(a.dtype, np.floating):
             raise ValueError(f"expected {want}; got {a.dtype} pixels: divide by 255, then subtract the mean and "
                              "divide by the std of each channel")
-        # Normalised images stay within a few units; a sample of 256 values says so without costing a batch of one
-        # a segment's time.
-        peak = float(np.abs(a.reshape(-1)[:: max(1, a.size // 256)]).max()) if a.size else 0.0
+        how = self._normalisation()
+        if a.size and not np.isfinite(a).all():  # every row answered class 0, exit 0
+            raise ValueError(f"expected {want}; got {int((~np.isfinite(a)).sum())} values that are NaN or infinite")
+        # Normalised images stay within a few units, and go below 0; a sample of 256 values says so without costing a
+        # batch of one a segment's time.
+        sample = a.reshape(-1)[:: max(1, a.size // 256)] if a.size else np.zeros(1)
+        peak = float(np.abs(sample).max())
         if peak > 20:
-            raise ValueError(f"expected {want}; got values up to {peak:g}: pixels on the 0-255 scale, not normalised")
+            raise ValueError(f"expected {want}; got values up to {peak:g}: pixels on the 0-255 scale, not "
+                             f"normalised{how}")
+        # A few bright images, normalised, may all lie in [0, 1]; a batch of real images does not.
+        if a.shape[0] >= MIN_SCALE_CHECK and float(sample.min()) >= 0.0 and peak <= 1.0:
+            raise ValueError(f"expected {want}; got values within [0, 1]: images scaled to [0, 1] but not "
+                             f"normalised{how}")
         return np.ascontiguousarray(a, dtype=np.float32)
+
+    def _normalisation(self) -> str:
+        """How to normalise, as the export wrote it into exits.json (folders from before say it generally)."""
+        mean, std = self.manifest.get("mean"), self.manifest.get("std")
+        if not mean or not std:
+            return ": subtract the mean and divide by the std of each channel"
+        return (f": subtract the mean ({', '.join(f'{m:g}' for m in mean)}) and divide by the std "
+                f"({', '.join(f'{v:g}' for v in std)}) of each channel, after scaling to [0, 1]")
 
     def run_with_exits(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Logits and, per row, the exit it left at (its position in `exits`; len(exits): the end)."""

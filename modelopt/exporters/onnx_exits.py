@@ -88,7 +88,9 @@ def exit_segments(evaluator: Evaluator, plan: Plan | Realised, **options: Any) -
     models.append(_extracted(extractor, [source], ["logits"]))
     segments.append({"file": f"segment{len(info.exits)}.onnx", "input": source, "outputs": ["logits"]})
     manifest = {"format": exit_predictor.FORMAT, "version": 1, "input": "input", "segments": segments,
-                "input_shape": list(evaluator.workload.split(Split.VAL).x.shape[1:])}
+                "input_shape": list(evaluator.workload.split(Split.VAL).x.shape[1:]),
+                "mean": [float(m) for m in evaluator.workload.source.mean],  # how predict.py's input is normalised
+                "std": [float(v) for v in evaluator.workload.source.std]}
     return ExitSegments(tuple(models), manifest, info)
 
 

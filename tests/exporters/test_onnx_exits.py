@@ -129,7 +129,9 @@ def test_predict_py_says_what_input_it_expects(ev, plan, tmp_path) -> None:
                       (x.transpose(0, 2, 3, 1), "channels last .*transpose\\(0, 3, 1, 2\\)"),
                       (x[:, :, :16, :16], "got shape \\(4, 3, 16, 16\\)"),
                       ((x * 60 + 120).clip(0, 255).astype(np.uint8), "got uint8 pixels: divide by 255"),
-                      (x * 60 + 120, "pixels on the 0-255 scale")]:
+                      (x * 60 + 120, "pixels on the 0-255 scale"),
+                      ((x * 0.25 + 0.5).clip(0, 1), r"scaled to \[0, 1\] but not normalised: subtract the mean \(0\."),
+                      (np.full_like(x, np.nan), "4 values|values that are NaN or infinite")]:
         with pytest.raises(ValueError, match=says):
             predictor.run(bad)
     assert predictor.run(x).shape == (4, 10)
