@@ -201,7 +201,7 @@ class Objective:
 
 
 def check_floors(floors: object) -> tuple[float, ...]:
-    """The floors of a curve, highest first, each once; ConfigError naming a value that is no fraction in [0, 1].
+    """The floors of a curve, highest first, each once; ConfigError naming a value that is no fraction in (0, 1].
 
     Example:
         >>> check_floors([0.97, 0.99, 0.98])

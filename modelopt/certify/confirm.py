@@ -204,12 +204,15 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
         if str(c.item) not in chance or c.floor == primary:
             chance[str(c.item)] = c.chance
 
+    def held_at(floor: float) -> set[str]:  # a claim held at a floor holds at every lower one
+        return {key for key, f, ok in record if ok and f >= floor}
+
     def best_at(floor: float) -> Trial | None:
-        held = {key for key, f, ok in record if ok and f >= floor}
+        held = held_at(floor)
         return min((t for t in tested if t.plan.key in held),
                    key=lambda t: (objective.value(_scored(t)), -objective.retention_lower(_scored(t))), default=None)
 
-    held_primary = {key for key, f, ok in record if ok and f >= primary}
+    held_primary = held_at(primary)
     best = best_at(primary)
     composed = _best_as_composed(evaluator, tested, fitted, best)
     return Confirmation(Split.CONFIRM, tuple((t, scored[t.plan.key]) for t in tested), len(held_primary), best,
