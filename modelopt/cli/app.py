@@ -25,6 +25,7 @@ from modelopt.cli.errors import friendly as _friendly
 from modelopt.cli.errors import on_sigterm as _on_sigterm
 from modelopt.cli.errors import one_line_warning as _one_line_warning
 from modelopt.cli.export_format import format_for as _format_for
+from modelopt.cli.help_format import WholeHelpCommand
 from modelopt.cli.parse import csv as _csv
 from modelopt.cli.parse import on_off as _on_off
 from modelopt.cli.usage import usage_line
@@ -89,7 +90,7 @@ def _emit_json(obj: dict[str, Any]) -> None:
     out.file.flush()
 
 
-@app.command()
+@app.command(cls=WholeHelpCommand)
 @_friendly
 @opt.with_compressor_settings
 def optimize(
@@ -174,7 +175,7 @@ def optimize(
         _emit_json(_run_json(result))
 
 
-@app.command()
+@app.command(cls=WholeHelpCommand)
 @_friendly
 @opt.with_compressor_settings
 def evaluate(
@@ -253,7 +254,7 @@ def evaluate(
                                       else {})})
 
 
-@app.command("list")
+@app.command("list", cls=WholeHelpCommand)
 @_friendly
 def list_(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object as the last line of stdout.")] = False,
@@ -272,7 +273,7 @@ def list_(
         _emit_json(items)
 
 
-@app.command()
+@app.command(cls=WholeHelpCommand)
 @_friendly
 def sweep(
     file: Annotated[Path, typer.Argument(help="Sweep file (YAML): models, strategies, budgets, seeds.")],
@@ -309,7 +310,7 @@ def sweep(
     out.print(f"Ran {len(result.ran)} of {len(result.cells)} cells. Table: {result.table_md} and {result.table_csv}")
 
 
-@app.command()
+@app.command(cls=WholeHelpCommand)
 @_friendly
 def report(
     folder: Annotated[Path, typer.Argument(help="A run folder (holds run.json) or a sweep folder (holds runs/).")],
@@ -322,7 +323,7 @@ def report(
               soft_wrap=True)
 
 
-@app.command()
+@app.command(cls=WholeHelpCommand)
 @_friendly
 def dashboard(
     run_dir: Annotated[Path, typer.Argument(help="A run folder (any strategy).")],
@@ -336,7 +337,7 @@ def dashboard(
               f"there. View: optuna-dashboard {done.storage}", highlight=False, soft_wrap=True)
 
 
-@app.command("export")
+@app.command("export", cls=WholeHelpCommand)
 @_friendly
 def export_(
     run_dir: Annotated[Path, typer.Argument(help="A run folder (holds run.json).")],

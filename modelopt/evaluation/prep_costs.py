@@ -7,7 +7,7 @@ process already charged, and spends its budget exactly as the uninterrupted run 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 __all__ = ["OneTimeCosts"]
 
@@ -49,3 +49,16 @@ class OneTimeCosts:
 
     def mark_paid(self, keys: Iterable[str]) -> None:
         self._paid.update(keys)
+
+    def to_json(self) -> dict[str, dict[str, float]]:
+        return {"charged": dict(self.charged), "seconds": dict(self.seconds)}
+
+    def restore(self, saved: Mapping[str, Mapping[str, float]]) -> None:
+        """What an earlier process of this run charged and spent (`to_json`, a resumed run): paid, and
+        reported with this process's own as what the run paid."""
+        charged, seconds = saved.get("charged") or {}, saved.get("seconds") or {}
+        for key, cost in charged.items():
+            self._paid.add(key)
+            self.charged[key] = float(cost) + self.charged.get(key, 0.0)
+        for key, secs in seconds.items():
+            self.timed(key, float(secs))

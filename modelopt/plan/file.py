@@ -64,7 +64,7 @@ def parse_plan(space: SearchSpace, doc: Mapping[str, Any]) -> Plan:
             dname = decision_name(lname, cname)
             if not space.has_decision(dname):
                 if raw is not None and cname in override:
-                    raise ConfigError(f"layer {lname!r} cannot be compressed by {cname!r}")
+                    raise _cannot_take(space, lname, cname)
                 continue
             if (lname, cname) in from_top and cname not in override:
                 choices[dname] = from_top[(lname, cname)]
@@ -122,6 +122,13 @@ def _unknown_compressor(where: str, cname: str, enabled: Iterable[str]) -> Confi
         return ConfigError(f"plan key {where!r} uses the {cname!r} compressor, which this run does not use (enabled: "
                            f"{', '.join(enabled)}); add it: --compressors {','.join([*enabled, cname])}")
     return UnknownNameError(f"compressor in plan key {where!r}", cname, enabled)
+
+
+def _cannot_take(space: SearchSpace, lname: str, cname: str) -> ConfigError:
+    """A layer the compressor offers nothing for: the message names the layers it can take."""
+    can = [name for name in space.layers if space.has_decision(decision_name(name, cname))]
+    where = f"it can take: {', '.join(can)}" if can else "it takes no layer of this model"
+    return ConfigError(f"layer {lname!r} cannot be compressed by {cname!r}; {where}")
 
 
 def _top_level_choices(space: SearchSpace, doc: Mapping[str, Any]) -> dict[tuple[str, str], Choice]:

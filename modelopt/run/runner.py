@@ -93,9 +93,7 @@ class Runner:
         self.budget = float(budget)
         self.run_dir = Path(run_dir)
         self.config = config
-        self.resume = resume
-        self.progress = progress
-        self.fidelity = fidelity
+        self.resume, self.progress, self.fidelity = resume, progress, fidelity
         if latency is None and objective.target is Target.LATENCY:
             latency = PlanLatency(evaluator)
         self.latency = latency
@@ -150,6 +148,7 @@ class Runner:
                 # The plans it had asked for and not yet recorded: the resumed loop scores them first,
                 # instead of asking again (the restored strategy still awaits them).
                 self._reissue = [self.space.plan_from_flat(flat) for flat in state.get("in_flight", [])]
+                self.evaluator.one_time.restore(state.get("preparation") or {})  # what the run paid so far
                 break
         for trial in self.trials[told:]:
             self.strategy.tell(trial)
@@ -224,7 +223,7 @@ class Runner:
         # Not fsynced: after a power cut an older state plus the journal's later trials rebuild it.
         # The plans asked and not yet recorded go with it: a resumed run scores them before asking anew.
         state = {"n_trials": len(self.trials), "strategy": self.strategy.state_dict(),
-                 "in_flight": [plan.to_flat() for plan in in_flight]}
+                 "in_flight": [plan.to_flat() for plan in in_flight], "preparation": self.evaluator.one_time.to_json()}
         write_json_atomic(self.run_dir / STATE_NEXT, state, durable=False)
         self.journal.append(Record.of(trial))
         os.replace(self.run_dir / STATE_NEXT, self.run_dir / STATE)

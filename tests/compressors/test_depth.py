@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from modelopt.api import build_compressors
 from modelopt.compressors.contract import BranchAnalysis
 from modelopt.compressors.depth import SKIP, Depth
 from modelopt.errors import ConfigError
 from modelopt.model.layers import Layer, LayerKind
+from modelopt.plan.space import SearchSpace
 
 END = Layer("layer1.0.conv2", LayerKind.CONV, (16, 16, 3, 3), 2_359_296, False).noted(
     {BranchAnalysis.name: ("layer1.0.conv1", "layer1.0.conv2")})
@@ -35,3 +37,10 @@ def test_parse_and_dump_round_trip(raw):
 def test_bad_forms_name_what_is_wrong(raw, layer, says):
     with pytest.raises(ConfigError, match=says.replace("{", r"\{").replace("}", r"\}")):
         Depth().parse(raw, layer)
+
+
+def test_a_layer_no_block_removal_takes_is_named_with_those_it_can():
+    space = SearchSpace([INNER, END], build_compressors(["depth", "quantize"]))
+    says = r"'layer1.0.conv1' cannot be compressed by 'depth'; it can take: layer1.0.conv2$"
+    with pytest.raises(ConfigError, match=says):
+        space.parse_plan({"layers": {"layer1.0.conv1": {"depth": {"skip": True}}}})

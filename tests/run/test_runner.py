@@ -15,6 +15,7 @@ import torch
 import modelopt
 from modelopt.compressors import COMPRESSORS, Compressor
 from modelopt.errors import ConfigError
+from modelopt.run.summary import read_summary
 from modelopt.testing.env import child_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -139,6 +140,9 @@ def test_resume_after_sigkill_loses_and_repeats_nothing(tmp_path, small_data, sm
                                  out=tmp_path / "straight", progress=False, report=False, reconstruct=False,
                                  rounding=["nearest"])
     assert [t.plan.key for t in straight.trials] == [r["plan_key"] for r in records]
+    # ... and reports what the whole run paid for its preparations, the killed part's included (issue 61).
+    paid = read_summary(run_dir).preparation.charged
+    assert paid and paid == pytest.approx(straight.summary.preparation.charged)
 
 
 @pytest.mark.slow
