@@ -74,6 +74,9 @@ def friendly(fn: F) -> F:
                 verb = fn.__name__.rstrip("_")
                 left = _INTERRUPTED_WRITES.get(verb, "it writes nothing")
                 err.print(f"[yellow]{what}[/]: {verb} did not finish; {left}; run the same command again")
+            elif fn.__name__ == "sweep":  # no --resume: the same command skips finished cells, resumes the rest
+                err.print(f"[yellow]{what}[/]: finished cells and trials are kept; run the same sweep command again to "
+                          "continue (finished cells are skipped, a partial one resumed)")
             elif getattr(exc, "started", True):
                 err.print(f"[yellow]{what}[/]: finished trials are in the journal; rerun with --resume to continue")
             else:

@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -107,6 +108,10 @@ class Options:
         unknown = sorted(set(raw) - names - {"version"})
         if unknown:
             raise ConfigError(f"{where}: unknown option {unknown[0]!r}; valid: {', '.join(sorted(names))}")
+        for f in dataclasses.fields(cls):  # a list field given one value ("bits: 4", "kind: structured")
+            if isinstance(f.default, tuple) and f.name in raw and not isinstance(raw[f.name], (list, tuple)):
+                raise ConfigError(f"{where}: {f.name} must be a list, e.g. [{json.dumps(raw[f.name])}]; got "
+                                  f"{json.dumps(raw[f.name])}")
         values = {k: v for k, v in cls.left_out.get(version, {}).items() if k not in raw}
         return cls(**values, **{k: v for k, v in raw.items() if k != "version"})
 

@@ -213,6 +213,19 @@ class Predictor:
         return self.runners[-1](h)[0].astype(np.float32, copy=False), np.array([len(self.thresholds)], dtype=np.int64)
 
 
+def _images(path: str) -> np.ndarray:
+    """The images of a `.npy` file (`np.save`); any other file is refused in one line (not numpy's pickle advice)."""
+    with open(path, "rb") as f:
+        if f.read(6) != b"\x93NUMPY":
+            raise ValueError(f"{path} is not a .npy file; give a .npy array of images (np.save(path, x), "
+                             "float32 NCHW, normalised)")
+    try:
+        return np.asarray(np.load(path, allow_pickle=False))
+    except ValueError:  # an array of Python objects: numpy's message advises unpickling it
+        raise ValueError(f"{path} holds no array of numbers; give a .npy array of images (float32 NCHW, "
+                         "normalised)") from None
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[1] in ("-h", "--help"):
         print("usage: python predict.py IMAGES.npy [onnxruntime|openvino]  (float32 NCHW, normalised)")
@@ -220,7 +233,7 @@ def main(argv: list[str]) -> int:
     engine = argv[2] if len(argv) > 2 else "onnxruntime"
     try:
         predictor = Predictor(os.path.dirname(os.path.abspath(__file__)), engine=engine)
-        logits, exit_at = predictor.run_with_exits(np.load(argv[1]))
+        logits, exit_at = predictor.run_with_exits(_images(argv[1]))
     except (OSError, ValueError) as exc:  # a missing or unreadable file, an input of the wrong form: one line
         print(f"predict.py: {exc}", file=sys.stderr)
         return 2

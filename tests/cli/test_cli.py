@@ -310,6 +310,22 @@ def test_ctrl_c_in_a_verb_without_a_journal_does_not_advise_resume(monkeypatch, 
     assert "evaluate did not finish; it writes nothing" in result.output and "file" not in result.output, result.output
 
 
+def test_ctrl_c_in_a_sweep_says_how_a_sweep_continues(monkeypatch, tmp_path):
+    """Ctrl-C during `modelopt sweep` advised --resume, which sweep does not have."""
+    import modelopt.cli.app as cli_app
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_app, "run_sweep", interrupted)
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(f"name: s\nout: {tmp_path / 'out'}\nmodels:\n  - name: r20\n    model: cifar10_resnet20\n"
+                     "strategies: [random]\nbudgets: [2]\nseeds: [0]\ncompressors: [quantize]\n")
+    result = _run("sweep", sweep)
+    assert result.exit_code == 130
+    assert "--resume" not in result.output and "run the same sweep command again" in result.output, result.output
+
+
 def test_a_target_in_a_read_only_folder_is_one_line(monkeypatch, tmp_path):
     """`export --out RO/new/m.onnx` on a read-only file system ended in an OSError traceback."""
     import errno

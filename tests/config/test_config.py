@@ -245,3 +245,18 @@ def test_a_hand_edited_quantize_number_in_run_json_is_one_line_naming_run_json(t
     with pytest.raises(LoadError, match=says) as info:
         RunConfig.read(tmp_path)
     assert "run.json" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("compressor", "field", "value", "says"), [
+    ("quantize", "bits", 4, r"options of quantize: bits must be a list, e\.g\. \[4\]; got 4"),
+    ("prune", "kind", "structured", r"options of prune: kind must be a list, e\.g\. \[\"structured\"\]"),
+])
+def test_one_value_where_run_json_wants_a_list_names_the_field_and_the_list_form(
+        tmp_path, compressor, field, value, says) -> None:
+    """`bits: 4` was "'int' object is not iterable"; `kind: "structured"` was "kind 's' not offered"."""
+    raw = RunConfig(compressors=("quantize", "prune")).to_json()
+    raw["compressors"][compressor][field] = value
+    (tmp_path / CONFIG).write_text(json.dumps(raw))
+    with pytest.raises(LoadError, match=says) as info:
+        RunConfig.read(tmp_path)
+    assert "\n" not in str(info.value)

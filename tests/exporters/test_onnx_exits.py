@@ -6,6 +6,7 @@ near the PyTorch simulation's (integer kernels aside)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -138,6 +139,13 @@ def test_predict_py_says_what_input_it_expects(ev, plan, tmp_path) -> None:
     done = subprocess.run([sys.executable, str(folder / "predict.py"), str(tmp_path / "missing.npy")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "missing.npy" in done.stderr, done.stderr
+    (tmp_path / "images.txt").write_text("1 2 3\n")  # not a .npy: numpy's advice was to allow pickles
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    for name, says in (("images.txt", "is not a .npy file"), ("objects.npy", "no array of numbers")):
+        done = subprocess.run([sys.executable, str(folder / "predict.py"), str(tmp_path / name)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and re.search(says, done.stderr), done.stderr
+        assert "allow_pickle" not in done.stderr
     np.save(tmp_path / "x.npy", x)
     for gone in ("segment1.onnx", "exits.json"):  # a segment file, then the manifest: one line naming it, each
         (folder / gone).unlink()
