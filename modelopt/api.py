@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from modelopt.certify.evidence import check_scores
 from modelopt.compressors import COMPRESSORS
-from modelopt.config.assemble import DEFAULT_BUDGET, build_compressors, default_compressors
+from modelopt.config.assemble import DEFAULT_BUDGET, DEFAULT_TIME, build_compressors, default_compressors
 from modelopt.config.build import build
 from modelopt.config.run_config import SETTLED_RESUME_KEYS, RunConfig
 from modelopt.data.dataset import Dataset, load_data
@@ -32,6 +32,7 @@ from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace, read_plan_file
 from modelopt.reconstruct.store import Refits
 from modelopt.reports import write_report
+from modelopt.run.clock import RunClock
 from modelopt.run.export import resolve
 from modelopt.run.layout import BEST_PLAN, CONFIG
 from modelopt.run.lock import lock_run_folder
@@ -42,6 +43,7 @@ from modelopt.run.runner import Runner, RunResult
 
 __all__ = [
     "DEFAULT_BUDGET",
+    "DEFAULT_TIME",
     "RunConfig",
     "build_compressors",
     "build_workload",
@@ -295,6 +297,7 @@ def run(
     `workload`: the model and data already loaded (sweeps share one across runs); the caller
     vouches that it is `config`'s model, data and device.
     """
+    clock = RunClock(config.time)  # loading counts: the user waits for it too
     if storage is not None:  # a bad URL is refused before the search spends its budget
         check_storage(storage)
     if resume and out is None:
@@ -320,7 +323,7 @@ def run(
         executor = make_executor(built, workload=workload, allow_pickle=allow_pickle)
         runner = Runner(built.evaluator, built.strategy, built.objective, budget=config.budget, run_dir=run_dir,
                         config=built.config, resume=resume, progress=progress, fidelity=config.fidelity,
-                        latency=timer, executor=executor, lock=lock, evidence=built.evidence)
+                        latency=timer, executor=executor, lock=lock, evidence=built.evidence, clock=clock)
     except BaseException as exc:
         if lock is not None:
             lock.release()

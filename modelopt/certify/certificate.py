@@ -78,7 +78,8 @@ class Certificate:
 
 
 def certify(evaluator: Evaluator, objective: Objective, trials: list[Trial], latency: PlanLatency | None = None,
-            *, test: bool = True, refit: Callable[[Plan], Fitted | None] | None = None) -> Certificate:
+            *, test: bool = True, refit: Callable[[Plan], Fitted | None] | None = None,
+            max_claims: int | None = None) -> Certificate:
     """The plan a run of `trials` may report, confirmed, checked as deployed, and scored on test.
 
     Args:
@@ -91,6 +92,8 @@ def certify(evaluator: Evaluator, objective: Objective, trials: list[Trial], lat
             budgets below a run's own).
         refit: the reconstruction each finalist runs with, fitted before it is confirmed
             (`modelopt.reconstruct.store.Refits`; None: the plans are confirmed as the search composed them).
+        max_claims: the most claims each floor's sequences may test (a timed run's, `modelopt.run.time_plan`);
+            None: as many as the planner finds worth testing.
 
     Example:
         >>> cert = certify(ev, Objective("size", 0.99, 0.95), trials)
@@ -98,7 +101,8 @@ def certify(evaluator: Evaluator, objective: Objective, trials: list[Trial], lat
     """
     anchor_keys = [p.key for p in objective.anchors(evaluator.space)] if objective.confidence > 0 else []
     final = finalists(trials, objective.search, anchor_keys)  # a curve's finalists: plans for its lowest floor too
-    confirmation = confirm_plans(evaluator, objective, list(final.candidates), final.anchors, trials, refit)
+    confirmation = confirm_plans(evaluator, objective, list(final.candidates), final.anchors, trials, refit,
+                                 max_claims)
     # With a confirm split the reported best is the smallest plan it confirmed; without one (or with one too
     # small to certify the floor), the search's best on the val bound, unconfirmed.
     unconfirmed = final.search_best if not objective.floors else best_of([t for t in trials if t.ok],

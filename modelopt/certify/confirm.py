@@ -151,7 +151,8 @@ class Confirmation:
 
 def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
                   anchors: Sequence[Trial] = (), population: Sequence[Trial] = (),
-                  refit: Callable[[Plan], Fitted | None] | None = None) -> Confirmation:
+                  refit: Callable[[Plan], Fitted | None] | None = None, max_claims: int | None = None
+                  ) -> Confirmation:
     """Re-scores finalists on the confirm split and confirms them in two fixed sequences planned on val.
 
     Args:
@@ -167,6 +168,8 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
             none), called on each finalist before it is confirmed: what is confirmed is what is then tested and
             exported (`Confirmation.fitted`). The confirmed best, when it runs reconstructed, is also scored on
             confirm as composed, for the record only (`Confirmation.composed`).
+        max_claims: the most claims each floor's two sequences test together (a timed run's); the search's
+            sequence is planned for what the anchors' leaves (at least one). None: no limit.
 
     Example:
         >>> c = confirm_plans(ev, Objective("size", 0.99, 0.95), finalists, anchors)
@@ -181,7 +184,7 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
     by_key: dict[str, Trial] = {}
     planned: list[tuple[float, Sequence[Sequence[Hashable]], Mapping[Hashable, float]]] = []
     for f in floors:  # each floor's two sequences, planned on val at that floor
-        candidates, chains = _planned(evaluator, objective.at(f), finalists, anchors, population)
+        candidates, chains = _planned(evaluator, objective.at(f), finalists, anchors, population, max_claims)
         by_key.update((t.plan.key, t) for chain in chains for t in chain)
         planned.append((f, [[t.plan.key for t in chain] for chain in chains],
                         {key: c.chance for key, c in candidates.items()}))
@@ -222,7 +225,8 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
 
 
 def _planned(evaluator: Evaluator, objective: Objective, finalists: list[Trial], anchors: Sequence[Trial],
-             population: Sequence[Trial]) -> tuple[dict[str, Candidate], list[list[Trial]]]:
+             population: Sequence[Trial], max_claims: int | None = None
+             ) -> tuple[dict[str, Candidate], list[list[Trial]]]:
     """Each finalist as the sequence planner sees it (by plan key), and the two fixed sequences, from val alone."""
     data = evaluator.workload.split(Split.CONFIRM)
     n, base_right = len(data), int(data.base_correct.sum())
@@ -232,7 +236,7 @@ def _planned(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
     share = LossShare.fit([c for t in population if (c := _full_val(t)) is not None])
     candidates = {t.plan.key: _candidate(t, t.plan.key in anchor_keys, objective, n, base_right, share)
                   for t in unique}
-    return candidates, _chains(unique, candidates, anchor_keys)
+    return candidates, _chains(unique, candidates, anchor_keys, max_claims)
 
 
 def _on_confirm(evaluator: Evaluator, plan: Plan, refit: Callable[[Plan], Fitted | None] | None,
@@ -263,13 +267,16 @@ def _best_as_composed(evaluator: Evaluator, tested: list[Trial], fitted: dict[st
     return tuple(composed if t is best else None for t in tested)
 
 
-def _chains(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[str]) -> list[list[Trial]]:
+def _chains(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[str], max_claims: int | None = None
+            ) -> list[list[Trial]]:
     """The two fixed sequences, both from val alone: the anchors likely to pass (`ANCHOR_PASS`) but the most
     compressed, least compressed first; and, planned by `plan_sequence`, the search's plans and the most
     compressed anchor, from the least to the most compressed, planned on what the first sequence is
     expected to secure (`modelopt.certify.sequence.confirm_chains` shares the error rate)."""
     by_reduction = sorted((t for t in trials if t.plan.key in anchors), key=lambda t: candidates[t.plan.key].reduction)
     gate = [t for t in by_reduction[:-1] if candidates[t.plan.key].forced]
+    if max_claims is not None and len(gate) >= max_claims:  # a short time: the most compressed likely anchors
+        gate = gate[len(gate) - max_claims + 1:]
     secured, alive, last = 1.0, 1.0, 1.0  # the reduction the gate is expected to report
     for t in gate:
         c = candidates[t.plan.key]
@@ -278,7 +285,9 @@ def _chains(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[
         last = c.reduction
     floor = min((candidates[t.plan.key].reduction for t in gate), default=1.0)
     rest = [t for t in trials if t not in gate and candidates[t.plan.key].reduction > floor]
-    return [gate, [rest[i] for i in plan_sequence([candidates[t.plan.key] for t in rest], start=secured)]]
+    room = None if max_claims is None else max(max_claims - len(gate), 1)
+    return [gate, [rest[i] for i in plan_sequence([candidates[t.plan.key] for t in rest], start=secured,
+                                                  max_len=room)]]
 
 
 def _full_val(trial: Trial) -> PairedCounts | None:

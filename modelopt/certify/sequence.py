@@ -146,10 +146,11 @@ def pass_chance(val: PairedCounts, n: int, base_right: int, confidence: float, f
     return NormalDist().cdf((allowed + 0.5 / n - mu) / sd)
 
 
-def plan_sequence(candidates: Sequence[Candidate], start: float = 1.0) -> list[int]:
+def plan_sequence(candidates: Sequence[Candidate], start: float = 1.0, max_len: int | None = None) -> list[int]:
     """The indices to test, in order: from the least to the most reducing, the subsequence whose
     expected reported reduction (the last confirmed before the first failure; `start` when none is) is
-    the largest, with every forced candidate in it.
+    the largest, with every forced candidate in it; at most `max_len` of them (a timed run's claims:
+    forced candidates then go in as far as there is room).
 
     Example:
         >>> plan_sequence([Candidate(3.8, 1.0), Candidate(5.0, 0.5), Candidate(7.6, 0.95, True), Candidate(9.0, 0.2)])
@@ -158,26 +159,29 @@ def plan_sequence(candidates: Sequence[Candidate], start: float = 1.0) -> list[i
     order = sorted(range(len(candidates)), key=lambda i: (candidates[i].reduction, -candidates[i].chance))
     items = [candidates[i] for i in order]
     m = len(items)
-    # value[i]: the expected reduction reported once item i (or the start, i = m) has been confirmed,
-    # continuing optimally; nxt[i]: the item tested next (None: stop there).
-    value: list[float] = [0.0] * (m + 1)
-    nxt: list[int | None] = [None] * (m + 1)
-    for i in [*range(m - 1, -1, -1), m]:
-        here = items[i].reduction if i < m else start
-        start = i + 1 if i < m else 0
-        later_forced = [j for j in range(start, m) if items[j].forced]
-        best, pick = (-math.inf, None) if later_forced else (here, None)
-        for j in range(start, m):
-            if later_forced and j > later_forced[0]:
-                break  # a forced candidate cannot be skipped
-            v = items[j].chance * value[j] + (1.0 - items[j].chance) * here
-            if v > best + 1e-12:
-                best, pick = v, j
-        value[i], nxt[i] = best, pick
-    out, at = [], nxt[m]
+    cap = m if max_len is None else max(min(max_len, m), 0)
+    # value[k][i]: the expected reduction reported once item i (or the start, i = m) has been confirmed, with k
+    # more claims allowed, continuing optimally; nxt[k][i]: the item tested next (None: stop there).
+    value = [[0.0] * (m + 1) for _ in range(cap + 1)]
+    nxt: list[list[int | None]] = [[None] * (m + 1) for _ in range(cap + 1)]
+    for k in range(cap + 1):
+        for i in [*range(m - 1, -1, -1), m]:
+            here = items[i].reduction if i < m else start
+            first = i + 1 if i < m else 0
+            later_forced = [j for j in range(first, m) if items[j].forced] if k > 0 else []
+            best, pick = (-math.inf, None) if later_forced else (here, None)
+            for j in range(first, m) if k > 0 else ():
+                if later_forced and j > later_forced[0]:
+                    break  # a forced candidate cannot be skipped
+                v = items[j].chance * value[k - 1][j] + (1.0 - items[j].chance) * here
+                if v > best + 1e-12:
+                    best, pick = v, j
+            value[k][i], nxt[k][i] = best, pick
+    out, at, k = [], nxt[cap][m], cap
     while at is not None:
         out.append(order[at])
-        at = nxt[at]
+        k -= 1
+        at = nxt[k][at]
     return out
 
 

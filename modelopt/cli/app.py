@@ -90,6 +90,17 @@ def _emit_json(obj: dict[str, Any]) -> None:
     out.file.flush()
 
 
+def _optimize_config(resume: bool, out_dir: Path | None, given: dict[str, Any], *, untold: bool) -> RunConfig:
+    """One override path: the settings a new run starts from (RunConfig's defaults; with no --budget and no --time,
+    the default time with the default budget its cap) or a resumed run was started with, then what the flags change."""
+    if resume:
+        assert out_dir is not None
+        check_unlocked(out_dir)  # a run still starting there has written no settings yet: say it is busy
+        return RunConfig.read(out_dir).replace(**given)
+    default = {"time": api.DEFAULT_TIME, "budget": api.DEFAULT_BUDGET} if untold else {}
+    return RunConfig().replace(**default, **given)
+
+
 @app.command(cls=WholeHelpCommand)
 @_friendly
 @opt.with_compressor_settings
@@ -105,6 +116,7 @@ def optimize(
     std: opt.Std = None,
     strategy: opt.Strategy = None,
     budget: opt.Budget = None,
+    time_: opt.Time = None,
     objective: opt.Objective = None,
     latency: opt.Latency = None,
     latency_batch: opt.LatencyBatch = None,
@@ -142,19 +154,13 @@ def optimize(
         resize=resize, crop=crop, interpolation=interpolation,
         mean=None if mean is None else _csv(mean, float, "mean"), std=None if std is None else _csv(std, float, "std"),
         reconstruct=None if reconstruct is None else _on_off(reconstruct, "--reconstruct"),
-        floors=None if floors is None else _csv(floors, float, "floors"),
+        floors=None if floors is None else _csv(floors, float, "floors"), time=time_,
     )
     given = {k: v for k, v in given.items() if v is not None}
     if latency is not None and latency.lower() == "none":
         given["latency"] = None
-    # One override path: the settings a new run starts from (RunConfig's defaults) or a resumed run was
-    # started with, then what the flags change.
-    if resume:
-        out_dir = out_dir or api.latest_run_dir()
-        check_unlocked(out_dir)  # a run still starting there has written no settings yet: say it is busy
-        config = RunConfig.read(out_dir).replace(**given, **settings)
-    else:
-        config = RunConfig().replace(**given, **settings)
+    out_dir = out_dir or (api.latest_run_dir() if resume else None)
+    config = _optimize_config(resume, out_dir, {**given, **settings}, untold=budget is None and time_ is None)
     if latency_batch is not None or latency_threads is not None:
         spec = config.latency
         if spec is None:

@@ -23,6 +23,9 @@ Weights = Annotated[Path | None, typer.Option(help="Checkpoint (state dict) for 
 Data = Annotated[str | None, typer.Option(help="cifar10-sample, an .npz, an image folder or a CIFAR10 root.")]
 Strategy = Annotated[str | None, typer.Option(help="Search strategy (see `modelopt list`).")]
 Budget = Annotated[float | None, typer.Option(help="Budget in full evaluations of the val split (default 100).")]
+Time = Annotated[str | None, typer.Option(
+    "--time", help="Wall time the whole run may take, e.g. 90s, 2m, 1h: the search stops early enough to certify "
+    "its finalists within it (with no --budget and no --time: 2m20s, at most 100 evals).")]
 Objective = Annotated[str | None, typer.Option(help="What to minimise: size, bitops, macs or latency (measured).")]
 Latency = Annotated[
     str | None,

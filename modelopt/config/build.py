@@ -19,7 +19,7 @@ from torch import nn
 
 from modelopt.certify.evidence import can_certify, evidence_lines
 from modelopt.compressors import Compressor
-from modelopt.config.assemble import build_compressors, default_compressors
+from modelopt.config.assemble import DEFAULT_BUDGET, build_compressors, default_compressors
 from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import load_data
 from modelopt.data.split import Split
@@ -168,7 +168,8 @@ def build(config: RunConfig, workload: Workload | None = None, *, allow_pickle: 
     if strategy.loss_estimator == "fisher":  # the knapsack's one-pass (gradient) sensitivities
         strategy.use_loss_estimates(estimate_losses(evaluator))
     elif strategy.loss_estimator == "output" and (n := probe_images(
-            config.budget, len(wl.split(Split.VAL)), len({d.layer for d in evaluator.space.decisions}),
+            min(config.budget, DEFAULT_BUDGET), len(wl.split(Split.VAL)),  # a timed run's open budget: the default's
+            len({d.layer for d in evaluator.space.decisions}),
             len(wl.split(Split.CALIB)))):  # MCTS's label-free probes, when the budget affords them
         strategy.use_loss_estimates(output_losses(evaluator, n))
     if config.knowledge is not None:  # priors from earlier runs' lessons (a missing store: none yet)

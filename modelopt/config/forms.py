@@ -26,7 +26,8 @@ def _mapping_of_mappings(v: Any) -> bool:
 _FORMS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "model": (_is(str), "a model name"), "weights": (_is(str), "a path or null"), "data": (_is(str), "a data source"),
     "strategy": (_is(str), "a strategy name"), "seed": (_is(int), "an integer"), "objective": (_is(str), "a name"),
-    "data_seed": (_is(int), "an integer"), "budget": (_is(int, float), "a number"), "device": (_is(str), "a device"),
+    "data_seed": (_is(int), "an integer"), "budget": (_is(int, float), "a number"),
+    "time": (_is(int, float), "a number of seconds or null"), "device": (_is(str), "a device"),
     "min_retention": (_is(int, float), "a number"), "confidence": (_is(int, float), "a number"),
     "floors": (lambda v: isinstance(v, list) and all(_is(int, float)(a) for a in v), "a list of numbers"),
     "count_gains": (_is(bool), "true or false"),

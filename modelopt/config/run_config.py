@@ -30,6 +30,7 @@ from modelopt.config.assemble import (
     default_options,
     options_record,
 )
+from modelopt.config.duration import parse_duration
 from modelopt.config.forms import check_forms
 from modelopt.config.run_json import CONFIG, CONFIG_FORMAT, as_records, fields_of, read_config_json
 from modelopt.data.preprocess import DEFAULT_INTERPOLATION, Preprocess
@@ -71,7 +72,11 @@ class RunConfig:
         data, data_seed: a named source or path; the seed of its calib/val/test split (fixed across
             search seeds).
         strategy, seed: a registered strategy name (`modelopt list`) and its seed.
-        budget: full-evaluation equivalents the search may spend (a trial on all of val costs 1).
+        budget: full-evaluation equivalents the search may spend (a trial on all of val costs 1); infinite
+            (run.json: null) for a run given a `time` and no budget.
+        time: wall seconds the whole run may take, from loading to its summary (``"2m"``, ``"90s"`` or a number
+            of seconds, `modelopt.config.duration`); the search stops early enough for the finalists to be
+            certified within it. None: no limit, the budget alone ends the search.
         objective: size, bitops, macs or latency (measured).
         min_retention: floor on accuracy / float accuracy, on images the search never saw.
         floors: more floors to certify the best plan at, jointly, in the same run (a certified curve); empty: one.
@@ -118,6 +123,7 @@ class RunConfig:
     strategy: str = "mcts"
     seed: int = 0
     budget: float = DEFAULT_BUDGET
+    time: float | None = None
     objective: str = "size"
     min_retention: float = 0.99
     floors: tuple[float, ...] = ()
@@ -157,7 +163,10 @@ class RunConfig:
         prep = self.preprocess  # a bad --resize, --crop, --mean or --std: one line, before anything loads
         object.__setattr__(self, "mean", prep.mean)
         object.__setattr__(self, "std", prep.std)
-        check_budget(self.budget)
+        if self.time is not None:
+            object.__setattr__(self, "time", parse_duration(self.time, "time"))
+        if not (self.budget == math.inf and self.time is not None):  # a timed run may leave the budget open
+            check_budget(self.budget)
         if self.floors:  # the reported plan's floor is always one of the curve's
             object.__setattr__(self, "floors", check_floors((*check_floors(self.floors), self.min_retention)))
         else:
@@ -216,6 +225,8 @@ class RunConfig:
         """`own` (changed fields) with what they imply: a new objective's default options where the options were the
         old objective's defaults; the executor `workers` or `ray_address` ask for where none is named."""
         out = dict(own)
+        if own.get("time") is not None and "budget" not in own:  # a time given alone: the time ends the search
+            out["budget"] = math.inf
         if "objective" in own and "options" not in own and self.options == default_options(self.objective):
             out["options"] = default_options(str(own["objective"]))
         if own.get("executor") is None and ({"workers", "ray_address"} & own.keys()):
@@ -295,7 +306,8 @@ class RunConfig:
             "fidelity": None if self.fidelity is None else self.fidelity.to_dict(),
             "latency": None if self.latency is None else dataclasses.asdict(self.latency),
             **self.fingerprints, "read_as": None if self.read_as is None else dict(self.read_as),
-            "budget": float(self.budget), "version": __version__,
+            "budget": float(self.budget) if self.budget < math.inf else None, "time": self.time,
+            "version": __version__,
             "executor": self.executor, "workers": self.workers, "ray_address": self.ray_address,
             "knowledge": self.knowledge, "reconstruct": self.reconstruct,
         }

@@ -5,6 +5,7 @@ runs that wrote them ran, format 1's early-exit images moved into their compress
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,8 @@ def fields_of(raw: Mapping[str, Any]) -> dict[str, Any]:
         read_as=raw["read_as"] if isinstance(raw.get("read_as"), dict) else None,
     )
     values.update({k: v for k, v in _BEFORE.items() if k not in raw})
+    if "budget" in raw and raw["budget"] is None and raw.get("time") is not None:  # timed, the budget left open
+        values["budget"] = math.inf
     return values
 
 
@@ -92,7 +95,7 @@ def objective_from_json(raw: Mapping[str, Any]) -> Objective:
 # What a run.json without a field ran with (the field came later): point estimates, every plan
 # scored on the whole val split, a bound on breaks only.
 _BEFORE: dict[str, Any] = {"confidence": 0.0, "fidelity": None, "count_gains": False, "reconstruct": False}
-_SCALARS = ("model", "weights", "data", "data_seed", "strategy", "seed", "budget", "objective", "min_retention",
+_SCALARS = ("model", "weights", "data", "data_seed", "strategy", "seed", "budget", "time", "objective", "min_retention",
             "floors", "confidence", "count_gains", "unlabeled", "resize", "crop", "interpolation", "mean", "std",
             "device", "executor", "workers", "ray_address", "knowledge", "reconstruct")
 

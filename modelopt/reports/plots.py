@@ -275,9 +275,9 @@ def progress_png(run: RunFolder) -> bytes:
                     fontsize=9, fontweight="bold", color=C_FRONT)
     else:
         _note(ax, f"no feasible plan in {len(run.records)} trials" if run.records else "no trials yet")
-    if run.budget and run.spent < run.budget - 1e-9:
+    if run.budget and run.spent < run.budget - 1e-9 and run.budget < math.inf:
         ax.axvline(run.budget, color=C_FLOOR, ls="--", lw=1, label=f"budget {run.budget:g} (run in progress)")
-    ax.set_xlim(0, max(run.budget, run.spent, 1.0) * 1.02)
+    ax.set_xlim(0, max(run.budget if run.budget < math.inf else 0.0, run.spent, 1.0) * 1.02)
     if pts or dots:
         ax.legend(loc="lower right", fontsize=8.5)
     ax.set_title(f"Best-so-far feasible {what} against budget", fontsize=11)

@@ -86,7 +86,8 @@ def _settings_rows(run: RunFolder) -> list[tuple[str, str]]:
         ("objective", f"minimise {run.objective.target.value} with retention ≥ {run.objective.min_retention:.2%}"
                       + (f" at confidence {run.objective.confidence:g} (a one-sided bound on the drop)"
                          if run.objective.confidence > 0 else " (point estimates)")),
-        ("budget used", f"{run.spent:.4g} of {run.budget:g} full val evaluations"),
+        ("budget used", f"{run.spent:.4g} of {run.budget:g} full val evaluations" if run.budget < math.inf
+         else f"{run.spent:.4g} full val evaluations (timed, no budget)"),
         ("trials", _trial_counts(run)),
     ]
     n_stopped = sum(getattr(r.metrics, "stopped", None) is not None for r in run.records)

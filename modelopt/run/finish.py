@@ -79,6 +79,7 @@ class Ending:
     latency: PlanLatency | None
     console: Console | None  # where reconstruction reports its progress (None: quiet)
     with_latency: Callable[[Metrics, Plan | Realised], Metrics]  # metrics with the plan's latency, as the loop adds it
+    max_claims: int | None = None  # claims confirmation may test in the run's time left (None: no time budget)
 
 
 def finish(end: Ending, trials: list[Trial], search_wall: float) -> RunResult:
@@ -87,7 +88,7 @@ def finish(end: Ending, trials: list[Trial], search_wall: float) -> RunResult:
     refit = None
     if end.config.reconstruct:
         refit = Refits(ev, end.run_dir, progress=None if end.console is None else end.console.print)
-    cert = certify(ev, end.objective, trials, latency, refit=refit)
+    cert = certify(ev, end.objective, trials, latency, refit=refit, max_claims=end.max_claims)
     assert cert.test is not None  # certify scores test unless told not to
     test_metrics = dict(cert.test)
     if latency is not None:  # measured once per distinct plan, for the final set only

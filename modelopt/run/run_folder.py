@@ -15,6 +15,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -89,7 +90,10 @@ class RunFolder:
 
     @property
     def budget(self) -> float:
-        return float(self.config.get("budget", 0.0))
+        """Full val evaluations the run may spend (infinite: a timed run given no budget, run.json's null)."""
+        if "budget" in self.config and self.config["budget"] is None and self.config.get("time") is not None:
+            return math.inf
+        return float(self.config.get("budget", 0.0) or 0.0)
 
     @cached_property
     def cum_costs(self) -> tuple[float, ...]:

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from modelopt._version import __version__
 from modelopt.certify.evidence import evidence_lines
@@ -28,11 +27,14 @@ from modelopt.executors.scoring import failure_text, free_cuda_memory
 from modelopt.latency.plan import PlanLatency
 from modelopt.objective import Objective, Target, best_of
 from modelopt.plan.plan import Plan
-from modelopt.run.console import progress_console
+from modelopt.run.clock import RunClock
+from modelopt.run.console import progress_console, search_progress
 from modelopt.run.finish import Ending, RunResult, finish
+from modelopt.run.improve import cannot_improve
 from modelopt.run.journal import Journal, Record, write_json_atomic
 from modelopt.run.layout import CONFIG, JOURNAL, STATE, STATE_NEXT
 from modelopt.run.lock import RunLock, lock_run_folder
+from modelopt.run.time_plan import TimePlan
 from modelopt.search import Strategy
 
 __all__ = ["MAX_IDLE_ASKS", "RunResult", "Runner", "free_cuda_memory"]
@@ -63,6 +65,7 @@ class Runner:
             virtual loss or a constant liar), and trials are recorded in the order they were asked.
         evidence: the lines saying what the splits can certify (`modelopt.certify.evidence.evidence_lines`, as
             `build` found them); None: found here.
+        clock: the run's time budget (`RunClock`): the search stops while the end still fits (`modelopt.run.time_plan`).
     """
 
     def __init__(
@@ -82,8 +85,9 @@ class Runner:
         executor: Executor | None = None,
         lock: RunLock | None = None,
         evidence: tuple[str, ...] | None = None,
+        clock: RunClock | None = None,
     ) -> None:
-        if not 0 < budget < math.inf:
+        if not 0 < budget < math.inf and not (budget == math.inf and (clock := clock or RunClock()).timed):
             raise ConfigError(f"budget must be a positive number, got {budget!r}")
         # The search's trials are judged at the curve's lowest floor (`Objective.search`); the run certifies the whole
         # curve at its end (`finish`).
@@ -99,6 +103,7 @@ class Runner:
         self.latency = latency
         self.executor = executor or LocalExecutor(evaluator, objective, fidelity)
         self._given_lock = lock
+        self.time = TimePlan(clock or RunClock(), evaluator, config.reconstruct)  # a timed run may leave budget open
         self._reissue: list[Plan] = []  # plans in flight when the run last stopped: asked again first
         self.console = console or progress_console()
         self.journal = Journal(self.run_dir / JOURNAL)
@@ -130,7 +135,8 @@ class Runner:
             for trial in self.trials:  # what the killed process charged once is not charged again
                 self.evaluator.mark_paid(trial.plan)
             self._restore_strategy()
-        write_json_atomic(cfg_path, {**self.config.to_json(), "budget": self.budget})
+        budget = self.budget if self.budget < math.inf else None  # null: a timed run's open budget
+        write_json_atomic(cfg_path, {**self.config.to_json(), "budget": budget})
 
     def _check_same_run(self, cfg_path: Path) -> None:
         if cfg_path.exists():
@@ -149,6 +155,8 @@ class Runner:
                 # instead of asking again (the restored strategy still awaits them).
                 self._reissue = [self.space.plan_from_flat(flat) for flat in state.get("in_flight", [])]
                 self.evaluator.one_time.restore(state.get("preparation") or {})  # what the run paid so far
+                took = state.get("time") or {}
+                self.time.clock = self.time.clock.resumed(took.get("limit"), float(took.get("elapsed") or 0.0))
                 break
         for trial in self.trials[told:]:
             self.strategy.tell(trial)
@@ -160,22 +168,6 @@ class Runner:
     @property
     def spent(self) -> float:
         return sum(t.cost for t in self.trials)
-
-    def _target_value(self, plan: Plan) -> float:
-        """The objective's target for `plan`, known before scoring it (sizes and bitops are static)."""
-        target = self.objective.target
-        if target is Target.SIZE:
-            return float(self.evaluator.plan_cost(plan).size_bytes)
-        if target is Target.BITOPS:
-            return float(self.evaluator.plan_cost(plan).bitops())
-        if target is Target.LATENCY:
-            return -math.inf  # only known once measured: never skipped as unable to improve
-        return float(self.evaluator.plan_cost(plan).macs())
-
-    def _cannot_improve(self, plan: Plan) -> bool:
-        """True when `plan` cannot beat the best feasible plan so far, whatever its accuracy."""
-        feasible = [self.objective.value(t.metrics) for t in self.trials if t.feasible and t.metrics is not None]
-        return bool(feasible) and self._target_value(plan) > min(feasible)
 
     def _trial(self, job: Job, scored: Scored) -> Trial:
         """The trial of a scored job, charged and judged by this run (a failed one is charged in full)."""
@@ -223,10 +215,17 @@ class Runner:
         # Not fsynced: after a power cut an older state plus the journal's later trials rebuild it.
         # The plans asked and not yet recorded go with it: a resumed run scores them before asking anew.
         state = {"n_trials": len(self.trials), "strategy": self.strategy.state_dict(),
-                 "in_flight": [plan.to_flat() for plan in in_flight], "preparation": self.evaluator.one_time.to_json()}
+                 "in_flight": [plan.to_flat() for plan in in_flight], "preparation": self.evaluator.one_time.to_json(),
+                 "time": {"limit": self.time.clock.limit, "elapsed": self.time.clock.elapsed()}}
         write_json_atomic(self.run_dir / STATE_NEXT, state, durable=False)
         self.journal.append(Record.of(trial))
         os.replace(self.run_dir / STATE_NEXT, self.run_dir / STATE)
+
+    def _out_of_time(self) -> bool:
+        """Whether the time left no longer covers another trial and the end (said once, when it happens)."""
+        if (stop := self.time.stop_line(self.trials)) is not None:
+            self.console.print(stop, highlight=False)
+        return stop is not None
 
     def _best_text(self) -> str:
         best = best_of([t for t in self.trials if t.ok], lambda t: t.scored, self.objective)
@@ -249,23 +248,24 @@ class Runner:
         t_start = time.perf_counter()
         self._open()
         seen = {t.plan.key: t for t in self.trials}
-        # Progress is budget spent (full val evaluations), which multi-fidelity makes differ from trials.
-        columns = (TextColumn("[bold]{task.description}"), BarColumn(),
-                   TextColumn("{task.completed:.1f}/{task.total:g} evals, {task.fields[trials]} trials"),
-                   TimeElapsedColumn(), TextColumn("elapsed,"), TimeRemainingColumn(), TextColumn("left"),
-                   TextColumn("{task.fields[best]}"))
-        with Progress(*columns, console=self.console, disable=not self.progress, transient=False) as bar:
-            task = bar.add_task(f"{self.strategy.name} search", total=self.budget, best=self._best_text(),
-                                trials=len(self.trials))
+        bounded, timed = self.budget < math.inf, self.time.clock.timed
+        with search_progress(self.console, self.progress, timed=timed, bounded=bounded) as bar:
+            task = bar.add_task(f"{self.strategy.name} search", total=self.budget if bounded else None,
+                                best=self._best_text(), trials=len(self.trials), left=self.time.left_text())
             bar.update(task, completed=self.spent)  # budget is fractional: update takes a float
+
             def update() -> None:
-                bar.update(task, completed=self.spent, best=self._best_text(), trials=len(self.trials))
+                bar.update(task, completed=self.spent, best=self._best_text(), trials=len(self.trials),
+                           left=self.time.left_text())
 
             self._score_anchors(seen, update)
+            if (said := self.time.announce(self.trials)) is not None:
+                bar.console.print(said, highlight=False, soft_wrap=True)
             self._search(seen, update)
         self.executor.close()  # the workers' memory is free before the final re-scoring
         end = Ending(self.evaluator, self.certified, self.config, self.run_dir, self.budget, self.spent,
-                     self.eval_seconds, self.latency, self.console if self.progress else None, self._with_latency)
+                     self.eval_seconds, self.latency, self.console if self.progress else None, self._with_latency,
+                     self.time.claims_affordable(self.trials))
         return finish(end, self.trials, time.perf_counter() - t_start)  # certify, time, write (`run.finish`)
 
     def _score_anchors(self, seen: dict[str, Trial], update: Callable[[], None]) -> None:
@@ -312,7 +312,7 @@ class Runner:
                         window.append((plan, asked))
                 if idle >= MAX_IDLE_ASKS:
                     self.console.print("[yellow]search space exhausted: the strategy only proposes seen plans")
-            if not window or self.spent >= self.budget - 1e-9:
+            if self.spent >= self.budget - 1e-9 or self._out_of_time() or not window:
                 return  # what is still in flight was asked ahead and is not charged: the budget is spent
             plan, job = window.popleft()
             if job is None:
@@ -327,6 +327,8 @@ class Runner:
         """How many more plans to ask for: free slots, while the budget left covers every plan in
         flight scored in full (one slot: the budget is not yet spent, as the serial loop asks)."""
         scoring = sum(job is not None for _, job in window)
+        if not self.time.search_may_go_on(self.trials):
+            return 0
         if self.spent + scoring * self.evaluator.scorer.cost(Split.VAL) >= self.budget - 1e-9:
             return 0
         return max(self.executor.slots - scoring, 0)
@@ -339,4 +341,5 @@ class Runner:
 
     def _worth_finishing(self, plan: Plan) -> bool:
         """Under multi-fidelity, whether to score `plan` to the end even once it cannot beat the best."""
-        return self.fidelity is None or not (self.fidelity.dominated and self._cannot_improve(plan))
+        return self.fidelity is None or not (self.fidelity.dominated and cannot_improve(
+            self.evaluator, self.objective, self.trials, plan))

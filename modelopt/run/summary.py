@@ -10,6 +10,7 @@ its default). Readers (the CLI, reports, sweeps) use the records' attributes, ne
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,7 +169,7 @@ class RunSummary:
             "objective": {"target": o.target.value, "min_retention": o.min_retention, "confidence": o.confidence,
                           "count_gains": o.count_gains, "claim_images": o.claim_images,
                           **({"floors": list(o.floors)} if o.floors else {})},
-            "budget": self.budget,
+            "budget": self.budget if self.budget < math.inf else None,  # None: a timed run's open budget
             "budget_used": self.budget_used,
             "n_trials": self.n_trials,
             "n_failed": self.n_failed,
@@ -208,7 +209,7 @@ class RunSummary:
             run_dir=str(d.get("run_dir", "")),
             config=dict(d.get("config") or {}),
             objective=objective,
-            budget=float(d.get("budget", 0.0)),
+            budget=math.inf if "budget" in d and d["budget"] is None else float(d.get("budget", 0.0)),
             budget_used=float(d.get("budget_used", 0.0)),
             n_trials=int(d.get("n_trials", 0)),
             n_failed=int(d.get("n_failed", 0)),

@@ -27,7 +27,7 @@ __all__ = ["EPS", "Cell", "Sweep", "SweepModel", "cell_status", "load_sweep"]
 _REQUIRED = ("name", "models", "strategies", "budgets", "seeds")
 # The run settings a sweep file may give (RunConfig's fields; every registered compressor's settings too, by
 # name: `Compressor.record.settings()`); a key left out takes RunConfig's default, as `modelopt optimize` does.
-_RUN_KEYS = ("objective", "min_retention", "floors", "confidence", "compressors", "device", "reconstruct")
+_RUN_KEYS = ("objective", "min_retention", "floors", "confidence", "compressors", "device", "reconstruct", "time")
 _FIXED_KEYS = (*_REQUIRED[:1], "out", *_REQUIRED[1:], *_RUN_KEYS, "workers_per_cell")
 _MODEL_KEYS = ("name", "model", "weights", "data", "unlabeled")
 _MODELS_EXAMPLE = "[{name: resnet20, model: cifar10_resnet20}]"

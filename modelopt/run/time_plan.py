@@ -1,0 +1,119 @@
+"""How a timed run (`RunConfig.time`) divides its seconds: loading, the anchors, the search, then certifying.
+
+The end of a run costs seconds the search must leave: each claim confirmation tests is a pass over the confirm
+split plus, with reconstruction, a refit of the plan; then the reported plans are scored on test and the report
+is written. `TimePlan` prices these from the run's own pace (seconds an image, measured on the trials so far),
+stops the search while they still fit (`search_may_go_on`), and tells confirmation how many claims the time left
+affords (`claims_affordable`). An untimed run (no `time`) is never stopped by it and caps nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from modelopt.config.duration import format_duration
+from modelopt.data.split import Split
+from modelopt.evaluation.evaluator import Evaluator
+from modelopt.evaluation.trial import Trial
+from modelopt.run.clock import RunClock
+
+__all__ = ["CLAIMS_RESERVED", "TimePlan"]
+
+# The claims a timed search leaves room to certify: the likely anchors and two of the search's (measured on the
+# default run: docs/results.md#time).
+CLAIMS_RESERVED = 4
+# A refit of a finalist, in passes over the confirm split, until one is measured (default run: 8.6 s a refit,
+# 5.7 s a confirm pass on 2 cores).
+REFIT_IN_CONFIRM_PASSES = 1.5
+REPORTED_ON_TEST = 10  # plans scored on test at the end: the best, the anchors, the front (up to 16) ...
+REPORT_SECONDS = 6.0  # report.md and report.html with their figures (default run, 2 cores)
+MARGIN = 1.10  # the pace of the end is the search's, give or take
+
+
+@dataclass
+class TimePlan:
+    """The seconds of a timed run, priced from its own pace.
+
+    Example:
+        >>> plan = TimePlan(RunClock(150.0), evaluator, reconstruct=True)
+        >>> plan.search_may_go_on(trials)      # False once the end no longer fits in the time left
+    """
+
+    clock: RunClock
+    evaluator: Evaluator
+    reconstruct: bool
+    refit_seconds: float | None = None  # measured, once a finalist has been refitted
+
+    def seconds_per_image(self, trials: Sequence[Trial]) -> float | None:
+        """The search's pace: seconds per val image scored, preparations included; None before a trial."""
+        n_val = len(self.evaluator.workload.split(Split.VAL))
+        timed = [t for t in trials if t.seconds > 0 and t.cost > 0]
+        if not timed or n_val == 0:
+            return None
+        return sum(t.seconds for t in timed) / (sum(t.cost for t in timed) * n_val)
+
+    def _images(self, split: str) -> int:
+        return len(self.evaluator.workload.split(split)) if split in self.evaluator.workload.splits else 0
+
+    def claim_seconds(self, pace: float) -> float:
+        """One claim: its confirm pass and, with reconstruction, its refit."""
+        confirm = pace * self._images(Split.CONFIRM)
+        refit = 0.0
+        if self.reconstruct:
+            refit = self.refit_seconds if self.refit_seconds is not None else REFIT_IN_CONFIRM_PASSES * confirm
+        return confirm + refit
+
+    def tail_seconds(self, pace: float) -> float:
+        """What follows confirmation: the reported plans on test and the report."""
+        return REPORTED_ON_TEST * pace * self._images(Split.TEST) + REPORT_SECONDS
+
+    def end_seconds(self, pace: float, claims: int = CLAIMS_RESERVED) -> float:
+        return MARGIN * (claims * self.claim_seconds(pace) + self.tail_seconds(pace))
+
+    def search_may_go_on(self, trials: Sequence[Trial]) -> bool:
+        """Whether one more trial (at the pace so far) and the end still fit in the time left."""
+        if not self.clock.timed:
+            return True
+        pace = self.seconds_per_image(trials)
+        if pace is None:
+            return True
+        trial = pace * len(self.evaluator.workload.split(Split.VAL))
+        return self.clock.left() > trial + self.end_seconds(pace)
+
+    def stop_line(self, trials: Sequence[Trial]) -> str | None:
+        """None while the search may go on; else the line that says it stops for the time."""
+        if self.search_may_go_on(trials):
+            return None
+        return (f"Time: the search stops after {len(trials)} trials, {format_duration(max(self.clock.left(), 0.0))} "
+                "left to certify")
+
+    def left_text(self) -> str:
+        """The time left, for the progress line ('' without a time budget)."""
+        return format_duration(max(self.clock.left(), 0.0)) if self.clock.timed else ""
+
+    def claims_affordable(self, trials: Sequence[Trial]) -> int | None:
+        """How many claims confirmation can test in the time left (at least one); None: no limit."""
+        if not self.clock.timed:
+            return None
+        pace = self.seconds_per_image(trials)
+        if pace is None:
+            return None
+        room = self.clock.left() / MARGIN - self.tail_seconds(pace)
+        return max(1, math.floor(room / max(self.claim_seconds(pace), 1e-9)))
+
+    def announce(self, trials: Sequence[Trial]) -> str | None:
+        """What the time buys, said once the anchors are scored: e.g. 'Time 2m30s: 1m41s left; about 30 trials
+        of search (1.9 s each), then up to 4 claims certified (14 s each) and the test figures (12 s)'."""
+        pace = self.seconds_per_image(trials)
+        if not self.clock.timed or pace is None:
+            return None
+        assert self.clock.limit is not None
+        left = self.clock.left()
+        trial = pace * len(self.evaluator.workload.split(Split.VAL))
+        search = max(left - self.end_seconds(pace), 0.0)
+        return (f"Time {format_duration(self.clock.limit)}: {format_duration(max(left, 0.0))} left; about "
+                f"{math.floor(search / trial) if trial > 0 else 0} trials of search ({trial:.1f} s each), then up to "
+                f"{CLAIMS_RESERVED} claims certified ({self.claim_seconds(pace):.0f} s each) and the test figures "
+                f"and report ({self.tail_seconds(pace):.0f} s)")
