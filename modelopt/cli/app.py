@@ -57,12 +57,8 @@ app.callback()(root)  # `modelopt --version` (modelopt.cli.version)
 
 
 def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.WARNING,
-        format="%(message)s",
-        handlers=[RichHandler(console=err, show_path=False)],
-        force=True,
-    )
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(message)s",
+                        handlers=[RichHandler(console=err, show_path=False)], force=True)
 
 
 def _run_json(result: Any) -> dict[str, Any]:
@@ -179,6 +175,10 @@ def optimize(
                   soft_wrap=True)
     if json_out:
         _emit_json(_run_json(result))
+    if result.stopped:  # Ctrl-C stopped the search: what it had is certified above; the search may go on
+        err.print(f"[yellow]interrupted[/]: the plan above is certified on the {len(result.trials)} trials so far; "
+                  f"--resume --out {result.run_dir} continues the search", highlight=False, soft_wrap=True)
+        raise typer.Exit(130)
 
 
 @app.command(cls=WholeHelpCommand)

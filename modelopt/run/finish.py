@@ -56,6 +56,7 @@ class RunResult:
     # What the run may claim, whole (`modelopt.certify.certify`): the record the summary, the CLI table and the
     # reports select their figures from; None for a result read back from a run folder.
     certificate: Certificate | None = None
+    stopped: bool = False  # the search was stopped by Ctrl-C: the plans certified are the trials' so far
 
     @property
     def curve(self) -> tuple[CurvePoint, ...]:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import os
 import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -25,21 +25,24 @@ from modelopt.evaluation.trial import Trial, TrialStatus
 from modelopt.executors import Executor, Job, LocalExecutor, Scored
 from modelopt.executors.scoring import failure_text, free_cuda_memory
 from modelopt.latency.plan import PlanLatency
-from modelopt.objective import Objective, Target, best_of
+from modelopt.objective import Objective, Target
 from modelopt.plan.plan import Plan
 from modelopt.run.clock import RunClock
 from modelopt.run.console import progress_console, search_progress
 from modelopt.run.finish import Ending, RunResult, finish
-from modelopt.run.improve import cannot_improve
+from modelopt.run.improve import best_text, cannot_improve
+from modelopt.run.interrupt import StopRequest
 from modelopt.run.journal import Journal, Record, write_json_atomic
 from modelopt.run.layout import CONFIG, JOURNAL, STATE, STATE_NEXT
 from modelopt.run.lock import RunLock, lock_run_folder
+from modelopt.run.resume import restore_strategy
 from modelopt.run.time_plan import TimePlan
 from modelopt.search import Strategy
 
 __all__ = ["MAX_IDLE_ASKS", "RunResult", "Runner", "free_cuda_memory"]
 
 MAX_IDLE_ASKS = 2000  # consecutive already-seen plans before the space counts as exhausted
+CLAIMS_ON_STOP = 3  # claims a run stopped by Ctrl-C certifies: the likely anchors and the search's best chance
 REFIT_EVERY = 10  # latency measurements between refits of the strategies' latency priors
 
 
@@ -104,6 +107,9 @@ class Runner:
         self.executor = executor or LocalExecutor(evaluator, objective, fidelity)
         self._given_lock = lock
         self.time = TimePlan(clock or RunClock(), evaluator, config.reconstruct)  # a timed run may leave budget open
+        self._stop = StopRequest(lambda: self.console.print(
+            "[yellow]Ctrl-C[/]: the search stops after this trial and the run certifies the best plan so far "
+            "(Ctrl-C again to stop at once; --resume continues the search)"))
         self._reissue: list[Plan] = []  # plans in flight when the run last stopped: asked again first
         self.console = console or progress_console()
         self.journal = Journal(self.run_dir / JOURNAL)
@@ -143,25 +149,15 @@ class Runner:
             self.config.check_resumes(self.run_dir)
 
     def _restore_strategy(self) -> None:
-        told = 0
-        # The next state first: a kill after a trial's journal line left it for exactly that trial.
-        for name, fits in ((STATE_NEXT, len(self.trials).__eq__), (STATE, len(self.trials).__ge__)):
-            path = self.run_dir / name
-            state = json.loads(path.read_text()) if path.exists() else None
-            if state is not None and fits(state.get("n_trials", 0)):
-                self.strategy.load_state_dict(state["strategy"])
-                told = state["n_trials"]
-                # The plans it had asked for and not yet recorded: the resumed loop scores them first,
-                # instead of asking again (the restored strategy still awaits them).
-                self._reissue = [self.space.plan_from_flat(flat) for flat in state.get("in_flight", [])]
-                self.evaluator.one_time.restore(state.get("preparation") or {})  # what the run paid so far
-                took = state.get("time") or {}
-                self.time.clock = self.time.clock.resumed(took.get("limit"), float(took.get("elapsed") or 0.0))
-                break
-        for trial in self.trials[told:]:
-            self.strategy.tell(trial)
+        state = restore_strategy(self.run_dir, self.strategy, self.trials)
+        # The plans it had asked for and not yet recorded: the resumed loop scores them first, instead of asking
+        # again (the restored strategy still awaits them); what the run paid and how long it took so far.
         recorded = {t.plan.key for t in self.trials}
-        self._reissue = [plan for plan in self._reissue if plan.key not in recorded]
+        self._reissue = [p for flat in state.get("in_flight", []) if (p := self.space.plan_from_flat(flat)).key
+                         not in recorded]
+        self.evaluator.one_time.restore(state.get("preparation") or {})
+        took = state.get("time") or {}
+        self.time.clock = self.time.clock.resumed(took.get("limit"), float(took.get("elapsed") or 0.0))
 
     # ---- the loop -------------------------------------------------------------------------
 
@@ -221,18 +217,13 @@ class Runner:
         self.journal.append(Record.of(trial))
         os.replace(self.run_dir / STATE_NEXT, self.run_dir / STATE)
 
-    def _out_of_time(self) -> bool:
-        """Whether the time left no longer covers another trial and the end (said once, when it happens)."""
+    def _must_stop(self) -> bool:
+        """Whether Ctrl-C asked to stop, or the time left no longer covers another trial and the end (said once)."""
+        if self._stop.requested:
+            return True
         if (stop := self.time.stop_line(self.trials)) is not None:
             self.console.print(stop, highlight=False)
         return stop is not None
-
-    def _best_text(self) -> str:
-        best = best_of([t for t in self.trials if t.ok], lambda t: t.scored, self.objective)
-        if best is None:
-            return "no feasible plan yet"
-        m = best.scored
-        return f"best {m.compression:.2f}x size at {m.retention:.2%} retention (trial {best.number})"
 
     def run(self) -> RunResult:
         """Runs the search to its budget, then re-scores the best and Pareto plans on test."""
@@ -250,23 +241,31 @@ class Runner:
         seen = {t.plan.key: t for t in self.trials}
         bounded, timed = self.budget < math.inf, self.time.clock.timed
         with search_progress(self.console, self.progress, timed=timed, bounded=bounded) as bar:
-            task = bar.add_task(f"{self.strategy.name} search", total=self.budget if bounded else None,
-                                best=self._best_text(), trials=len(self.trials), left=self.time.left_text())
-            bar.update(task, completed=self.spent)  # budget is fractional: update takes a float
+            def fields() -> dict[str, Any]:
+                return {"best": best_text(self.trials, self.objective), "trials": len(self.trials),
+                        "left": self.time.left_text()}
 
-            def update() -> None:
-                bar.update(task, completed=self.spent, best=self._best_text(), trials=len(self.trials),
-                           left=self.time.left_text())
+            task = bar.add_task(f"{self.strategy.name} search", total=self.budget if bounded else None, **fields())
 
-            self._score_anchors(seen, update)
-            if (said := self.time.announce(self.trials)) is not None:
-                bar.console.print(said, highlight=False, soft_wrap=True)
-            self._search(seen, update)
+            def update() -> None:  # budget is fractional: update takes a float
+                bar.update(task, completed=self.spent, **fields())
+
+            update()
+
+            with self._stop:  # Ctrl-C: the search stops after the trial in progress, the run certifies what it has
+                self._score_anchors(seen, update)
+                if (said := self.time.announce(self.trials)) is not None:
+                    bar.console.print(said, highlight=False, soft_wrap=True)
+                self._search(seen, update)
         self.executor.close()  # the workers' memory is free before the final re-scoring
+        claims = self.time.claims_affordable(self.trials)
+        if self._stop.requested:
+            claims = min(claims or CLAIMS_ON_STOP, CLAIMS_ON_STOP)
         end = Ending(self.evaluator, self.certified, self.config, self.run_dir, self.budget, self.spent,
                      self.eval_seconds, self.latency, self.console if self.progress else None, self._with_latency,
-                     self.time.claims_affordable(self.trials))
-        return finish(end, self.trials, time.perf_counter() - t_start)  # certify, time, write (`run.finish`)
+                     claims)
+        result = finish(end, self.trials, time.perf_counter() - t_start)  # certify, time, write (`run.finish`)
+        return dataclasses.replace(result, stopped=self._stop.requested)
 
     def _score_anchors(self, seen: dict[str, Trial], update: Callable[[], None]) -> None:
         """The first trials are the anchors (`SearchSpace.anchors`: uniform INT8, INT4, INT3), scored
@@ -279,7 +278,7 @@ class Runner:
             return
         for plan in anchors:
             if plan.key in seen or self.spent >= self.budget - 1e-9:
-                continue
+                continue  # (a Ctrl-C waits for them: they are what a stopped run certifies)
             job = Job(len(self.trials), plan)
             self.executor.submit(job)
             trial = self._trial(job, self._scored(job, {}))
@@ -312,7 +311,7 @@ class Runner:
                         window.append((plan, asked))
                 if idle >= MAX_IDLE_ASKS:
                     self.console.print("[yellow]search space exhausted: the strategy only proposes seen plans")
-            if self.spent >= self.budget - 1e-9 or self._out_of_time() or not window:
+            if self.spent >= self.budget - 1e-9 or self._must_stop() or not window:
                 return  # what is still in flight was asked ahead and is not charged: the budget is spent
             plan, job = window.popleft()
             if job is None:
@@ -327,7 +326,7 @@ class Runner:
         """How many more plans to ask for: free slots, while the budget left covers every plan in
         flight scored in full (one slot: the budget is not yet spent, as the serial loop asks)."""
         scoring = sum(job is not None for _, job in window)
-        if not self.time.search_may_go_on(self.trials):
+        if self._stop.requested or not self.time.search_may_go_on(self.trials):
             return 0
         if self.spent + scoring * self.evaluator.scorer.cost(Split.VAL) >= self.budget - 1e-9:
             return 0

@@ -1,0 +1,42 @@
+"""Ctrl-C after the anchors: the search stops after the trial in progress, the run certifies and keeps what it has,
+and `--resume` continues the search (issue 60)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from modelopt.testing.env import child_env
+
+
+@pytest.mark.slow
+def test_ctrl_c_after_the_anchors_keeps_a_certified_plan_and_resume_goes_on(tmp_path, small_data):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "modelopt", "optimize", "--budget", "40", "--compressors", "quantize",
+           "--data", str(small_data), "--min-retention", "0.9", "--out", str(run_dir), "--no-progress",
+           "--reconstruct", "off", "--rounding", "nearest", "--latency", "none"]
+    proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    journal = run_dir / "trials.jsonl"
+    deadline = time.time() + 900  # generous for a loaded machine: the wait ends on the journal's 6th line
+    while time.time() < deadline:
+        if journal.exists() and journal.read_text().count("\n") >= 6:
+            break
+        assert proc.poll() is None, "the run ended before its 6th trial"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 130, stderr
+    assert "Best plan" in stdout and "--resume" in stderr and "Traceback" not in stderr, stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["best"]["confirmed"] and (run_dir / "best_plan.yaml").is_file()
+    stopped_at = summary["n_trials"]
+    assert stopped_at == journal.read_text().count("\n") < 40
+
+    done = subprocess.run([*cmd, "--resume", "--json"], env=child_env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["n_trials"] > stopped_at
