@@ -19,14 +19,16 @@ from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.trial import Trial
 from modelopt.run.clock import RunClock
 
-__all__ = ["CLAIMS_RESERVED", "TimePlan"]
+__all__ = ["CLAIMS_RESERVED", "GATE_CLAIMS", "SEARCH_CLAIMS", "TimePlan"]
 
-# The claims a timed search leaves room to certify: the likely anchors and two of the search's (measured on the
-# default run: docs/results.md#time).
-CLAIMS_RESERVED = 4
-# A refit of a finalist, in passes over the confirm split, until one is measured (default run: 8.6 s a refit,
-# 5.7 s a confirm pass on 2 cores).
-REFIT_IN_CONFIRM_PASSES = 1.5
+# The claims a timed search leaves room to certify: the likely anchors (confirmed as composed, a confirm pass each)
+# and two of the search's sequence (each refitted first); measured on the default run: docs/results.md#time.
+GATE_CLAIMS = 2
+SEARCH_CLAIMS = 2
+CLAIMS_RESERVED = GATE_CLAIMS + SEARCH_CLAIMS
+# A refit of a finalist, in passes over the confirm split (default run, 2 cores: 12-13.5 s a refit, about
+# 5 s a confirm pass of 7,154 images at the search's pace).
+REFIT_IN_CONFIRM_PASSES = 2.5
 REPORTED_ON_TEST = 10  # plans scored on test at the end: the best, the anchors, the front (up to 16) ...
 REPORT_SECONDS = 6.0  # report.md and report.html with their figures (default run, 2 cores)
 MARGIN = 1.10  # the pace of the end is the search's, give or take
@@ -57,9 +59,13 @@ class TimePlan:
     def _images(self, split: str) -> int:
         return len(self.evaluator.workload.split(split)) if split in self.evaluator.workload.splits else 0
 
+    def confirm_seconds(self, pace: float) -> float:
+        """A claim of the gate: one pass over the confirm split."""
+        return pace * self._images(Split.CONFIRM)
+
     def claim_seconds(self, pace: float) -> float:
-        """One claim: its confirm pass and, with reconstruction, its refit."""
-        confirm = pace * self._images(Split.CONFIRM)
+        """A claim of the search's sequence: its confirm pass and, with reconstruction, its refit."""
+        confirm = self.confirm_seconds(pace)
         refit = 0.0
         if self.reconstruct:
             refit = self.refit_seconds if self.refit_seconds is not None else REFIT_IN_CONFIRM_PASSES * confirm
@@ -69,8 +75,10 @@ class TimePlan:
         """What follows confirmation: the reported plans on test and the report."""
         return REPORTED_ON_TEST * pace * self._images(Split.TEST) + REPORT_SECONDS
 
-    def end_seconds(self, pace: float, claims: int = CLAIMS_RESERVED) -> float:
-        return MARGIN * (claims * self.claim_seconds(pace) + self.tail_seconds(pace))
+    def end_seconds(self, pace: float) -> float:
+        """The end a search leaves room for: the gate's claims, the search's, the test figures and the report."""
+        return MARGIN * (GATE_CLAIMS * self.confirm_seconds(pace) + SEARCH_CLAIMS * self.claim_seconds(pace)
+                         + self.tail_seconds(pace))
 
     def search_may_go_on(self, trials: Sequence[Trial]) -> bool:
         """Whether one more trial (at the pace so far) and the end still fit in the time left."""
@@ -100,8 +108,10 @@ class TimePlan:
         pace = self.seconds_per_image(trials)
         if pace is None:
             return None
-        room = self.clock.left() / MARGIN - self.tail_seconds(pace)
-        return max(1, math.floor(room / max(self.claim_seconds(pace), 1e-9)))
+        room = self.clock.left() / MARGIN - self.tail_seconds(pace) - GATE_CLAIMS * self.confirm_seconds(pace)
+        if room <= 0:  # not even the gate: one claim, the one most worth testing
+            return 1
+        return GATE_CLAIMS + max(1, math.floor(room / max(self.claim_seconds(pace), 1e-9)))
 
     def announce(self, trials: Sequence[Trial]) -> str | None:
         """What the time buys, said once the anchors are scored: e.g. 'Time 2m30s: 1m41s left; about 30 trials
@@ -115,5 +125,6 @@ class TimePlan:
         search = max(left - self.end_seconds(pace), 0.0)
         return (f"Time {format_duration(self.clock.limit)}: {format_duration(max(left, 0.0))} left; about "
                 f"{math.floor(search / trial) if trial > 0 else 0} trials of search ({trial:.1f} s each), then up to "
-                f"{CLAIMS_RESERVED} claims certified ({self.claim_seconds(pace):.0f} s each) and the test figures "
-                f"and report ({self.tail_seconds(pace):.0f} s)")
+                f"{CLAIMS_RESERVED} claims certified ({self.confirm_seconds(pace):.0f} s each for the uniform plans, "
+                f"{self.claim_seconds(pace):.0f} s for the search's) and the test figures and report "
+                f"({self.tail_seconds(pace):.0f} s)")
