@@ -26,12 +26,13 @@ __all__ = ["CLAIMS_RESERVED", "GATE_CLAIMS", "SEARCH_CLAIMS", "TimePlan"]
 GATE_CLAIMS = 2
 SEARCH_CLAIMS = 2
 CLAIMS_RESERVED = GATE_CLAIMS + SEARCH_CLAIMS
-# A refit of a finalist, in passes over the confirm split (default run, 2 cores: 12-13.5 s a refit, about
-# 5 s a confirm pass of 7,154 images at the search's pace).
-REFIT_IN_CONFIRM_PASSES = 2.5
+# A refit of a finalist, in passes over the confirm split at the search's pace (default run, 2 cores: 12-13.5 s a
+# refit; a confirm pass of 7,154 images 5.3-6.4 s, priced at 6.9 s from the val trials' median pace).
+REFIT_IN_CONFIRM_PASSES = 2.0
 REPORTED_ON_TEST = 10  # plans scored on test at the end: the best, the anchors, the front (up to 16) ...
 REPORT_SECONDS = 6.0  # report.md and report.html with their figures (default run, 2 cores)
-MARGIN = 1.10  # the pace of the end is the search's, give or take
+MARGIN = 1.0  # the pace is a val trial's, its set-up included: a pass of the end takes less
+RECENT = 5  # trials whose mean prices the next
 
 
 @dataclass
@@ -49,12 +50,19 @@ class TimePlan:
     refit_seconds: float | None = None  # measured, once a finalist has been refitted
 
     def seconds_per_image(self, trials: Sequence[Trial]) -> float | None:
-        """The search's pace: seconds per val image scored, preparations included; None before a trial."""
+        """The pace of a pass over a split: the median seconds per image of the trials scored on all of val (a
+        trial's own set-up included, so a confirm or test pass is priced on the safe side); None before one."""
         n_val = len(self.evaluator.workload.split(Split.VAL))
-        timed = [t for t in trials if t.seconds > 0 and t.cost > 0]
-        if not timed or n_val == 0:
-            return None
-        return sum(t.seconds for t in timed) / (sum(t.cost for t in timed) * n_val)
+        full = sorted(t.seconds / t.metrics.n_samples for t in trials if t.metrics is not None and t.seconds > 0
+                      and t.metrics.stopped is None and t.metrics.n_samples >= n_val > 0)
+        return full[len(full) // 2] if full else None
+
+    @staticmethod
+    def trial_seconds(trials: Sequence[Trial]) -> float:
+        """What the next trial is expected to take: the mean of the last few (pruned plans re-estimate their norms,
+        stopped ones end early)."""
+        recent = [t.seconds for t in trials[-RECENT:]]
+        return sum(recent) / len(recent) if recent else 0.0
 
     def _images(self, split: str) -> int:
         return len(self.evaluator.workload.split(split)) if split in self.evaluator.workload.splits else 0
@@ -87,8 +95,7 @@ class TimePlan:
         pace = self.seconds_per_image(trials)
         if pace is None:
             return True
-        trial = pace * len(self.evaluator.workload.split(Split.VAL))
-        return self.clock.left() > trial + self.end_seconds(pace)
+        return self.clock.left() > self.trial_seconds(trials) + self.end_seconds(pace)
 
     def stop_line(self, trials: Sequence[Trial]) -> str | None:
         """None while the search may go on; else the line that says it stops for the time."""
@@ -121,7 +128,7 @@ class TimePlan:
             return None
         assert self.clock.limit is not None
         left = self.clock.left()
-        trial = pace * len(self.evaluator.workload.split(Split.VAL))
+        trial = self.trial_seconds(trials)
         search = max(left - self.end_seconds(pace), 0.0)
         return (f"Time {format_duration(self.clock.limit)}: {format_duration(max(left, 0.0))} left; about "
                 f"{math.floor(search / trial) if trial > 0 else 0} trials of search ({trial:.1f} s each), then up to "
