@@ -92,8 +92,8 @@ def certify(evaluator: Evaluator, objective: Objective, trials: list[Trial], lat
             budgets below a run's own).
         refit: the reconstruction each finalist runs with, fitted before it is confirmed
             (`modelopt.reconstruct.store.Refits`; None: the plans are confirmed as the search composed them).
-        max_claims: the most claims each floor's sequences may test (a timed run's, `modelopt.run.time_plan`);
-            None: as many as the planner finds worth testing.
+        max_claims: the most claims each floor's search sequence may test (a timed run's,
+            `modelopt.run.time_plan`); None: as many as the planner finds worth testing.
 
     Example:
         >>> cert = certify(ev, Objective("size", 0.99, 0.95), trials)

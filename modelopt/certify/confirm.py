@@ -45,6 +45,9 @@ __all__ = ["Confirmation", "Finalists", "confirm_plans", "finalists"]
 
 T = TypeVar("T")
 MAX_RESCORED = 16  # Pareto plans re-scored on confirm and test (spread along the front)
+# A timed run's gate: its most compressed likely anchors (INT4 and the hedge below it; INT8 and the rest are rarely
+# the answer, and each claim is a pass over the confirm split, 5-6 s on the default run).
+TIMED_GATE = 2
 
 
 @dataclass(frozen=True)
@@ -168,8 +171,8 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
             none), called on each finalist before it is confirmed: what is confirmed is what is then tested and
             exported (`Confirmation.fitted`). The confirmed best, when it runs reconstructed, is also scored on
             confirm as composed, for the record only (`Confirmation.composed`).
-        max_claims: the most claims each floor's two sequences test together (a timed run's); the search's
-            sequence is planned for what the anchors' leaves (at least one). None: no limit.
+        max_claims: the most claims each floor's search sequence tests (a timed run's; at least one), whose gate
+            then keeps its `TIMED_GATE` most compressed anchors. None: no limit.
 
     Example:
         >>> c = confirm_plans(ev, Objective("size", 0.99, 0.95), finalists, anchors)
@@ -279,8 +282,8 @@ def _chains(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[
     expected to secure (`modelopt.certify.sequence.confirm_chains` shares the error rate)."""
     by_reduction = sorted((t for t in trials if t.plan.key in anchors), key=lambda t: candidates[t.plan.key].reduction)
     gate = [t for t in by_reduction[:-1] if candidates[t.plan.key].forced]
-    if max_claims is not None and len(gate) >= max_claims:  # a short time: the most compressed likely anchors
-        gate = gate[len(gate) - max_claims + 1:]
+    if max_claims is not None:  # a timed run: the gate's most compressed plans, the search's sequence as afforded
+        gate = gate[len(gate) - min(len(gate), TIMED_GATE):]
     secured, alive, last = 1.0, 1.0, 1.0  # the reduction the gate is expected to report
     for t in gate:
         c = candidates[t.plan.key]
@@ -289,7 +292,7 @@ def _chains(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[
         last = c.reduction
     floor = min((candidates[t.plan.key].reduction for t in gate), default=1.0)
     rest = [t for t in trials if t not in gate and candidates[t.plan.key].reduction > floor]
-    room = None if max_claims is None else max(max_claims - len(gate), 1)
+    room = None if max_claims is None else max(max_claims, 1)
     return [gate, [rest[i] for i in plan_sequence([candidates[t.plan.key] for t in rest], start=secured,
                                                   max_len=room)]]
 

@@ -42,7 +42,7 @@ from modelopt.search import Strategy
 __all__ = ["MAX_IDLE_ASKS", "RunResult", "Runner", "free_cuda_memory"]
 
 MAX_IDLE_ASKS = 2000  # consecutive already-seen plans before the space counts as exhausted
-CLAIMS_ON_STOP = 3  # claims a run stopped by Ctrl-C certifies: the likely anchors and the search's best chance
+CLAIMS_ON_STOP = 2  # claims of the search's a run stopped by Ctrl-C certifies, beside the gate's two anchors
 REFIT_EVERY = 10  # latency measurements between refits of the strategies' latency priors
 
 

@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from modelopt.certify.confirm import TIMED_GATE
 from modelopt.config.duration import format_duration
 from modelopt.data.split import Split
 from modelopt.evaluation.evaluator import Evaluator
@@ -21,9 +22,10 @@ from modelopt.run.clock import RunClock
 
 __all__ = ["CLAIMS_RESERVED", "GATE_CLAIMS", "SEARCH_CLAIMS", "TimePlan"]
 
-# The claims a timed search leaves room to certify: the likely anchors (confirmed as composed, a confirm pass each)
-# and two of the search's sequence (each refitted first); measured on the default run: docs/results.md#time.
-GATE_CLAIMS = 2
+# The claims a timed search leaves room to certify: the gate's two most compressed likely anchors (confirmed as
+# composed, a confirm pass each: `modelopt.certify.confirm.TIMED_GATE`) and two of the search's sequence (each
+# refitted first); measured on the default run: docs/results.md#time.
+GATE_CLAIMS = TIMED_GATE
 SEARCH_CLAIMS = 2
 CLAIMS_RESERVED = GATE_CLAIMS + SEARCH_CLAIMS
 # A refit of a finalist, in passes over the confirm split at the search's pace (default run, 2 cores: 12-13.5 s a
@@ -109,18 +111,19 @@ class TimePlan:
         return format_duration(max(self.clock.left(), 0.0)) if self.clock.timed else ""
 
     def claims_affordable(self, trials: Sequence[Trial]) -> int | None:
-        """How many claims confirmation can test in the time left (at least one); None: no limit."""
+        """How many claims of the search's sequence confirmation can test in the time left, beside the gate's (at
+        least one); None: no limit."""
         if not self.clock.timed:
             return None
         pace = self.seconds_per_image(trials)
         if pace is None:
             return None
         room = self.clock.left() / MARGIN - self.tail_seconds(pace) - GATE_CLAIMS * self.confirm_seconds(pace)
-        if room <= 0:  # not even the gate: one claim, the one most worth testing
+        if room <= 0:  # not even the gate's: one claim, the one most worth testing
             return 1
         # Rounded, not floored: the search stopped with room for SEARCH_CLAIMS, and a last trial slower than the
         # mean leaves a little less (on the default run it cut the claim that reported 13.03x).
-        return GATE_CLAIMS + max(1, math.floor(room / max(self.claim_seconds(pace), 1e-9) + 0.5))
+        return max(1, math.floor(room / max(self.claim_seconds(pace), 1e-9) + 0.5))
 
     def announce(self, trials: Sequence[Trial]) -> str | None:
         """What the time buys, said once the anchors are scored: e.g. 'Time 2m30s: 1m41s left; about 30 trials
