@@ -369,3 +369,7 @@ def test_export_takes_its_format_from_the_files_suffix_and_refuses_a_suffix_that
     onnx.checker.check_model(onnx.load(str(tmp_path / "m.onnx")))  # an ONNX model, not a checkpoint named .onnx
     _one_line_error(_run("export", small_run, "--format", "modelopt", "--out", tmp_path / "m2.onnx"),
                     "names an ONNX file but --format is 'modelopt'")
+
+
+def test_a_bad_time_is_one_line_naming_it_and_the_forms(tmp_path):
+    _one_line_error(_run("optimize", "--time", "soon", "--out", tmp_path / "r"), "time 'soon'", "90s, 2m")
