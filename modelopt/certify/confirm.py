@@ -283,7 +283,8 @@ def _chains(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[
     by_reduction = sorted((t for t in trials if t.plan.key in anchors), key=lambda t: candidates[t.plan.key].reduction)
     gate = [t for t in by_reduction[:-1] if candidates[t.plan.key].forced]
     if max_claims is not None:  # a timed run: the gate's most compressed plans, the search's sequence as afforded
-        gate = gate[len(gate) - min(len(gate), TIMED_GATE):]
+        keep = TIMED_GATE if max_claims > 1 else 1  # no time for more: the most compressed likely anchor alone
+        gate = gate[len(gate) - min(len(gate), keep):]
     secured, alive, last = 1.0, 1.0, 1.0  # the reduction the gate is expected to report
     for t in gate:
         c = candidates[t.plan.key]

@@ -25,7 +25,7 @@ from modelopt.data.dataset import load_data
 from modelopt.data.split import Split
 from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator
-from modelopt.evaluation.output_sensitivity import output_losses, probe_images
+from modelopt.evaluation.output_sensitivity import PROBE_TIME_SHARE, output_losses, probe_images
 from modelopt.evaluation.priors import measure_errors
 from modelopt.evaluation.sensitivity import estimate_losses
 from modelopt.knowledge import warm_start
@@ -171,7 +171,10 @@ def build(config: RunConfig, workload: Workload | None = None, *, allow_pickle: 
             min(config.budget, DEFAULT_BUDGET), len(wl.split(Split.VAL)),  # a timed run's open budget: the default's
             len({d.layer for d in evaluator.space.decisions}),
             len(wl.split(Split.CALIB)))):  # MCTS's label-free probes, when the budget affords them
-        strategy.use_loss_estimates(output_losses(evaluator, n))
+        # A timed run gives the probes a share of its time: a short run keeps the data-free prior instead.
+        seconds = None if config.time is None else PROBE_TIME_SHARE * config.time
+        if estimates := output_losses(evaluator, n, seconds):
+            strategy.use_loss_estimates(estimates)
     if config.knowledge is not None:  # priors from earlier runs' lessons (a missing store: none yet)
         warm_start(config.knowledge, evaluator, strategy)
     return BuiltRun(resolve(config, wl, evaluator.space), wl, evaluator, strategy, objective, latency, said)

@@ -34,11 +34,14 @@ from modelopt.data.split import Split
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.plan.plan import Decision
 
-__all__ = ["DEFAULT_IMAGES", "PROBE_ERROR", "output_losses", "probe_images"]
+__all__ = ["DEFAULT_IMAGES", "PROBE_ERROR", "PROBE_TIME_SHARE", "output_losses", "probe_images"]
 
 DEFAULT_IMAGES = 256
 MIN_IMAGES = 32  # fewer and a layer's KL is mostly the noise of the few answers near a boundary
 BUDGET_SHARE = 0.08  # at most this share of a run's budget goes to the probes
+# At most this share of a timed run's time (their budget charge undercounts their seconds: 20-29 s on the default
+# run, for 5.5 evals charged; the default's 2m20s affords them, a minute does not).
+PROBE_TIME_SHARE = 0.25
 # The probe is the choice whose error is nearest this (in log scale): large enough to stand above
 # float rounding, small enough that the network still responds linearly (INT4 per channel, typically).
 PROBE_ERROR = 1e-2
@@ -67,12 +70,15 @@ def probe_images(budget: float, val_images: int, layers: int, calib_images: int)
     return n if n >= MIN_IMAGES else 0
 
 
-def output_losses(evaluator: Evaluator, images: int = DEFAULT_IMAGES) -> dict[tuple[str, int], float]:
+def output_losses(evaluator: Evaluator, images: int = DEFAULT_IMAGES, seconds: float | None = None
+                  ) -> dict[tuple[str, int], float]:
     """{(decision, choice index): estimated KL of the plan's answers from the float model's (nats per
     image)} for every choice that changes its layer's weight; one probe per layer on unlabeled calib
     images, charged once to the run's budget with the first plan scored after it.
 
-    Call after `Evaluator.measure_errors` (the per-choice output errors it scales).
+    Call after `Evaluator.measure_errors` (the per-choice output errors it scales). `seconds`: what a timed run
+    gives the probes (a share of its time); once the probes so far project past it, they stop and none is used
+    (an empty result: the search keeps its data-free prior, and the probes made are charged).
 
     Example:
         >>> est = output_losses(evaluator)
@@ -91,7 +97,10 @@ def output_losses(evaluator: Evaluator, images: int = DEFAULT_IMAGES) -> dict[tu
         by_layer.setdefault(d.layer, []).append(d)
     cost = n / val  # the float pass above
     out: dict[tuple[str, int], float] = {}
-    for decisions in by_layer.values():
+    for done, decisions in enumerate(by_layer.values()):
+        if seconds is not None and done and (time.perf_counter() - t0) * len(by_layer) / done > seconds:
+            out = {}
+            break
         probe = _probe(decisions, errors)
         if probe is None:
             continue

@@ -81,14 +81,18 @@ class Ending:
     console: Console | None  # where reconstruction reports its progress (None: quiet)
     with_latency: Callable[[Metrics, Plan | Realised], Metrics]  # metrics with the plan's latency, as the loop adds it
     max_claims: int | None = None  # claims confirmation may test in the run's time left (None: no time budget)
+    refit: bool = True  # False: the run's time left does not cover refitting its finalists (confirmed as composed)
 
 
 def finish(end: Ending, trials: list[Trial], search_wall: float) -> RunResult:
     """The run's trials certified, its reported plans timed (with an engine), its summary written."""
     ev, latency = end.evaluator, end.latency
     refit = None
-    if end.config.reconstruct:
+    if end.config.reconstruct and end.refit:
         refit = Refits(ev, end.run_dir, progress=None if end.console is None else end.console.print)
+    elif end.config.reconstruct and end.console is not None:
+        end.console.print("Time: too little left to refit the finalists; they are confirmed as composed",
+                          highlight=False)
     cert = certify(ev, end.objective, trials, latency, refit=refit, max_claims=end.max_claims)
     assert cert.test is not None  # certify scores test unless told not to
     test_metrics = dict(cert.test)

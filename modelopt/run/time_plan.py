@@ -125,6 +125,15 @@ class TimePlan:
         # mean leaves a little less (on the default run it cut the claim that reported 13.03x).
         return max(1, math.floor(room / max(self.claim_seconds(pace), 1e-9) + 0.5))
 
+    def refit_affordable(self, trials: Sequence[Trial]) -> bool:
+        """Whether the time left covers refitting the search's plans before they are confirmed (else they are
+        confirmed as composed, and a line says so)."""
+        pace = self.seconds_per_image(trials)
+        if not self.clock.timed or pace is None or not self.reconstruct:
+            return True
+        need = self.tail_seconds(pace) + GATE_CLAIMS * self.confirm_seconds(pace) + self.claim_seconds(pace)
+        return self.clock.left() / MARGIN >= need
+
     def announce(self, trials: Sequence[Trial]) -> str | None:
         """What the time buys, said once the anchors are scored: e.g. 'Time 2m30s: 1m41s left; about 30 trials
         of search (1.9 s each), then up to 4 claims certified (14 s each) and the test figures (12 s)'."""
