@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -168,7 +169,8 @@ def build(config: RunConfig, workload: Workload | None = None, *, allow_pickle: 
     if strategy.loss_estimator == "fisher":  # the knapsack's one-pass (gradient) sensitivities
         strategy.use_loss_estimates(estimate_losses(evaluator))
     elif strategy.loss_estimator == "output" and (n := probe_images(
-            min(config.budget, DEFAULT_BUDGET), len(wl.split(Split.VAL)),  # a timed run's open budget: the default's
+            config.budget if config.budget < math.inf else DEFAULT_BUDGET,  # a timed run's open budget: the default's
+            len(wl.split(Split.VAL)),
             len({d.layer for d in evaluator.space.decisions}),
             len(wl.split(Split.CALIB)))):  # MCTS's label-free probes, when the budget affords them
         # A timed run gives the probes a share of its time: a short run keeps the data-free prior instead.

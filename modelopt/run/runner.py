@@ -90,7 +90,8 @@ class Runner:
         evidence: tuple[str, ...] | None = None,
         clock: RunClock | None = None,
     ) -> None:
-        if not 0 < budget < math.inf and not (budget == math.inf and (clock := clock or RunClock()).timed):
+        self.time = TimePlan(clock or RunClock(), evaluator, config.reconstruct)
+        if not 0 < budget < math.inf and not (budget == math.inf and self.time.clock.timed):  # timed: may be open
             raise ConfigError(f"budget must be a positive number, got {budget!r}")
         # The search's trials are judged at the curve's lowest floor (`Objective.search`); the run certifies the whole
         # curve at its end (`finish`).
@@ -106,7 +107,6 @@ class Runner:
         self.latency = latency
         self.executor = executor or LocalExecutor(evaluator, objective, fidelity)
         self._given_lock = lock
-        self.time = TimePlan(clock or RunClock(), evaluator, config.reconstruct)  # a timed run may leave budget open
         self._stop = StopRequest(lambda: self.console.print(
             "[yellow]Ctrl-C[/]: the search stops after this trial and the run certifies the best plan so far "
             "(Ctrl-C again to stop at once; --resume continues the search)"))

@@ -33,7 +33,6 @@ CLAIMS_RESERVED = GATE_CLAIMS + SEARCH_CLAIMS
 REFIT_IN_CONFIRM_PASSES = 2.0
 REPORTED_ON_TEST = 10  # plans scored on test at the end: the best, the anchors, the front (up to 16) ...
 REPORT_SECONDS = 6.0  # report.md and report.html with their figures (default run, 2 cores)
-MARGIN = 1.0  # the pace is a val trial's, its set-up included: a pass of the end takes less
 RECENT = 5  # trials whose mean prices the next
 
 
@@ -49,7 +48,6 @@ class TimePlan:
     clock: RunClock
     evaluator: Evaluator
     reconstruct: bool
-    refit_seconds: float | None = None  # measured, once a finalist has been refitted
 
     def seconds_per_image(self, trials: Sequence[Trial]) -> float | None:
         """The pace of a pass over a split: the median seconds per image of the trials scored on all of val (a
@@ -74,12 +72,9 @@ class TimePlan:
         return pace * self._images(Split.CONFIRM)
 
     def claim_seconds(self, pace: float) -> float:
-        """A claim of the search's sequence: its confirm pass and, with reconstruction, its refit."""
-        confirm = self.confirm_seconds(pace)
-        refit = 0.0
-        if self.reconstruct:
-            refit = self.refit_seconds if self.refit_seconds is not None else REFIT_IN_CONFIRM_PASSES * confirm
-        return confirm + refit
+        """A claim of the search's sequence: its confirm pass and, with reconstruction, its refit. The pace is a val
+        trial's, its set-up included, so a pass of the end is priced on the safe side and needs no margin."""
+        return self.confirm_seconds(pace) * (1.0 + (REFIT_IN_CONFIRM_PASSES if self.reconstruct else 0.0))
 
     def tail_seconds(self, pace: float) -> float:
         """What follows confirmation: the reported plans on test and the report."""
@@ -87,8 +82,11 @@ class TimePlan:
 
     def end_seconds(self, pace: float) -> float:
         """The end a search leaves room for: the gate's claims, the search's, the test figures and the report."""
-        return MARGIN * (GATE_CLAIMS * self.confirm_seconds(pace) + SEARCH_CLAIMS * self.claim_seconds(pace)
-                         + self.tail_seconds(pace))
+        return self._fixed_end(pace) + SEARCH_CLAIMS * self.claim_seconds(pace)
+
+    def _fixed_end(self, pace: float) -> float:
+        """The end but the search's claims: the gate's claims, the test figures and the report."""
+        return GATE_CLAIMS * self.confirm_seconds(pace) + self.tail_seconds(pace)
 
     def search_may_go_on(self, trials: Sequence[Trial]) -> bool:
         """Whether one more trial (at the pace so far) and the end still fit in the time left."""
@@ -118,7 +116,7 @@ class TimePlan:
         pace = self.seconds_per_image(trials)
         if pace is None:
             return None
-        room = self.clock.left() / MARGIN - self.tail_seconds(pace) - GATE_CLAIMS * self.confirm_seconds(pace)
+        room = self.clock.left() - self._fixed_end(pace)
         if room <= 0:  # not even the gate's: one claim, the one most worth testing
             return 1
         # Rounded, not floored: the search stopped with room for SEARCH_CLAIMS, and a last trial slower than the
@@ -131,8 +129,7 @@ class TimePlan:
         pace = self.seconds_per_image(trials)
         if not self.clock.timed or pace is None or not self.reconstruct:
             return True
-        need = self.tail_seconds(pace) + GATE_CLAIMS * self.confirm_seconds(pace) + self.claim_seconds(pace)
-        return self.clock.left() / MARGIN >= need
+        return self.clock.left() >= self._fixed_end(pace) + self.claim_seconds(pace)
 
     def announce(self, trials: Sequence[Trial]) -> str | None:
         """What the time buys, said once the anchors are scored: e.g. 'Time 2m30s: 1m41s left; about 30 trials

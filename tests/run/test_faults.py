@@ -37,6 +37,7 @@ from modelopt.run.journal import Journal
 from modelopt.run.lock import RunFolderBusy
 from modelopt.testing.cli import assert_one_line_error
 from modelopt.testing.env import child_env
+from modelopt.testing.journal import wait_for_trials
 
 REPO = Path(__file__).resolve().parents[2]
 # A floor that val's few hundred images can certify (a higher one is refused before the search).
@@ -206,28 +207,13 @@ def _start(run: Path, data: Path, budget: int = 200) -> subprocess.Popen:
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
-# Long enough for a loaded 2-core machine (load 6-12 made a 120 s deadline fail): the wait ends on the
-# event itself, the journal's n-th line; the deadline only keeps a broken run from hanging the suite.
-START_DEADLINE = 900.0
-
-
-def _wait_for_trials(run: Path, n: int, proc: subprocess.Popen) -> None:
-    journal, t0 = run / "trials.jsonl", time.time()
-    while not (journal.exists() and journal.read_bytes().count(b"\n") >= n):
-        assert proc.poll() is None, proc.communicate()[1]
-        assert time.time() < t0 + START_DEADLINE, (
-            f"waited {START_DEADLINE:.0f} s for line {n} of {journal} (the run's trial {n - 1}): the run did not "
-            f"get that far; machine load {os.getloadavg()}")
-        time.sleep(0.02)
-
-
 @pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
                          ids=["sigint", "sigterm"])
 @pytest.mark.slow
 def test_a_signal_mid_trial_leaves_a_valid_journal_that_resumes(tmp_path, small_data, small_workload, sig, code, word):
     run = tmp_path / "run"
     proc = _start(run, small_data)
-    _wait_for_trials(run, 2, proc)
+    wait_for_trials(run, 2, proc)
     time.sleep(0.1)  # into the next trial's evaluation
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
@@ -268,7 +254,7 @@ def test_a_second_process_on_the_same_out_is_refused_by_the_lock(tmp_path, small
     run = tmp_path / "run"
     proc = _start(run, small_data)
     try:
-        _wait_for_trials(run, 1, proc)
+        wait_for_trials(run, 1, proc)
         cli = CliRunner()
         for extra in ([], ["--resume"]):  # a fresh start and a resume while the first runs
             result = cli.invoke(app, ["optimize",

@@ -6,7 +6,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from modelopt.compressors import COMPRESSORS, Compressor
 from modelopt.errors import ConfigError
 from modelopt.run.summary import read_summary
 from modelopt.testing.env import child_env
+from modelopt.testing.journal import wait_for_trials
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -110,12 +110,7 @@ def test_resume_after_sigkill_loses_and_repeats_nothing(tmp_path, small_data, sm
     env = child_env()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     journal = run_dir / "trials.jsonl"
-    deadline = time.time() + 900  # generous for a loaded machine: the wait ends on the journal's 4th line
-    while time.time() < deadline:
-        if journal.exists() and journal.read_text().count("\n") >= 4:
-            break
-        assert proc.poll() is None, "the run ended before its 4th trial"
-        time.sleep(0.02)
+    wait_for_trials(run_dir, 4, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     before = journal.read_text().splitlines(keepends=True)

@@ -7,11 +7,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from modelopt.testing.env import child_env
+from modelopt.testing.journal import wait_for_trials
 
 
 @pytest.mark.slow
@@ -22,12 +22,7 @@ def test_ctrl_c_after_the_anchors_keeps_a_certified_plan_and_resume_goes_on(tmp_
            "--reconstruct", "off", "--rounding", "nearest", "--latency", "none"]
     proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     journal = run_dir / "trials.jsonl"
-    deadline = time.time() + 900  # generous for a loaded machine: the wait ends on the journal's 6th line
-    while time.time() < deadline:
-        if journal.exists() and journal.read_text().count("\n") >= 6:
-            break
-        assert proc.poll() is None, "the run ended before its 6th trial"
-        time.sleep(0.02)
+    wait_for_trials(run_dir, 6, proc)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 130, stderr
