@@ -160,27 +160,40 @@ def plan_sequence(candidates: Sequence[Candidate], start: float = 1.0, max_len: 
     items = [candidates[i] for i in order]
     m = len(items)
     cap = m if max_len is None else max(min(max_len, m), 0)
+    forced = [m] * (m + 1)  # forced[p]: the first forced item at or after p (m: none), which cannot be skipped
+    for p in range(m - 1, -1, -1):
+        forced[p] = p if items[p].forced else forced[p + 1]
+
+    def best_after(i: int, later: Sequence[float] | None) -> tuple[float, int | None]:
+        """Item i confirmed (the start: i = m): the expected reduction reported, continuing optimally with
+        `later` (each item's value once confirmed; None: no claim left), and the item tested next (None: stop)."""
+        here = items[i].reduction if i < m else start
+        if later is None:
+            return here, None
+        first = i + 1 if i < m else 0
+        stop = forced[first] + 1 if forced[first] < m else m
+        best, pick = (-math.inf, None) if forced[first] < m else (here, None)
+        for j in range(first, stop):
+            v = items[j].chance * later[j] + (1.0 - items[j].chance) * here
+            if v > best + 1e-12:
+                best, pick = v, j
+        return best, pick
+
     # value[k][i]: the expected reduction reported once item i (or the start, i = m) has been confirmed, with k
-    # more claims allowed, continuing optimally; nxt[k][i]: the item tested next (None: stop there).
-    value = [[0.0] * (m + 1) for _ in range(cap + 1)]
-    nxt: list[list[int | None]] = [[None] * (m + 1) for _ in range(cap + 1)]
-    for k in range(cap + 1):
+    # more claims allowed; nxt[k][i]: the item tested next. With claims for every item (no cap) one level is
+    # enough: along any path the claims left never run short, so each level holds the same values and picks.
+    levels = range(cap + 1) if cap < m else [m]
+    value: dict[int, list[float]] = {}
+    nxt: dict[int, list[int | None]] = {}
+    for k in levels:
+        value[k], nxt[k] = [0.0] * (m + 1), [None] * (m + 1)
         for i in [*range(m - 1, -1, -1), m]:
-            here = items[i].reduction if i < m else start
-            first = i + 1 if i < m else 0
-            later_forced = [j for j in range(first, m) if items[j].forced] if k > 0 else []
-            best, pick = (-math.inf, None) if later_forced else (here, None)
-            for j in range(first, m) if k > 0 else ():
-                if later_forced and j > later_forced[0]:
-                    break  # a forced candidate cannot be skipped
-                v = items[j].chance * value[k - 1][j] + (1.0 - items[j].chance) * here
-                if v > best + 1e-12:
-                    best, pick = v, j
-            value[k][i], nxt[k][i] = best, pick
+            later = None if k == 0 else value[k] if cap >= m else value[k - 1]
+            value[k][i], nxt[k][i] = best_after(i, later)
     out, at, k = [], nxt[cap][m], cap
     while at is not None:
         out.append(order[at])
-        k -= 1
+        k = k if cap >= m else k - 1
         at = nxt[k][at]
     return out
 
