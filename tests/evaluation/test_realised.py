@@ -21,6 +21,8 @@ OPTIONS = {"prune": {"kind": ["unstructured", "structured"], "sparse_images": 64
 # Figures that depend on the history by design: wall time, and one-time preparations charged to the first plan
 # that needs them.
 HISTORY = {"eval_seconds", "prep_cost"}
+# One test process runs this module's tests, so the refits and the reference scores are built once.
+pytestmark = pytest.mark.xdist_group("realised")
 
 
 def _evaluator(wl) -> Evaluator:
@@ -50,7 +52,9 @@ def _same(a, b) -> None:
     assert torch.equal(a[2], b[2])
 
 
-@pytest.fixture(scope="module")
+# Session-scoped, not module-scoped: pytest-xdist interleaves modules, and a module fixture was built again each
+# time this module's tests came back (tests/conftest.py).
+@pytest.fixture(scope="session")
 def refits(small_workload):
     """Two plans and each one's checked refit, fitted on an evaluator of their own."""
     ev = _evaluator(small_workload)
@@ -58,13 +62,20 @@ def refits(small_workload):
     return a, b, {p.key: checked(ev, p, reconstruct(ev, p, images=64)) for p in (a, b)}
 
 
-@pytest.mark.parametrize("order", ["a-first", "b-first"])
-def test_a_plan_scores_the_same_whatever_was_refitted_and_scored_before_it(small_workload, refits, order):
+@pytest.fixture(scope="session")
+def alone(small_workload, refits):
+    """Each record scored on an evaluator of its own: the reference both orders are held to."""
     a, b, fitted = refits
-    alone = {}  # each record scored on an evaluator of its own: the reference
+    out = {}
     for name, plan, fit in (("a", a, None), ("b", b, fitted[b.key]), ("a+fit", a, fitted[a.key])):
         ev = _evaluator(small_workload)
-        alone[name] = _scored(ev, ev.realise(plan, fit))
+        out[name] = _scored(ev, ev.realise(plan, fit))
+    return out
+
+
+@pytest.mark.parametrize("order", ["a-first", "b-first"])
+def test_a_plan_scores_the_same_whatever_was_refitted_and_scored_before_it(small_workload, refits, alone, order):
+    a, b, fitted = refits
     ev = _evaluator(small_workload)
     steps = [("a", a, None), ("b", b, fitted[b.key]), ("a+fit", a, fitted[a.key]), ("a", a, None)]
     if order == "b-first":
