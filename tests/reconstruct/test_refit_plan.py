@@ -7,6 +7,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,9 +20,13 @@ from modelopt.errors import ConfigError
 from modelopt.evaluation.evaluator import Evaluator
 from modelopt.evaluation.fitted import Fitted
 from modelopt.exporters import export_packed, load
+from modelopt.model.workload import Workload
 from modelopt.plan.space import SearchSpace
 from modelopt.reconstruct import reconstruct
 from modelopt.reconstruct.store import HELD_OUT, MIN_HELD_OUT, Refits, checked, fitted_path
+
+# One test process runs this module's tests, so each refit they share is fitted once (`fits`).
+pytestmark = pytest.mark.xdist_group("refit_plan")
 
 OPTIONS = {"prune": {"kind": ["unstructured", "structured"], "sparse_images": 64, "repair_images": 64},
            "quantize": {"bits": [8, 3], "rounding": ["gptq"], "calib_images": 64}}
@@ -47,14 +52,29 @@ def _logit_error(ev: Evaluator, plan) -> float:
     return float((ev.states.logits(plan, x) - ref).pow(2).mean())
 
 
+@pytest.fixture(scope="session")
+def fits() -> Callable[[Workload, bool], Fitted]:
+    """The refit of `_int3` (sparse or not) on 128 images of a workload, fitted on an evaluator of its own once per
+    session: several tests read the same refit (a `Fitted` is a value; any evaluator on the workload realises it)."""
+    done: dict[tuple[int, bool], Fitted] = {}
+
+    def fit(wl: Workload, sparse: bool) -> Fitted:
+        if (id(wl), sparse) not in done:
+            ev = _evaluator(wl)
+            done[id(wl), sparse] = reconstruct(ev, _int3(ev, sparse), images=128)
+        return done[id(wl), sparse]
+
+    return fit
+
+
 @pytest.mark.parametrize("sparse", [False, True], ids=["int3", "int3+sparse"])
-def test_reconstruction_brings_the_plan_closer_to_the_float_model_at_the_same_bytes(small_workload, sparse):
+def test_reconstruction_brings_the_plan_closer_to_the_float_model_at_the_same_bytes(small_workload, fits, sparse):
     ev = _evaluator(small_workload)
     plan = _int3(ev, sparse)
     before, size = _logit_error(ev, plan), ev.plan_cost(plan).size_bytes
     masks = {n: f.mask for n, f in ev.realise(plan).forms.items() if f.mask is not None}
     assert bool(masks) == sparse
-    fitted = reconstruct(ev, plan, images=128)
+    fitted = fits(small_workload, sparse)
     refitted = ev.realise(plan, fitted)
     assert fitted.weights and fitted.images == 128
     # Closer, and never more bytes: the refit's scales are never finer than the plan's grid, since the file codes
@@ -68,10 +88,10 @@ def test_reconstruction_brings_the_plan_closer_to_the_float_model_at_the_same_by
         assert not weights[name][~kept.bool()].any()
 
 
-def test_the_export_writes_the_reconstructed_weights_bit_for_bit(small_workload, tmp_path):
+def test_the_export_writes_the_reconstructed_weights_bit_for_bit(small_workload, fits, tmp_path):
     ev = _evaluator(small_workload)
     plan = _int3(ev)
-    refitted = ev.realise(plan, reconstruct(ev, plan, images=64))
+    refitted = ev.realise(plan, fits(small_workload, False))
     net = load(export_packed(ev, refitted, tmp_path / "m.pt"))
     x = small_workload.split(Split.TEST).x[:64]
     with torch.inference_mode():
@@ -142,11 +162,12 @@ def _damaged(fitted: Fitted) -> Fitted:
     return replace(fitted, weights={n: -w for n, w in fitted.weights.items()})
 
 
-def test_a_refit_that_changes_more_held_out_answers_is_dropped_and_the_plan_runs_as_composed(resnet20_workload):
+def test_a_refit_that_changes_more_held_out_answers_is_dropped_and_the_plan_runs_as_composed(resnet20_workload,
+                                                                                            fits):
     ev = _evaluator(resnet20_workload)
     plan = _int3(ev)
     composed = ev.evaluate(plan, split=Split.TEST)
-    good = checked(ev, plan, reconstruct(ev, plan, images=128))
+    good = checked(ev, plan, fits(resnet20_workload, False))
     n, before, after, discordant = good.held_out
     assert n == min(HELD_OUT, len(resnet20_workload.split(Split.CALIB).x) - 128) >= MIN_HELD_OUT
     assert discordant >= abs(after - before)
@@ -156,10 +177,10 @@ def test_a_refit_that_changes_more_held_out_answers_is_dropped_and_the_plan_runs
     assert (again.lost, again.gained, again.agreement) == (composed.lost, composed.gained, composed.agreement)
 
 
-def test_a_dropped_refit_is_kept_in_the_run_folder_and_read_as_dropped(resnet20_workload, tmp_path):
+def test_a_dropped_refit_is_kept_in_the_run_folder_and_read_as_dropped(resnet20_workload, fits, tmp_path):
     ev = _evaluator(resnet20_workload)
     plan = _int3(ev)
-    bad = checked(ev, plan, _damaged(reconstruct(ev, plan, images=128)))
+    bad = checked(ev, plan, _damaged(fits(resnet20_workload, False)))
     bad.save(fitted_path(tmp_path, plan.key))
     assert Fitted.load(fitted_path(tmp_path, plan.key)).held_out == bad.held_out
     again = _evaluator(resnet20_workload)
