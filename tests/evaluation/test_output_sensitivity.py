@@ -18,6 +18,8 @@ from modelopt.plan.space import SearchSpace
 from modelopt.search import STRATEGIES
 
 IMAGES = 64
+# One test process runs this module, so its evaluator and probes (session fixtures) are built once, not per worker.
+pytestmark = pytest.mark.xdist_group("output_sensitivity")
 
 
 @pytest.fixture(scope="session")
