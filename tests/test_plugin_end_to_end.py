@@ -28,6 +28,10 @@ from modelopt.run.export import resolve
 from modelopt.run.optuna_storage import export_run
 from modelopt.run.run_folder import read_run
 
+# One test process runs the module's tests one after another (xdist_group): `toy_run` is module-scoped (the toy is
+# registered for this module only), and a test process that ran another module's test in between rebuilt it.
+pytestmark = pytest.mark.xdist_group("plugin_toy")
+
 STEP = float(torch.tensor(0.1, dtype=torch.float16))  # 0.0999755859375: what a float16 scale holds
 ON = "1dp"
 

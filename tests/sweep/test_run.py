@@ -6,9 +6,11 @@ import csv
 import json
 import statistics
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _cell_reports import cells_without_reports  # tests/sweep is on sys.path (pytest prepends a test file's folder)
 from typer.testing import CliRunner
 
 import modelopt.sweep.file
@@ -177,24 +179,39 @@ def _csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-# A one-choice menu (int8 per-channel or float per layer) keeps quantization, the costly part, small.
-MINI = GOOD + "bits: [8]\ngranularity: [per_channel]\ncompressors: [quantize]\n"
+# A one-choice menu (int8 per-channel or float per layer) keeps quantization, the costly part, small. The sweeps run
+# on `small_workload` (846 images: val, calib and confirm 169 each, where cifar10-exact-sample confirms on 1,000), at a
+# floor its val can certify. A budget counts val passes of 169 images: 4 is 3 trials, the first costing 2 (its own
+# pass and GPTQ's one-time pass over the 169 calib images).
+MINI = (GOOD.replace("budgets: [2, 3]", "budgets: [2, 4]")
+        + "bits: [8]\ngranularity: [per_channel]\ncompressors: [quantize]\nmin_retention: 0.9\n")
+ONE_BUDGET = MINI.replace("budgets: [2, 4]", "budgets: [1]")  # a cell of one trial
+FLOOR = 0.9
+
+
+@pytest.fixture
+def no_cell_reports() -> Iterator[None]:
+    """The sweep's cells write no run report (tests/sweep/_cell_reports.py): these tests read journals and tables."""
+    with cells_without_reports():
+        yield
 
 
 @pytest.fixture(scope="session")
-def mini(tmp_path_factory, resnet20_workload):
+def mini(tmp_path_factory, small_workload):
     """The sweep run once, after seed 1's cell was started and killed after one trial."""
     import modelopt
 
     path = _write(tmp_path_factory.mktemp("sweep"), MINI)
     sweep = load_sweep(path)
     partial = sweep.cell_dir("resnet20", "random", 1)
-    modelopt.optimize(resnet20_workload, strategy="random", budget=1, out=partial, seed=1, bits=[8],
-                      granularity=["per_channel"], progress=False, compressors=["quantize"], reconstruct=False)
+    modelopt.optimize(small_workload, strategy="random", budget=1, out=partial, seed=1, bits=[8], min_retention=FLOOR,
+                      granularity=["per_channel"], progress=False, compressors=["quantize"], reconstruct=False,
+                      report=False)  # killed runs write no report
     (partial / "summary.json").unlink()  # killed before it finished
     before = [c.status for c in sweep.cells()]
     first_trial = (partial / "trials.jsonl").read_bytes()
-    result = run_sweep(path, progress=False, workloads={"resnet20": resnet20_workload})
+    with cells_without_reports():
+        result = run_sweep(path, progress=False, workloads={"resnet20": small_workload})
     return path, result, before, first_trial
 
 
@@ -209,22 +226,22 @@ def test_the_mini_sweep_runs_each_cell_once_at_the_largest_budget(mini):
     for seed in (0, 1):
         cell = out / "runs" / "resnet20" / "random" / f"seed{seed}"
         records = _journal(cell)
-        assert [r["number"] for r in records] == [0, 1, 2]  # one run at budget 3, none at 2
-        # Three trials of the whole val split, plus GPTQ's one-time pass over 256 calib images.
-        assert sum(r["cost"] for r in records) == pytest.approx(3 + 256 / 423)
+        assert [r["number"] for r in records] == [0, 1, 2]  # one run at budget 4, none at 2
+        # Three trials of the whole val split, plus GPTQ's one-time pass over the 169 calib images.
+        assert sum(r["cost"] for r in records) == pytest.approx(3 + 169 / 169)
         assert (cell / "summary.json").exists()
     assert sorted(p.name for p in (out / "runs" / "resnet20" / "random").iterdir()) == ["seed0", "seed1"]
     rows = _csv(out / "table.csv")
     assert [(r["model"], r["strategy"], r["budget"], r["n_seeds"]) for r in rows] == [
-        ("resnet20", "random", "2", "2"), ("resnet20", "random", "3", "2")]
-    assert [r["budget"] for r in result.rows] == [2, 3]
+        ("resnet20", "random", "2", "2"), ("resnet20", "random", "4", "2")]
+    assert [r["budget"] for r in result.rows] == [2, 4]
     md = (out / "table.md").read_text()
     assert md == result.markdown and "## resnet20" in md and "| random | 2 | 2 (" in md
 
 
 def _best_within(records, budget):
     """The oracle: the best feasible record whose cumulative cost is within budget (runner's order)."""
-    obj, spent, best = Objective("size", 0.99), 0.0, None
+    obj, spent, best = Objective("size", FLOOR), 0.0, None
     for r in records:
         spent += r["cost"]
         if spent > budget + 1e-9:
@@ -241,7 +258,7 @@ def test_smaller_budgets_are_read_from_the_largest_budgets_trace(mini):
     _, result, *_ = mini
     out = result.sweep.out
     by_budget = {row["budget"]: row for row in result.rows}
-    for budget in (2, 3):
+    for budget in (2, 4):
         comps = []
         for seed in (0, 1):
             best = _best_within(_journal(out / "runs" / "resnet20" / "random" / f"seed{seed}"), budget)
@@ -256,17 +273,17 @@ def test_smaller_budgets_are_read_from_the_largest_budgets_trace(mini):
     for seed in (0, 1):
         summary = json.loads((out / "runs" / "resnet20" / "random" / f"seed{seed}" / "summary.json").read_text())
         test_ret.append(1.0 if summary["best"] is None else summary["best"]["test"]["retention"])
-    assert by_budget[3]["test_retention_mean"] == pytest.approx(statistics.fmean(test_ret))
+    assert by_budget[4]["test_retention_mean"] == pytest.approx(statistics.fmean(test_ret))
     for row in result.rows:
         # Size does not depend on the data: test compression is val compression.
         assert row["test_compression_median"] == pytest.approx(row["val_compression_median"])
         assert row["lead_vs_random_pct"] != row["lead_vs_random_pct"]  # NaN: no lead over itself
-        assert row["random_best_target"] == pytest.approx(by_budget[3]["val_reduction_median"])
-        assert row["budget_to_random_best"] == "never" or 0 < row["budget_to_random_best"] <= 3
+        assert row["random_best_target"] == pytest.approx(by_budget[4]["val_reduction_median"])
+        assert row["budget_to_random_best"] == "never" or 0 < row["budget_to_random_best"] <= 4
 
 
 @pytest.mark.slow
-def test_at_its_own_budget_a_cell_states_what_its_run_reported(mini, resnet20_workload, tmp_path):
+def test_at_its_own_budget_a_cell_states_what_its_run_reported(mini, small_workload, tmp_path):
     """The table replays nothing at a run's own budget: the seed's plan and test figures are its summary.json's,
     even where a replay of confirmation would pick another; data paths in the table are relative to the repository."""
     import shutil
@@ -283,15 +300,15 @@ def test_at_its_own_budget_a_cell_states_what_its_run_reported(mini, resnet20_wo
     summary["best"] = {"trial": 0, "plan_key": first["plan_key"], "plan": {}, "val": None, "confirm": None,
                        "test": {**first["metrics"], "split": "test", "retention": 0.5, "compression": 2.5}}
     (cell / "summary.json").write_text(json.dumps(summary))
-    make_table(out, workloads={"resnet20": resnet20_workload}, device="cpu")
+    make_table(out, workloads={"resnet20": small_workload}, device="cpu")
     seeds = {(r["budget"], r["seed"]): r for r in _csv(out / "table_seeds.csv")}
-    own = seeds[("3", "0")]
+    own = seeds[("4", "0")]
     assert (own["best_trial"], float(own["test_retention"]), float(own["test_compression"])) == ("0", 0.5, 2.5)
     assert "what-if" in (out / "table.md").read_text()
 
 
 @pytest.mark.slow
-def test_a_second_run_skips_finished_cells_and_rebuilds_the_table_from_the_folders(mini, resnet20_workload,
+def test_a_second_run_skips_finished_cells_and_rebuilds_the_table_from_the_folders(mini, small_workload, small_data,
                                                                                   monkeypatch):
     path, first, *_ = mini
     out = first.sweep.out
@@ -305,14 +322,14 @@ def test_a_second_run_skips_finished_cells_and_rebuilds_the_table_from_the_folde
 
     def fake_load(config, **kw):  # make_table rebuilds the workload from run.json
         calls.append((config.model, config.data, config.weights, config.data_seed))
-        return resnet20_workload
+        return small_workload
 
     monkeypatch.setattr(modelopt.sweep.table, "load_workload", fake_load)
     result = runner.invoke(app, ["sweep", str(path), "--no-progress"])
     assert result.exit_code == 0, result.output
     assert "Ran 0 of 2 cells" in result.stdout and "resnet20" in result.stdout
     assert {p: p.read_bytes() for p in out.glob("runs/*/*/*/trials.jsonl")} == journals  # no trial added
-    assert calls == [("cifar10_resnet20", "cifar10-exact-sample", None, 0)]  # the shared workload's data
+    assert calls == [("cifar10_resnet20", str(small_data), None, 0)]  # the shared workload's data
     assert (out / "table.csv").read_text() == table
     assert len(_csv(out / "table_seeds.csv")) == 4  # 2 seeds x 2 budgets
 
@@ -366,9 +383,9 @@ def test_an_only_pattern_matching_no_cell_and_a_bad_workers_are_refused_on_a_dry
 
 
 @pytest.mark.slow
-def test_only_runs_the_matching_cells_in_the_order_given(tmp_path, resnet20_workload):
-    path = _write(tmp_path, MINI.replace("budgets: [2, 3]", "budgets: [1]"))
-    result = run_sweep(path, progress=False, workloads={"resnet20": resnet20_workload}, only=["*/random/seed1"])
+def test_only_runs_the_matching_cells_in_the_order_given(tmp_path, small_workload, no_cell_reports):
+    path = _write(tmp_path, ONE_BUDGET)
+    result = run_sweep(path, progress=False, workloads={"resnet20": small_workload}, only=["*/random/seed1"])
     assert [(c.strategy, c.seed) for c in result.ran] == [("random", 1)]
     sweep = load_sweep(path)
     assert len(_journal(sweep.cell_dir("resnet20", "random", 1))) == 1
@@ -376,7 +393,7 @@ def test_only_runs_the_matching_cells_in_the_order_given(tmp_path, resnet20_work
 
 
 @pytest.mark.slow
-def test_compressors_key_is_checked_by_name_and_against_started_cells(tmp_path, resnet20_workload):
+def test_compressors_key_is_checked_by_name_and_against_started_cells(tmp_path, small_workload):
     import modelopt
 
     with pytest.raises(ConfigError, match=r"line \d+, key 'compressors': unknown compressor 'quantise'"):
@@ -385,14 +402,17 @@ def test_compressors_key_is_checked_by_name_and_against_started_cells(tmp_path, 
     sweep = load_sweep(path)
     assert sweep.compressors == ("quantize",)
     started = sweep.cell_dir("resnet20", "random", 0)
-    modelopt.optimize(resnet20_workload, strategy="random", budget=1, out=started, bits=[8],
-                      granularity=["per_channel"], progress=False, compressors=["prune", "quantize"], reconstruct=False)
+    # A cell started with pruning too: a small menu (one sparsity of one kind), no latency timing of the finalists.
+    modelopt.optimize(small_workload, strategy="random", budget=1, out=started, bits=[8], min_retention=FLOOR,
+                      granularity=["per_channel"], progress=False, compressors=["prune", "quantize"], reconstruct=False,
+                      sparsity=[0.5], kind=["unstructured"], latency=None, report=False)
     with pytest.raises(ConfigError, match="compressors=\\['prune', 'quantize'\\]"):
-        run_sweep(path, progress=False, workloads={"resnet20": resnet20_workload})
+        run_sweep(path, progress=False, workloads={"resnet20": small_workload})
 
 
 @pytest.mark.slow
-def test_a_cell_out_of_cuda_memory_frees_the_cache_and_the_grid_goes_on(tmp_path, resnet20_workload, monkeypatch):
+def test_a_cell_out_of_cuda_memory_frees_the_cache_and_the_grid_goes_on(tmp_path, small_workload, monkeypatch,
+                                                                        no_cell_reports):
     import torch
 
     from modelopt.sweep import cell_run
@@ -408,7 +428,7 @@ def test_a_cell_out_of_cuda_memory_frees_the_cache_and_the_grid_goes_on(tmp_path
 
     monkeypatch.setattr(cell_run, "optimize", optimize)  # each cell runs through the API
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
-    path = _write(tmp_path, MINI.replace("budgets: [2, 3]", "budgets: [1]"))
-    result = run_sweep(path, progress=False, workloads={"resnet20": resnet20_workload})
+    path = _write(tmp_path, ONE_BUDGET)
+    result = run_sweep(path, progress=False, workloads={"resnet20": small_workload})
     assert calls == ["seed0", "empty_cache", "seed1"]  # freed before the next cell starts
     assert [(c.strategy, c.seed) for c in result.ran] == [("random", 1)]

@@ -7,10 +7,12 @@ import importlib.util
 import json
 import os
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _cell_reports import cells_without_reports  # tests/sweep is on sys.path (pytest prepends a test file's folder)
 from typer.testing import CliRunner
 
 from modelopt.cli.app import app
@@ -18,7 +20,9 @@ from modelopt.errors import ConfigError
 from modelopt.sweep import cell_run, load_sweep, on_ray, run_sweep
 from modelopt.sweep import run as sweep_run
 from modelopt.testing.cli import assert_one_line_error
+from modelopt.testing.env import child_env
 
+HERE = Path(__file__).resolve().parent
 runner = CliRunner()
 
 # A one-choice menu (int8 per-channel or float per layer, nearest rounding: no GPTQ pass in the driver or in each
@@ -70,32 +74,57 @@ def _start_partial(path: Path, workload: Any) -> bytes:
     partial = load_sweep(path).cell_dir("resnet20", "random", 1)
     modelopt.optimize(workload, strategy="random", budget=1, out=partial, seed=1, bits=[8], device="cpu",
                       granularity=["per_channel"], progress=False, compressors=["quantize"], rounding=["nearest"],
-                      reconstruct=False, min_retention=load_sweep(path).config.min_retention)
+                      reconstruct=False, min_retention=load_sweep(path).config.min_retention,
+                      report=False)  # killed runs write no report
     (partial / "summary.json").unlink()  # killed before it finished
     return (partial / "trials.jsonl").read_bytes()
 
 
+SWEEP_IMAGES = 300  # split 20/20/20/40 %: calib, val and confirm 60 images each, test 120
+
+
 @pytest.fixture(scope="module")
-def ray_cluster():
-    """One local cluster for the module: run_sweep uses a running one and leaves it up."""
+def sweep_data(small_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first SWEEP_IMAGES of `small_data`'s real CIFAR-10 images (test order: every class about equally): each
+    cell's Ray worker loads its own copy, scores the float model on all of them and each plan on val and confirm."""
+    import numpy as np
+
+    path = tmp_path_factory.mktemp("sweep_data") / f"cifar10_{SWEEP_IMAGES}.npz"
+    with np.load(small_data) as f:
+        np.savez(path, x=f["x"][:SWEEP_IMAGES], y=f["y"][:SWEEP_IMAGES])
+    return path
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Any]:
+    """One local cluster for the module: run_sweep uses a running one and leaves it up. Its workers run their cells
+    without reports (`_cell_reports.off`, importable through PYTHONPATH, as this checkout), as the serial sweep here."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield ray
-    ray.shutdown()
+    with pytest.MonkeyPatch.context() as env:  # the cluster's processes inherit it; this process's is restored
+        env.setenv("PYTHONPATH", f"{HERE}{os.pathsep}{child_env()['PYTHONPATH']}")
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
+                 runtime_env={"worker_process_setup_hook": "_cell_reports.off"})
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")  # the test process that runs the other Ray clusters (tests/executors/test_ray.py)
-def test_workers_give_the_serial_journals_and_table_and_resume_a_partial_cell(tmp_path, small_data, small_workload,
-                                                                           ray_cluster):
-    # The 846-image sample (each Ray worker builds its own workload from the file), at a floor its val can certify.
-    small = MINI.replace("cifar10-exact-sample", str(small_data)) + "min_retention: 0.9\n"
+def test_workers_give_the_serial_journals_and_table_and_resume_a_partial_cell(tmp_path, sweep_data, ray_cluster):
+    # The 300-image file (each Ray worker builds its own workload from it), at a floor its 60 val images can certify.
+    from modelopt.api import build_workload
+
+    small = MINI.replace("cifar10-exact-sample", str(sweep_data)) + "min_retention: 0.9\n"
+    workload = build_workload("cifar10_resnet20", str(sweep_data), device="cpu")
     serial, ray_sweep = _write(tmp_path / "serial", small), _write(tmp_path / "ray", small)
-    _start_partial(serial, small_workload)
-    first_trial = _start_partial(ray_sweep, small_workload)
+    _start_partial(serial, workload)
+    first_trial = _start_partial(ray_sweep, workload)
     assert [c.status for c in load_sweep(ray_sweep).cells()] == ["todo", "partial"]
-    want = run_sweep(serial, progress=False, workloads={"resnet20": small_workload})
-    got = run_sweep(ray_sweep, progress=False, workers=2, workloads={"resnet20": small_workload})  # the table's
+    with cells_without_reports():  # the journals and tables are what is compared
+        want = run_sweep(serial, progress=False, workloads={"resnet20": workload})
+    got = run_sweep(ray_sweep, progress=False, workers=2, workloads={"resnet20": workload})  # the table's
     assert ray_cluster.is_initialized()  # not started by the sweep, so not shut down by it
     assert [(c.strategy, c.seed) for c in got.ran] == [("random", 0), ("random", 1)]
     partial = got.sweep.cell_dir("resnet20", "random", 1) / "trials.jsonl"
