@@ -7,15 +7,29 @@ import pytest
 from modelopt.api import build_compressors
 from modelopt.compressors import Granularity, QuantSpec
 from modelopt.evaluation.evaluator import Evaluator
+from modelopt.model.workload import Workload
 from modelopt.plan.space import SearchSpace
+
+# Every bit width and granularity, rounded to nearest, no batch-norm re-estimation.
+QUANTIZE = {"quantize": {"bits": [8, 4, 3, 2], "granularity": ["per_channel", "group", "per_tensor"],
+                         "rounding": ["nearest"], "norm_images": 0}}
+
+
+def quantize_evaluator(workload: Workload) -> Evaluator:
+    """`workload` with the export tests' quantize menu (`QUANTIZE`)."""
+    return Evaluator(workload, SearchSpace(workload.layers, build_compressors(["quantize"], QUANTIZE)))
 
 
 @pytest.fixture(scope="session")
 def r20_evaluator(resnet20_workload) -> Evaluator:
-    comps = build_compressors(["quantize"], {"quantize": {"bits": [8, 4, 3, 2],
-                                                          "granularity": ["per_channel", "group", "per_tensor"],
-                                                          "rounding": ["nearest"], "norm_images": 0}})
-    return Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, comps))
+    return quantize_evaluator(resnet20_workload)
+
+
+@pytest.fixture(scope="session")
+def small_r20_evaluator(small_workload) -> Evaluator:
+    """The same menu on the small sample (846 images): for run folders, which an export rebuilds from run.json,
+    decoding and predicting every image of the run's data again."""
+    return quantize_evaluator(small_workload)
 
 
 @pytest.fixture(scope="session")

@@ -19,12 +19,13 @@ from modelopt.testing.cli import assert_one_line_error
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, r20_evaluator):
-    """A run folder laid out as the runner writes it: run.json, trials.jsonl, best_plan.yaml."""
-    ev = r20_evaluator
+def run_dir(tmp_path_factory, small_r20_evaluator, small_data):
+    """A run folder laid out as the runner writes it: run.json, trials.jsonl, best_plan.yaml (its data the small
+    sample: each export rebuilds the run's workload from run.json)."""
+    ev = small_r20_evaluator
     space = ev.space
     folder = tmp_path_factory.mktemp("run")
-    config = {"model": "cifar10_resnet20", "weights": None, "data": "cifar10-exact-sample", "data_seed": 0,
+    config = {"model": "cifar10_resnet20", "weights": None, "data": str(small_data), "data_seed": 0,
               "strategy": "random", "seed": 0, "compressors": {c.name: c.options() for c in space.compressors.values()},
               "device": "cpu", **ev.workload.fingerprints()}
     (folder / "run.json").write_text(json.dumps(config))
@@ -37,11 +38,11 @@ def run_dir(tmp_path_factory, r20_evaluator):
 
 
 @pytest.mark.slow
-def test_export_best_and_trial(run_dir, r20_evaluator):
+def test_export_best_and_trial(run_dir, small_r20_evaluator):
     path = modelopt.export(run_dir)
     assert path == run_dir / "model-best.pt"
-    plan = r20_evaluator.space.uniform("quantize", QuantSpec(4))
-    assert os.path.getsize(path) <= r20_evaluator.plan_cost(plan).size_bytes + CONTAINER_BYTES
+    plan = small_r20_evaluator.space.uniform("quantize", QuantSpec(4))
+    assert os.path.getsize(path) <= small_r20_evaluator.plan_cost(plan).size_bytes + CONTAINER_BYTES
     net = modelopt.load(path)
     assert_norms_run_on_cuda(net)
     assert net.conv1.weight.unique().numel() <= 16 * 16  # 16 output channels x 16 int4 codes
@@ -49,7 +50,7 @@ def test_export_best_and_trial(run_dir, r20_evaluator):
     assert os.path.getsize(p8) > 1.8 * os.path.getsize(path)  # trial 1 is the INT8 plan
 
 
-def test_export_errors(run_dir, r20_evaluator, tmp_path):
+def test_export_errors(run_dir, small_r20_evaluator, tmp_path):
     with pytest.raises(ConfigError, match="no trial 7"):
         modelopt.export(run_dir, plan=7)
     with pytest.raises(ConfigError, match=r"trial 2 .* failed"):
@@ -57,9 +58,9 @@ def test_export_errors(run_dir, r20_evaluator, tmp_path):
     with pytest.raises(ConfigError, match="unknown export format 'tflite'"):
         modelopt.export(run_dir, format="tflite")
     with pytest.raises(ConfigError, match="pass out=PATH"):
-        modelopt.export(r20_evaluator, plan={"default": {"quantize": {"bits": 8}}})
+        modelopt.export(small_r20_evaluator, plan={"default": {"quantize": {"bits": 8}}})
     with pytest.raises(ConfigError, match="needs a run folder"):
-        modelopt.export(r20_evaluator, out=tmp_path / "x.pt")
+        modelopt.export(small_r20_evaluator, out=tmp_path / "x.pt")
     with pytest.raises(LoadError, match="not a modelopt run folder"):
         modelopt.export(tmp_path)
 
@@ -78,8 +79,12 @@ def test_cli_export(run_dir, tmp_path):
 
 @pytest.mark.slow
 def test_a_real_run_exports_and_reloads(tmp_path, small_workload):
+    # The default compressors and solvers (GPTQ, SparseGPT, repair) on short menus: before its first trial a run
+    # computes every choice of every layer, which at the default six quantize and six prune choices was half of the
+    # test. No report and no latency: what the export reads is the plan.
     result = modelopt.optimize(small_workload, budget=2, strategy="random", min_retention=0.0, out=tmp_path / "run",
-                               progress=False, reconstruct=False)
+                               progress=False, reconstruct=False, report=False, latency=None, bits=[8, 4],
+                               granularity=["per_channel"], sparsity=[0.5])
     assert result.best is not None
     runner = CliRunner()
     cli = runner.invoke(app, ["export", str(result.run_dir)])

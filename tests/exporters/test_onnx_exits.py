@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,8 +38,11 @@ EXITS = {"early_exit": {"exits": {"layer1.2": 0.8, "layer2.2": 0.9}}}
 
 @pytest.fixture(scope="session")
 def ev(resnet20_workload) -> Evaluator:
+    # The plan's two exits are the only candidates: two heads are fitted, not eight.
     options = {"quantize": {"bits": [8], "granularity": ["per_channel"], "activations": [None, 8],
-                            "rounding": ["nearest"], "norm_images": 0}}
+                            "rounding": ["nearest"], "norm_images": 0},
+               "early_exit": {"exits": [f"{block}.conv2" for block in EXITS["early_exit"]["exits"]],
+                              "blocks": list(EXITS["early_exit"]["exits"])}}
     wl = resnet20_workload
     return Evaluator(wl, SearchSpace(wl.layers, build_compressors(["quantize", "early_exit"], options, model=wl.model)))
 
@@ -47,8 +52,15 @@ def plan(ev):
     return ev.space.parse_plan({"default": {"quantize": {"bits": 8, "activations": 8}}, **EXITS})
 
 
-def test_an_exit_plan_runs_without_modelopt_as_the_engine_scored_it(ev, plan, tmp_path) -> None:
-    folder = export_onnx_exits(ev, plan, tmp_path / "r20-exits").path
+@pytest.fixture(scope="session")
+def exported(ev, plan, tmp_path_factory) -> Path:
+    """The plan's folder, exported once (three segments through torch.onnx each time) for the tests that read it;
+    a test that changes it changes a copy."""
+    return export_onnx_exits(ev, plan, tmp_path_factory.mktemp("exits") / "r20-exits").path
+
+
+def test_an_exit_plan_runs_without_modelopt_as_the_engine_scored_it(ev, plan, exported, tmp_path) -> None:
+    folder = exported
     manifest = json.loads((folder / "exits.json").read_text())
     assert [s.get("exit") for s in manifest["segments"]] == ["layer1.2", "layer2.2", None]
     assert sorted(p.name for p in folder.iterdir()) == ["exits.json", "predict.py", "segment0.onnx",
@@ -64,7 +76,8 @@ def test_an_exit_plan_runs_without_modelopt_as_the_engine_scored_it(ev, plan, tm
         np.save({str(tmp_path / 'logits.npy')!r}, logits); np.save({str(tmp_path / 'exits.npy')!r}, exit_at)
         assert not {{"torch", "modelopt"}} & set(sys.modules), "predict.py imported torch or modelopt"
     """)
-    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path, timeout=300)
+    # -B: importing predict.py writes no __pycache__ into the folder the other tests share
+    subprocess.run([sys.executable, "-B", "-c", script], check=True, cwd=tmp_path, timeout=300)
     logits, exit_at = np.load(tmp_path / "logits.npy"), np.load(tmp_path / "exits.npy")
 
     timer = PlanLatency(ev, LatencySpec("onnxruntime", batch_size=1, warmup=1, repeats=3))
@@ -79,10 +92,9 @@ def test_an_exit_plan_runs_without_modelopt_as_the_engine_scored_it(ev, plan, tm
     assert float((torch.from_numpy(exit_at) == sim_exits).double().mean()) >= 0.95
 
 
-def test_a_batch_is_answered_in_input_order_whatever_leaves(ev, plan, tmp_path) -> None:
+def test_a_batch_is_answered_in_input_order_whatever_leaves(ev, exported) -> None:
     """Rows that stay go on alone and are scattered back: a batch gives each row what it gives alone."""
-    folder = export_onnx_exits(ev, plan, tmp_path / "exits").path
-    predictor = Predictor(str(folder), threads=1)
+    predictor = Predictor(str(exported), threads=1)
     x = ev.workload.split("val").x[:64].numpy()
     logits, exit_at = predictor.run_with_exits(x)
     alone = [predictor.run_with_exits(x[i : i + 1]) for i in range(len(x))]
@@ -90,12 +102,11 @@ def test_a_batch_is_answered_in_input_order_whatever_leaves(ev, plan, tmp_path) 
     assert np.allclose(logits, np.concatenate([lg for lg, _ in alone]), atol=1e-4)
 
 
-def test_openvino_runs_the_exported_folder(ev, plan, tmp_path) -> None:
+def test_openvino_runs_the_exported_folder(ev, exported) -> None:
     pytest.importorskip("openvino")
-    folder = export_onnx_exits(ev, plan, tmp_path / "exits").path
     x = ev.workload.split("test").x[:256].numpy()
-    ort_logits, ort_exits = Predictor(str(folder), threads=1).run_with_exits(x)
-    ov_logits, ov_exits = Predictor(str(folder), engine="openvino", threads=1, precision="f32").run_with_exits(x)
+    ort_logits, ort_exits = Predictor(str(exported), threads=1).run_with_exits(x)
+    ov_logits, ov_exits = Predictor(str(exported), engine="openvino", threads=1, precision="f32").run_with_exits(x)
     assert (ov_logits.argmax(1) == ort_logits.argmax(1)).mean() >= 0.97
     assert (ov_exits == ort_exits).mean() >= 0.95
 
@@ -120,10 +131,10 @@ def test_one_file_refuses_exits_and_a_folder_is_not_overwritten_by_accident(ev, 
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
 
 
-def test_predict_py_says_what_input_it_expects(ev, plan, tmp_path) -> None:
+def test_predict_py_says_what_input_it_expects(ev, exported, tmp_path) -> None:
     """Raw uint8 pixels were answered 7.5 % right with no word; a 3-D, channels-last or other-sized batch, or a
     missing file, ended in ONNX Runtime's error or a traceback. Each is one line saying what is expected."""
-    folder = export_onnx_exits(ev, plan, tmp_path / "exits").path
+    folder = Path(shutil.copytree(exported, tmp_path / "exits"))  # its files are removed below
     predictor = Predictor(str(folder), threads=1)
     x = ev.workload.split("val").x[:4].numpy()
     for bad, says in [(x[0], "batch of float32 images of shape \\(N, 3, 32, 32\\)"),

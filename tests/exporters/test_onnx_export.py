@@ -168,14 +168,23 @@ def test_integer_inputs_on_layers_whose_biases_the_exporter_merged(small_data, t
     assert agreement >= 0.95, agreement
 
 
-def test_a_plan_that_removes_blocks_exports_without_them_and_agrees(resnet20_workload, tmp_path):
+@pytest.fixture(scope="session")
+def depth_evaluator(resnet20_workload):
+    """ResNet-20 with removable blocks and W8A8 offered: the two tests that remove blocks share it, and with it the
+    means of every block's output on the calib images, which the repair of a removed block reads."""
     from modelopt.api import build_compressors
-    from modelopt.compressors.depth import SKIP
     from modelopt.evaluation.evaluator import Evaluator
     from modelopt.plan.space import SearchSpace
 
-    ev = Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, build_compressors(
-        ["depth", "quantize"], {"quantize": {"bits": [8], "activations": [None, 8]}})))
+    return Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, build_compressors(
+        ["depth", "quantize"], {"quantize": {"bits": [8], "activations": [None, 8], "rounding": ["nearest"],
+                                             "norm_images": 0}})))
+
+
+def test_a_plan_that_removes_blocks_exports_without_them_and_agrees(depth_evaluator, tmp_path):
+    from modelopt.compressors.depth import SKIP
+
+    ev = depth_evaluator
     float_skip = ev.space.plan({"layer2.2.conv2/depth": SKIP})
     info = export_onnx(ev, float_skip, tmp_path / "skip.onnx", activations=False)
     inits = {i.name for i in onnx.load(info.path).graph.initializer}
@@ -221,18 +230,13 @@ def test_relu6_is_quantized_after_the_clip_once_and_folded_into_the_integer_conv
     assert agreement >= 0.95, agreement
 
 
-def test_a_removed_branchs_constant_is_added_by_an_integer_conv_not_a_float_add(resnet20_workload, tmp_path):
+def test_a_removed_branchs_constant_is_added_by_an_integer_conv_not_a_float_add(depth_evaluator, tmp_path):
     """A removed block computes relu(x + c). Exported as a float Add, ONNX Runtime ran DequantizeLinear, Add and
     QuantizeLinear in float there; as a 1x1 identity conv with bias c it runs one QLinearConv."""
-    from modelopt.api import build_compressors
     from modelopt.compressors import QuantSpec
     from modelopt.compressors.depth import SKIP
-    from modelopt.evaluation.evaluator import Evaluator
-    from modelopt.plan.space import SearchSpace
 
-    ev = Evaluator(resnet20_workload, SearchSpace(resnet20_workload.layers, build_compressors(
-        ["depth", "quantize"], {"quantize": {"bits": [8], "activations": [None, 8], "rounding": ["nearest"],
-                                             "norm_images": 0}})))
+    ev = depth_evaluator
     w8a8 = ev.space.uniform("quantize", QuantSpec(8).with_activations(8))
     plan = ev.space.plan({**dict(w8a8.choices), "layer1.0.conv2/depth": SKIP})
     info = export_onnx(ev, plan, tmp_path / "skip.onnx")
