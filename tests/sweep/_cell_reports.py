@@ -1,7 +1,7 @@
 """Sweep cells without their run reports: in this process, and in the Ray workers that run cells (as their setup
 hook, `off`). A sweep file has no key that turns a cell's report off (`optimize(report=False)`), and the tests that
-use this read journals and tables; each cell's report (the run report, tested in tests/reports: two matplotlib
-figures) cost ~5 s of CPU, more than a small cell's search."""
+use this read journals and tables; each cell's report (the run report, tested in tests/reports: three matplotlib
+figures) cost 1-1.5 s of CPU, and a Ray worker's first one ~2 s more to import and set up matplotlib."""
 
 from __future__ import annotations
 
