@@ -73,15 +73,17 @@ def friendly(fn: F) -> F:
             if fn.__name__ not in _JOURNALED:  # export, evaluate, report: no journal, no --resume
                 verb = fn.__name__.rstrip("_")
                 left = _INTERRUPTED_WRITES.get(verb, "it writes nothing")
-                err.print(f"[yellow]{what}[/]: {verb} did not finish; {left}; run the same command again")
+                err.print(f"[yellow]{what}[/]: {verb} did not finish; {left}; run the same command again",
+                          soft_wrap=True)
             elif fn.__name__ == "sweep":  # no --resume: the same command skips finished cells, resumes the rest
                 err.print(f"[yellow]{what}[/]: finished cells and trials are kept; run the same sweep command again to "
-                          "continue (finished cells are skipped, a partial one resumed)")
+                          "continue (finished cells are skipped, a partial one resumed)", soft_wrap=True)
             elif getattr(exc, "started", True):
-                err.print(f"[yellow]{what}[/]: finished trials are in the journal; rerun with --resume to continue")
+                err.print(f"[yellow]{what}[/]: finished trials are in the journal; rerun with --resume to continue",
+                          soft_wrap=True)
             else:
                 err.print(f"[yellow]{what}[/] while loading, before the run began: nothing was written; run the same "
-                          "command again")
+                          "command again", soft_wrap=True)
             raise typer.Exit(143 if isinstance(exc, Terminated) else 130) from None
 
     return cast(F, friendly)
