@@ -1,5 +1,6 @@
-"""Faults injected into real small runs (ResNet-20 on 846 bundled images): each is recorded as a failed
-trial or stops the run with one clear error; either way the journal stays valid and --resume goes on.
+"""Faults injected into real small runs (ResNet-20 on 400 of the bundled images, `fewer_data`: the faults are in the
+journal, the strategy's state and the trials, which the figures' precision does not touch): each is recorded as a
+failed trial or stops the run with one clear error; either way the journal stays valid and --resume goes on.
 
 | fault                                  | expected                                                  |
 | -------------------------------------- | --------------------------------------------------------- |
@@ -116,7 +117,7 @@ def faulty(monkeypatch):
      "OutOfMemoryError: CUDA out of memory"),
 ], ids=["compressor_raises", "nan_logits", "cuda_oom"])
 @pytest.mark.slow
-def test_a_failing_plan_is_recorded_and_the_run_resumes(tmp_path, small_workload, faulty, fault, needle, monkeypatch):
+def test_a_failing_plan_is_recorded_and_the_run_resumes(tmp_path, fewer_workload, faulty, fault, needle, monkeypatch):
     faulty.FAULT, faulty.choice = fault, f"fault-{needle}"
     run = tmp_path / "run"
     freed: list[int] = []  # at each torch.cuda.empty_cache(), how many trials the journal held
@@ -127,7 +128,7 @@ def test_a_failing_plan_is_recorded_and_the_run_resumes(tmp_path, small_workload
 
     monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
     opts = dict(QUANT, compressors=["quantize", "faulty"], report=False)
-    first = modelopt.optimize(small_workload, budget=11, out=run, **opts,
+    first = modelopt.optimize(fewer_workload, budget=11, out=run, **opts,
         reconstruct=False)  # past the 4 anchors (hedges included)
     records = _valid_journal(run)
     failed = [r for r in records if r["status"] == "failed"]
@@ -135,7 +136,7 @@ def test_a_failing_plan_is_recorded_and_the_run_resumes(tmp_path, small_workload
     assert all(needle in r["error"] for r in failed), failed[0]["error"]
     assert any(r["status"] == "complete" for r in records)  # the search went on past the failures
     assert first.summary.n_failed == len(failed)
-    again = modelopt.optimize(small_workload, budget=14, out=run, resume=True, **opts, reconstruct=False)
+    again = modelopt.optimize(fewer_workload, budget=14, out=run, resume=True, **opts, reconstruct=False)
     after = _valid_journal(run)
     assert after[: len(records)] == records and len(after) > len(records)
     assert len(again.trials) == len(after)
@@ -147,12 +148,13 @@ def test_a_failing_plan_is_recorded_and_the_run_resumes(tmp_path, small_workload
           f"resumed to {len(after)}")
 
 
-def test_a_compressor_that_raises_in_the_pre_pass_does_not_end_the_run(tmp_path, small_workload):
+def test_a_compressor_that_raises_in_the_pre_pass_does_not_end_the_run(tmp_path, fewer_workload):
     COMPRESSORS.register("faulty")(_Faulty)
     _Faulty.FAULT, _Faulty.choice = RuntimeError("boom in apply"), "fault-pre-pass"
     try:
-        # Budget for several random plans after the anchor: each draws the broken choice with p = 1/2.
-        modelopt.optimize(small_workload, budget=10, out=tmp_path / "run", report=False,
+        # Point estimates: no anchors, so every trial is a random plan, which draws the broken choice with p = 1/2;
+        # the budget pays for five or more.
+        modelopt.optimize(fewer_workload, budget=8, out=tmp_path / "run", report=False, confidence=0,
                           **dict(QUANT, compressors=["quantize", "faulty"]), reconstruct=False)
     finally:
         COMPRESSORS._items.pop("faulty")
@@ -161,7 +163,7 @@ def test_a_compressor_that_raises_in_the_pre_pass_does_not_end_the_run(tmp_path,
 
 
 @pytest.mark.slow
-def test_a_full_disk_stops_the_run_in_one_line_and_resume_continues(tmp_path, small_data, small_workload, monkeypatch):
+def test_a_full_disk_stops_the_run_in_one_line_and_resume_continues(tmp_path, fewer_data, fewer_workload, monkeypatch):
     run = tmp_path / "run"
     real_write, calls = os.write, {"n": 0}
 
@@ -174,20 +176,20 @@ def test_a_full_disk_stops_the_run_in_one_line_and_resume_continues(tmp_path, sm
 
     monkeypatch.setattr(modelopt.run.journal.os, "write", write)
     with pytest.raises(StorageError) as info:
-        modelopt.optimize(small_workload, budget=8, out=run, report=False, **QUANT, reconstruct=False)
+        modelopt.optimize(fewer_workload, budget=8, out=run, report=False, **QUANT, reconstruct=False)
     msg = str(info.value)
     print(f"\nENOSPC: {msg}")
     assert "No space left on device" in msg and "keeps the 3 trials" in msg and "--resume" in msg
     assert len(_valid_journal(run)) == 3  # the half line was cut off again
     assert not list(run.glob("*.tmp")) and not list(run.glob(".*.tmp"))
     monkeypatch.setattr(modelopt.run.journal.os, "write", real_write)
-    done = modelopt.optimize(small_workload, budget=8, out=run, resume=True, report=False, **QUANT, reconstruct=False)
+    done = modelopt.optimize(fewer_workload, budget=8, out=run, resume=True, report=False, **QUANT, reconstruct=False)
     assert len(_valid_journal(run)) == len(done.trials) > 3
     # From the command line the same fault is one line and exit code 2.
     calls["n"] = 0
     monkeypatch.setattr(modelopt.run.journal.os, "write", write)
     result = CliRunner().invoke(app, ["optimize",
-        "--reconstruct", "off", "--data", str(small_data), "--budget", "8", "--strategy", "random",
+        "--reconstruct", "off", "--data", str(fewer_data), "--budget", "8", "--strategy", "random",
                                       "--compressors", "quantize", "--min-retention", str(FLOOR), "--latency", "none",
                                       "--out", str(tmp_path / "cli"), "--no-progress"])
     assert_one_line_error(result, "cannot append to the journal", "No space left on device")
@@ -210,9 +212,9 @@ def _start(run: Path, data: Path, budget: int = 200) -> subprocess.Popen:
 @pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
                          ids=["sigint", "sigterm"])
 @pytest.mark.slow
-def test_a_signal_mid_trial_leaves_a_valid_journal_that_resumes(tmp_path, small_data, small_workload, sig, code, word):
+def test_a_signal_mid_trial_leaves_a_valid_journal_that_resumes(tmp_path, fewer_data, fewer_workload, sig, code, word):
     run = tmp_path / "run"
-    proc = _start(run, small_data)
+    proc = _start(run, fewer_data)
     wait_for_trials(run, 2, proc)
     time.sleep(0.1)  # into the next trial's evaluation
     proc.send_signal(sig)
@@ -228,7 +230,7 @@ def test_a_signal_mid_trial_leaves_a_valid_journal_that_resumes(tmp_path, small_
     before = _valid_journal(run)
     assert not list(run.glob("*.tmp")) and not list(run.glob(".*.tmp"))
     budget = sum(r["cost"] for r in before) + 2  # room for more trials, however far the first process got
-    modelopt.optimize(small_workload, budget=budget, out=run, resume=True, report=False, **QUANT, reconstruct=False)
+    modelopt.optimize(fewer_workload, budget=budget, out=run, resume=True, report=False, **QUANT, reconstruct=False)
     after = _valid_journal(run)
     assert after[: len(before)] == before and len(after) > len(before)
 
@@ -250,9 +252,9 @@ def test_an_interrupt_while_loading_says_nothing_was_started(tmp_path, small_dat
 
 
 @pytest.mark.slow
-def test_a_second_process_on_the_same_out_is_refused_by_the_lock(tmp_path, small_data, small_workload, monkeypatch):
+def test_a_second_process_on_the_same_out_is_refused_by_the_lock(tmp_path, fewer_data, fewer_workload, monkeypatch):
     run = tmp_path / "run"
-    proc = _start(run, small_data)
+    proc = _start(run, fewer_data)
     try:
         wait_for_trials(run, 1, proc)
         cli = CliRunner()
@@ -264,31 +266,41 @@ def test_a_second_process_on_the_same_out_is_refused_by_the_lock(tmp_path, small
         # Past the early check (two starting at once), the runner's own lock refuses it.
         monkeypatch.setattr(modelopt.api, "check_run_folder", lambda *a, **k: None)
         with pytest.raises(RunFolderBusy, match="is in use"):
-            modelopt.optimize(small_workload, budget=300, out=run, resume=True, report=False, **QUANT,
+            modelopt.optimize(fewer_workload, budget=300, out=run, resume=True, report=False, **QUANT,
                 reconstruct=False)
         assert proc.poll() is None
-    finally:
-        proc.send_signal(signal.SIGINT)
+    finally:  # SIGTERM ends it at once (SIGINT would certify first and write the report: seconds, and not the point)
+        proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
     before = _valid_journal(run)
     monkeypatch.undo()
     budget = sum(r["cost"] for r in before) + 2  # room for more trials, however far the first process got
-    modelopt.optimize(small_workload, budget=budget, out=run, resume=True, report=False, **QUANT, reconstruct=False)
+    modelopt.optimize(fewer_workload, budget=budget, out=run, resume=True, report=False, **QUANT, reconstruct=False)
     after = _valid_journal(run)
     assert after[: len(before)] == before and len(after) > len(before)
 
 
-_KILL_AFTER_JOURNAL = """
+# `python THIS STRAIGHT KILLED ARGS...`: `modelopt ARGS --out STRAIGHT` to its end, then `modelopt ARGS --out KILLED`
+# killed right after the journal line of trial KILL_AFTER. One process start for both (each start costs seconds of
+# imports); each run builds its own workload from ARGS' data.
+_STRAIGHT_THEN_KILLED = """
 import os, sys
+from modelopt.cli.app import main
 from modelopt.run import journal
+straight, killed, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+sys.argv = ["modelopt", *args, "--out", straight]
+try:
+    main()
+except SystemExit as end:
+    if end.code not in (0, None):
+        raise
 append = journal.Journal.append
 def append_then_die(self, record):
     append(self, record)
     if record.number == int(os.environ["KILL_AFTER"]):
         os._exit(9)  # as SIGKILL: nothing after the journal line runs
 journal.Journal.append = append_then_die
-sys.argv = ["modelopt", *sys.argv[1:]]
-from modelopt.cli.app import main
+sys.argv = ["modelopt", *args, "--out", killed]
 main()
 """
 
@@ -301,14 +313,15 @@ def _timeless(records: list[dict]) -> list[dict]:
 
 
 @pytest.fixture(scope="session")
-def fewer_data(tmp_path_factory, small_data) -> Path:
-    """The first 400 of the 846 images: three runs a test, each half as long (they are about the strategy's state,
-    not the figures; point estimates, since 80 val images certify no floor)."""
+def fewest_data(tmp_path_factory, fewer_data) -> Path:
+    """The first 200 of the images: three runs a test, each dominated by what a fresh process prepares, which fewer
+    images make cheaper (the test is about the strategy's state, not the figures; point estimates, since 40 val
+    images certify nothing)."""
     import numpy as np
 
-    path = tmp_path_factory.mktemp("fewer") / "cifar10_400.npz"
-    with np.load(small_data) as f:
-        np.savez(path, x=f["x"][:400], y=f["y"][:400])
+    path = tmp_path_factory.mktemp("fewest") / "cifar10_200.npz"
+    with np.load(fewer_data) as f:
+        np.savez(path, x=f["x"][:200], y=f["y"][:200])
     return path
 
 
@@ -318,29 +331,31 @@ def fewer_data(tmp_path_factory, small_data) -> Path:
     # Two plans asked at a time: the kill leaves one in flight, which the resumed run scores first.
     ("prune,quantize", 8, ("--workers", "2", "--executor", "local")),
 ])
-def test_a_kill_right_after_a_journal_line_resumes_as_the_uninterrupted_run(tmp_path, fewer_data, compressors, budget,
+def test_a_kill_right_after_a_journal_line_resumes_as_the_uninterrupted_run(tmp_path, fewest_data, compressors, budget,
                                                                             ahead):
     """The one window where a kill used to change the search: after a trial's journal line, before the
     strategy's state after it. A resumed MCTS then replayed `tell` on the state from before that
-    trial's `ask` and proposed other plans (seen with pruning in the space). Both runs are fresh
-    processes, so no cache of this one (the session's workload) can make them differ. With plans asked
-    ahead, the state also holds the plans in flight and MCTS's virtual losses on their paths."""
+    trial's `ask` and proposed other plans (seen with pruning in the space). No run is in this process, so
+    no cache of the session's workload can make them differ; the resumed run is a fresh process, as after a
+    real kill, and each run builds its own workload. With plans asked ahead, the state also holds the plans
+    in flight and MCTS's virtual losses on their paths."""
     # (Fitting the exit heads costs several evaluations: that run needs a larger budget for 4+ trials.)
-    # Nearest rounding: the window is in the strategy's state, and three runs without GPTQ's passes take half as long.
-    args = ["optimize", "--reconstruct", "off", "--data", str(fewer_data), "--budget", str(budget), "--compressors",
-            compressors, "--min-retention", str(FLOOR), "--confidence", "0", "--latency", "none", "--rounding",
-            "nearest", "--no-progress", *ahead]
+    # Nearest rounding, 8 or 4 bits per channel: the window is in the strategy's state, and three runs without GPTQ's
+    # passes and with a third of the quantization menu's clipping searches take half as long.
+    args = ["optimize", "--reconstruct", "off", "--data", str(fewest_data), "--budget", str(budget), "--compressors",
+            compressors, "--bits", "8,4", "--granularity", "per_channel", "--min-retention", str(FLOOR),
+            "--confidence", "0", "--latency", "none", "--rounding", "nearest", "--no-progress", *ahead]
     env = child_env(OMP_NUM_THREADS="1", KILL_AFTER="1")
-    script = tmp_path / "die_after_journal.py"
-    script.write_text(_KILL_AFTER_JOURNAL)
+    script = tmp_path / "straight_then_killed.py"
+    script.write_text(_STRAIGHT_THEN_KILLED)
 
     def run(*cmd: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, *cmd], env=env, capture_output=True, text=True, timeout=600)
 
-    straight = run("-m", "modelopt", *args, "--out", str(tmp_path / "straight"))
-    assert straight.returncode == 0, straight.stderr
-    died = run(str(script), *args, "--out", str(tmp_path / "killed"))
+    # The uninterrupted run ends well (a failure there exits with its own code), then the other dies after its line.
+    died = run(str(script), str(tmp_path / "straight"), str(tmp_path / "killed"), *args)
     assert died.returncode == 9, died.stderr
+    assert (tmp_path / "straight" / "summary.json").is_file()
     assert len(_valid_journal(tmp_path / "killed")) == 2
     resumed = run("-m", "modelopt", *args, "--out", str(tmp_path / "killed"), "--resume")
     assert resumed.returncode == 0, resumed.stderr

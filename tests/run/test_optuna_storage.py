@@ -15,10 +15,13 @@ optuna = pytest.importorskip("optuna")
 
 
 @pytest.mark.slow
-def test_an_mcts_run_is_exported_with_every_trial_and_reexport_adds_nothing(tmp_path, resnet20_workload):
+def test_an_mcts_run_is_exported_with_every_trial_and_reexport_adds_nothing(tmp_path, fewer_workload):
     url = f"sqlite:///{tmp_path / 'studies.db'}"
-    result = modelopt.optimize(resnet20_workload, strategy="mcts", budget=1, seed=3, out=tmp_path / "r20",
-                               progress=False, storage=url, compressors=["quantize"], reconstruct=False)
+    # 400 images (a 90 % floor, which their 80 val images can certify), rounded to nearest, no latency timing: the
+    # export reads the journal and run.json, whatever figures they hold. The report is written (it is checked below).
+    result = modelopt.optimize(fewer_workload, strategy="mcts", budget=1, seed=3, out=tmp_path / "r20",
+                               progress=False, storage=url, compressors=["quantize"], reconstruct=False,
+                               min_retention=0.9, rounding=["nearest"], latency=None)
     journal = [json.loads(line) for line in (tmp_path / "r20" / "trials.jsonl").read_text().splitlines()]
     assert (tmp_path / "r20" / "report.html").is_file()
     study = optuna.load_study(study_name="r20", storage=url)
@@ -36,7 +39,7 @@ def test_an_mcts_run_is_exported_with_every_trial_and_reexport_adds_nothing(tmp_
         for name, raw in rec["plan"].items():  # the choice's string form, e.g. int4/g64 or float
             want = "float" if raw is None else f"int{raw['bits']}/"
             assert t.params[name].startswith(want)
-    assert study.user_attrs["strategy"] == "mcts" and study.user_attrs["min_retention"] == 0.99
+    assert study.user_attrs["strategy"] == "mcts" and study.user_attrs["min_retention"] == 0.9
     again = export_run(tmp_path / "r20", url)
     assert (again.added, again.skipped) == (0, len(journal))
     assert len(optuna.load_study(study_name="r20", storage=url).trials) == len(journal)
