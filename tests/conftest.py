@@ -156,7 +156,7 @@ def small_sweep(tmp_path_factory, request) -> Path:
         (root / "small.yaml").write_text(
             "name: small\nout: small\nmodels:\n  - name: resnet20\n    model: cifar10_resnet20\n"
             f"strategies: [random, mcts]\nbudgets: [4]\nseeds: [0, 1]\nmin_retention: {SMALL_FLOOR}\n"
-            "compressors: [quantize]\ndevice: cpu\nreconstruct: false\n")
+            "compressors: [quantize]\ndevice: cpu\nreconstruct: false\nlatency: none\n")  # no test reads timings
         run_sweep(root / "small.yaml", progress=False,
                   workloads={"resnet20": request.getfixturevalue("small_workload")})
         return root / "small"

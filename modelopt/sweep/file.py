@@ -27,7 +27,8 @@ __all__ = ["EPS", "Cell", "Sweep", "SweepModel", "cell_status", "load_sweep"]
 _REQUIRED = ("name", "models", "strategies", "budgets", "seeds")
 # The run settings a sweep file may give (RunConfig's fields; every registered compressor's settings too, by
 # name: `Compressor.record.settings()`); a key left out takes RunConfig's default, as `modelopt optimize` does.
-_RUN_KEYS = ("objective", "min_retention", "floors", "confidence", "compressors", "device", "reconstruct", "time")
+_RUN_KEYS = ("objective", "min_retention", "floors", "confidence", "compressors", "device", "reconstruct", "time",
+             "latency")
 _FIXED_KEYS = (*_REQUIRED[:1], "out", *_REQUIRED[1:], *_RUN_KEYS, "workers_per_cell")
 _MODEL_KEYS = ("name", "model", "weights", "data", "unlabeled")
 _MODELS_EXAMPLE = "[{name: resnet20, model: cifar10_resnet20}]"
@@ -309,6 +310,11 @@ def _value(f: _File, key: str, node: yaml.Node, base: Path, declared: Mapping[st
     if key in declared and declared[key][1].kind is SettingKind.PATH:
         return _existing(f, node, key, base, f.string(node, key, "../data/train.npz"))
     value = f.value(node, key)
+    if key == "latency":
+        if value is not None and not isinstance(value, str):
+            raise f.error(node, key, "expected a latency engine: torch, onnxruntime, openvino or none")
+        if value is None or value.lower() == "none":
+            return None  # as `--latency none`: no plan is timed
     # A YAML integer floor (min_retention: 1) is the number it means, saved as a float as the command line saves it.
     return float(value) if key in ("min_retention", "confidence") and _is_number(value) else value
 

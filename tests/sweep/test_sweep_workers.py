@@ -43,6 +43,7 @@ granularity: [per_channel]
 rounding: [nearest]
 compressors: [quantize]
 reconstruct: false
+latency: none
 """
 WALL = {"seconds", "eval_seconds"}  # wall times: the one thing a journal may differ in
 
@@ -165,7 +166,7 @@ def test_workers_per_cell_is_read_and_passed_to_each_run_in_turn(tmp_path, monke
 def test_cli_refuses_a_bad_workers_per_cell_in_one_line(tmp_path, value, needle):
     path = _write(tmp_path, MINI + f"workers_per_cell: {value}\n")
     for args in (["sweep", str(path)], ["sweep", str(path), "--dry-run"]):
-        assert_one_line_error(runner.invoke(app, args), "line 16", "'workers_per_cell'",
+        assert_one_line_error(runner.invoke(app, args), "line 17", "'workers_per_cell'",
                               "positive number of Ray workers", needle)
     assert not (tmp_path / "results").exists()
 
