@@ -64,7 +64,7 @@ def test_retention_bounds_of_counts() -> None:
     assert all(math.isnan(r) for r in PairedCounts(10, 0, 0, 0).retention_bounds(0.95))  # no float-right image
 
 
-@pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5, float("nan"), "high"])
+@pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5, float("nan"), "high", 10**400])  # 10**400: no float holds it
 def test_bad_confidence_is_one_clear_error(bad: object) -> None:
     with pytest.raises(ConfigError, match="confidence"):
         check_confidence(bad)  # type: ignore[arg-type]

@@ -25,8 +25,8 @@ from modelopt.sweep.cells import EPS, Cell, cell_status
 __all__ = ["EPS", "Cell", "Sweep", "SweepModel", "cell_status", "load_sweep"]
 
 _REQUIRED = ("name", "models", "strategies", "budgets", "seeds")
-# The run settings a sweep file may give (RunConfig's fields; every registered compressor's settings too, by
-# name: `Compressor.record.settings()`); a key left out takes RunConfig's default, as `modelopt optimize` does.
+# The run settings a sweep file may give besides every compressor's (`Compressor.record.settings()`); one left out
+# takes RunConfig's default, as `modelopt optimize` does.
 _RUN_KEYS = ("objective", "min_retention", "floors", "confidence", "compressors", "device", "reconstruct", "time",
              "latency")
 _FIXED_KEYS = (*_REQUIRED[:1], "out", *_REQUIRED[1:], *_RUN_KEYS, "workers_per_cell")
@@ -301,8 +301,7 @@ def _workers(f: _File, node: yaml.Node | None) -> int:
 
 
 def _value(f: _File, key: str, node: yaml.Node, base: Path, declared: Mapping[str, tuple[str, Setting]]) -> Any:
-    """A run setting as the file writes it, for `RunConfig.replace` to check; what only a file says is read here: a
-    list's items (each with its line), a device this machine has, a path relative to the file's folder."""
+    """A run setting for `RunConfig.replace` to check; read here: list items (with lines), devices, relative paths."""
     if key == "compressors":
         return tuple(f.names(node, key, "[quantize, prune]", COMPRESSORS.names(), "compressor", unique=False))
     if key == "device":
@@ -310,11 +309,10 @@ def _value(f: _File, key: str, node: yaml.Node, base: Path, declared: Mapping[st
     if key in declared and declared[key][1].kind is SettingKind.PATH:
         return _existing(f, node, key, base, f.string(node, key, "../data/train.npz"))
     value = f.value(node, key)
-    if key == "latency":
-        if value is not None and not isinstance(value, str):
+    if key == "latency":  # an engine's name, or none (as `--latency none`: no plan is timed)
+        if not isinstance(value, (str, type(None))):
             raise f.error(node, key, "expected a latency engine: torch, onnxruntime, openvino or none")
-        if value is None or value.lower() == "none":
-            return None  # as `--latency none`: no plan is timed
+        return None if value is None or value.lower() == "none" else value
     # A YAML integer floor (min_retention: 1) is the number it means, saved as a float as the command line saves it.
     return float(value) if key in ("min_retention", "confidence") and _is_number(value) else value
 

@@ -88,6 +88,8 @@ def _sane(sweep) -> None:
 # What this test found (an OverflowError and a ValueError traceback before the fix):
 @example(doc={"name": "t", "models": [{"name": "r20", "model": "cifar10_resnet20"}], "strategies": ["random"],
               "budgets": [1], "seeds": [0], "min_retention": 10**400})
+@example(doc={"name": "t", "models": [{"name": "r20", "model": "cifar10_resnet20"}], "strategies": ["random"],
+              "budgets": [1], "seeds": [0], "confidence": 10**400})
 @example(doc={"name": "\x00", "models": [{"name": "r20", "model": "cifar10_resnet20"}], "strategies": ["random"],
               "budgets": [1], "seeds": [0]})
 def test_a_random_sweep_document_loads_sanely_or_is_one_clean_error(tmp_path_factory, doc):
