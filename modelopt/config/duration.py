@@ -26,7 +26,7 @@ def parse_duration(value: object, name: str = "time") -> float:
     """
     seconds: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
+        seconds = float(value) if not isinstance(value, int) or abs(value) < 2**1023 else math.inf  # no float holds it
     elif isinstance(value, str):
         text = value.strip().lower()
         try:
@@ -36,7 +36,8 @@ def parse_duration(value: object, name: str = "time") -> float:
             if parts and _PART.sub("", text).strip() == "" and len({u for _, u in parts}) == len(parts):
                 seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     if seconds is None or not math.isfinite(seconds) or seconds < MIN_SECONDS:
-        raise ConfigError(f"{name} {value!r} is not a duration of a second or more; give e.g. 90s, 2m, 1m30s, 1h "
+        shown = "an integer too large for a float" if seconds == math.inf and isinstance(value, int) else repr(value)
+        raise ConfigError(f"{name} {shown} is not a duration of a second or more; give e.g. 90s, 2m, 1m30s, 1h "
                           "or a number of seconds")
     return seconds
 

@@ -55,6 +55,8 @@ def check_budget(budget: float) -> None:
     """Raises ConfigError unless `budget` is a positive finite number."""
     if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not 0 < budget < math.inf:
         raise ConfigError(f"budget must be a positive number of full evaluations, got {budget!r}")
+    if isinstance(budget, int) and budget >= 2**1023:  # run.json writes it as a float, which cannot hold it
+        raise ConfigError("budget must be a positive number of full evaluations, got an integer too large for a float")
 
 
 def check_seed(seed: int) -> None:
