@@ -40,6 +40,7 @@ def test_defaults_are_the_tool_defaults() -> None:
     ("min_retention", 1.5, "min_retention"),
     ("floors", (0.99, 1.2), "floor 1.2"),
     ("floors", ("high",), "floor 'high'"),
+    ("floors", (0.99, 10**400), "floor an integer of 401 digits is not a retention floor"),
     ("confidence", 1.0, "confidence"),
     ("compressors", ("quantize", "prnue"), "prnue"),
     ("options", {"quantise": {}}, "quantise"),
