@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from statistics import NormalDist
 
-from modelopt.errors import ConfigError
+from modelopt.errors import TOO_LARGE, ConfigError
 
 __all__ = ["DEFAULT_CONFIDENCE", "FLOOR_SLACK", "PairedCounts", "binom_lower", "binom_upper", "check_confidence",
            "clears", "drop_lower", "drop_upper", "most_changed"]
@@ -49,8 +49,8 @@ def check_confidence(confidence: float) -> float:
         c = float(confidence)
     except (TypeError, ValueError):
         raise ConfigError(f"confidence must be a number in [0, 1) like 0.95; got {confidence!r}") from None
-    except OverflowError:  # an int no float holds (a YAML integer of 400 digits): its digits would fill the line
-        raise ConfigError("confidence must be in [0, 1) like 0.95; got an integer too large for a float") from None
+    except OverflowError:  # `beyond_float`
+        raise ConfigError(f"confidence must be in [0, 1) like 0.95; got {TOO_LARGE}") from None
     if not 0.0 <= c < 1.0 or math.isnan(c):
         raise ConfigError(f"confidence must be in [0, 1) (0.95: a 95 % one-sided bound; 0: point estimates); "
                           f"got {confidence!r}")

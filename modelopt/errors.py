@@ -9,6 +9,20 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+TOO_LARGE = "an integer too large for a float"  # how a message names such a value instead of its digits
+
+
+def beyond_float(value: object) -> bool:
+    """An int no float holds (`float()` raises OverflowError: a YAML integer of 400 digits, `10**400` in the API): a
+    check that converts it must refuse it, and a message name it as `TOO_LARGE`, not print its digits."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return True
+    return False
+
 
 class ModeloptError(Exception):
     """Base class: an error the user caused and can fix; the message says how."""

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from modelopt.confidence import DEFAULT_CONFIDENCE, PairedCounts, check_confidence, clears
 from modelopt.data.split import Split
-from modelopt.errors import ConfigError
+from modelopt.errors import ConfigError, beyond_float
 from modelopt.evaluation.metrics import Metrics
 from modelopt.plan.plan import Plan
 from modelopt.plan.space import SearchSpace
@@ -213,8 +213,7 @@ def check_floors(floors: object) -> tuple[float, ...]:
         raise ConfigError(f"floors must be a list of retention floors like 0.995,0.99,0.98, got {floors!r}")
     for f in floors:
         if not isinstance(f, (int, float)) or isinstance(f, bool) or not 0.0 < f <= 1.0:
-            huge = isinstance(f, int) and abs(f) >= 10**30  # a 400-digit integer would fill the line with its digits
-            shown = f"an integer of {int(math.log10(abs(f))) + 1} digits" if huge else repr(f)
+            shown = f"an integer of {int(math.log10(abs(f))) + 1} digits" if beyond_float(f) else repr(f)
             raise ConfigError(f"floor {shown} is not a retention floor: each must be a fraction in (0, 1] like 0.98")
     return tuple(sorted({float(f) for f in floors}, reverse=True))
 

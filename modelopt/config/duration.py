@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from modelopt.errors import ConfigError
+from modelopt.errors import TOO_LARGE, ConfigError, beyond_float
 
 __all__ = ["format_duration", "parse_duration"]
 
@@ -26,7 +26,7 @@ def parse_duration(value: object, name: str = "time") -> float:
     """
     seconds: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value) if not isinstance(value, int) or abs(value) < 2**1023 else math.inf  # no float holds it
+        seconds = math.inf if beyond_float(value) else float(value)
     elif isinstance(value, str):
         text = value.strip().lower()
         try:
@@ -36,7 +36,7 @@ def parse_duration(value: object, name: str = "time") -> float:
             if parts and _PART.sub("", text).strip() == "" and len({u for _, u in parts}) == len(parts):
                 seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     if seconds is None or not math.isfinite(seconds) or seconds < MIN_SECONDS:
-        shown = "an integer too large for a float" if seconds == math.inf and isinstance(value, int) else repr(value)
+        shown = TOO_LARGE if beyond_float(value) else repr(value)
         raise ConfigError(f"{name} {shown} is not a duration of a second or more; give e.g. 90s, 2m, 1m30s, 1h "
                           "or a number of seconds")
     return seconds

@@ -34,7 +34,7 @@ from modelopt.config.duration import parse_duration
 from modelopt.config.forms import check_forms
 from modelopt.config.run_json import CONFIG, CONFIG_FORMAT, as_records, fields_of, read_config_json
 from modelopt.data.preprocess import DEFAULT_INTERPOLATION, Preprocess
-from modelopt.errors import ConfigError, LoadError, UnknownNameError
+from modelopt.errors import TOO_LARGE, ConfigError, LoadError, UnknownNameError, beyond_float
 from modelopt.evaluation.fidelity import Fidelity
 from modelopt.latency.spec import LatencySpec
 from modelopt.objective import Objective, Target, check_floors
@@ -55,8 +55,8 @@ def check_budget(budget: float) -> None:
     """Raises ConfigError unless `budget` is a positive finite number."""
     if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not 0 < budget < math.inf:
         raise ConfigError(f"budget must be a positive number of full evaluations, got {budget!r}")
-    if isinstance(budget, int) and budget >= 2**1023:  # run.json writes it as a float, which cannot hold it
-        raise ConfigError("budget must be a positive number of full evaluations, got an integer too large for a float")
+    if beyond_float(budget):  # run.json writes it as a float
+        raise ConfigError(f"budget must be a positive number of full evaluations, got {TOO_LARGE}")
 
 
 def check_seed(seed: int) -> None:

@@ -15,7 +15,7 @@ from modelopt._version import __version__
 from modelopt.compressors import COMPRESSORS, Setting, SettingKind, compressor_settings
 from modelopt.config.run_config import RunConfig
 from modelopt.data.dataset import list_data_sources
-from modelopt.errors import ConfigError, UnknownNameError
+from modelopt.errors import ConfigError, UnknownNameError, beyond_float
 from modelopt.model.loader import list_models
 from modelopt.model.workload import resolve_device
 from modelopt.run.layout import RUNS
@@ -197,12 +197,7 @@ def _is_int(v: Any) -> bool:
 
 def _is_number(v: Any) -> bool:
     """A finite int or float, not a bool; nor an int too large for a float (a YAML integer of 400 digits)."""
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        return False
-    try:
-        return math.isfinite(v)
-    except OverflowError:
-        return False
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not beyond_float(v) and math.isfinite(v)
 
 
 def load_sweep(path: str | Path) -> Sweep:

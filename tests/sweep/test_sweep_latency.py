@@ -5,28 +5,15 @@ from __future__ import annotations
 import re
 
 import pytest
+from _one_cell import one_cell_sweep
 
 from modelopt.errors import ConfigError
 from modelopt.latency.spec import LatencySpec
 from modelopt.sweep import load_sweep
 
-SWEEP = """name: s
-out: {out}
-models:
-  - name: r20
-    model: cifar10_resnet20
-strategies: [random]
-budgets: [2]
-seeds: [0]
-compressors: [quantize]
-latency: {latency}
-"""
-
 
 def _load(tmp_path, latency: str):
-    path = tmp_path / "s.yaml"
-    path.write_text(SWEEP.format(out=tmp_path / "out", latency=latency))
-    return load_sweep(path)
+    return load_sweep(one_cell_sweep(tmp_path, "latency", latency))
 
 
 @pytest.mark.parametrize("latency", ["none", "None", "null"])
@@ -52,7 +39,5 @@ def test_a_bad_latency_names_the_line_and_what_is_right(tmp_path, latency, why):
 
 
 def test_an_objective_of_latency_needs_an_engine(tmp_path):
-    path = tmp_path / "s.yaml"
-    path.write_text(SWEEP.format(out=tmp_path / "out", latency="none") + "objective: latency\n")
     with pytest.raises(ConfigError, match=r"key 'latency': objective 'latency' needs a latency engine"):
-        load_sweep(path)
+        load_sweep(one_cell_sweep(tmp_path, "latency", "none", extra="objective: latency\n"))
