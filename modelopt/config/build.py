@@ -166,6 +166,7 @@ def build(config: RunConfig, workload: Workload | None = None, *, allow_pickle: 
     if latency is not None and objective.target is Target.LATENCY:
         latency.priors()  # per-choice latency estimates, from the anchors measured in the run's engine
     strategy = STRATEGIES.get(config.strategy)(evaluator.space, objective.search, seed=config.seed)
+    strategy.use_floors(objective.curve)  # a curve run's floors, for a strategy that works towards each
     if strategy.loss_estimator == "fisher":  # the knapsack's one-pass (gradient) sensitivities
         strategy.use_loss_estimates(estimate_losses(evaluator))
     elif strategy.loss_estimator == "output" and (n := probe_images(

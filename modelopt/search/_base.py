@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from modelopt.evaluation.trial import Trial
@@ -56,6 +56,11 @@ class Strategy(ABC):
     def use_loss_estimates(self, estimates: Mapping[tuple[str, int], float]) -> None:
         """Takes estimated losses {(decision name, choice index): loss}; only strategies that want them."""
         raise NotImplementedError(f"strategy {self.name!r} takes no loss estimates")
+
+    def use_floors(self, floors: Sequence[float]) -> None:  # noqa: B027 -- optional: most work at one floor
+        """A curve run's floors, highest first (`Objective.curve`): a strategy that can work towards each takes them
+        (call before the first `ask` and before `load_state_dict`); the others work at the lowest, the floor their
+        objective holds (`Objective.search`)."""
 
     def costs_changed(self) -> None:  # noqa: B027 -- optional: a strategy that prices nothing ignores it
         """The space's per-choice cost estimates changed (the latency model was refitted on measured plans);

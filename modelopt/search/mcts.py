@@ -28,7 +28,7 @@ n different plans for parallel evaluation.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,8 +42,9 @@ from modelopt.plan.space import SearchSpace
 from modelopt.search._base import Strategy
 from modelopt.search._registry import STRATEGIES
 from modelopt.search.loss_model import LossModel, loss_model_for, rescale_to_estimates
-from modelopt.search.mcts_tree import Node, Record, Tree, norm_value, trial_value, trial_weight
-from modelopt.search.rollout import cap_exits, choice_costs, complete
+from modelopt.search.mcts_floors import Aim
+from modelopt.search.mcts_tree import Node, Record, Tree, norm_value, trial_weight
+from modelopt.search.rollout import choice_costs, complete, neighbour
 
 C_PUCT = 0.5
 RAVE_K = 60.0  # visits at which a node's own value and the shared (RAVE) value weigh the same
@@ -84,7 +85,9 @@ class MCTS(Strategy):
         self.records: list[Record] = []
         self.seen: dict[str, float] = {}  # transposition table: plan key -> value
         self.pending: dict[str, list[tuple[int, ...]]] = {}  # plan key -> tree paths awaiting tell
-        self.margin = 1.0  # the share of the allowed drop rollouts aim at; adapts to the model's calibration
+        # The floors rollouts aim at (one, or a curve's: `use_floors`), each with the share of its allowed drop
+        # rollouts aim at (its margin), which adapts to the model's calibration.
+        self.aim = Aim((objective.min_retention,))
         self.val_split: tuple[int, int] | None = None  # (images, float-right) of val, from a full score
         self.swaps = [0, 0]  # answers fixed, broken over plans scored on all of val (see gain_ratio)
         self.prior_trials: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # see use_prior_trials
@@ -111,6 +114,12 @@ class MCTS(Strategy):
         for node in self.tree.values():
             node.prior = None
         self._fit()
+
+    def use_floors(self, floors: Sequence[float]) -> None:
+        """A curve run: rollouts aim at each floor in turn, and a trial's value is its mean over the floors
+        (`modelopt.search.mcts_floors`)."""
+        if len(floors) > 1:
+            self.aim = Aim(tuple(floors))
 
     def costs_changed(self) -> None:
         """Prices the choices again (the decisions' order in the tree stays as it was)."""
@@ -152,11 +161,15 @@ class MCTS(Strategy):
 
     # ---- rollout: knapsack under the (sampled) model --------------------------------------
 
-    def _rollouts(self, prefix: tuple[int, ...], rng: np.random.Generator, draws: int = 1) -> np.ndarray:
-        """`draws` completions of `prefix` (`modelopt.search.rollout.complete`), each under losses drawn from the
-        model's posterior and an allowed loss jittered around the margin. Returns (draws x decisions) indices."""
+    def _rollouts(self, prefix: tuple[int, ...], rng: np.random.Generator, aims: Sequence[int]) -> np.ndarray:
+        """A completion of `prefix` (`modelopt.search.rollout.complete`) per entry of `aims` (the index of the floor
+        it aims at), each under losses drawn from the model's posterior and the floor's allowed loss jittered around
+        its margin. Returns (draws x decisions) indices."""
+        draws = len(aims)
         deltas = self.model.deltas(rng, draws)  # (R, n, C)
-        allowed = self._allowed() * (self.margin * rng.uniform(0.8, 1.1, size=draws)) ** self.model.power
+        base = np.array([self._allowed(self.aim.floors[i]) for i in aims])
+        margin = np.array([self.aim.margins[i] for i in aims])
+        allowed = base * (margin * rng.uniform(0.8, 1.1, size=draws)) ** self.model.power
         return complete(prefix, deltas, allowed, self.order, self._costmat, self.exits)
 
     # ---- the tree -------------------------------------------------------------------------
@@ -173,18 +186,20 @@ class MCTS(Strategy):
         i = self.order[len(path)]
         # A private generator keyed by (seed, history, node): priors never shift the search's own random stream.
         rng = np.random.default_rng([self.seed, n, *path])
-        counts = np.bincount(self._rollouts(path, rng, PRIOR_ROLLOUTS)[:, i], minlength=len(self.decisions[i].choices))
+        aims = [k % len(self.aim.floors) for k in range(PRIOR_ROLLOUTS)]  # the floors' rollouts alike
+        counts = np.bincount(self._rollouts(path, rng, aims)[:, i], minlength=len(self.decisions[i].choices))
         prior = PRIOR_MIX * counts / counts.sum() + (1 - PRIOR_MIX) * self._static_prior(i)
         node.prior, node.prior_at = [float(p) for p in prior], n
         return prior
 
-    def _allowed(self) -> float:
-        """The retention floor in the model's units: the largest drop still certified, to the model's power,
-        on the val split (known from the first plan scored on all of it; the floor's until then)."""
+    def _allowed(self, floor: float | None = None) -> float:
+        """The retention floor (the search's, or `floor`) in the model's units: the largest drop still certified, to
+        the model's power, on the val split (known from the first plan scored on all of it; the floor's until then)."""
         power = self.model.power
+        objective = self.objective if floor is None else self.objective.at(floor)
         if self.val_split is None:
-            return max(1.0 - self.objective.min_retention, 1e-6) ** power
-        return max(self.objective.allowed_drop(*self.val_split, gain_ratio=self.gain_ratio), 1e-6) ** power
+            return max(1.0 - objective.min_retention, 1e-6) ** power
+        return max(objective.allowed_drop(*self.val_split, gain_ratio=self.gain_ratio), 1e-6) ** power
 
     @property
     def gain_ratio(self) -> float:
@@ -240,9 +255,10 @@ class MCTS(Strategy):
     def ask(self, n: int = 1) -> list[Plan]:
         plans = []
         for _ in range(n):
+            aim = self.aim.next()
             for _attempt in range(MAX_ROLLOUT_TRIES):
                 path = self._select()
-                idx = [int(j) for j in self._rollouts(path, self.rng)[0]]
+                idx = [int(j) for j in self._rollouts(path, self.rng, [aim])[0]]
                 plan = self._plan(idx)
                 if plan.key in self.seen:
                     self.tree.backup(path, self.seen[plan.key])  # known: costs nothing, teaches the tree
@@ -254,33 +270,25 @@ class MCTS(Strategy):
                 path, plan = self._neighbour(path, idx)
             self.tree.walk(path, lambda node: setattr(node, "virtual", node.virtual + 1))
             self.pending.setdefault(plan.key, []).append(path)
+            self.aim.asked_for(plan.key, aim)
             plans.append(plan)
         return plans
 
     def _neighbour(self, path: tuple[int, ...], idx: list[int]) -> tuple[tuple[int, ...], Plan]:
-        """A plan not yet seen near the rollouts' own (which all came back known): one decision after `path`
-        changed at random, then two, ... . A uniformly random plan instead (what this did before) turns on
-        half of every menu at once, never feasible with exits and pruning offered (docs/search.md#measured)."""
-        rest = self.order[len(path):] or self.order
-        for tries in range(4 * MAX_ROLLOUT_TRIES):
-            new = list(idx)
-            for i in self.rng.choice(rest, size=min(1 + tries // MAX_ROLLOUT_TRIES, len(rest)), replace=False):
-                new[i] = int(self.rng.integers(len(self.decisions[i].choices)))
-            capped = cap_exits(np.array([new]), self.exits, set(self.order[: len(path)]), self._costmat)
-            new = [int(j) for j in capped[0]]
-            plan = self._plan(new)
-            if plan.key not in self.seen and plan.key not in self.pending:
-                break
-        else:
+        """A plan not yet seen near the rollouts' own (which all came back known: `rollout.neighbour`), else a
+        uniformly random one."""
+        new = neighbour(idx, self.order[len(path):] or self.order, [len(d.choices) for d in self.decisions],
+                        self.exits, set(self.order[: len(path)]), self._costmat, self.rng, MAX_ROLLOUT_TRIES,
+                        lambda key: key in self.seen or key in self.pending, lambda new: self._plan(new).key)
+        if new is None:
             new = [int(self.rng.integers(len(d.choices))) for d in self.decisions]
-            plan = self._plan(new)
         path = tuple(new[i] for i in self.order[: len(path)])
         self.tree.setdefault(path, Node())
-        return path, plan
+        return path, self._plan(new)
 
     def tell(self, trial: Trial) -> None:
         idx = [d.choices.index(trial.plan.get(d.name)) for d in self.decisions]
-        value = trial_value(trial, self.objective)
+        value = self.aim.value(trial, self.objective)
         paths = self.pending.get(trial.plan.key)
         if paths:
             path = paths.pop(0)
@@ -290,6 +298,7 @@ class MCTS(Strategy):
         else:
             path = self.tree.deepest(idx, self.order)  # a plan not asked: credit the deepest matching path
         if trial.plan.key in self.seen:
+            self.aim.aimed.pop(trial.plan.key, None)
             return
         self.seen[trial.plan.key] = value
         self.tree.backup(path, value)
@@ -301,9 +310,7 @@ class MCTS(Strategy):
         if m is not None and m.stopped is None and m.lost is not None and m.gained is not None:
             self.swaps = [self.swaps[0] + m.gained, self.swaps[1] + m.lost]
         self.records.append(Record(idx, retention, value, trial_weight(trial)))
-        if retention is not None:
-            # Aim rollouts at the floor: about half land feasible (one measurement is noisy there).
-            self.margin = float(np.clip(self.margin * (1.04 if trial.meets_floor else 0.95), MIN_MARGIN, 1.3))
+        self.aim.told(trial, self.objective, MIN_MARGIN, learn=retention is not None)
         self._fit()
 
     # ---- state ----------------------------------------------------------------------------
@@ -314,12 +321,13 @@ class MCTS(Strategy):
             "tree": [[list(k), v.n, v.w, v.best, v.prior, v.prior_at] for k, v in self.tree.items()],
             "records": [[r.idx, r.retention, r.value, r.weight] for r in self.records],
             "seen": self.seen,
-            "margin": self.margin,
+            "margin": self.aim.margins[-1],
             "val_split": None if self.val_split is None else list(self.val_split),
             "swaps": list(self.swaps),
             # Plans asked and not yet told (in flight on other workers): their virtual losses come back with them.
             "pending": {key: [list(path) for path in paths] for key, paths in self.pending.items()},
-        } | ({} if self.prior_trials is None else {"prior_trials": [a.tolist() for a in self.prior_trials]})
+        } | ({} if self.prior_trials is None else {"prior_trials": [a.tolist() for a in self.prior_trials]}) \
+          | ({"aim": self.aim.state_dict()} if self.aim.curve else {})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["rng"]
@@ -327,7 +335,9 @@ class MCTS(Strategy):
                          {tuple(k): Node(n, w, best, 0, prior, at) for k, n, w, best, prior, at in state["tree"]})
         self.records = [Record(list(rec[0]), rec[1], rec[2], *rec[3:]) for rec in state["records"]]
         self.seen = dict(state["seen"])
-        self.margin = float(state["margin"])
+        self.aim = Aim.restored(state["aim"], self.aim.floors) if self.aim.curve and "aim" in state else self.aim
+        if not self.aim.curve:
+            self.aim.margins[0] = float(state["margin"])
         vs = state.get("val_split")
         self.val_split = None if vs is None else (int(vs[0]), int(vs[1]))
         self.swaps = [int(v) for v in state.get("swaps", (0, 0))]

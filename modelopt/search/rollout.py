@@ -8,7 +8,7 @@ model's posterior (Thompson sampling) and says how much loss is allowed.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,7 +18,7 @@ from modelopt.objective import Objective, Target
 from modelopt.plan.space import SearchSpace
 from modelopt.search.mckp import solve_binned
 
-__all__ = ["DP_BINS", "MAX_EXITS", "cap_exits", "choice_costs", "complete"]
+__all__ = ["DP_BINS", "MAX_EXITS", "cap_exits", "choice_costs", "complete", "neighbour"]
 
 DP_BINS = 160
 # Exits a rollout may turn on. An image leaves at one exit only, but the additive cost and loss models price each
@@ -74,6 +74,26 @@ def cap_exits(idx: np.ndarray, exits: Sequence[int], tree: set[int], costmat: np
             for i in sorted(free, key=lambda i: costmat[i, row[i]])[max(room, 0):]:
                 row[i] = 0
     return idx
+
+
+def neighbour(idx: Sequence[int], rest: Sequence[int], menus: Sequence[int], exits: Sequence[int], tree: set[int],
+              costmat: np.ndarray, rng: np.random.Generator, tries: int, taken: Callable[[str], bool],
+              key: Callable[[list[int]], str]) -> list[int] | None:
+    """A plan near `idx` whose `key` is not `taken`: one decision of `rest` changed at random, then (after `tries`
+    tries) two, ...; None after 4 x `tries`. (A uniformly random plan instead turns on half of every menu at once,
+    never feasible with exits and pruning offered: docs/search.md#measured.)
+
+    Args:
+        menus: each decision's number of choices; exits, tree, costmat: as `cap_exits` takes them.
+    """
+    for attempt in range(4 * tries):
+        new = list(idx)
+        for i in rng.choice(rest, size=min(1 + attempt // tries, len(rest)), replace=False):
+            new[i] = int(rng.integers(menus[i]))
+        new = [int(j) for j in cap_exits(np.array([new]), exits, tree, costmat)[0]]
+        if not taken(key(new)):
+            return new
+    return None
 
 
 def choice_costs(space: SearchSpace, objective: Objective) -> tuple[list[np.ndarray], np.ndarray]:
