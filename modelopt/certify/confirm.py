@@ -185,12 +185,20 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
         return Confirmation(Split.CONFIRM, (), 0, None, ceiling, objective.min_retention)
     floors = [f for f in objective.curve if clears(ceiling, f)]  # a floor the split cannot certify is not tested
     by_key: dict[str, Trial] = {}
-    planned: list[tuple[float, Sequence[Sequence[Hashable]], Mapping[Hashable, float]]] = []
-    for f in floors:  # each floor's two sequences, planned on val at that floor
-        candidates, chains = _planned(evaluator, objective.at(f), finalists, anchors, population, max_claims)
+    at: dict[float, tuple[float, Sequence[Sequence[Hashable]], Mapping[Hashable, float]]] = {}
+    # A timed curve's search sequences share the claims the time affords: each distinct plan is refitted and scored
+    # once whatever its floors, so the cap is on distinct plans over all floors, the reported floor's planned first.
+    left, chosen = max_claims, set[str]()
+    for f in sorted(floors, key=lambda f: (f != objective.min_retention, -f)):  # each floor's two sequences, on val
+        candidates, chains = _planned(evaluator, objective.at(f), finalists, anchors, population, max_claims,
+                                      curve=len(floors) > 1)
+        if left is not None and len(floors) > 1:
+            chains[-1] = _within(chains[-1], chosen, left)
+            left -= len({t.plan.key for t in chains[-1]} - chosen)
+            chosen |= {t.plan.key for t in chains[-1]}
         by_key.update((t.plan.key, t) for chain in chains for t in chain)
-        planned.append((f, [[t.plan.key for t in chain] for chain in chains],
-                        {key: c.chance for key, c in candidates.items()}))
+        at[f] = (f, [[t.plan.key for t in chain] for chain in chains], {key: c.chance for key, c in candidates.items()})
+    planned = [at[f] for f in floors]
     scored: dict[str, Metrics] = {}  # by plan key: a plan is scored (and refitted) once, whatever its floors
     fitted: dict[str, Fitted] = {}  # plan key -> the reconstruction it was confirmed with
     # The likely anchors' sequence (the gate) is the fallback the search's plans must beat: its plans are confirmed
@@ -232,7 +240,7 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
 
 
 def _planned(evaluator: Evaluator, objective: Objective, finalists: list[Trial], anchors: Sequence[Trial],
-             population: Sequence[Trial], max_claims: int | None = None
+             population: Sequence[Trial], max_claims: int | None = None, curve: bool = False
              ) -> tuple[dict[str, Candidate], list[list[Trial]]]:
     """Each finalist as the sequence planner sees it (by plan key), and the two fixed sequences, from val alone."""
     data = evaluator.workload.split(Split.CONFIRM)
@@ -243,7 +251,21 @@ def _planned(evaluator: Evaluator, objective: Objective, finalists: list[Trial],
     share = LossShare.fit([c for t in population if (c := _full_val(t)) is not None])
     candidates = {t.plan.key: _candidate(t, t.plan.key in anchor_keys, objective, n, base_right, share)
                   for t in unique}
-    return candidates, _chains(unique, candidates, anchor_keys, max_claims)
+    return candidates, _chains(unique, candidates, anchor_keys, max_claims, curve)
+
+
+def _within(chain: list[Trial], chosen: set[str], left: int) -> list[Trial]:
+    """`chain` up to the claim that would bring a plan beyond the `left` new ones (those not in `chosen`; at least
+    one plan in all): a truncated fixed sequence is still one, planned on val alone."""
+    out: list[Trial] = []
+    new: set[str] = set()
+    for t in chain:
+        if t.plan.key not in chosen and t.plan.key not in new:
+            if len(new) >= left and (out or chosen):
+                break
+            new.add(t.plan.key)
+        out.append(t)
+    return out
 
 
 def _on_confirm(evaluator: Evaluator, plan: Plan, refit: Callable[[Plan], Fitted | None] | None,
@@ -274,17 +296,21 @@ def _best_as_composed(evaluator: Evaluator, tested: list[Trial], fitted: dict[st
     return tuple(composed if t is best else None for t in tested)
 
 
-def _chains(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[str], max_claims: int | None = None
-            ) -> list[list[Trial]]:
+def _chains(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[str], max_claims: int | None = None,
+            curve: bool = False) -> list[list[Trial]]:
     """The two fixed sequences, both from val alone: the anchors likely to pass (`ANCHOR_PASS`) but the most
     compressed, least compressed first; and, planned by `plan_sequence`, the search's plans and the most
     compressed anchor, from the least to the most compressed, planned on what the first sequence is
-    expected to secure (`modelopt.certify.sequence.confirm_chains` shares the error rate)."""
+    expected to secure (`modelopt.certify.sequence.confirm_chains` shares the error rate). A timed run's gate keeps
+    its most compressed likely anchors; a curve's (`curve`) its least compressed one too, first: at a floor above the
+    reported one the most compressed are the likeliest to fail, and the floor is then left with no point (a composed
+    plan's confirm pass, scored once for every floor)."""
     by_reduction = sorted((t for t in trials if t.plan.key in anchors), key=lambda t: candidates[t.plan.key].reduction)
     gate = [t for t in by_reduction[:-1] if candidates[t.plan.key].forced]
     if max_claims is not None:  # a timed run: the gate's most compressed plans, the search's sequence as afforded
         keep = TIMED_GATE if max_claims > 1 else 1  # no time for more: the most compressed likely anchor alone
-        gate = gate[len(gate) - min(len(gate), keep):]
+        kept = gate[len(gate) - min(len(gate), keep):]
+        gate = (gate[:1] if curve and gate[:1] != kept[:1] else []) + kept
     secured, alive, last = 1.0, 1.0, 1.0  # the reduction the gate is expected to report
     for t in gate:
         c = candidates[t.plan.key]
