@@ -187,9 +187,11 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
     by_key: dict[str, Trial] = {}
     at: dict[float, tuple[float, Sequence[Sequence[Hashable]], Mapping[Hashable, float]]] = {}
     # A timed curve's search sequences share the claims the time affords: each distinct plan is refitted and scored
-    # once whatever its floors, so the cap is on distinct plans over all floors, the reported floor's planned first.
-    left, chosen = max_claims, set[str]()
-    for f in sorted(floors, key=lambda f: (f != objective.min_retention, -f)):  # each floor's two sequences, on val
+    # once whatever its floors, so the cap is on distinct plans over all floors. The reported floor's are planned
+    # first, then the lower floors' (where a new plan gains most), then the higher ones' (the gate's anchors give a
+    # point there).
+    left, chosen, primary = max_claims, set[str](), objective.min_retention
+    for f in sorted(floors, key=lambda f: (f != primary, f > primary, abs(f - primary))):  # two sequences, on val
         candidates, chains = _planned(evaluator, objective.at(f), finalists, anchors, population, max_claims,
                                       curve=len(floors) > 1)
         if left is not None and len(floors) > 1:
@@ -216,7 +218,6 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
                               primary=objective.min_retention)
     record = tuple((str(c.item), c.floor, ok) for c, ok in verdicts)
     tested = list({key: by_key[key] for key, _, _ in record}.values())  # each plan once, in the order first tested
-    primary = objective.min_retention
     chance: dict[str, float] = {}
     for c, _ in verdicts:  # its chance at the reported floor, else at the first floor it was tested at
         if str(c.item) not in chance or c.floor == primary:
@@ -306,7 +307,7 @@ def _chains(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[
     reported one the most compressed are the likeliest to fail, and the floor is then left with no point (a composed
     plan's confirm pass, scored once for every floor)."""
     by_reduction = sorted((t for t in trials if t.plan.key in anchors), key=lambda t: candidates[t.plan.key].reduction)
-    gate = [t for t in by_reduction[:-1] if candidates[t.plan.key].forced]
+    gate = kept = [t for t in by_reduction[:-1] if candidates[t.plan.key].forced]
     if max_claims is not None:  # a timed run: the gate's most compressed plans, the search's sequence as afforded
         keep = TIMED_GATE if max_claims > 1 else 1  # no time for more: the most compressed likely anchor alone
         kept = gate[len(gate) - min(len(gate), keep):]
@@ -317,7 +318,7 @@ def _chains(trials: list[Trial], candidates: dict[str, Candidate], anchors: set[
         alive *= c.chance
         secured += alive * (c.reduction - last)
         last = c.reduction
-    floor = min((candidates[t.plan.key].reduction for t in gate), default=1.0)
+    floor = min((candidates[t.plan.key].reduction for t in kept), default=1.0)  # the search's plans lie beyond
     rest = [t for t in trials if t not in gate and candidates[t.plan.key].reduction > floor]
     room = None if max_claims is None else max(max_claims, 1)
     return [gate, [rest[i] for i in plan_sequence([candidates[t.plan.key] for t in rest], start=secured,

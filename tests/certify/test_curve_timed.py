@@ -35,4 +35,7 @@ def test_a_timed_curve_gate_keeps_its_least_compressed_likely_anchor_first():
     curve = _chains(trials, ANCHORS, set(ANCHORS), max_claims=2, curve=True)[0]
     assert len(one) == TIMED_GATE and _keys(one) == ["h11", "int4"]  # the one-floor run's gate: as before
     assert _keys(curve) == ["int8", "h11", "int4"]
+    # The search's sequence is planned beyond the same gate in both: the least compressed anchor changes nothing there.
+    assert _chains(trials, ANCHORS, set(ANCHORS), max_claims=2, curve=True)[1] == \
+        _chains(trials, ANCHORS, set(ANCHORS), max_claims=2)[1]
     assert _chains(trials, ANCHORS, set(ANCHORS), curve=True)[0] == _chains(trials, ANCHORS, set(ANCHORS))[0]
