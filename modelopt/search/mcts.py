@@ -116,7 +116,7 @@ class MCTS(Strategy):
         self._fit()
 
     def use_floors(self, floors: Sequence[float]) -> None:
-        """A curve run: rollouts aim at each floor in turn, and a trial's value is its mean over the floors
+        """A curve run: rollouts aim at each floor in turn, and a plan is valued by its share of the curve's area
         (`modelopt.search.mcts_floors`)."""
         if len(floors) > 1:
             self.aim = Aim(tuple(floors))

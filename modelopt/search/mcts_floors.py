@@ -4,9 +4,10 @@ A one-floor run aims every rollout at its floor and values a trial at it (`mcts_
 the best plan at every floor, so the search works towards each: the k-th plan asked is a rollout aimed at floor
 k mod (number of floors), the floors highest first, each floor with its own margin (the share of its allowed drop its
 rollouts aim at, adapted on the plans aimed there: the loss model's calibration differs between a plan that changes
-few answers and one that changes many). A trial's value to the tree is its mean value over the floors: the plan's
-share of the curve's area (ln compression summed over the floors it clears) when it clears them, less where it
-misses, so a line of the tree that leads to plans for several floors is worth more than one that serves one floor.
+few answers and one that changes many). A plan that clears the lowest floor is worth 1 + ln(reduction) x (the share
+of the floors it clears) to the tree, its share of the curve's area (ln compression at each floor it clears); one
+that clears none is valued as in a one-floor run, below 1. So a line of the tree that leads to plans for several
+floors is worth more than one that serves only the lowest.
 """
 
 from __future__ import annotations
