@@ -16,13 +16,16 @@
    additivity assumption is: shrink (x0.7) after an infeasible result, grow (/0.7) after a
    feasible one, bisect once both are known.
 3. When no L gives an unseen plan, seeded random neighbours of the best feasible plan.
+
+In a curve run (`use_floors`) each floor keeps its own bracket on L, and the knapsack plans asked aim at the floors
+in turn (highest first), each plan's result moving the bracket of the floor it aimed at.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -80,8 +83,12 @@ class KnapsackSearch(Strategy):
         self._order: list[str] = []  # _seen in insertion order, for state_dict
         self._known: dict[str, bool] = {}  # plan key -> feasible (failed counts as infeasible)
         self._L_of: dict[str, float] = {}  # knapsack plans asked: key -> the L that produced them
-        self.lo: float | None = None  # largest L whose DP plan was feasible
-        self.hi: float | None = None  # smallest L whose DP plan was infeasible
+        self.floors: tuple[float, ...] = (objective.min_retention,)  # a curve's (`use_floors`), highest first
+        # Per floor: [lo, hi], the largest L whose DP plan was feasible there and the smallest that was not.
+        self.bounds: list[list[float | None]] = [[None, None]]
+        self._aim_of: dict[str, int] = {}  # a curve's knapsack plans: key -> the floor (index) it aimed at
+        self._meets: dict[str, list[bool]] = {}  # a curve's told plans: key -> whether it clears each floor
+        self._asked = 0  # knapsack plans asked (a curve's: which floor the next aims at)
         self._best: tuple[float, str, list[int]] | None = None  # reward, key, choice indices
 
     @property
@@ -97,6 +104,21 @@ class KnapsackSearch(Strategy):
                 self.options.loss[(self._index[name], j)] = float(v)
         self._sens = [(i, j) for i, j in self._sens if (i, j) not in self.options.loss]
         self.options.forget()
+
+    def use_floors(self, floors: Sequence[float]) -> None:
+        """A curve run: a bracket on L per floor, and the knapsack plans aimed at the floors in turn."""
+        if len(floors) > 1:
+            self.floors, self.bounds = tuple(floors), [[None, None] for _ in floors]
+
+    @property
+    def lo(self) -> float | None:
+        """The search floor's (the lowest) largest L whose plan was feasible."""
+        return self.bounds[-1][0]
+
+    @property
+    def hi(self) -> float | None:
+        """The search floor's smallest L whose plan was infeasible."""
+        return self.bounds[-1][1]
 
     def costs_changed(self) -> None:
         if self.objective.target is Target.LATENCY:
@@ -122,31 +144,39 @@ class KnapsackSearch(Strategy):
             if plan.key not in self._seen:  # a told foreign plan may already have measured it
                 self._mark_seen(plan.key)
                 out.append(plan)
-        if len(out) < n:
-            out += self._knapsack_plans(n - len(out))
+        if len(self.floors) == 1 and len(out) < n:
+            out += self._knapsack_plans(n - len(out), len(self.floors) - 1)
+        idle = 0  # floors in a row with nothing new to offer
+        while len(self.floors) > 1 and len(out) < n and idle < len(self.floors):
+            plans = self._knapsack_plans(1, self._asked % len(self.floors))
+            self._asked += 1
+            idle = 0 if plans else idle + 1
+            out += plans
         while len(out) < n:
             plan = self._perturb()
             self._mark_seen(plan.key)
             out.append(plan)
         return out
 
-    def _knapsack_plans(self, m: int) -> list[Plan]:
-        """Up to `m` unseen plans: `solve(L)` at candidate budgets L, best first, moving the bracket."""
+    def _knapsack_plans(self, m: int, f: int) -> list[Plan]:
+        """Up to `m` unseen plans: `solve(L)` at candidate budgets L, best first, moving floor `f`'s bracket."""
         out: list[Plan] = []
         solves = level = 0
         while len(out) < m and solves < _MAX_SOLVES and level <= _MAX_LEVEL:
             moved = found = False
-            for L in self._candidates(m - len(out), level):
+            for L in self._candidates(m - len(out), level, f):
                 solves += 1
                 plan = self.solve(L)
                 if plan.key not in self._seen:
                     self._mark_seen(plan.key)
                     self._L_of[plan.key] = L
+                    if len(self.floors) > 1:
+                        self._aim_of[plan.key] = f
                     out.append(plan)
                     found = True
                     if len(out) == m:
                         break
-                elif plan.key in self._known and self._update_bounds(L, self._known[plan.key]):
+                elif plan.key in self._known and self._update_bounds(L, self._feasible(plan.key, f), f):
                     moved = True  # a plan already measured told us about this L: no trial needed
                     break
                 if solves >= _MAX_SOLVES:
@@ -154,13 +184,17 @@ class KnapsackSearch(Strategy):
             level = 0 if moved or found else level + 1
         return out
 
-    def _candidates(self, m: int, level: int) -> list[float]:
-        """Loss budgets to try next, best first: m << level of them (fewer once bracketed tight)."""
+    def _feasible(self, key: str, f: int) -> bool:
+        """Whether told plan `key` cleared floor `f` (the search's floor: `_known`)."""
+        return self._meets[key][f] if key in self._meets else self._known[key]
+
+    def _candidates(self, m: int, level: int, f: int) -> list[float]:
+        """Loss budgets to try next for floor `f`, best first: m << level of them (fewer once bracketed tight)."""
         k = m << level
-        lo, hi = self.lo, self.hi
+        lo, hi = self.bounds[f]
         top = self.options.top()
         if hi is None:
-            out = self._opening(k) if lo is None else [max(lo, self.options.floor()) / SHRINK**i
+            out = self._opening(k, f) if lo is None else [max(lo, self.options.floor()) / SHRINK**i
                                                        for i in range(1, k + 1)]
         elif lo is None:
             if hi < _MIN_L:
@@ -176,9 +210,9 @@ class KnapsackSearch(Strategy):
                     break
         return [min(max(L, 0.0), top) for L in out[: k + 1]]
 
-    def _opening(self, k: int) -> list[float]:
-        """Before any bracket: the floor's loss, then alternately below and above it."""
-        base = max(0.0, 1.0 - self.objective.min_retention) or self.options.floor()
+    def _opening(self, k: int, f: int) -> list[float]:
+        """Before any bracket: floor `f`'s loss, then alternately below and above it."""
+        base = max(0.0, 1.0 - self.floors[f]) or self.options.floor()
         out = [base]
         for i in itertools.count(1):
             if len(out) >= k:
@@ -186,17 +220,19 @@ class KnapsackSearch(Strategy):
             out += [base * SHRINK**i, base / SHRINK**i]
         return out
 
-    def _update_bounds(self, L: float, feasible: bool) -> bool:
-        """Moves the bracket; returns whether it changed. The largest feasible L only grows."""
-        before = (self.lo, self.hi)
+    def _update_bounds(self, L: float, feasible: bool, f: int) -> bool:
+        """Moves floor `f`'s bracket; returns whether it changed. The largest feasible L only grows."""
+        bounds = self.bounds[f]
+        before = tuple(bounds)
+        lo, hi = bounds
         if feasible:
-            if self.lo is None or L > self.lo:
-                self.lo = L
-                if self.hi is not None and self.hi <= L:
-                    self.hi = None  # non-additivity made a smaller L fail: search above again
-        elif (self.lo is None or L > self.lo) and (self.hi is None or L < self.hi):
-            self.hi = L
-        return (self.lo, self.hi) != before
+            if lo is None or L > lo:
+                bounds[0] = L
+                if hi is not None and hi <= L:
+                    bounds[1] = None  # non-additivity made a smaller L fail: search above again
+        elif (lo is None or L > lo) and (hi is None or L < hi):
+            bounds[1] = L
+        return tuple(bounds) != before
 
     def _perturb(self) -> Plan:
         """A seeded random neighbour (one or two decisions changed) of the best feasible plan."""
@@ -230,6 +266,10 @@ class KnapsackSearch(Strategy):
         self._mark_seen(key)
         feasible = trial.meets_floor
         self._known[key] = feasible
+        if len(self.floors) > 1:
+            m = trial.metrics
+            self._meets[key] = [bool(trial.ok and m is not None and self.objective.at(f).meets_floor(m))
+                                for f in self.floors]
         active = [(name, c) for name, c in plan.choices if c is not None]
         if len(active) == 1 and active[0][0] in self._index:
             i = self._index[active[0][0]]
@@ -242,7 +282,8 @@ class KnapsackSearch(Strategy):
                 self.options.loss[(i, choices.index(active[0][1]))] = max(0.0, drop)
                 self.options.forget()
         if key in self._L_of:
-            self._update_bounds(self._L_of[key], feasible)
+            f = self._aim_of.pop(key, len(self.floors) - 1)
+            self._update_bounds(self._L_of[key], self._feasible(key, f), f)
         if feasible and trial.reward is not None:
             idx = self._choice_indices(plan)
             if idx is not None and (self._best is None or trial.reward > self._best[0]):
@@ -270,7 +311,8 @@ class KnapsackSearch(Strategy):
             "hi": self.hi,
             "best": None if self._best is None else list(self._best),
             "rng": self.rng.bit_generator.state,
-        }
+        } | ({} if len(self.floors) == 1 else {"floors": list(self.floors), "bounds": self.bounds,
+                                                "aim_of": self._aim_of, "meets": self._meets, "asked": self._asked})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._next_sens = int(state["next_sensitivity"])
@@ -279,8 +321,12 @@ class KnapsackSearch(Strategy):
         self._seen = set(self._order)
         self._known = {k: bool(v) for k, v in state["known"].items()}
         self._L_of = {k: float(v) for k, v in state["L_of"].items()}
-        self.lo = state["lo"]
-        self.hi = state["hi"]
+        self.bounds[-1] = [state["lo"], state["hi"]]
+        if len(self.floors) > 1 and [float(f) for f in state.get("floors", ())] == list(self.floors):
+            self.bounds = [list(b) for b in state["bounds"]]
+            self._aim_of = {str(k): int(v) for k, v in state["aim_of"].items()}
+            self._meets = {str(k): [bool(b) for b in v] for k, v in state["meets"].items()}
+            self._asked = int(state["asked"])
         best = state["best"]
         self._best = None if best is None else (float(best[0]), str(best[1]), [int(j) for j in best[2]])
         self.rng.bit_generator.state = state["rng"]
