@@ -9,7 +9,7 @@ Every reported plan is run as it was certified (`Certificate.realise`: reconstru
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -82,6 +82,7 @@ class Ending:
     with_latency: Callable[[Metrics, Plan | Realised], Metrics]  # metrics with the plan's latency, as the loop adds it
     max_claims: int | None = None  # claims confirmation may test in the run's time left (None: no time budget)
     refit: bool = True  # False: the run's time left does not cover refitting its finalists (confirmed as composed)
+    stopped: bool = False  # Ctrl-C stopped the search before its budget (summary.json says so)
 
 
 def finish(end: Ending, trials: list[Trial], search_wall: float) -> RunResult:
@@ -112,6 +113,7 @@ def finish(end: Ending, trials: list[Trial], search_wall: float) -> RunResult:
         trials=trials, certificate=cert, plans=plans, search_wall=search_wall, eval_seconds=end.eval_seconds,
         float_latency=float_latency,
         exits=None if cert.best is None else exit_pattern(ev, cert.realise(ev, cert.best.plan)))
+    summary = replace(summary, stopped=end.stopped)
     write_json_atomic(end.run_dir / SUMMARY, summary.to_json())
     best = plans.best  # RunResult's metrics are selected from the records
     test, conf = (None, None) if best is None else (best.metrics_on(Split.TEST), best.metrics_on(Split.CONFIRM))

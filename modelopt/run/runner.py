@@ -263,7 +263,7 @@ class Runner:
             claims = min(claims or CLAIMS_ON_STOP, CLAIMS_ON_STOP)
         end = Ending(self.evaluator, self.certified, self.config, self.run_dir, self.budget, self.spent,
                      self.eval_seconds, self.latency, self.console if self.progress else None, self._with_latency,
-                     claims, self.time.refit_affordable(self.trials))
+                     claims, self.time.refit_affordable(self.trials), stopped=self._stop.requested)
         result = finish(end, self.trials, time.perf_counter() - t_start)  # certify, time, write (`run.finish`)
         return dataclasses.replace(result, stopped=self._stop.requested)
 

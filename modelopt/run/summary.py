@@ -153,6 +153,9 @@ class RunSummary:
     float_latency: dict[str, float] = field(default_factory=dict, hash=False)
     exits: ExitPattern | None = None  # where test images leave the best plan, and the float model with its exits
     curve: tuple[CurvePoint, ...] = ()  # the smallest plan certified at each floor, highest first (`--floors`)
+    # Ctrl-C stopped the search before its budget: the plans certified are those of the trials so far, and a sweep
+    # counts the cell as partial (its next run resumes the search).
+    stopped: bool = False
 
     @property
     def confirmed(self) -> bool:
@@ -189,6 +192,7 @@ class RunSummary:
             **({"float_latency": self.float_latency} if self.float_latency else {}),
             **({} if self.exits is None else {"exits": self.exits.to_json()}),
             **({} if not self.curve else {"curve": [p.to_json() for p in self.curve]}),
+            **({"stopped": True} if self.stopped else {}),
         }
 
     @classmethod
@@ -230,6 +234,7 @@ class RunSummary:
             float_latency={str(k): float(v) for k, v in (d.get("float_latency") or {}).items()},
             exits=ExitPattern.from_json(d.get("exits")),
             curve=tuple(CurvePoint.from_json(p, objective) for p in d.get("curve") or ()),
+            stopped=bool(d.get("stopped", False)),
         )
 
 

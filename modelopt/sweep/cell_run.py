@@ -74,6 +74,8 @@ def run_cell(sweep: Sweep, model: SweepModel, cell: Cell, wl: Workload, ray_addr
         failed = Outcome(False, f"{type(exc).__name__}: {exc}")
         out_of_memory = isinstance(exc, torch.cuda.OutOfMemoryError)
     else:
+        if result.stopped:  # Ctrl-C stopped the cell's search (it certified what it had): it stops the sweep too
+            raise KeyboardInterrupt
         best = result.best
         found = "no feasible plan" if best is None else (
             f"best {best.scored.compression:.2f}x at {best.scored.retention:.2%} val retention")

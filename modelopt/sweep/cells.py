@@ -36,9 +36,10 @@ class Cell:
 
 def cell_status(run_dir: Path, model: str, strategy: str, seed: int, budget: float) -> Cell:
     """A cell is done when its summary exists and its trials' cost reaches `budget`, or its run
-    stopped early at that budget because the strategy had nothing new to propose."""
+    stopped early at that budget because the strategy had nothing new to propose (a run Ctrl-C stopped before its
+    budget is partial)."""
     records = read_records(run_dir / JOURNAL)
     spent = sum(r.cost for r in records)
     summary = read_summary(run_dir)
-    done = summary is not None and (spent >= budget - EPS or summary.budget >= budget - EPS)
+    done = summary is not None and (spent >= budget - EPS or (not summary.stopped and summary.budget >= budget - EPS))
     return Cell(model, strategy, seed, run_dir, len(records), spent, done)
