@@ -184,23 +184,8 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
     if not clears(ceiling, objective.min_retention):
         return Confirmation(Split.CONFIRM, (), 0, None, ceiling, objective.min_retention)
     floors = [f for f in objective.curve if clears(ceiling, f)]  # a floor the split cannot certify is not tested
-    by_key: dict[str, Trial] = {}
-    at: dict[float, tuple[float, Sequence[Sequence[Hashable]], Mapping[Hashable, float]]] = {}
-    # A timed curve's search sequences share the claims the time affords: each distinct plan is refitted and scored
-    # once whatever its floors, so the cap is on distinct plans over all floors. The reported floor's are planned
-    # first, then the lower floors' (where a new plan gains most), then the higher ones' (the gate's anchors give a
-    # point there).
-    left, chosen, primary = max_claims, set[str](), objective.min_retention
-    for f in sorted(floors, key=lambda f: (f != primary, f > primary, abs(f - primary))):  # two sequences, on val
-        candidates, chains = _planned(evaluator, objective.at(f), finalists, anchors, population, max_claims,
-                                      curve=len(floors) > 1)
-        if left is not None and len(floors) > 1:
-            chains[-1] = _within(chains[-1], chosen, left)
-            left -= len({t.plan.key for t in chains[-1]} - chosen)
-            chosen |= {t.plan.key for t in chains[-1]}
-        by_key.update((t.plan.key, t) for chain in chains for t in chain)
-        at[f] = (f, [[t.plan.key for t in chain] for chain in chains], {key: c.chance for key, c in candidates.items()})
-    planned = [at[f] for f in floors]
+    primary = objective.min_retention
+    planned, by_key = _plan_floors(evaluator, objective, floors, finalists, anchors, population, max_claims)
     scored: dict[str, Metrics] = {}  # by plan key: a plan is scored (and refitted) once, whatever its floors
     fitted: dict[str, Fitted] = {}  # plan key -> the reconstruction it was confirmed with
     # The likely anchors' sequence (the gate) is the fallback the search's plans must beat: its plans are confirmed
@@ -238,6 +223,33 @@ def confirm_plans(evaluator: Evaluator, objective: Objective, finalists: list[Tr
                         ceiling, primary, tuple(chance[t.plan.key] for t in tested),
                         tuple(t.plan.key in held_primary for t in tested), composed, fitted, record,
                         tuple((f, best_at(f) if f in floors else None) for f in objective.curve))
+
+
+Planned = tuple[float, Sequence[Sequence[Hashable]], Mapping[Hashable, float]]  # a floor, its chains, the chances
+
+
+def _plan_floors(evaluator: Evaluator, objective: Objective, floors: Sequence[float], finalists: list[Trial],
+                 anchors: Sequence[Trial], population: Sequence[Trial], max_claims: int | None
+                 ) -> tuple[list[Planned], dict[str, Trial]]:
+    """Each floor's two sequences (in `floors`' order), planned on val at that floor, and the trials they name.
+
+    A timed curve's search sequences share the claims the time affords: each distinct plan is refitted and scored
+    once whatever its floors, so the cap is on distinct plans over all floors. The reported floor's are planned
+    first, then the lower floors' (where a new plan gains most), then the higher ones' (the gate's anchors give a
+    point there)."""
+    by_key: dict[str, Trial] = {}
+    at: dict[float, Planned] = {}
+    left, chosen, primary = max_claims, set[str](), objective.min_retention
+    for f in sorted(floors, key=lambda f: (f != primary, f > primary, abs(f - primary))):
+        candidates, chains = _planned(evaluator, objective.at(f), finalists, anchors, population, max_claims,
+                                      curve=len(floors) > 1)
+        if left is not None and len(floors) > 1:
+            chains[-1] = _within(chains[-1], chosen, left)
+            left -= len({t.plan.key for t in chains[-1]} - chosen)
+            chosen |= {t.plan.key for t in chains[-1]}
+        by_key.update((t.plan.key, t) for chain in chains for t in chain)
+        at[f] = (f, [[t.plan.key for t in chain] for chain in chains], {key: c.chance for key, c in candidates.items()})
+    return [at[f] for f in floors], by_key
 
 
 def _planned(evaluator: Evaluator, objective: Objective, finalists: list[Trial], anchors: Sequence[Trial],
