@@ -27,6 +27,7 @@ from typing import Protocol
 import torch
 
 from modelopt.solvers.least_squares import RIDGE
+from modelopt.solvers.sweep import sweep_block
 
 __all__ = ["BLOCK", "SecondMoments", "gptq_round", "inverse_factor", "layer_factor"]
 
@@ -100,21 +101,14 @@ def gptq_round(weight: torch.Tensor, scales: torch.Tensor | None, qmin: int, qma
     float weights with the mask's error spread over the kept ones: the Optimal Brain Surgeon update)."""
     g = inputs.groups
     w = weight.detach().reshape(g, weight.shape[0] // g, -1).double().clone()
-    s = torch.ones_like(w) if scales is None else scales.double().reshape(w.shape)
-    zero = w == 0 if keep is None else ~keep.reshape(w.shape).to(w.device, torch.bool)
+    s = None if scales is None else scales.double().reshape(w.shape)
+    kept = w != 0 if keep is None else keep.reshape(w.shape).to(w.device, torch.bool)
     hinv = layer_factor(inputs, w, damping)
     codes = torch.zeros_like(w)
     n = w.shape[2]
     for b0 in range(0, n, BLOCK):
         b1 = min(b0 + BLOCK, n)
-        wb, err = w[:, :, b0:b1].clone(), torch.zeros_like(w[:, :, b0:b1])
-        for j in range(b1 - b0):
-            col, d = b0 + j, hinv[:, b0 + j, b0 + j, None]
-            q = wb[:, :, j] if scales is None else torch.clamp(torch.round(wb[:, :, j] / s[:, :, col]), qmin, qmax)
-            q = torch.where(zero[:, :, col], torch.zeros_like(q), q)
-            codes[:, :, col] = q
-            e = (wb[:, :, j] - q * s[:, :, col]) / d
-            wb[:, :, j + 1 :] -= e[:, :, None] * hinv[:, None, col, col + 1 : b1]
-            err[:, :, j] = e
+        codes[:, :, b0:b1], err = sweep_block(w[:, :, b0:b1].clone(), hinv[:, b0:b1, b0:b1], kept[:, :, b0:b1],
+                                              None if s is None else s[:, :, b0:b1], qmin, qmax)
         w[:, :, b1:] -= err @ hinv[:, b0:b1, b1:]
     return codes.float().reshape(weight.shape)

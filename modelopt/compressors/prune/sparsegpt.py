@@ -20,6 +20,7 @@ import torch
 from modelopt.model.layer_inputs import LayerInputs
 from modelopt.solvers.gptq import BLOCK, layer_factor
 from modelopt.solvers.least_squares import RIDGE
+from modelopt.solvers.sweep import sweep_block
 
 __all__ = ["obs_prune"]
 
@@ -38,7 +39,7 @@ def obs_prune(weight: torch.Tensor, inputs: LayerInputs, pruned: int, pattern: t
     total = g * rows * n
     for b0 in range(0, n, BLOCK):
         b1 = min(b0 + BLOCK, n)
-        wb, err = w[:, :, b0:b1].clone(), torch.zeros_like(w[:, :, b0:b1])
+        wb = w[:, :, b0:b1].clone()
         d = torch.diagonal(hinv[:, b0:b1, b0:b1], dim1=1, dim2=2)  # (g, cols)
         if pattern is None:
             # This block's share of the pruned count, rounded so the blocks' shares add up to `pruned` exactly.
@@ -49,17 +50,6 @@ def obs_prune(weight: torch.Tensor, inputs: LayerInputs, pruned: int, pattern: t
                 block = torch.ones(wb.numel(), dtype=torch.bool, device=w.device)  # no column of it is fixed yet
                 block[drop] = False
                 keep[:, :, b0:b1] = block.view_as(wb)
-        for j in range(b1 - b0):
-            col = b0 + j
-            if pattern is not None and j % pattern[1] == 0:
-                m = min(pattern[1], b1 - col)
-                cost = wb[:, :, j : j + m] ** 2 / d[:, None, j : j + m] ** 2
-                drop = torch.argsort(cost, dim=2, stable=True)[:, :, : m - pattern[0]]
-                keep[:, :, col : col + m].scatter_(2, drop, False)
-            q = torch.where(keep[:, :, col], wb[:, :, j], torch.zeros_like(wb[:, :, j]))
-            out[:, :, col] = q
-            e = (wb[:, :, j] - q) / hinv[:, col, col, None]
-            wb[:, :, j + 1 :] -= e[:, :, None] * hinv[:, None, col, col + 1 : b1]
-            err[:, :, j] = e
+        out[:, :, b0:b1], err = sweep_block(wb, hinv[:, b0:b1, b0:b1], keep[:, :, b0:b1], pattern=pattern)
         w[:, :, b1:] -= err @ hinv[:, b0:b1, b1:]
     return out.to(weight.dtype).reshape(weight.shape), keep.reshape(weight.shape)
