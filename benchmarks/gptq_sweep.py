@@ -16,10 +16,8 @@ import time
 import torch
 
 from modelopt.api import build_workload
-from modelopt.compressors._packing import Granularity, scale_units
 from modelopt.compressors.prune.sparsegpt import obs_prune
-from modelopt.compressors.quantize.compressor import _code_range, _per_weight, search_scales
-from modelopt.compressors.quantize.spec import QuantSpec
+from modelopt.compressors.quantize import Granularity, QuantSpec, Rounding, quantize
 from modelopt.model.layer_inputs import input_hessians
 from modelopt.model.layers import compressible_modules
 from modelopt.solvers import gptq, sweep
@@ -44,13 +42,11 @@ def _torch_sweep(wb, hb, keep, scales=None, qmin=0, qmax=0, pattern=None):
     return codes, err
 
 
-def _run_all(layers, inputs, specs) -> list[torch.Tensor]:
+def _run_all(layers, inputs, spec) -> list[torch.Tensor]:
     out = []
     for name, module in layers.items():
-        w, spec = module.weight.detach(), specs[name]
-        scales = search_scales(scale_units(w, spec.granularity, spec.group_size), spec.bits)
-        qmin, qmax = _code_range(spec.bits)
-        out.append(gptq.gptq_round(w, _per_weight(scales, spec, w), qmin, qmax, inputs[name]))
+        w = module.weight.detach()
+        out.extend(quantize(w, spec, inputs=inputs[name]))  # the clipping search's scales, GPTQ's codes
         out.extend(obs_prune(w, inputs[name], 0, pattern=(2, 4)))
     return out
 
@@ -63,7 +59,7 @@ def main() -> None:
     wl = build_workload("cifar10_resnet20", "cifar10-exact-sample", device="cpu")
     layers = dict(compressible_modules(wl.model))
     inputs = input_hessians(wl.model, layers, wl.split("calib").x)
-    specs = {n: QuantSpec(bits=4, granularity=Granularity.PER_CHANNEL) for n in layers}
+    spec = QuantSpec(bits=4, granularity=Granularity.PER_CHANNEL, rounding=Rounding.GPTQ)
     timings: dict[str, float] = {}
     results: dict[str, list[torch.Tensor]] = {}
     for label, fn in (("numpy", sweep.sweep_block), ("torch", _torch_sweep)):
@@ -73,7 +69,7 @@ def main() -> None:
         best = float("inf")
         for _ in range(args.repeat):
             t = time.perf_counter()
-            results[label] = _run_all(layers, inputs, specs)
+            results[label] = _run_all(layers, inputs, spec)
             best = min(best, time.perf_counter() - t)
         timings[label] = best
     same = all(torch.equal(a, b) for a, b in zip(results["numpy"], results["torch"], strict=True))

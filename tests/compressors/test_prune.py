@@ -142,6 +142,7 @@ def test_plan_yaml_round_trip_and_errors():
 
 
 
+@pytest.mark.slow
 def test_structured_choices_keep_a_multiple_of_channel_multiple(resnet20_workload):
     """Integer kernels ran a 16-channel stage cut to 12, 8 or 4 channels slower than whole: with
     channel_multiple 16 (the latency objective's default) only counts like 16, 32 and 48 are offered."""

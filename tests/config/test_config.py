@@ -142,6 +142,7 @@ def test_not_a_run_folder(tmp_path: Path) -> None:
         RunConfig.read(tmp_path)
 
 
+@pytest.mark.slow
 def test_build_returns_the_parts_and_a_resolved_record(small_workload) -> None:
     cfg = RunConfig(strategy="random", min_retention=0.9, options={"quantize": {"bits": [8, 4]}})
     built = build(cfg, small_workload)

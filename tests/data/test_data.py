@@ -64,6 +64,7 @@ def test_bundled_exact_sample_sizes_and_partition() -> None:
     assert data.split("val") is data.val
 
 
+@pytest.mark.slow
 def test_split_is_seeded() -> None:
     a, b, c = load_data(seed=0), load_data(seed=0), load_data(seed=1)
     assert torch.equal(a.val.index, b.val.index) and torch.equal(a.test.index, b.test.index)

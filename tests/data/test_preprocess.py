@@ -72,6 +72,7 @@ def test_the_sizes_are_recorded_in_run_json(tmp_path):
     assert RunConfig.read(tmp_path).preprocess == Preprocess(36, 32)
 
 
+@pytest.mark.slow
 def test_mean_and_std_replace_the_model_s_own_and_are_recorded(tmp_path, small_data):
     """--mean/--std normalise in place of the model's values: its own given explicitly change nothing, others change
     what the model sees; they are checked in one line and recorded in run.json."""

@@ -57,6 +57,7 @@ def _report_run(wl, report_space, plan):
     return run, flat
 
 
+@pytest.mark.slow
 def test_report_layer_bytes_sum_to_the_evaluators_size_bytes_for_random_plans(r20):
     wl, space, ev, report_space = r20
     other = wl.float_size_bytes - 4 * sum(x.params for x in wl.layers)  # what a run folder knows

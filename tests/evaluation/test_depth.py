@@ -35,6 +35,7 @@ def test_depth_is_offered_once_per_residual_block(depth_evaluator):
     assert offered == [f"layer{s}.{b}.conv2" for s in (1, 2, 3) for b in range(3)]
 
 
+@pytest.mark.slow
 def test_the_engine_model_runs_without_the_branches_and_computes_what_is_scored(depth_evaluator):
     ev = depth_evaluator
     plan = _removing(ev)
@@ -60,6 +61,7 @@ def test_removed_layers_cost_no_macs_and_the_latency_model_prices_them_out(depth
     assert model.features(plan)[1] == pytest.approx(float_macs - sum(layers[n].macs for n in gone))
 
 
+@pytest.mark.slow
 def test_the_repair_keeps_answers_the_mean_alone_loses(resnet20_workload):
     wl = resnet20_workload
     val = wl.split(Split.VAL)
@@ -74,6 +76,7 @@ def test_the_repair_keeps_answers_the_mean_alone_loses(resnet20_workload):
     assert repaired > 0.93
 
 
+@pytest.mark.slow
 def test_activation_ranges_are_measured_with_the_branches_removed(depth_evaluator):
     ev = depth_evaluator
     w8a8 = ev.space.uniform("quantize", QuantSpec(8).with_activations(8))

@@ -73,6 +73,7 @@ def alone(small_workload, refits):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("order", ["a-first", "b-first"])
 def test_a_plan_scores_the_same_whatever_was_refitted_and_scored_before_it(small_workload, refits, alone, order):
     a, b, fitted = refits

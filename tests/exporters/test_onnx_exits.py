@@ -59,6 +59,7 @@ def exported(ev, plan, tmp_path_factory) -> Path:
     return export_onnx_exits(ev, plan, tmp_path_factory.mktemp("exits") / "r20-exits").path
 
 
+@pytest.mark.slow
 def test_an_exit_plan_runs_without_modelopt_as_the_engine_scored_it(ev, plan, exported, tmp_path) -> None:
     folder = exported
     manifest = json.loads((folder / "exits.json").read_text())

@@ -47,6 +47,7 @@ def test_an_integer_stem_lets_ort_run_nhwc_without_a_transpose_per_residual_add(
     assert fused_op_counts(float_stem.path, level="all").get("Transpose", 0) >= 6
 
 
+@pytest.mark.slow
 def test_the_plan_decides_which_layers_run_integer_kernels(r20_evaluator, r20_plans, tmp_path):
     """By default the export quantizes activations exactly around the layers whose inputs the plan quantizes:
     a weight-only plan stays float there (DequantizeLinear + float Conv), an integer-input plan fuses."""
@@ -230,6 +231,7 @@ def test_relu6_is_quantized_after_the_clip_once_and_folded_into_the_integer_conv
     assert agreement >= 0.95, agreement
 
 
+@pytest.mark.slow
 def test_a_removed_branchs_constant_is_added_by_an_integer_conv_not_a_float_add(depth_evaluator, tmp_path):
     """A removed block computes relu(x + c). Exported as a float Add, ONNX Runtime ran DequantizeLinear, Add and
     QuantizeLinear in float there; as a 1x1 identity conv with bias c it runs one QLinearConv."""

@@ -190,6 +190,7 @@ def _weights_digest(net: nn.Module) -> str:
     return h.hexdigest()
 
 
+@pytest.mark.slow
 def test_a_new_process_decodes_the_same_weights_and_answers(r20_evaluator, r20_plans, tmp_path):
     """Format 5's entropy-coded codes decode in a fresh interpreter to the same weights, bit for bit, and the
     same answers on the test images."""

@@ -56,6 +56,7 @@ def _plan(ev: Evaluator, name: str):
     return ev.space.parse_plan(docs[name])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("repaired", "name"), [(False, "sparse50_int4"), (False, "sparse_float"),
                                                (False, "channels50_int4"), (True, "sparse50_int4"),
                                                (True, "semi_int4"), (True, "channels50_int4")])

@@ -71,6 +71,7 @@ def test_the_shipped_engines_and_the_docs_toy_are_registered() -> None:
     assert TOY.__name__ == "Toy" and TOY.name == "toy"  # named by registering: the recipe never writes name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ENGINES.names())
 def test_every_engine_passes_the_suite(ev, plans, x, name: str) -> None:
     _needs_runtime(name)

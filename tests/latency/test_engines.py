@@ -71,6 +71,7 @@ def test_openvino_runs_and_names_its_default_precision(ev) -> None:
     assert engine.float_references() == (() if expected == "fp32" else ("f32",))
 
 
+@pytest.mark.slow
 def test_plans_that_build_to_one_graph_share_a_measurement(ev) -> None:
     timer = PlanLatency(ev, LatencySpec("onnxruntime", batch_size=1, warmup=1, repeats=3))
     nearest, gptq = _plan(ev, bits=8, rounding="nearest"), _plan(ev, bits=8, rounding="gptq")

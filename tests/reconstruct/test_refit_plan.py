@@ -67,6 +67,7 @@ def fits() -> Callable[[Workload, bool], Fitted]:
     return fit
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sparse", [False, True], ids=["int3", "int3+sparse"])
 def test_reconstruction_brings_the_plan_closer_to_the_float_model_at_the_same_bytes(small_workload, fits, sparse):
     ev = _evaluator(small_workload)
@@ -100,6 +101,7 @@ def test_the_export_writes_the_reconstructed_weights_bit_for_bit(small_workload,
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)  # norms folded on load: float rounding only
 
 
+@pytest.mark.slow
 def test_a_run_folder_keeps_a_reconstruction_that_a_new_evaluator_reads_without_fitting(small_workload, tmp_path):
     ev = _evaluator(small_workload)
     plan = _int3(ev)
@@ -162,6 +164,7 @@ def _damaged(fitted: Fitted) -> Fitted:
     return replace(fitted, weights={n: -w for n, w in fitted.weights.items()})
 
 
+@pytest.mark.slow
 def test_a_refit_that_changes_more_held_out_answers_is_dropped_and_the_plan_runs_as_composed(resnet20_workload,
                                                                                             fits):
     ev = _evaluator(resnet20_workload)

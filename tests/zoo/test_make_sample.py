@@ -24,6 +24,7 @@ def test_bundled_sample_is_small_and_well_formed() -> None:
         assert f["test_y"].dtype == f["calib_y"].dtype == f["confirm_y"].dtype == np.int64
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not CIFAR.is_dir(), reason=f"needs real CIFAR-10 files in {CIFAR}")
 def test_bundled_sample_holds_the_documented_images(tmp_path: Path) -> None:
     with np.load(CIFAR / "cifar10_exact_test.npz") as t, np.load(CIFAR / "cifar10_exact_train.npz") as tr:

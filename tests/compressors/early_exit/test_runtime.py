@@ -119,6 +119,7 @@ def test_default_compressors_follow_the_objective(small_workload):
     assert default_compressors("latency", vit) == ["depth", "prune", "quantize"]  # depth: no branch, no decision
 
 
+@pytest.mark.slow
 def test_an_exit_plan_exports_and_loads_as_the_module_that_stops_early(ee, small_workload, tmp_path):
     from modelopt.exporters import export_packed, load
 
