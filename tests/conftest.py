@@ -44,11 +44,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     in its node id (`...@group`), and xdist 3.8 writes that id to `item._nodeid`, which pytest 9.2 no longer reads
     (it keeps the id in `item._id`): every group was silently ignored, and the Ray clusters, the shared sweeps and
     the heads fitted once per group were started, made and fitted in every test process. Here the id is written
-    where this pytest reads it (a no-op where xdist's own write took).
-
-    The `slow` tests go first: xdist hands out work in this order, and a slow test handed out last kept one core
-    busy while the other had nothing left (a group goes where its first test is)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: collection order within each
+    where this pytest reads it (a no-op where xdist's own write took)."""
     if not getattr(config.option, "loadgroup", False) or not hasattr(items[0] if items else None, "_id"):
         return
     from _pytest.nodeid import NodeId
