@@ -42,6 +42,9 @@ from modelopt.search import STRATEGIES
 
 # The executors a run may name (modelopt.executors; listed here so a config is checked without importing Ray).
 EXECUTOR_NAMES = ("local", "ray")
+# The most plans a run may keep in flight: each is a task holding a model's copy on a worker, and Ray refuses a
+# cluster of more than 1e14 CPUs with a traceback; a run asks no more than this of any real cluster.
+MAX_WORKERS = 4096
 # The settings a resumed run must share with the run it continues (a changed one is refused).
 RESUME_KEYS = ("model_sha256", "data_sha256", "strategy", "seed", "objective", "min_retention", "floors", "confidence",
                "count_gains", "compressors", "data_seed", "fidelity", "unlabeled", "resize", "crop", "interpolation",
@@ -265,8 +268,10 @@ class RunConfig:
     def _check_executor(self) -> None:
         if self.executor not in EXECUTOR_NAMES:
             raise ConfigError(f"unknown executor {self.executor!r}; choose one of {', '.join(EXECUTOR_NAMES)}")
-        if not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 1:
-            raise ConfigError(f"workers must be a positive number of plans in flight, got {self.workers!r}")
+        if not isinstance(self.workers, int) or isinstance(self.workers, bool) or not 1 <= self.workers <= MAX_WORKERS:
+            shown = TOO_LARGE if isinstance(self.workers, int) and beyond_float(self.workers) else repr(self.workers)
+            raise ConfigError(f"workers must be a number of plans in flight from 1 to {MAX_WORKERS}, like 2; got "
+                              f"{shown}")
         if self.ray_address is not None and self.executor != "ray":
             raise ConfigError(f"ray_address {self.ray_address!r} needs executor 'ray', not {self.executor!r}")
 

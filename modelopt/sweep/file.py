@@ -13,9 +13,9 @@ import yaml
 
 from modelopt._version import __version__
 from modelopt.compressors import COMPRESSORS, Setting, SettingKind, compressor_settings
-from modelopt.config.run_config import RunConfig
+from modelopt.config.run_config import MAX_WORKERS, RunConfig
 from modelopt.data.dataset import list_data_sources
-from modelopt.errors import ConfigError, UnknownNameError, beyond_float
+from modelopt.errors import TOO_LARGE, ConfigError, UnknownNameError, beyond_float
 from modelopt.model.loader import list_models
 from modelopt.model.workload import resolve_device
 from modelopt.run.layout import RUNS
@@ -159,8 +159,9 @@ class _File:
     def checked(self, node: yaml.Node, key: str, ok: Callable[[Any], bool], expected: str) -> Any:
         """The node's value when `ok` accepts it; else an error saying what was `expected`."""
         v = self.value(node, key)
-        if not ok(v):
-            raise self.error(node, key, f"{expected}; got {v!r}")
+        if not ok(v):  # a 400-digit integer is named, not printed
+            shown = TOO_LARGE if isinstance(v, int) and not isinstance(v, bool) and beyond_float(v) else repr(v)
+            raise self.error(node, key, f"{expected}; got {shown}")
         return v
 
     def names(self, node: yaml.Node, key: str, example: str, valid: Sequence[str], what: str, *,
@@ -291,8 +292,8 @@ def _workers(f: _File, node: yaml.Node | None) -> int:
     """workers_per_cell: Ray workers each cell's evaluations are fanned over (1 when absent)."""
     if node is None:
         return 1
-    return int(f.checked(node, "workers_per_cell", lambda v: _is_int(v) and v >= 1,
-                         "expected a positive number of Ray workers per cell like 4"))
+    return int(f.checked(node, "workers_per_cell", lambda v: _is_int(v) and 1 <= v <= MAX_WORKERS,
+                         f"expected a number of Ray workers per cell from 1 to {MAX_WORKERS}, like 4"))
 
 
 def _value(f: _File, key: str, node: yaml.Node, base: Path, declared: Mapping[str, tuple[str, Setting]]) -> Any:

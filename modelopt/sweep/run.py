@@ -42,8 +42,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from modelopt.compressors import COMPRESSORS
-from modelopt.config.run_config import RunConfig
-from modelopt.errors import ConfigError
+from modelopt.config.run_config import MAX_WORKERS, RunConfig
+from modelopt.errors import TOO_LARGE, ConfigError, beyond_float
 from modelopt.model.workload import Workload
 from modelopt.reports import write_sweep_report
 from modelopt.run.console import progress_console
@@ -174,8 +174,10 @@ def check_selection(sweep: Sweep, only: Sequence[str] = (), workers: int = 1) ->
 
 def _check_workers(workers: int) -> None:
     """Before any work: a count of cells at once that makes sense, and Ray installed when it is needed."""
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise ConfigError(f"--workers must be a positive number of cells run at once, like 2; got {workers!r}")
+    if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= MAX_WORKERS:
+        shown = TOO_LARGE if isinstance(workers, int) and beyond_float(workers) else repr(workers)
+        raise ConfigError(f"--workers must be a number of cells run at once from 1 to {MAX_WORKERS}, like 2; got "
+                          f"{shown}")
     if workers > 1 and importlib.util.find_spec("ray") is None:
         raise ConfigError(RAY_MISSING)
 

@@ -15,7 +15,11 @@ from modelopt.testing.cli import assert_one_line_error
 
 
 @pytest.mark.parametrize("flags,needle", [
-    (["--workers", "0"], "workers must be a positive number of plans in flight, got 0"),
+    (["--workers", "0"], "workers must be a number of plans in flight from 1 to 4096, like 2; got 0"),
+    # Ray refused a 400-digit CPU count with a traceback after the run folder was made; the digits are not echoed
+    (["--workers", "1" + "0" * 400], "workers must be a number of plans in flight from 1 to 4096, like 2; got an "
+                                     "integer too large for a float"),
+    (["--workers", "4097"], "from 1 to 4096, like 2; got 4097"),
     (["--executor", "dask"], "unknown executor 'dask'; choose one of local, ray"),
     (["--executor", "local", "--ray-address", "auto"], "ray_address 'auto' needs executor 'ray', not 'local'"),
 ])

@@ -379,7 +379,7 @@ def test_an_only_pattern_matching_no_cell_and_a_bad_workers_are_refused_on_a_dry
     for args in (["sweep", str(path), "--only", "nosuch"], ["sweep", str(path), "--dry-run", "--only", "nosuch"]):
         assert_one_line_error(runner.invoke(app, args), "--only 'nosuch' matches no cell", "resnet20/random/seed0")
     assert_one_line_error(runner.invoke(app, ["sweep", str(path), "--dry-run", "--workers", "0"]),
-                          "--workers must be a positive number")
+                          "--workers must be a number of cells run at once from 1 to 4096")
     assert not (tmp_path / "results").exists()
 
 

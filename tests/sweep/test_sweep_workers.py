@@ -162,18 +162,22 @@ def test_workers_per_cell_is_read_and_passed_to_each_run_in_turn(tmp_path, monke
         assert clusters == [(max(3, os.cpu_count() or 1), "ray://head:10001")]
 
 
-@pytest.mark.parametrize(("value", "needle"), [("0", "0"), ("two", "'two'"), ("1.5", "1.5"), ("true", "True")])
+@pytest.mark.parametrize(("value", "needle"), [("0", "0"), ("two", "'two'"), ("1.5", "1.5"), ("true", "True"),
+                                               ("4097", "4097"), ("1" + "0" * 400, "an integer too large for a float")])
 def test_cli_refuses_a_bad_workers_per_cell_in_one_line(tmp_path, value, needle):
     path = _write(tmp_path, MINI + f"workers_per_cell: {value}\n")
     for args in (["sweep", str(path)], ["sweep", str(path), "--dry-run"]):
         assert_one_line_error(runner.invoke(app, args), "line 17", "'workers_per_cell'",
-                              "positive number of Ray workers", needle)
+                              "a number of Ray workers per cell from 1 to 4096", needle)
     assert not (tmp_path / "results").exists()
 
 
 def test_cli_refuses_workers_0_and_workers_with_workers_per_cell_in_one_line(tmp_path):
     path = _write(tmp_path, MINI)
     assert_one_line_error(runner.invoke(app, ["sweep", str(path), "--workers", "0"]), "--workers", "got 0")
+    # a 400-digit count reached Ray, whose traceback printed every digit
+    assert_one_line_error(runner.invoke(app, ["sweep", str(path), "--workers", "1" + "0" * 400]),
+                          "--workers must be a number of cells run at once from 1 to 4096", "too large for a float")
     both = _write(tmp_path / "both", MINI + "workers_per_cell: 2\n")
     assert_one_line_error(runner.invoke(app, ["sweep", str(both), "--workers", "2"]), "workers_per_cell: 2",
                           "use one of the two")
