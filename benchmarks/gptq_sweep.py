@@ -23,8 +23,9 @@ from modelopt.model.layers import compressible_modules
 from modelopt.solvers import gptq, sweep
 
 
-def _torch_sweep(wb, hb, keep, scales=None, qmin=0, qmax=0, pattern=None):
-    """The torch loop `gptq_round` and `obs_prune` ran before (the reference)."""
+def torch_sweep(wb, hb, keep, scales=None, qmin=0, qmax=0, pattern=None):
+    """The torch loop `gptq_round` and `obs_prune` ran before `modelopt.solvers.sweep` (the reference:
+    tests/benchmarks/test_gptq_sweep.py checks the numpy sweep gives its bits)."""
     codes, err = torch.zeros_like(wb), torch.zeros_like(wb)
     s = torch.ones_like(wb) if scales is None else scales
     d = torch.diagonal(hb, dim1=1, dim2=2)
@@ -62,7 +63,7 @@ def main() -> None:
     spec = QuantSpec(bits=4, granularity=Granularity.PER_CHANNEL, rounding=Rounding.GPTQ)
     timings: dict[str, float] = {}
     results: dict[str, list[torch.Tensor]] = {}
-    for label, fn in (("numpy", sweep.sweep_block), ("torch", _torch_sweep)):
+    for label, fn in (("numpy", sweep.sweep_block), ("torch", torch_sweep)):
         gptq.sweep_block = fn  # type: ignore[attr-defined]  # both callers read it from their module
         import modelopt.compressors.prune.sparsegpt as sg
         sg.sweep_block = fn  # type: ignore[attr-defined]

@@ -9,7 +9,7 @@ Every reported plan is run as it was certified (`Certificate.realise`: reconstru
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -112,11 +112,10 @@ def finish(end: Ending, trials: list[Trial], search_wall: float) -> RunResult:
         evaluator=ev, objective=end.objective, config=end.config, run_dir=end.run_dir, budget=end.budget,
         trials=trials, certificate=cert, plans=plans, search_wall=search_wall, eval_seconds=end.eval_seconds,
         float_latency=float_latency,
-        exits=None if cert.best is None else exit_pattern(ev, cert.realise(ev, cert.best.plan)))
-    summary = replace(summary, stopped=end.stopped)
+        exits=None if cert.best is None else exit_pattern(ev, cert.realise(ev, cert.best.plan)), stopped=end.stopped)
     write_json_atomic(end.run_dir / SUMMARY, summary.to_json())
     best = plans.best  # RunResult's metrics are selected from the records
     test, conf = (None, None) if best is None else (best.metrics_on(Split.TEST), best.metrics_on(Split.CONFIRM))
     return RunResult(end.run_dir, tuple(trials), cert.best, test,
                      tuple((t, e.metrics_on(Split.TEST)) for t, e in zip(cert.front, plans.pareto, strict=True)),
-                     end.spent, summary, conf, cert.search_best, cert.confirmation, cert)
+                     end.spent, summary, conf, cert.search_best, cert.confirmation, cert, stopped=end.stopped)

@@ -264,8 +264,7 @@ class Runner:
         end = Ending(self.evaluator, self.certified, self.config, self.run_dir, self.budget, self.spent,
                      self.eval_seconds, self.latency, self.console if self.progress else None, self._with_latency,
                      claims, self.time.refit_affordable(self.trials), stopped=self._stop.requested)
-        result = finish(end, self.trials, time.perf_counter() - t_start)  # certify, time, write (`run.finish`)
-        return dataclasses.replace(result, stopped=self._stop.requested)
+        return finish(end, self.trials, time.perf_counter() - t_start)  # certify, time, write (`run.finish`)
 
     def _score_anchors(self, seen: dict[str, Trial], update: Callable[[], None]) -> None:
         """The first trials are the anchors (`SearchSpace.anchors`: uniform INT8, INT4, INT3), scored

@@ -259,6 +259,7 @@ def summarize(
     *, evaluator: Evaluator, objective: Objective, config: RunConfig, run_dir: Path, budget: float,
     trials: Sequence[Trial], certificate: Certificate, plans: ReportedPlans, search_wall: float = 0.0,
     eval_seconds: float = 0.0, float_latency: Mapping[str, float] | None = None, exits: ExitPattern | None = None,
+    stopped: bool = False,
 ) -> RunSummary:
     """The summary of a finished run.
 
@@ -273,6 +274,7 @@ def summarize(
         plans: the record of each plan the certificate reports (`modelopt.run.reported.reported_plans`), saved
             as it is: the best, the search's own pick, the anchors and the front.
         search_wall: wall seconds of the search; eval_seconds: of the evaluations this session.
+        stopped: Ctrl-C stopped the search before its budget.
 
     Example:
         >>> plans = reported_plans(cert, obj, ev.space, cert.test)
@@ -316,6 +318,7 @@ def summarize(
         float_latency=dict(float_latency or {}),
         exits=exits,
         curve=plans.curve,
+        stopped=stopped,
     )
 
 

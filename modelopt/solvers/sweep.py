@@ -6,7 +6,7 @@ of them (and a GPU a kernel launch), numpy ~1 us: the loop runs in numpy on the 
 ResNet-20's layers take half the time: `benchmarks/gptq_sweep.py`), and the block-to-block update, the one large
 product, stays in torch on the weights' device. Only elementwise IEEE operations (divide, multiply, subtract, round
 half to even, clip) happen in the loop, in the order the torch loop did them, so the codes are the same bits either
-way (`tests/solvers/test_sweep.py` pins it).
+way (`tests/benchmarks/test_gptq_sweep.py` pins it against the torch loop).
 """
 
 from __future__ import annotations

@@ -1,32 +1,14 @@
-"""The numpy column sweep gives the same bits as the torch loop GPTQ and SparseGPT ran before it (kept here as the
-oracle), for rounding, masks, grouped layers, blocks and N:M patterns."""
+"""The numpy column sweep (`modelopt/solvers/sweep.py`) gives the same bits as the torch loop GPTQ and SparseGPT ran
+before it (`torch_sweep` in benchmarks/gptq_sweep.py, the oracle the benchmark times), for rounding, masks, grouped
+layers and N:M patterns."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from gptq_sweep import torch_sweep  # benchmarks/, on the path (tests/benchmarks/conftest.py)
 
 from modelopt.solvers.sweep import sweep_block
-
-
-def _torch_sweep(wb, hb, keep, scales, qmin, qmax, pattern):
-    """The loop as `gptq_round` and `obs_prune` ran it in torch (one block)."""
-    codes, err = torch.zeros_like(wb), torch.zeros_like(wb)
-    s = torch.ones_like(wb) if scales is None else scales
-    d = torch.diagonal(hb, dim1=1, dim2=2)
-    for j in range(wb.shape[2]):
-        if pattern is not None and j % pattern[1] == 0:
-            m = min(pattern[1], wb.shape[2] - j)
-            cost = wb[:, :, j : j + m] ** 2 / d[:, None, j : j + m] ** 2
-            drop = torch.argsort(cost, dim=2, stable=True)[:, :, : m - pattern[0]]
-            keep[:, :, j : j + m].scatter_(2, drop, False)
-        q = wb[:, :, j] if scales is None else torch.clamp(torch.round(wb[:, :, j] / s[:, :, j]), qmin, qmax)
-        q = torch.where(keep[:, :, j], q, torch.zeros_like(q))
-        codes[:, :, j] = q
-        e = (wb[:, :, j] - q * s[:, :, j]) / hb[:, j, j, None]
-        wb[:, :, j + 1 :] -= e[:, :, None] * hb[:, None, j, j + 1 :]
-        err[:, :, j] = e
-    return codes, err
 
 
 def _case(groups: int, rows: int, cols: int, seed: int):
@@ -48,7 +30,7 @@ def test_the_numpy_sweep_gives_the_torch_loops_bits(groups, rows, cols, kind):
     scales = scales if kind == "round" else None
     pattern = (2, 4) if kind == "pattern" else None
     want_keep, got_keep = keep.clone(), keep.clone()
-    want = _torch_sweep(w.clone(), hb, want_keep, scales, -8, 7, pattern)
+    want = torch_sweep(w.clone(), hb, want_keep, scales, -8, 7, pattern)
     got = sweep_block(w.clone(), hb, got_keep, scales, -8, 7, pattern)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(got_keep, want_keep)
     if kind == "round":  # codes are integers in range, and the masked weights are code 0
